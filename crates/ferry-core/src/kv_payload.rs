@@ -1,0 +1,206 @@
+//! The exported KV of one sequence: a fixed little-endian header that describes the layout, then,
+//! for each layer, K then V as `[tokens, kv_heads, head_dim]` in the header's dtype.
+//!
+//! Token-contiguous (not block-shaped) so a receiver with another block size or another device can
+//! scatter it into its own pages; per-layer sections so a sender can stream layer by layer while
+//! later layers are still being computed.
+
+use thiserror::Error;
+
+const MAGIC: &[u8; 8] = b"FERRYKV\x01";
+/// Header size in bytes: magic, dtype, block size, layers, kv heads, head dim, tokens.
+pub const HEADER_BYTES: usize = 8 + 4 * 6;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum KvDtype {
+    F32,
+    F16,
+    BF16,
+}
+
+impl KvDtype {
+    pub fn size(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 | KvDtype::BF16 => 2,
+        }
+    }
+    fn code(self) -> u32 {
+        match self {
+            KvDtype::F32 => 0,
+            KvDtype::F16 => 1,
+            KvDtype::BF16 => 2,
+        }
+    }
+    fn from_code(c: u32) -> Option<Self> {
+        Some(match c {
+            0 => KvDtype::F32,
+            1 => KvDtype::F16,
+            2 => KvDtype::BF16,
+            _ => return None,
+        })
+    }
+}
+
+/// The shape of a KV cache: what two engines must agree on to exchange KV.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct KvLayout {
+    pub dtype: KvDtype,
+    pub block_size: usize,
+    pub n_layers: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KvLayout {
+    /// Bytes of K (or V) for one token in one layer.
+    pub fn token_bytes(&self) -> usize {
+        self.n_kv_heads * self.head_dim * self.dtype.size()
+    }
+    /// Bytes of one layer's K and V for `tokens` tokens.
+    pub fn layer_bytes(&self, tokens: usize) -> usize {
+        2 * tokens * self.token_bytes()
+    }
+    /// Whether KV exported under `self` can be imported into a cache laid out as `other`
+    /// (block size may differ: the payload is token-contiguous).
+    pub fn compatible(&self, other: &KvLayout) -> bool {
+        self.dtype == other.dtype
+            && self.n_layers == other.n_layers
+            && self.n_kv_heads == other.n_kv_heads
+            && self.head_dim == other.head_dim
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvPayloadHeader {
+    pub layout: KvLayout,
+    pub tokens: usize,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum KvPayloadError {
+    #[error("KV payload too short: {got} bytes, need {need}")]
+    Truncated { got: usize, need: usize },
+    #[error("not a Ferry KV payload (bad magic)")]
+    BadMagic,
+    #[error("KV payload has unknown dtype code {0}")]
+    UnknownDtype(u32),
+    #[error("KV payload layout {got:?} does not match this cache's {want:?}")]
+    LayoutMismatch { got: KvLayout, want: KvLayout },
+    #[error("KV payload body is {got} bytes, the header implies {want}")]
+    SizeMismatch { got: usize, want: usize },
+    #[error("KV payload field {field} = {value} is out of range")]
+    FieldOutOfRange { field: &'static str, value: u64 },
+}
+
+impl KvPayloadHeader {
+    /// Bytes of the body (all layers, K and V) this header describes.
+    pub fn body_bytes(&self) -> usize {
+        self.layout.n_layers * self.layout.layer_bytes(self.tokens)
+    }
+
+    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut out = [0u8; HEADER_BYTES];
+        out[..8].copy_from_slice(MAGIC);
+        let l = &self.layout;
+        let fields = [
+            l.dtype.code(),
+            l.block_size as u32,
+            l.n_layers as u32,
+            l.n_kv_heads as u32,
+            l.head_dim as u32,
+            self.tokens as u32,
+        ];
+        for (i, f) in fields.iter().enumerate() {
+            out[8 + 4 * i..12 + 4 * i].copy_from_slice(&f.to_le_bytes());
+        }
+        out
+    }
+
+    /// Parse and sanity-check a header from the front of `bytes`.
+    pub fn decode(bytes: &[u8]) -> Result<Self, KvPayloadError> {
+        if bytes.len() < HEADER_BYTES {
+            return Err(KvPayloadError::Truncated { got: bytes.len(), need: HEADER_BYTES });
+        }
+        if &bytes[..8] != MAGIC {
+            return Err(KvPayloadError::BadMagic);
+        }
+        let f = |i: usize| u32::from_le_bytes([bytes[8 + 4 * i], bytes[9 + 4 * i], bytes[10 + 4 * i], bytes[11 + 4 * i]]);
+        let dtype = KvDtype::from_code(f(0)).ok_or(KvPayloadError::UnknownDtype(f(0)))?;
+        // Bounds that no real model exceeds; they keep size arithmetic far from overflow.
+        let check = |field: &'static str, v: u32, max: u32| {
+            if v == 0 && field != "tokens" || v > max {
+                Err(KvPayloadError::FieldOutOfRange { field, value: v as u64 })
+            } else {
+                Ok(v as usize)
+            }
+        };
+        let layout = KvLayout {
+            dtype,
+            block_size: check("block_size", f(1), 1 << 16)?,
+            n_layers: check("n_layers", f(2), 1 << 12)?,
+            n_kv_heads: check("n_kv_heads", f(3), 1 << 12)?,
+            head_dim: check("head_dim", f(4), 1 << 12)?,
+        };
+        let tokens = check("tokens", f(5), 1 << 24)?;
+        Ok(Self { layout, tokens })
+    }
+
+    /// Decode a whole payload and check it against the receiving cache's layout and its own size.
+    pub fn decode_checked(bytes: &[u8], want: &KvLayout) -> Result<Self, KvPayloadError> {
+        let h = Self::decode(bytes)?;
+        if !h.layout.compatible(want) {
+            return Err(KvPayloadError::LayoutMismatch { got: h.layout, want: *want });
+        }
+        let body = bytes.len() - HEADER_BYTES;
+        if body != h.body_bytes() {
+            return Err(KvPayloadError::SizeMismatch { got: body, want: h.body_bytes() });
+        }
+        Ok(h)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout() -> KvLayout {
+        KvLayout { dtype: KvDtype::F32, block_size: 16, n_layers: 2, n_kv_heads: 3, head_dim: 4 }
+    }
+
+    #[test]
+    fn header_roundtrip_and_checks() {
+        let h = KvPayloadHeader { layout: layout(), tokens: 5 };
+        let mut bytes = h.encode().to_vec();
+        bytes.resize(HEADER_BYTES + h.body_bytes(), 0);
+        assert_eq!(h.body_bytes(), 2 * 2 * 5 * 3 * 4 * 4);
+        assert_eq!(KvPayloadHeader::decode_checked(&bytes, &layout()), Ok(h));
+        // another block size is fine
+        let other_bs = KvLayout { block_size: 32, ..layout() };
+        assert!(KvPayloadHeader::decode_checked(&bytes, &other_bs).is_ok());
+        let other_heads = KvLayout { n_kv_heads: 2, ..layout() };
+        assert!(matches!(
+            KvPayloadHeader::decode_checked(&bytes, &other_heads),
+            Err(KvPayloadError::LayoutMismatch { .. })
+        ));
+        bytes.pop();
+        assert!(matches!(KvPayloadHeader::decode_checked(&bytes, &layout()), Err(KvPayloadError::SizeMismatch { .. })));
+        assert_eq!(KvPayloadHeader::decode(&bytes[..10]), Err(KvPayloadError::Truncated { got: 10, need: HEADER_BYTES }));
+        let mut bad = bytes.clone();
+        bad[0] = b'X';
+        assert_eq!(KvPayloadHeader::decode(&bad), Err(KvPayloadError::BadMagic));
+        let mut bad = bytes.clone();
+        bad[8] = 9;
+        assert_eq!(KvPayloadHeader::decode(&bad), Err(KvPayloadError::UnknownDtype(9)));
+        let mut bad = bytes;
+        bad[16..20].copy_from_slice(&0u32.to_le_bytes());
+        assert!(matches!(KvPayloadHeader::decode(&bad), Err(KvPayloadError::FieldOutOfRange { field: "n_layers", .. })));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..64)) {
+            let _ = KvPayloadHeader::decode_checked(&bytes, &layout());
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! Ferry's pure types and decisions: no I/O, no async runtime, no device code.
+//!
+//! - [`block_pool`]: the paged KV cache's bookkeeping (vLLM's PagedAttention, SOSP '23 §4.2): a pool
+//!   of fixed-size blocks with a free list and reference counts, and per-sequence block tables.
+//! - [`kv_payload`]: the self-describing layout of one sequence's exported KV, the unit the cluster
+//!   ships from a prefill worker to a decode worker.
+//! - [`sampling`]: sampling parameters and their validation.
+
+pub mod block_pool;
+pub mod kv_payload;
+pub mod sampling;
+
+pub use block_pool::{BlockId, BlockPool, BlockTable, PoolError};
+pub use kv_payload::{KvDtype, KvLayout, KvPayloadError, KvPayloadHeader};
+pub use sampling::{SamplingError, SamplingParams};

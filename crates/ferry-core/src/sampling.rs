@@ -1,0 +1,97 @@
+//! Sampling parameters: what a request asks of the token chooser, validated before any work starts.
+
+use thiserror::Error;
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// 0 means no top-k cut.
+    pub top_k: usize,
+    /// 1.0 means no nucleus cut.
+    pub top_p: f32,
+    /// Seed for reproducible sampling; None draws one.
+    pub seed: Option<u64>,
+    pub max_tokens: usize,
+    /// Generation stops after emitting one of these (the model's EOS ids are added by the engine
+    /// unless `ignore_eos`).
+    pub stop_token_ids: Vec<u32>,
+    /// Generation stops when the text contains one of these; the stop string is not returned.
+    pub stop_strings: Vec<String>,
+    pub ignore_eos: bool,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: None,
+            max_tokens: 128,
+            stop_token_ids: Vec::new(),
+            stop_strings: Vec::new(),
+            ignore_eos: false,
+        }
+    }
+}
+
+#[derive(Debug, Error, PartialEq)]
+pub enum SamplingError {
+    #[error("temperature must be a finite number >= 0, got {0}")]
+    Temperature(f32),
+    #[error("top_p must be in (0, 1], got {0}")]
+    TopP(f32),
+    #[error("max_tokens must be >= 1, got {0}")]
+    MaxTokens(usize),
+    #[error("stop strings must be non-empty")]
+    EmptyStop,
+}
+
+impl SamplingParams {
+    pub fn greedy(max_tokens: usize) -> Self {
+        Self { max_tokens, ..Self::default() }
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0 || self.top_k == 1
+    }
+
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Err(SamplingError::Temperature(self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(SamplingError::TopP(self.top_p));
+        }
+        if self.max_tokens == 0 {
+            return Err(SamplingError::MaxTokens(0));
+        }
+        if self.stop_strings.iter().any(|s| s.is_empty()) {
+            return Err(SamplingError::EmptyStop);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_table() {
+        let ok = SamplingParams::default();
+        assert_eq!(ok.validate(), Ok(()));
+        let cases = [
+            (SamplingParams { temperature: -1.0, ..ok.clone() }, SamplingError::Temperature(-1.0)),
+            (SamplingParams { top_p: 0.0, ..ok.clone() }, SamplingError::TopP(0.0)),
+            (SamplingParams { top_p: 1.5, ..ok.clone() }, SamplingError::TopP(1.5)),
+            (SamplingParams { max_tokens: 0, ..ok.clone() }, SamplingError::MaxTokens(0)),
+            (SamplingParams { stop_strings: vec![String::new()], ..ok.clone() }, SamplingError::EmptyStop),
+        ];
+        for (p, e) in cases {
+            assert_eq!(p.validate(), Err(e));
+        }
+        assert!(SamplingParams { temperature: f32::NAN, ..ok }.validate().is_err());
+    }
+}
