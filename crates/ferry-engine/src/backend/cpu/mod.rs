@@ -1,0 +1,274 @@
+//! The CPU backend: multithreaded (a rayon pool per backend) with run-time SIMD dispatch. Weights
+//! stay in their file's storage type and are dequantized inside the kernels.
+
+mod attention;
+mod matmul;
+pub(crate) mod simd;
+
+use super::{Backend, BatchPlan, RopeTable};
+use crate::error::{EngineError, Result};
+use crate::weights::{HostWeight, Storage};
+use ferry_core::{KvDtype, KvLayout};
+use ferry_quant::WeightType;
+use rayon::prelude::*;
+
+/// A raw pointer that parallel tasks use to write disjoint parts of one buffer.
+#[derive(Clone, Copy)]
+pub(crate) struct SyncPtr(pub *mut f32);
+// SAFETY: every user writes only to index ranges no other task touches (stated at each use).
+unsafe impl Send for SyncPtr {}
+unsafe impl Sync for SyncPtr {}
+
+impl SyncPtr {
+    /// The pointer (a method, so closures capture the whole Send/Sync wrapper).
+    pub(crate) fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+pub struct CpuTensor {
+    pub(crate) data: Vec<f32>,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+}
+
+pub struct CpuWeight {
+    pub(crate) ty: WeightType,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) row_bytes: usize,
+    pub(crate) storage: Storage,
+    /// Dequantized copy for vectors (norm weights, biases), and for f32 matrices whose mapped
+    /// bytes are not 4-byte aligned.
+    pub(crate) f32_copy: Option<Vec<f32>>,
+}
+
+impl CpuWeight {
+    pub(crate) fn bytes(&self) -> &[u8] {
+        self.storage.bytes()
+    }
+    pub(crate) fn row(&self, r: usize) -> &[u8] {
+        &self.bytes()[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+    /// The weight as f32 values when it is stored (or copied) as f32.
+    pub(crate) fn as_f32(&self) -> Option<&[f32]> {
+        if let Some(c) = &self.f32_copy {
+            return Some(c);
+        }
+        if self.ty == WeightType::F32 {
+            return bytemuck::try_cast_slice(self.bytes()).ok();
+        }
+        None
+    }
+    fn vector(&self) -> &[f32] {
+        self.f32_copy.as_deref().expect("vector weights are uploaded with an f32 copy")
+    }
+}
+
+/// Paged K/V: per layer, `[num_blocks, kv_heads, block_size, head_dim]` f32.
+pub struct CpuKv {
+    pub(crate) layout: KvLayout,
+    pub(crate) k: Vec<Vec<f32>>,
+    pub(crate) v: Vec<Vec<f32>>,
+}
+
+impl CpuKv {
+    /// Offset of (block, kv head, offset in block) in a layer's array.
+    #[inline]
+    pub(crate) fn offset(&self, block: u32, head: usize, within: usize) -> usize {
+        let l = &self.layout;
+        ((block as usize * l.n_kv_heads + head) * l.block_size + within) * l.head_dim
+    }
+}
+
+pub struct CpuBatch {
+    pub(crate) plan: BatchPlan,
+    pub(crate) cos: Vec<f32>,
+    pub(crate) sin: Vec<f32>,
+}
+
+pub struct CpuBackend {
+    pool: rayon::ThreadPool,
+    threads: usize,
+}
+
+impl CpuBackend {
+    /// A backend with `threads` worker threads (0 = one per core).
+    pub fn new(threads: usize) -> Result<Self> {
+        let threads = if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("ferry-cpu-{i}"))
+            .build()
+            .map_err(|e| EngineError::DeviceUnavailable("cpu".into(), e.to_string()))?;
+        Ok(Self { pool, threads })
+    }
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+    pub(crate) fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+}
+
+fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ss = simd::dot(x, x);
+    let inv = 1.0 / (ss / x.len() as f32 + eps).sqrt();
+    for ((o, x), w) in out.iter_mut().zip(x).zip(w) {
+        *o = w * (x * inv);
+    }
+}
+
+impl Backend for CpuBackend {
+    type Tensor = CpuTensor;
+    type Weight = CpuWeight;
+    type Kv = CpuKv;
+    type Batch = CpuBatch;
+
+    fn describe(&self) -> String {
+        format!("cpu ({} threads, {})", self.threads, ferry_quant::simd_level())
+    }
+
+    fn upload(&self, w: &HostWeight) -> Result<CpuWeight> {
+        let is_vector = w.shape.len() == 1;
+        let aligned = bytemuck::try_cast_slice::<u8, f32>(w.bytes()).is_ok();
+        let f32_copy = if is_vector || (w.ty == WeightType::F32 && !aligned) { Some(w.to_f32()) } else { None };
+        Ok(CpuWeight { ty: w.ty, rows: w.rows(), cols: w.cols(), row_bytes: w.row_bytes(), storage: w.storage.clone(), f32_copy })
+    }
+
+    fn tensor(&self, rows: usize, cols: usize) -> CpuTensor {
+        CpuTensor { data: vec![0.0; rows * cols], rows, cols }
+    }
+
+    fn rows(&self, t: &CpuTensor) -> usize {
+        t.rows
+    }
+
+    fn prepare(&self, plan: &BatchPlan, rope: &RopeTable) -> CpuBatch {
+        let (cos, sin) = rope.angles(&plan.positions);
+        CpuBatch { plan: plan.clone(), cos, sin }
+    }
+
+    fn embed(&self, table: &CpuWeight, ids: &[u32], out: &mut CpuTensor) {
+        for (row, &id) in out.data.chunks_mut(out.cols).zip(ids) {
+            ferry_quant::dequantize(table.ty, table.row(id as usize), row);
+        }
+    }
+
+    fn rms_norm(&self, x: &CpuTensor, w: &CpuWeight, eps: f32, out: &mut CpuTensor) {
+        let w = w.vector();
+        let cols = x.cols;
+        self.install(|| {
+            out.data.par_chunks_mut(cols).zip(x.data.par_chunks(cols)).for_each(|(o, x)| rms_norm_row(x, w, eps, o));
+        });
+    }
+
+    fn head_rms_norm(&self, x: &mut CpuTensor, w: &CpuWeight, head_dim: usize, eps: f32) {
+        let w = w.vector();
+        let mut tmp = vec![0f32; head_dim];
+        for head in x.data.chunks_mut(head_dim) {
+            rms_norm_row(head, w, eps, &mut tmp);
+            head.copy_from_slice(&tmp);
+        }
+    }
+
+    fn add(&self, x: &mut CpuTensor, y: &CpuTensor) {
+        for (a, b) in x.data.iter_mut().zip(&y.data) {
+            *a += b;
+        }
+    }
+
+    fn matmul(&self, x: &CpuTensor, ws: &[(&CpuWeight, Option<&CpuWeight>)], outs: &mut [&mut CpuTensor]) {
+        matmul::matmul(self, x, ws, outs);
+    }
+
+    fn rope(&self, x: &mut CpuTensor, batch: &CpuBatch, head_dim: usize) {
+        let half = head_dim / 2;
+        for (r, row) in x.data.chunks_mut(x.cols).enumerate() {
+            let (cos, sin) = (&batch.cos[r * half..(r + 1) * half], &batch.sin[r * half..(r + 1) * half]);
+            for head in row.chunks_mut(head_dim) {
+                let (a, b) = head.split_at_mut(half);
+                for i in 0..half {
+                    let (x1, x2) = (a[i], b[i]);
+                    a[i] = x1 * cos[i] - x2 * sin[i];
+                    b[i] = x2 * cos[i] + x1 * sin[i];
+                }
+            }
+        }
+    }
+
+    fn silu_mul(&self, gate: &mut CpuTensor, up: &CpuTensor) {
+        let cols = gate.cols;
+        self.install(|| {
+            gate.data.par_chunks_mut(cols).zip(up.data.par_chunks(cols)).for_each(|(g, u)| {
+                for (g, u) in g.iter_mut().zip(u) {
+                    *g = *g / (1.0 + (-*g).exp()) * u;
+                }
+            });
+        });
+    }
+
+    fn kv_write(&self, kv: &mut CpuKv, layer: usize, k: &CpuTensor, v: &CpuTensor, batch: &CpuBatch) {
+        let (hd, heads, bs) = (kv.layout.head_dim, kv.layout.n_kv_heads, kv.layout.block_size);
+        for (r, &slot) in batch.plan.slots.iter().enumerate() {
+            let (block, within) = (slot / bs as u32, slot as usize % bs);
+            for h in 0..heads {
+                let dst = kv.offset(block, h, within);
+                let src = r * k.cols + h * hd;
+                kv.k[layer][dst..dst + hd].copy_from_slice(&k.data[src..src + hd]);
+                kv.v[layer][dst..dst + hd].copy_from_slice(&v.data[src..src + hd]);
+            }
+        }
+    }
+
+    fn attention(&self, q: &CpuTensor, kv: &CpuKv, layer: usize, batch: &CpuBatch, out: &mut CpuTensor) {
+        attention::attention(self, q, kv, layer, &batch.plan, out);
+    }
+
+    fn gather_rows(&self, x: &CpuTensor, rows: &[usize]) -> CpuTensor {
+        let mut data = Vec::with_capacity(rows.len() * x.cols);
+        for &r in rows {
+            data.extend_from_slice(&x.data[r * x.cols..(r + 1) * x.cols]);
+        }
+        CpuTensor { data, rows: rows.len(), cols: x.cols }
+    }
+
+    fn to_host(&self, x: &CpuTensor) -> Vec<f32> {
+        x.data.clone()
+    }
+
+    fn kv_alloc(&self, layout: &KvLayout, num_blocks: usize) -> Result<CpuKv> {
+        if layout.dtype != KvDtype::F32 {
+            return Err(EngineError::Config(format!("the CPU backend stores KV as f32, not {:?}", layout.dtype)));
+        }
+        let n = num_blocks * layout.n_kv_heads * layout.block_size * layout.head_dim;
+        // vec![0.0; n] maps zeroed pages lazily: untouched blocks cost no memory.
+        Ok(CpuKv { layout: *layout, k: (0..layout.n_layers).map(|_| vec![0.0; n]).collect(), v: (0..layout.n_layers).map(|_| vec![0.0; n]).collect() })
+    }
+
+    fn kv_export_layer(&self, kv: &CpuKv, layer: usize, blocks: &[u32], tokens: usize, out: &mut Vec<u8>) {
+        let (hd, heads, bs) = (kv.layout.head_dim, kv.layout.n_kv_heads, kv.layout.block_size);
+        for store in [&kv.k[layer], &kv.v[layer]] {
+            for t in 0..tokens {
+                for h in 0..heads {
+                    let o = kv.offset(blocks[t / bs], h, t % bs);
+                    out.extend_from_slice(bytemuck::cast_slice(&store[o..o + hd]));
+                }
+            }
+        }
+    }
+
+    fn kv_import_layer(&self, kv: &mut CpuKv, layer: usize, blocks: &[u32], tokens: usize, section: &[u8]) {
+        let (hd, heads, bs) = (kv.layout.head_dim, kv.layout.n_kv_heads, kv.layout.block_size);
+        let half = section.len() / 2;
+        let offsets: Vec<usize> = (0..tokens).flat_map(|t| (0..heads).map(move |h| (t, h))).map(|(t, h)| kv.offset(blocks[t / bs], h, t % bs)).collect();
+        for (store, bytes) in [(&mut kv.k[layer], &section[..half]), (&mut kv.v[layer], &section[half..])] {
+            for (i, chunk) in bytes.chunks_exact(hd * 4).enumerate() {
+                let o = offsets[i];
+                for (d, b) in store[o..o + hd].iter_mut().zip(chunk.chunks_exact(4)) {
+                    *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+        }
+    }
+}

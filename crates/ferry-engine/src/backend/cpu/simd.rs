@@ -1,0 +1,135 @@
+//! Small f32 vector kernels for the attention and elementwise paths: AVX2+FMA when the CPU has it
+//! (detected once), a portable fallback otherwise. Matmul kernels live in `ferry-quant`.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+use std::sync::OnceLock;
+
+fn has_avx2() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        *HAS.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        *HAS.get_or_init(|| false)
+    }
+}
+
+/// Σ a[i]·b[i].
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected at run time; lengths are equal (asserted).
+        return unsafe { dot_avx2(a, b) };
+    }
+    dot_scalar(a, b)
+}
+
+/// y[i] += alpha·x[i].
+#[inline]
+pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
+    assert_eq!(y.len(), x.len());
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected at run time; lengths are equal (asserted).
+        return unsafe { axpy_avx2(y, alpha, x) };
+    }
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += alpha * x;
+    }
+}
+
+fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        for j in 0..8 {
+            acc[j] += a[c * 8 + j] * b[c * 8 + j];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for i in chunks * 8..a.len() {
+        s += a[i] * b[i];
+    }
+    s
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    // SAFETY: callers guarantee AVX2+FMA; every load below is bounds-checked by its loop condition.
+    unsafe {
+    let n = a.len();
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    let mut acc0 = _mm256_setzero_ps();
+    let mut acc1 = _mm256_setzero_ps();
+    let mut i = 0;
+    // SAFETY (all loads below): i + 16 <= n or i + 8 <= n is checked before each unaligned load.
+    while i + 16 <= n {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8)), _mm256_loadu_ps(pb.add(i + 8)), acc1);
+        i += 16;
+    }
+    while i + 8 <= n {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
+        i += 8;
+    }
+    let acc = _mm256_add_ps(acc0, acc1);
+    let hi = _mm256_extractf128_ps(acc, 1);
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(acc), hi);
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    let s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+    let mut s = _mm_cvtss_f32(s1);
+    while i < n {
+        s += a[i] * b[i];
+        i += 1;
+    }
+    s
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn axpy_avx2(y: &mut [f32], alpha: f32, x: &[f32]) {
+    // SAFETY: callers guarantee AVX2+FMA; every access below is bounds-checked by its loop condition.
+    unsafe {
+    let n = y.len();
+    let (py, px) = (y.as_mut_ptr(), x.as_ptr());
+    let va = _mm256_set1_ps(alpha);
+    let mut i = 0;
+    // SAFETY: i + 8 <= n is checked before each unaligned load/store; x and y have length n.
+    while i + 8 <= n {
+        let r = _mm256_fmadd_ps(va, _mm256_loadu_ps(px.add(i)), _mm256_loadu_ps(py.add(i)));
+        _mm256_storeu_ps(py.add(i), r);
+        i += 8;
+    }
+    while i < n {
+        y[i] += alpha * x[i];
+        i += 1;
+    }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_and_axpy_match_scalar() {
+        for n in [1, 7, 8, 15, 16, 17, 64, 100] {
+            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+            let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+            let want: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+            assert!((dot(&a, &b) as f64 - want).abs() < 1e-5, "n={n}");
+            let mut y = b.clone();
+            axpy(&mut y, 0.5, &a);
+            for i in 0..n {
+                assert!((y[i] - (b[i] + 0.5 * a[i])).abs() < 1e-6);
+            }
+        }
+    }
+}

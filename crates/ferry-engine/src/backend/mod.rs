@@ -1,0 +1,84 @@
+//! The compute interface the model code is written against: exactly the operations a
+//! Llama-family forward pass needs, over opaque device tensors, weights and paged KV storage.
+//!
+//! One forward step runs a flat batch of token rows that may mix prefill chunks and decode tokens
+//! of many sequences (continuous batching, as in vLLM and Sarathi-Serve); [`BatchPlan`] says which
+//! rows belong to which sequence, where each row's K/V goes, and which cached tokens each attends to.
+//! The CPU backend lives in [`cpu`]; a CUDA backend implements the same trait (its own issue).
+
+pub mod cpu;
+mod rope;
+
+pub use rope::RopeTable;
+
+use crate::error::Result;
+use crate::weights::HostWeight;
+use ferry_core::KvLayout;
+
+/// One sequence's part of a batch: query rows `q_start..q_start+q_len` are its newest tokens,
+/// at positions `ctx_len-q_len..ctx_len`; each attends causally to its cached prefix and itself.
+#[derive(Clone, Debug)]
+pub struct SeqPlan {
+    pub q_start: usize,
+    pub q_len: usize,
+    pub ctx_len: usize,
+    pub blocks: Vec<u32>,
+}
+
+/// The host-side description of one forward step.
+#[derive(Clone, Debug, Default)]
+pub struct BatchPlan {
+    /// Position of each token row.
+    pub positions: Vec<u32>,
+    /// KV slot (`block * block_size + offset`) each token row writes.
+    pub slots: Vec<u32>,
+    pub seqs: Vec<SeqPlan>,
+}
+
+pub trait Backend: Send + Sync + Sized + 'static {
+    /// A dense f32 matrix `[rows, cols]` on the device.
+    type Tensor: Send;
+    /// A weight (matrix in its storage type, or vector) on the device.
+    type Weight: Send + Sync;
+    /// Paged K/V storage for all layers.
+    type Kv: Send;
+    /// A [`BatchPlan`] in device form (positions, slots, block tables, RoPE angles).
+    type Batch;
+
+    fn describe(&self) -> String;
+    fn upload(&self, w: &HostWeight) -> Result<Self::Weight>;
+    fn tensor(&self, rows: usize, cols: usize) -> Self::Tensor;
+    fn rows(&self, t: &Self::Tensor) -> usize;
+    fn prepare(&self, plan: &BatchPlan, rope: &RopeTable) -> Self::Batch;
+
+    /// `out[i] = table[ids[i]]` (dequantized).
+    fn embed(&self, table: &Self::Weight, ids: &[u32], out: &mut Self::Tensor);
+    /// `out = x / rms(x) * w`, row-wise.
+    fn rms_norm(&self, x: &Self::Tensor, w: &Self::Weight, eps: f32, out: &mut Self::Tensor);
+    /// RMSNorm over each `head_dim` slice of each row, in place (Qwen3's q/k norm).
+    fn head_rms_norm(&self, x: &mut Self::Tensor, w: &Self::Weight, head_dim: usize, eps: f32);
+    /// `x += y`.
+    fn add(&self, x: &mut Self::Tensor, y: &Self::Tensor);
+    /// For each `(w, bias)` pair: `out = x · wᵀ (+ bias)`. Several projections of the same input
+    /// run as one parallel pass.
+    fn matmul(&self, x: &Self::Tensor, ws: &[(&Self::Weight, Option<&Self::Weight>)], outs: &mut [&mut Self::Tensor]);
+    /// Rotate each `head_dim` slice of each row by its row's position (HF rotate-half convention).
+    fn rope(&self, x: &mut Self::Tensor, batch: &Self::Batch, head_dim: usize);
+    /// `gate = silu(gate) * up`.
+    fn silu_mul(&self, gate: &mut Self::Tensor, up: &Self::Tensor);
+    /// Store each row's K and V at its slot in `layer`.
+    fn kv_write(&self, kv: &mut Self::Kv, layer: usize, k: &Self::Tensor, v: &Self::Tensor, batch: &Self::Batch);
+    /// Causal attention of each query row over its sequence's cached K/V (GQA).
+    fn attention(&self, q: &Self::Tensor, kv: &Self::Kv, layer: usize, batch: &Self::Batch, out: &mut Self::Tensor);
+    /// A new tensor of the selected rows.
+    fn gather_rows(&self, x: &Self::Tensor, rows: &[usize]) -> Self::Tensor;
+    /// Copy a tensor to the host, row-major.
+    fn to_host(&self, x: &Self::Tensor) -> Vec<f32>;
+
+    fn kv_alloc(&self, layout: &KvLayout, num_blocks: usize) -> Result<Self::Kv>;
+    /// Append one layer of a sequence's K then V, token-contiguous `[tokens, kv_heads, head_dim]`,
+    /// to `out` (the export payload's per-layer section).
+    fn kv_export_layer(&self, kv: &Self::Kv, layer: usize, blocks: &[u32], tokens: usize, out: &mut Vec<u8>);
+    /// The inverse of `kv_export_layer`: scatter `section` (K then V) into the given blocks.
+    fn kv_import_layer(&self, kv: &mut Self::Kv, layer: usize, blocks: &[u32], tokens: usize, section: &[u8]);
+}

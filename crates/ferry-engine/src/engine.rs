@@ -1,0 +1,400 @@
+//! The engine: a model, its backend and a paged KV cache, driven one step at a time.
+//!
+//! [`Engine::step`] is the primitive the cluster builds on: any mix of sequences, each contributing
+//! a prefill chunk or decode tokens, in one forward pass (continuous batching). Sequences own block
+//! tables in a [`BlockPool`]; their KV can be exported as a self-describing payload and imported
+//! into another engine. [`Engine::generate`] is the single-sequence loop used by the CLI.
+
+use crate::backend::cpu::CpuBackend;
+use crate::backend::{Backend, BatchPlan, SeqPlan};
+use crate::config::ModelConfig;
+use crate::error::{EngineError, Result};
+use crate::loader::{self, LoadedModel};
+use crate::model::Model;
+use crate::sampler::Sampler;
+use crate::stop::StopMatcher;
+use ferry_core::kv_payload::HEADER_BYTES;
+use ferry_core::{BlockPool, BlockTable, KvDtype, KvLayout, KvPayloadHeader, SamplingParams};
+use ferry_tokenizer::{ChatTemplate, StreamDecoder, Tokenizer};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Worker threads (0 = one per core).
+    pub threads: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV cache capacity in tokens (None = 4 contexts, at most 2 GiB of KV).
+    pub kv_tokens: Option<usize>,
+    /// Most tokens one forward step processes (long prompts are prefilled in chunks of this).
+    pub max_batch_tokens: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self { threads: 0, block_size: 16, kv_tokens: None, max_batch_tokens: 2048 }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u64);
+
+/// Which logits a step returns for an item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    None,
+    Last,
+    All,
+}
+
+pub struct StepItem<'a> {
+    pub seq: SeqId,
+    pub tokens: &'a [u32],
+    pub logits: Logits,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// Reached max_tokens.
+    Length,
+    /// Emitted a stop token (EOS or a requested id).
+    StopToken(u32),
+    /// The text reached a stop string.
+    StopString,
+    /// The sequence filled the model's context.
+    ContextFull,
+}
+
+#[derive(Clone, Debug)]
+pub struct Generation {
+    /// Generated ids; a stop token that ended generation is not included.
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub finish: FinishReason,
+    pub prompt_tokens: usize,
+    /// Time to first token (prefill + first sample).
+    pub ttft: Duration,
+    /// Time of the decode steps after the first token.
+    pub decode_time: Duration,
+}
+
+impl Generation {
+    /// Mean time per output token after the first.
+    pub fn tpot(&self) -> Option<Duration> {
+        (self.tokens.len() > 1).then(|| self.decode_time / (self.tokens.len() as u32 - 1))
+    }
+}
+
+/// Read access to one layer of the cache during a forward step (for layer-wise KV streaming).
+pub struct KvView<'a, B: Backend> {
+    be: &'a B,
+    kv: &'a B::Kv,
+    seqs: &'a HashMap<SeqId, BlockTable>,
+}
+
+impl<B: Backend> KvView<'_, B> {
+    /// Append `layer`'s K then V for `seq` (token-contiguous) to `out`.
+    pub fn export_layer(&self, seq: SeqId, layer: usize, out: &mut Vec<u8>) -> Result<()> {
+        let t = self.seqs.get(&seq).ok_or(EngineError::UnknownSequence(seq.0))?;
+        self.be.kv_export_layer(self.kv, layer, &t.blocks, t.tokens, out);
+        Ok(())
+    }
+}
+
+pub struct Engine<B: Backend = CpuBackend> {
+    be: B,
+    model: Model<B>,
+    kv: B::Kv,
+    pool: BlockPool,
+    layout: KvLayout,
+    seqs: HashMap<SeqId, BlockTable>,
+    next_seq: u64,
+    max_batch_tokens: usize,
+    pub tokenizer: Arc<Tokenizer>,
+    pub chat_template: Option<ChatTemplate>,
+    pub fingerprint: String,
+    /// Whether prompts are encoded with the tokenizer's special tokens (BOS).
+    pub add_special_tokens: bool,
+}
+
+impl Engine<CpuBackend> {
+    /// Load a model (GGUF file or HF folder) onto the CPU backend.
+    pub fn load(path: &Path, cfg: &EngineConfig) -> Result<Self> {
+        let loaded = loader::load(path)?;
+        Self::from_loaded(CpuBackend::new(cfg.threads)?, loaded, cfg)
+    }
+}
+
+impl<B: Backend> Engine<B> {
+    pub fn from_loaded(be: B, m: LoadedModel, cfg: &EngineConfig) -> Result<Self> {
+        if cfg.block_size == 0 || cfg.max_batch_tokens == 0 {
+            return Err(EngineError::Config("block_size and max_batch_tokens must be positive".into()));
+        }
+        let c = &m.config;
+        let layout = KvLayout { dtype: KvDtype::F32, block_size: cfg.block_size, n_layers: c.n_layers, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim };
+        let per_token = layout.n_layers * layout.layer_bytes(1);
+        let kv_tokens = cfg.kv_tokens.unwrap_or_else(|| (4 * c.max_position).min((2usize << 30) / per_token).max(cfg.block_size));
+        let num_blocks = BlockTable::blocks_for(kv_tokens, cfg.block_size);
+        let kv = be.kv_alloc(&layout, num_blocks)?;
+        let model = Model::new(&be, m.config, m.weights)?;
+        Ok(Self {
+            be,
+            model,
+            kv,
+            pool: BlockPool::new(num_blocks),
+            layout,
+            seqs: HashMap::new(),
+            next_seq: 0,
+            max_batch_tokens: cfg.max_batch_tokens,
+            tokenizer: Arc::new(m.tokenizer),
+            chat_template: m.chat_template,
+            fingerprint: m.fingerprint,
+            add_special_tokens: m.add_special_tokens,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+    pub fn backend(&self) -> &B {
+        &self.be
+    }
+    pub fn kv_layout(&self) -> KvLayout {
+        self.layout
+    }
+    pub fn free_blocks(&self) -> usize {
+        self.pool.free_count()
+    }
+    pub fn total_blocks(&self) -> usize {
+        self.pool.total()
+    }
+    /// Bytes of weights one decode step reads.
+    pub fn decode_weight_bytes(&self) -> usize {
+        self.model.decode_weight_bytes
+    }
+    pub fn active_sequences(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Encode a prompt the way this model expects (BOS per the tokenizer's settings).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(self.tokenizer.encode(text, self.add_special_tokens)?)
+    }
+
+    pub fn new_sequence(&mut self) -> SeqId {
+        let id = SeqId(self.next_seq);
+        self.next_seq += 1;
+        self.seqs.insert(id, BlockTable::default());
+        id
+    }
+
+    /// Free a sequence and its KV blocks.
+    pub fn release(&mut self, seq: SeqId) -> Result<()> {
+        let mut t = self.seqs.remove(&seq).ok_or(EngineError::UnknownSequence(seq.0))?;
+        self.pool.release_table(&mut t)?;
+        Ok(())
+    }
+
+    /// Tokens of KV held for `seq`.
+    pub fn seq_len(&self, seq: SeqId) -> Result<usize> {
+        Ok(self.seqs.get(&seq).ok_or(EngineError::UnknownSequence(seq.0))?.tokens)
+    }
+
+    /// One forward pass over all items; returns each item's requested logits (`[rows, vocab]`
+    /// flattened; empty for `Logits::None`). All-or-nothing: on error no sequence has advanced.
+    pub fn step(&mut self, items: &[StepItem], on_layer: &mut dyn FnMut(usize, &KvView<B>)) -> Result<Vec<Vec<f32>>> {
+        let (ctx, vocab, bs) = (self.model.config.max_position, self.model.config.vocab_size, self.layout.block_size);
+        for (i, it) in items.iter().enumerate() {
+            let t = self.seqs.get(&it.seq).ok_or(EngineError::UnknownSequence(it.seq.0))?;
+            if it.tokens.is_empty() {
+                return Err(EngineError::EmptyPrompt);
+            }
+            if t.tokens + it.tokens.len() > ctx {
+                return Err(EngineError::ContextOverflow { tokens: t.tokens + it.tokens.len(), max_new: 0, context: ctx });
+            }
+            if let Some(&id) = it.tokens.iter().find(|&&id| id as usize >= vocab) {
+                return Err(EngineError::TokenOutOfRange { id, vocab });
+            }
+            if items[..i].iter().any(|o| o.seq == it.seq) {
+                return Err(EngineError::Config(format!("sequence {} appears twice in one step", it.seq.0)));
+            }
+        }
+        // Reserve every item's blocks before advancing any table, so a full pool changes nothing
+        // (blocks reserved for earlier items stay with their sequences and are freed with them).
+        for it in items {
+            let t = self.seqs.get_mut(&it.seq).expect("checked above");
+            t.reserve(&mut self.pool, it.tokens.len(), bs)?;
+        }
+        let mut plan = BatchPlan::default();
+        let mut tokens = Vec::new();
+        let mut logit_rows = Vec::new();
+        let mut ranges = Vec::new();
+        for it in items {
+            let t = self.seqs.get_mut(&it.seq).expect("checked above");
+            let (start, n, q_start) = (t.tokens, it.tokens.len(), tokens.len());
+            plan.slots.extend(t.append_slots(n, bs));
+            plan.positions.extend(start as u32..(start + n) as u32);
+            plan.seqs.push(SeqPlan { q_start, q_len: n, ctx_len: start + n, blocks: t.blocks.clone() });
+            tokens.extend_from_slice(it.tokens);
+            let first = logit_rows.len();
+            match it.logits {
+                Logits::None => {}
+                Logits::Last => logit_rows.push(q_start + n - 1),
+                Logits::All => logit_rows.extend(q_start..q_start + n),
+            }
+            ranges.push(first..logit_rows.len());
+        }
+        let (be, seqs) = (&self.be, &self.seqs);
+        let logits = self.model.forward(be, &mut self.kv, &tokens, &plan, &logit_rows, &mut |l, kv| {
+            on_layer(l, &KvView { be, kv, seqs });
+        });
+        Ok(ranges.into_iter().map(|r| logits[r.start * vocab..r.end * vocab].to_vec()).collect())
+    }
+
+    /// Prefill a whole prompt for `seq` in chunks of at most `max_batch_tokens`; returns the
+    /// logits of the last prompt token.
+    pub fn prefill(&mut self, seq: SeqId, prompt: &[u32]) -> Result<Vec<f32>> {
+        let chunks: Vec<&[u32]> = prompt.chunks(self.max_batch_tokens).collect();
+        let mut last = Vec::new();
+        for (i, chunk) in chunks.iter().enumerate() {
+            let logits = if i + 1 == chunks.len() { Logits::Last } else { Logits::None };
+            last = self.step(&[StepItem { seq, tokens: chunk, logits }], &mut |_, _| {})?.pop().unwrap_or_default();
+        }
+        Ok(last)
+    }
+
+    /// Logits `[prompt.len(), vocab]` at every position of `prompt` (a fresh sequence, freed after).
+    pub fn score(&mut self, prompt: &[u32]) -> Result<Vec<f32>> {
+        if prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let seq = self.new_sequence();
+        let mut out = Vec::with_capacity(prompt.len() * self.model.config.vocab_size);
+        let mut result = Ok(());
+        for chunk in prompt.chunks(self.max_batch_tokens) {
+            match self.step(&[StepItem { seq, tokens: chunk, logits: Logits::All }], &mut |_, _| {}) {
+                Ok(mut l) => out.append(&mut l[0]),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        self.release(seq)?;
+        result.map(|_| out)
+    }
+
+    /// The whole KV of `seq` as a payload: header, then K and V per layer.
+    pub fn export_kv(&self, seq: SeqId) -> Result<Vec<u8>> {
+        let t = self.seqs.get(&seq).ok_or(EngineError::UnknownSequence(seq.0))?;
+        let header = KvPayloadHeader { layout: self.layout, tokens: t.tokens };
+        let mut out = Vec::with_capacity(HEADER_BYTES + header.body_bytes());
+        out.extend_from_slice(&header.encode());
+        for l in 0..self.layout.n_layers {
+            self.be.kv_export_layer(&self.kv, l, &t.blocks, t.tokens, &mut out);
+        }
+        Ok(out)
+    }
+
+    /// Import a payload as a new sequence. Nothing is stored unless layout, size and capacity all fit.
+    pub fn import_kv(&mut self, payload: &[u8]) -> Result<SeqId> {
+        let h = KvPayloadHeader::decode_checked(payload, &self.layout)?;
+        if h.tokens > self.model.config.max_position {
+            return Err(EngineError::ContextOverflow { tokens: h.tokens, max_new: 0, context: self.model.config.max_position });
+        }
+        let mut table = BlockTable::default();
+        table.reserve(&mut self.pool, h.tokens, self.layout.block_size)?;
+        table.tokens = h.tokens;
+        let per_layer = self.layout.layer_bytes(h.tokens);
+        for l in 0..self.layout.n_layers {
+            let section = &payload[HEADER_BYTES + l * per_layer..HEADER_BYTES + (l + 1) * per_layer];
+            self.be.kv_import_layer(&mut self.kv, l, &table.blocks, h.tokens, section);
+        }
+        let id = SeqId(self.next_seq);
+        self.next_seq += 1;
+        self.seqs.insert(id, table);
+        Ok(id)
+    }
+
+    /// Generate from `prompt` for one sequence, calling `on_text` with each piece of text as it
+    /// becomes final. The sequence's KV is freed whatever the outcome.
+    pub fn generate(&mut self, prompt: &[u32], params: &SamplingParams, on_text: &mut dyn FnMut(&str)) -> Result<Generation> {
+        params.validate()?;
+        if prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let ctx = self.model.config.max_position;
+        if prompt.len() >= ctx {
+            return Err(EngineError::ContextOverflow { tokens: prompt.len(), max_new: params.max_tokens, context: ctx });
+        }
+        let seq = self.new_sequence();
+        let result = self.generate_seq(seq, prompt, params, on_text);
+        self.release(seq)?;
+        result
+    }
+
+    fn generate_seq(&mut self, seq: SeqId, prompt: &[u32], params: &SamplingParams, on_text: &mut dyn FnMut(&str)) -> Result<Generation> {
+        let start = Instant::now();
+        let mut stop_ids = params.stop_token_ids.clone();
+        if !params.ignore_eos {
+            stop_ids.extend(self.model.config.eos_token_ids.iter().chain(self.tokenizer.eos_ids()));
+        }
+        let mut sampler = Sampler::new(params);
+        let tokenizer = self.tokenizer.clone();
+        let mut detok = StreamDecoder::new(&tokenizer, true);
+        let mut stops = StopMatcher::new(params.stop_strings.clone());
+        let mut text = String::new();
+        let mut tokens = Vec::new();
+        let mut logits = self.prefill(seq, prompt)?;
+        let mut ttft = None;
+        let mut decode_start = Instant::now();
+        let ctx = self.model.config.max_position;
+        let finish = loop {
+            let tok = sampler.sample(&logits);
+            if ttft.is_none() {
+                ttft = Some(start.elapsed());
+                decode_start = Instant::now();
+            }
+            if stop_ids.contains(&tok) {
+                break FinishReason::StopToken(tok);
+            }
+            tokens.push(tok);
+            if let Some(delta) = detok.push(tok)? {
+                let r = stops.push(&delta);
+                on_text(&r.text);
+                text.push_str(&r.text);
+                if r.stopped {
+                    break FinishReason::StopString;
+                }
+            }
+            if tokens.len() >= params.max_tokens {
+                break FinishReason::Length;
+            }
+            if prompt.len() + tokens.len() >= ctx {
+                break FinishReason::ContextFull;
+            }
+            logits = self.step(&[StepItem { seq, tokens: &[tok], logits: Logits::Last }], &mut |_, _| {})?.pop().unwrap_or_default();
+        };
+        if finish != FinishReason::StopString {
+            let mut rest = detok.finish()?.unwrap_or_default();
+            let r = stops.push(&rest);
+            rest = r.text;
+            if !r.stopped {
+                rest.push_str(&stops.finish());
+            }
+            on_text(&rest);
+            text.push_str(&rest);
+        }
+        Ok(Generation {
+            tokens,
+            text,
+            finish,
+            prompt_tokens: prompt.len(),
+            ttft: ttft.unwrap_or_default(),
+            decode_time: decode_start.elapsed(),
+        })
+    }
+}

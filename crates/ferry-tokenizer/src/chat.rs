@@ -1,0 +1,166 @@
+//! Chat templates: the Jinja templates Hugging Face ships in `tokenizer_config.json` (and llama.cpp
+//! copies into `tokenizer.chat_template`), rendered with minijinja the way `transformers`'
+//! `apply_chat_template` does: `trim_blocks` and `lstrip_blocks` on, Python string methods
+//! (`.strip()`, `.startswith()`, …) through `minijinja_contrib::pycompat`, a `raise_exception`
+//! function, and `messages`, `add_generation_prompt`, `bos_token`, `eos_token` in the context.
+
+use std::path::Path;
+
+use minijinja::{Environment, ErrorKind, context};
+use serde::{Deserialize, Serialize};
+
+use crate::{Tokenizer, TokenizerError};
+
+const NAME: &str = "chat";
+
+/// One turn of a conversation. Roles stay strings: templates and the OpenAI-style wire format
+/// accept any role (`system`, `user`, `assistant`, `tool`, `developer`, …).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A compiled chat template with the special-token strings it may refer to.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+fn read(path: &Path) -> Result<String, TokenizerError> {
+    std::fs::read_to_string(path).map_err(|source| TokenizerError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn raise_exception(message: String) -> Result<String, minijinja::Error> {
+    Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+}
+
+impl ChatTemplate {
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, TokenizerError> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_template_owned(NAME, source.to_owned())
+            .map_err(TokenizerError::TemplateSyntax)?;
+        Ok(ChatTemplate {
+            env,
+            bos_token: bos_token.into(),
+            eos_token: eos_token.into(),
+        })
+    }
+
+    /// Reads `chat_template` from a Hugging Face `tokenizer_config.json` (a string, or a list of
+    /// `{name, template}` from which `"default"` is taken), else a `chat_template.jinja` next to
+    /// it. `Ok(None)` when the model has no template.
+    pub fn from_tokenizer_config(path: &Path) -> Result<Option<Self>, TokenizerError> {
+        let text = read(path)?;
+        let invalid = |message: String| TokenizerError::Config {
+            path: path.to_path_buf(),
+            message,
+        };
+        let config: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+
+        let source = match config.get("chat_template") {
+            None | Some(serde_json::Value::Null) => {
+                let sibling = path.with_file_name("chat_template.jinja");
+                if !sibling.is_file() {
+                    return Ok(None);
+                }
+                read(&sibling)?
+            }
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(serde_json::Value::Array(named)) => named
+                .iter()
+                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+                .and_then(|t| t.get("template")?.as_str())
+                .ok_or_else(|| invalid("chat_template list has no \"default\" template".into()))?
+                .to_owned(),
+            Some(other) => {
+                return Err(invalid(format!(
+                    "chat_template is neither a string nor a list: {other}"
+                )));
+            }
+        };
+        let token = |key: &str| -> Result<String, TokenizerError> {
+            match config.get(key) {
+                None | Some(serde_json::Value::Null) => Ok(String::new()),
+                Some(serde_json::Value::String(s)) => Ok(s.clone()),
+                Some(v) => v
+                    .get("content")
+                    .and_then(|c| c.as_str())
+                    .map(str::to_owned)
+                    .ok_or_else(|| {
+                        invalid(format!(
+                            "{key} is neither a string nor {{\"content\": ...}}"
+                        ))
+                    }),
+            }
+        };
+        Self::new(&source, &token("bos_token")?, &token("eos_token")?).map(Some)
+    }
+
+    /// The template in `tokenizer.chat_template`, with BOS/EOS strings from `tok`.
+    /// `Ok(None)` when the file has no template.
+    pub fn from_gguf(
+        gguf: &ferry_gguf::GgufFile,
+        tok: &Tokenizer,
+    ) -> Result<Option<Self>, TokenizerError> {
+        const KEY: &str = "tokenizer.chat_template";
+        if gguf.get(KEY).is_none() {
+            return Ok(None);
+        }
+        let source = gguf.get_str(KEY)?;
+        let name = |id: Option<u32>| id.and_then(|id| tok.id_to_token(id)).unwrap_or_default();
+        Self::new(
+            source,
+            &name(tok.bos_id()),
+            &name(tok.eos_ids().first().copied()),
+        )
+        .map(Some)
+    }
+
+    /// Renders a conversation; with `add_generation_prompt`, ends with the assistant's header.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
+        let template = self
+            .env
+            .get_template(NAME)
+            .map_err(TokenizerError::TemplateRender)?;
+        template
+            .render(context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => &self.bos_token,
+                eos_token => &self.eos_token,
+            })
+            .map_err(TokenizerError::TemplateRender)
+    }
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .finish_non_exhaustive()
+    }
+}

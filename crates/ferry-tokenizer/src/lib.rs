@@ -1,0 +1,19 @@
+//! Tokenizers, chat templates and streaming detokenization for Ferry.
+//!
+//! - [`Tokenizer`]: Hugging Face `tokenizers` underneath, loaded from a `tokenizer.json`
+//!   ([`Tokenizer::from_file`]) or rebuilt from GGUF metadata ([`Tokenizer::from_gguf`], byte-level
+//!   BPE with the pre-tokenizer named by `tokenizer.ggml.pre`), plus BOS / end-of-sequence ids.
+//! - [`ChatTemplate`]: the model's Jinja chat template rendered like `transformers` does.
+//! - [`StreamDecoder`]: ids in, whole characters out, for streaming responses.
+
+mod chat;
+mod error;
+mod gguf;
+mod stream;
+mod tokenizer;
+
+pub use chat::{ChatMessage, ChatTemplate};
+pub use error::{BoxError, TokenizerError};
+pub use gguf::PreTokenizerKind;
+pub use stream::StreamDecoder;
+pub use tokenizer::Tokenizer;

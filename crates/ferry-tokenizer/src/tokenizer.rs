@@ -1,0 +1,122 @@
+//! [`Tokenizer`]: a `tokenizers` tokenizer plus the special ids the engine needs (BOS, the set of
+//! end-of-sequence ids) and whether encoding prepends BOS / appends EOS.
+
+use std::path::Path;
+
+use crate::TokenizerError;
+
+/// Text ↔ token ids. Built from a Hugging Face `tokenizer.json` ([`Tokenizer::from_file`]) or
+/// from GGUF metadata ([`Tokenizer::from_gguf`]).
+#[derive(Clone)]
+pub struct Tokenizer {
+    pub(crate) inner: tokenizers::Tokenizer,
+    pub(crate) bos: Option<u32>,
+    pub(crate) eos: Vec<u32>,
+    /// Prepend `bos` / append the first `eos` when encoding with special tokens. GGUF files
+    /// say so in metadata; `tokenizer.json` files do it in their own post-processor instead.
+    pub(crate) add_bos: bool,
+    pub(crate) add_eos: bool,
+}
+
+impl Tokenizer {
+    /// Loads a Hugging Face `tokenizer.json`. BOS/EOS are unknown until [`Tokenizer::set_special`].
+    pub fn from_file(path: &Path) -> Result<Tokenizer, TokenizerError> {
+        let inner =
+            tokenizers::Tokenizer::from_file(path).map_err(|source| TokenizerError::Load {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        Ok(Tokenizer {
+            inner,
+            bos: None,
+            eos: vec![],
+            add_bos: false,
+            add_eos: false,
+        })
+    }
+
+    /// Text to ids. With `add_special_tokens`, the tokenizer's own post-processing applies
+    /// (and, for GGUF tokenizers, BOS/EOS per `tokenizer.ggml.add_bos_token` / `add_eos_token`).
+    /// Special tokens written in the text (`<|im_start|>`) are always recognized.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
+        let enc = self
+            .inner
+            .encode_fast(text, add_special_tokens)
+            .map_err(|source| TokenizerError::Encode {
+                len: text.len(),
+                source,
+            })?;
+        let body = enc.get_ids();
+        let mut ids = Vec::with_capacity(body.len() + 2);
+        if add_special_tokens && self.add_bos {
+            ids.extend(self.bos);
+        }
+        ids.extend_from_slice(body);
+        if add_special_tokens && self.add_eos {
+            ids.extend(self.eos.first());
+        }
+        Ok(ids)
+    }
+
+    /// Ids to text. Unknown ids are an error (the underlying library would drop them silently).
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {
+        if let Some(&id) = ids.iter().find(|&&id| self.inner.id_to_token(id).is_none()) {
+            return Err(TokenizerError::UnknownId {
+                id,
+                vocab_size: self.vocab_size(),
+            });
+        }
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|source| TokenizerError::Decode {
+                n: ids.len(),
+                source,
+            })
+    }
+
+    /// Number of ids, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// Whether `id` is a special (control) token, skipped by `decode(.., true)`.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.inner
+            .id_to_token(id)
+            .is_some_and(|t| self.inner.get_added_vocabulary().is_special_token(&t))
+    }
+
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos
+    }
+
+    /// Ids that end generation (EOS, and EOT/EOM where the model defines them).
+    pub fn eos_ids(&self) -> &[u32] {
+        &self.eos
+    }
+
+    /// Sets BOS and the end-of-sequence ids (for tokenizers loaded from `tokenizer.json`).
+    pub fn set_special(&mut self, bos: Option<u32>, eos: Vec<u32>) {
+        self.bos = bos;
+        self.eos = eos;
+    }
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("bos", &self.bos)
+            .field("eos", &self.eos)
+            .field("add_bos", &self.add_bos)
+            .finish()
+    }
+}

@@ -1,0 +1,82 @@
+//! `ferry bench …`: benchmarks that print figures as JSON lines.
+
+use crate::ModelArgs;
+use ferry_core::SamplingParams;
+use ferry_engine::bench::{median, memory_read_bandwidth};
+use std::time::Instant;
+
+#[derive(clap::Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Prefill and decode speed of the engine, with the memory roofline measured in the same run.
+    Engine(EngineBenchArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct EngineBenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[arg(long, default_value_t = 512)]
+    pub prompt_len: usize,
+    /// Tokens to generate per decode run.
+    #[arg(long = "gen", default_value_t = 128)]
+    pub gen_tokens: usize,
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+}
+
+pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
+    match cmd {
+        BenchCommand::Engine(a) => engine(a),
+    }
+}
+
+const TEXT: &str = "The history of the printing press begins with the first movable type, invented in China, and continues through Gutenberg's workshop in Mainz, where metal type, oil-based ink and a wooden screw press came together. ";
+
+fn engine(a: EngineBenchArgs) -> anyhow::Result<()> {
+    let mut engine = a.model.load()?;
+    let threads = match a.model.threads {
+        0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        n => n,
+    };
+    let base = engine.encode(TEXT)?;
+    anyhow::ensure!(!base.is_empty(), "benchmark text encodes to no tokens");
+    let prompt: Vec<u32> = base.iter().cycle().take(a.prompt_len).copied().collect();
+    // Warm-up: page in the weights.
+    engine.score(&prompt[..prompt.len().min(16)])?;
+    let mut prefill = Vec::new();
+    for _ in 0..a.repeats {
+        let seq = engine.new_sequence();
+        let t = Instant::now();
+        engine.prefill(seq, &prompt)?;
+        prefill.push(prompt.len() as f64 / t.elapsed().as_secs_f64());
+        engine.release(seq)?;
+    }
+    let mut decode = Vec::new();
+    let short = &prompt[..prompt.len().min(16)];
+    let params = SamplingParams { max_tokens: a.gen_tokens, ignore_eos: true, ..SamplingParams::greedy(a.gen_tokens) };
+    for _ in 0..a.repeats {
+        let g = engine.generate(short, &params, &mut |_| {})?;
+        decode.push((g.tokens.len() - 1) as f64 / g.decode_time.as_secs_f64());
+    }
+    let bw = memory_read_bandwidth(threads, 512 << 20, 5);
+    let bytes = engine.decode_weight_bytes();
+    let roofline = bw / bytes as f64;
+    let decode_med = median(decode);
+    let json = serde_json::json!({
+        "bench": "engine",
+        "model": a.model.model,
+        "backend": ferry_engine::backend::Backend::describe(engine.backend()),
+        "threads": threads,
+        "prompt_len": a.prompt_len,
+        "gen": a.gen_tokens,
+        "repeats": a.repeats,
+        "prefill_tok_s": (median(prefill) * 10.0).round() / 10.0,
+        "decode_tok_s": (decode_med * 10.0).round() / 10.0,
+        "weight_bytes_per_decode_step": bytes,
+        "memory_read_gb_s": (bw / 1e8).round() / 10.0,
+        "decode_roofline_tok_s": (roofline * 10.0).round() / 10.0,
+        "roofline_fraction": (decode_med / roofline * 1000.0).round() / 1000.0,
+    });
+    println!("{json}");
+    Ok(())
+}

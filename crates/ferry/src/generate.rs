@@ -1,0 +1,100 @@
+//! `ferry generate`: one prompt, streamed to stdout; timings to stderr.
+
+use crate::ModelArgs;
+use ferry_core::SamplingParams;
+use ferry_tokenizer::ChatMessage;
+use std::io::Write;
+
+#[derive(clap::Args, Debug)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Apply the model's chat template (the prompt becomes the user message).
+    #[arg(long)]
+    pub chat: bool,
+    /// System message for --chat.
+    #[arg(long)]
+    pub system: Option<String>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// The prompt.
+    pub prompt: String,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct SamplingArgs {
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// 0 = off.
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop when the text contains this string (repeatable).
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+    /// Stop after this token id (repeatable; EOS is always a stop unless --ignore-eos).
+    #[arg(long = "stop-token")]
+    pub stop_token: Vec<u32>,
+    #[arg(long)]
+    pub ignore_eos: bool,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            seed: self.seed,
+            max_tokens: self.max_tokens,
+            stop_token_ids: self.stop_token.clone(),
+            stop_strings: self.stop.clone(),
+            ignore_eos: self.ignore_eos,
+        }
+    }
+}
+
+pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
+    let params = a.sampling.params();
+    params.validate()?;
+    let mut engine = a.model.load()?;
+    let ids = if a.chat {
+        let tpl = engine.chat_template.as_ref().ok_or_else(|| anyhow::anyhow!("--chat: the model has no chat template"))?;
+        let mut msgs = Vec::new();
+        if let Some(s) = &a.system {
+            msgs.push(ChatMessage { role: "system".into(), content: s.clone() });
+        }
+        msgs.push(ChatMessage { role: "user".into(), content: a.prompt.clone() });
+        // The template writes the special tokens itself.
+        engine.tokenizer.encode(&tpl.render(&msgs, true)?, false)?
+    } else {
+        engine.encode(&a.prompt)?
+    };
+    let mut out = std::io::stdout().lock();
+    let g = engine.generate(&ids, &params, &mut |t| {
+        let _ = out.write_all(t.as_bytes());
+        let _ = out.flush();
+    })?;
+    drop(out);
+    println!();
+    let n = g.tokens.len();
+    let tpot = g.tpot().map(|d| format!("{:.2} ms", d.as_secs_f64() * 1e3)).unwrap_or_else(|| "n/a".into());
+    let tps = if g.decode_time.as_secs_f64() > 0.0 && n > 1 { (n - 1) as f64 / g.decode_time.as_secs_f64() } else { 0.0 };
+    eprintln!(
+        "[{} prompt tokens, {} generated, finish {:?}] TTFT {:.1} ms · TPOT {} · {:.1} tok/s · {}",
+        g.prompt_tokens,
+        n,
+        g.finish,
+        g.ttft.as_secs_f64() * 1e3,
+        tpot,
+        tps,
+        ferry_engine::backend::Backend::describe(engine.backend())
+    );
+    Ok(())
+}
