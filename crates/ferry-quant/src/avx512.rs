@@ -15,13 +15,14 @@
 //! - `F16`: `vcvtph2ps`; `BF16`: zero-extend to 32 bits and shift left by 16; `F32`: loads.
 //!
 //! The same unpacking, stored instead of multiplied, gives a SIMD `dequantize` that is
-//! bit-identical to the scalar one. K-quants are dequantized exactly (scalar code) into a 256-float stack buffer per block, then
-//! dotted with each activation row by vector FMAs.
+//! bit-identical to the scalar one. K-quants are in `avx512/kquant.rs`.
+
+mod kquant;
 
 use core::arch::x86_64::*;
 
 use crate::scalar;
-use crate::types::{QK, QK_K, WeightType};
+use crate::types::{QK, WeightType};
 
 /// `dot_rows` for AVX-512. Preconditions as `crate::dot_rows_with` checks them (a violation
 /// panics, never reads out of bounds): `out` non-empty, `x.len() == out.len() * k`,
@@ -35,7 +36,7 @@ pub(crate) fn dot_rows(ty: WeightType, w: &[u8], x: &[f32], k: usize, out: &mut 
         WeightType::Q8_0 => rows::<Q8_0>(w, x, k, out),
         WeightType::Q4_0 => rows::<Q4_0>(w, x, k, out),
         WeightType::Q4_1 => rows::<Q4_1>(w, x, k, out),
-        WeightType::Q4_K | WeightType::Q6_K => kquant(ty, w, x, k, out),
+        WeightType::Q4_K | WeightType::Q6_K => kquant::dot_rows(ty, w, x, k, out),
     }
 }
 
@@ -50,7 +51,7 @@ pub(crate) fn dequantize(ty: WeightType, src: &[u8], dst: &mut [f32]) {
         WeightType::Q8_0 => deq::<Q8_0>(src, dst),
         WeightType::Q4_0 => deq::<Q4_0>(src, dst),
         WeightType::Q4_1 => deq::<Q4_1>(src, dst),
-        WeightType::Q4_K | WeightType::Q6_K => scalar::dequantize(ty, src, dst),
+        WeightType::Q4_K | WeightType::Q6_K => kquant::dequantize(ty, src, dst),
     }
 }
 
@@ -323,36 +324,4 @@ fn row1<B: Block>(w: &[u8], x: &[f32], k: usize, out: &mut [f32]) -> usize {
     }
     out[0] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
     1
-}
-
-/// K-quants: each 256-element block dequantized exactly into a stack buffer, then dotted with
-/// every activation row.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-fn kquant(ty: WeightType, w: &[u8], x: &[f32], k: usize, out: &mut [f32]) {
-    out.fill(0.0);
-    let mut buf = [0f32; QK_K];
-    for (b, blk) in w.chunks_exact(ty.block_bytes()).enumerate() {
-        scalar::dequantize(ty, blk, &mut buf);
-        for (r, o) in out.iter_mut().enumerate() {
-            let start = r * k + b * QK_K;
-            *o += dot256(&buf, &x[start..start + QK_K]);
-        }
-    }
-}
-
-/// Dot of 256 weights with 256 activations, four accumulators.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-fn dot256(w: &[f32; QK_K], x: &[f32]) -> f32 {
-    assert!(x.len() >= QK_K);
-    let mut acc = [_mm512_setzero_ps(); 4];
-    for i in 0..QK_K / 64 {
-        for (j, a) in acc.iter_mut().enumerate() {
-            let o = 64 * i + 16 * j;
-            // SAFETY: o + 16 <= 256 <= len of both `w` and `x` (asserted above).
-            let (wv, xv) = unsafe { (_mm512_loadu_ps(w.as_ptr().add(o)), _mm512_loadu_ps(x.as_ptr().add(o))) };
-            *a = _mm512_fmadd_ps(wv, xv, *a);
-        }
-    }
-    _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
 }

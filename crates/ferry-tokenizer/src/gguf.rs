@@ -230,10 +230,10 @@ impl Tokenizer {
             "tokenizer.ggml.eot_token_id",
             "tokenizer.ggml.eom_token_id",
         ] {
-            if let Some(id) = optional_id(g, key, n)? {
-                if !eos.contains(&id) {
-                    eos.push(id);
-                }
+            if let Some(id) = optional_id(g, key, n)?
+                && !eos.contains(&id)
+            {
+                eos.push(id);
             }
         }
         // Byte-level BPE tokenizers add no BOS unless the file says so (SmolLM2 says false).

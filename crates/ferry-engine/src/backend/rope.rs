@@ -1,7 +1,7 @@
 //! Rotary position embedding frequencies (RoFormer, arXiv:2104.09864), with Llama-3's
 //! frequency-dependent scaling and GGUF's per-frequency factors, computed as HF transformers does.
 
-use crate::config::RopeConfig;
+use crate::config::{FreqDtype, RopeConfig};
 
 #[derive(Clone, Debug)]
 pub struct RopeTable {
@@ -33,6 +33,13 @@ impl RopeTable {
                 *f /= d;
             }
         }
+        // HF keeps `inv_freq` as a buffer that is cast with the model: a checkpoint stored in
+        // bf16/f16 ends up with frequencies rounded to that type, even when run in f32 math.
+        match cfg.freq_dtype {
+            FreqDtype::F32 => {}
+            FreqDtype::BF16 => inv_freq.iter_mut().for_each(|f| *f = half::bf16::from_f32(*f).to_f32()),
+            FreqDtype::F16 => inv_freq.iter_mut().for_each(|f| *f = half::f16::from_f32(*f).to_f32()),
+        }
         Self { inv_freq }
     }
 
@@ -58,7 +65,7 @@ mod tests {
 
     #[test]
     fn default_frequencies() {
-        let t = RopeTable::new(&RopeConfig { theta: 10000.0, llama3: None, freq_factors: None }, 8);
+        let t = RopeTable::new(&RopeConfig { theta: 10000.0, llama3: None, freq_factors: None, freq_dtype: FreqDtype::F32 }, 8);
         let want = [1.0, 0.1, 0.01, 0.001];
         for (a, b) in t.inv_freq.iter().zip(want) {
             assert!((a - b).abs() < 1e-6, "{a} vs {b}");
@@ -68,8 +75,8 @@ mod tests {
     #[test]
     fn llama3_scaling_bands() {
         let s = Llama3Scaling { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 64.0 };
-        let plain = RopeTable::new(&RopeConfig { theta: 500000.0, llama3: None, freq_factors: None }, 16);
-        let scaled = RopeTable::new(&RopeConfig { theta: 500000.0, llama3: Some(s), freq_factors: None }, 16);
+        let plain = RopeTable::new(&RopeConfig { theta: 500000.0, llama3: None, freq_factors: None, freq_dtype: FreqDtype::F32 }, 16);
+        let scaled = RopeTable::new(&RopeConfig { theta: 500000.0, llama3: Some(s), freq_factors: None, freq_dtype: FreqDtype::F32 }, 16);
         // highest frequency (wavelength 2π < 16) untouched; lowest divided by the factor
         assert_eq!(plain.inv_freq[0], scaled.inv_freq[0]);
         let last = plain.inv_freq.len() - 1;

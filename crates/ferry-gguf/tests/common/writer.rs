@@ -101,10 +101,10 @@ impl GgufWriter {
     }
 
     pub fn kv(mut self, key: &str, v: MetaValue) -> Self {
-        if key == "general.alignment" {
-            if let Some(a) = v.as_integer() {
-                self.alignment = a as u64;
-            }
+        if key == "general.alignment"
+            && let Some(a) = v.as_integer()
+        {
+            self.alignment = a as u64;
         }
         self.kvs.push((key.into(), v));
         self
@@ -160,7 +160,7 @@ impl GgufWriter {
 }
 
 fn pad_to(out: &mut Vec<u8>, alignment: u64) {
-    while out.len() as u64 % alignment != 0 {
+    while !(out.len() as u64).is_multiple_of(alignment) {
         out.push(0);
     }
 }

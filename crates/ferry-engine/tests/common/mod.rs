@@ -1,0 +1,58 @@
+//! Shared test support: fixture paths and the default model.
+#![allow(dead_code)]
+
+use ferry_engine::{Engine, EngineConfig};
+use safetensors::SafeTensors;
+use std::path::PathBuf;
+
+pub const GOLDEN_MODELS: [&str; 4] = ["llama-gqa", "llama3-ropescaled", "qwen2-bias-tied", "llama-bf16"];
+
+pub fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+pub fn golden_dir(name: &str) -> PathBuf {
+    fixtures().join("golden").join(name)
+}
+
+/// The default SmolLM2 GGUF: `FERRY_SMOLLM2_GGUF`, else fetched into the cache.
+pub fn smollm2_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("FERRY_SMOLLM2_GGUF") {
+        return PathBuf::from(p);
+    }
+    ferry_engine::fetch::ensure_default_model().expect("the default model is needed: run `cargo run -p ferry -- fetch`")
+}
+
+pub fn engine(path: &std::path::Path) -> Engine {
+    Engine::load(path, &EngineConfig { threads: 2, ..Default::default() }).expect("load model")
+}
+
+/// A tensor from a safetensors file, converted to f64 for comparisons.
+pub struct Tensors(Vec<u8>);
+
+impl Tensors {
+    pub fn open(path: PathBuf) -> Self {
+        Tensors(std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+    }
+    pub fn f32(&self, name: &str) -> Vec<f32> {
+        let st = SafeTensors::deserialize(&self.0).unwrap();
+        let t = st.tensor(name).unwrap_or_else(|_| panic!("no tensor {name}"));
+        t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+    }
+    pub fn ids(&self, name: &str) -> Vec<u32> {
+        let st = SafeTensors::deserialize(&self.0).unwrap();
+        let t = st.tensor(name).unwrap_or_else(|_| panic!("no tensor {name}"));
+        t.data().chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32).collect()
+    }
+}
+
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Greedy ids via the engine's generate loop, no EOS stop (as HF `generate` in the fixtures).
+pub fn greedy(engine: &mut Engine, prompt: &[u32], n: usize) -> Vec<u32> {
+    let p = ferry_core::SamplingParams { ignore_eos: true, ..ferry_core::SamplingParams::greedy(n) };
+    engine.generate(prompt, &p, &mut |_| {}).expect("generate").tokens
+}

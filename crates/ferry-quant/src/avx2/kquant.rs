@@ -1,0 +1,118 @@
+//! K-quants (`Q4_K`, `Q6_K`) with AVX2 + FMA + F16C: each 256-element super-block is dequantized
+//! with SIMD into a stack buffer (bit-identical to the scalar reference), then dotted with every
+//! activation row by vector FMAs. Simpler than fused kernels, and the buffer stays in L1.
+
+use core::arch::x86_64::*;
+
+use super::hsum;
+use crate::types::{QK_K, WeightType, f16_to_f32, le_u16, q4k_scale_min};
+
+/// `dot_rows` for `Q4_K` / `Q6_K` (`w` is a whole number of super-blocks, `x` holds `out.len()`
+/// rows of `k`).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dot_rows(ty: WeightType, w: &[u8], x: &[f32], k: usize, out: &mut [f32]) {
+    out.fill(0.0);
+    let mut buf = [0f32; QK_K];
+    for (b, blk) in w.chunks_exact(ty.block_bytes()).enumerate() {
+        deq_block(ty, blk, &mut buf);
+        for (r, o) in out.iter_mut().enumerate() {
+            let start = r * k + b * QK_K;
+            *o += dot256(&buf, &x[start..start + QK_K]);
+        }
+    }
+}
+
+/// Exact dequantization of whole `Q4_K` / `Q6_K` super-blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dequantize(ty: WeightType, src: &[u8], dst: &mut [f32]) {
+    for (blk, y) in src.chunks_exact(ty.block_bytes()).zip(dst.chunks_exact_mut(QK_K)) {
+        deq_block(ty, blk, y);
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn deq_block(ty: WeightType, b: &[u8], y: &mut [f32]) {
+    if ty == WeightType::Q4_K { deq_q4k(b, y) } else { deq_q6k(b, y) }
+}
+
+/// One `Q4_K` super-block (144 bytes) to 256 floats. Bit-identical to the reference
+/// `d1 * q - m1`: `d1 = d * sc` and `d1 * q` are exact in `f32` (11 + 6 + 4 significant bits),
+/// so the fused `q * d1 - m1` rounds once, where the reference rounds.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn deq_q4k(b: &[u8], y: &mut [f32]) {
+    assert!(b.len() >= 144 && y.len() >= QK_K);
+    let d = f16_to_f32(le_u16(b, 0));
+    let dmin = f16_to_f32(le_u16(b, 2));
+    let mask = _mm256_set1_epi32(0x0F);
+    for g in 0..4 {
+        let (sc1, mn1) = q4k_scale_min(2 * g, &b[4..16]);
+        let (sc2, mn2) = q4k_scale_min(2 * g + 1, &b[4..16]);
+        let (d1, m1) = (_mm256_set1_ps(d * f32::from(sc1)), _mm256_set1_ps(dmin * f32::from(mn1)));
+        let (d2, m2) = (_mm256_set1_ps(d * f32::from(sc2)), _mm256_set1_ps(dmin * f32::from(mn2)));
+        for c in 0..4 {
+            // SAFETY: reads qs bytes 32g + 8c .. + 8, i.e. block bytes 16 + 32g + 8c .. <= 144;
+            // stores y[64g + 8c ..] and y[64g + 32 + 8c ..], 8 floats each, <= 256 (asserted).
+            unsafe {
+                let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(b.as_ptr().add(16 + 32 * g + 8 * c).cast()));
+                let lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, mask));
+                let hi = _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(v));
+                _mm256_storeu_ps(y.as_mut_ptr().add(64 * g + 8 * c), _mm256_fmsub_ps(lo, d1, m1));
+                _mm256_storeu_ps(y.as_mut_ptr().add(64 * g + 32 + 8 * c), _mm256_fmsub_ps(hi, d2, m2));
+            }
+        }
+    }
+}
+
+/// One `Q6_K` super-block (210 bytes) to 256 floats: `(d * sc) * (q - 32)` with the reference's
+/// two roundings.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn deq_q6k(b: &[u8], y: &mut [f32]) {
+    assert!(b.len() >= 210 && y.len() >= QK_K);
+    let d = f16_to_f32(le_u16(b, 208));
+    let (lo4, hi2, off) = (_mm256_set1_epi32(0x0F), _mm256_set1_epi32(0x30), _mm256_set1_epi32(32));
+    for h in 0..2 {
+        for l in (0..32).step_by(8) {
+            // SAFETY: reads ql bytes 64h + l (+ 32) .. + 8 <= 128 and qh bytes 128 + 32h + l .. + 8
+            // <= 192, inside the 210-byte block (asserted).
+            let (qa, qb, qh) = unsafe {
+                let p = b.as_ptr();
+                (
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(64 * h + l).cast())),
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(64 * h + 32 + l).cast())),
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(128 + 32 * h + l).cast())),
+                )
+            };
+            // 6-bit quants: low 4 bits from a nibble of ql, high 2 bits from a 2-bit field of qh.
+            let q = [
+                _mm256_or_si256(_mm256_and_si256(qa, lo4), _mm256_and_si256(_mm256_slli_epi32::<4>(qh), hi2)),
+                _mm256_or_si256(_mm256_and_si256(qb, lo4), _mm256_and_si256(_mm256_slli_epi32::<2>(qh), hi2)),
+                _mm256_or_si256(_mm256_srli_epi32::<4>(qa), _mm256_and_si256(qh, hi2)),
+                _mm256_or_si256(_mm256_srli_epi32::<4>(qb), _mm256_and_si256(_mm256_srli_epi32::<2>(qh), hi2)),
+            ];
+            for (t, q) in q.into_iter().enumerate() {
+                let s = d * f32::from(b[192 + 8 * h + l / 16 + 2 * t] as i8);
+                let w = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, off)), _mm256_set1_ps(s));
+                // SAFETY: stores y[128h + 32t + l .. + 8], within 256 (asserted).
+                unsafe { _mm256_storeu_ps(y.as_mut_ptr().add(128 * h + 32 * t + l), w) };
+            }
+        }
+    }
+}
+
+/// Dot of 256 weights with 256 activations, four accumulators.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot256(w: &[f32; QK_K], x: &[f32]) -> f32 {
+    assert!(x.len() >= QK_K);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for i in 0..QK_K / 32 {
+        for (j, a) in acc.iter_mut().enumerate() {
+            let o = 32 * i + 8 * j;
+            // SAFETY: o + 8 <= 256 <= len of both `w` and `x` (asserted above).
+            let (wv, xv) = unsafe { (_mm256_loadu_ps(w.as_ptr().add(o)), _mm256_loadu_ps(x.as_ptr().add(o))) };
+            *a = _mm256_fmadd_ps(wv, xv, *a);
+        }
+    }
+    hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
+}
