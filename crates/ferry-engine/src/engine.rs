@@ -205,7 +205,7 @@ impl<B: Backend> Engine<B> {
 
     /// One forward pass over all items; returns each item's requested logits (`[rows, vocab]`
     /// flattened; empty for `Logits::None`). All-or-nothing: on error no sequence has advanced.
-    pub fn step(&mut self, items: &[StepItem], on_layer: &mut dyn FnMut(usize, &KvView<B>)) -> Result<Vec<Vec<f32>>> {
+    pub fn step(&mut self, items: &[StepItem], on_layer: &mut (dyn FnMut(usize, &KvView<B>) + Send)) -> Result<Vec<Vec<f32>>> {
         let (ctx, vocab, bs) = (self.model.config.max_position, self.model.config.vocab_size, self.layout.block_size);
         for (i, it) in items.iter().enumerate() {
             let t = self.seqs.get(&it.seq).ok_or(EngineError::UnknownSequence(it.seq.0))?;
@@ -247,9 +247,9 @@ impl<B: Backend> Engine<B> {
             }
             ranges.push(first..logit_rows.len());
         }
-        let (be, seqs) = (&self.be, &self.seqs);
-        let logits = self.model.forward(be, &mut self.kv, &tokens, &plan, &logit_rows, &mut |l, kv| {
-            on_layer(l, &KvView { be, kv, seqs });
+        let (be, seqs, model, kv) = (&self.be, &self.seqs, &self.model, &mut self.kv);
+        let logits = be.run(move || {
+            model.forward(be, kv, &tokens, &plan, &logit_rows, &mut |l, kv| on_layer(l, &KvView { be, kv, seqs }))
         });
         Ok(ranges.into_iter().map(|r| logits[r.start * vocab..r.end * vocab].to_vec()).collect())
     }

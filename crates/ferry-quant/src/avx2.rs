@@ -1,11 +1,13 @@
-//! AVX2 + FMA + F16C kernels for `dot_rows` (x86-64).
+//! AVX2 + FMA + F16C kernels for `dot_rows` and `dequantize` (x86-64).
 //!
 //! Structure (shared with `avx512.rs`): every 32-element block type implements [`Block`], which
-//! unpacks one block into four `__m256` of `f32` weights. A tile kernel runs one weight row against
-//! `R` activation rows: each block is unpacked once per tile and multiplied into `R x A` vector
-//! accumulators (`A` independent chains per row hide FMA latency when `R` is small). Tiles are 8,
-//! 4, 2 and 1 rows (8 accumulators + 4 weight vectors fit the 16 `ymm` registers), so `m = 16`
-//! unpacks each block twice, which costs ~10% over the 128 FMAs per block it then feeds.
+//! unpacks one block into four `__m256` of `f32` weights. For the decode case (`m = 1`), `row1`
+//! unpacks two blocks per iteration into four accumulators. For `m > 1`, a tile kernel runs the
+//! weight row against `R` activation rows: each block is unpacked once per tile and multiplied
+//! into `R x A` vector accumulators (`A` independent chains per row hide FMA latency when `R` is
+//! small). Tiles are 8, 4 and 2 rows (8 accumulators + 4 weight vectors fit the 16 `ymm`
+//! registers), so `m = 16` unpacks each block twice, ~10% over the 128 FMAs it then feeds.
+//! Activation rows that start 32-byte aligned avoid split loads (worth ~20% at `m = 8`).
 //!
 //! Unpacking, per block of 32:
 //! - `Q4_1`: two `vpmovzxbd` of 8 packed bytes; `& 0xF` gives elements 0..16, `>> 4` gives 16..32;
@@ -26,7 +28,7 @@ use core::arch::x86_64::*;
 use crate::scalar;
 use crate::types::{QK, WeightType};
 
-/// `dot_rows` for AVX2. Preconditions as `crate::dot_rows_with` checks them (a violation panics,
+/// `dot_rows` for AVX2. Preconditions as `crate::dot_rows_at` checks them (a violation panics,
 /// never reads out of bounds): `out` non-empty, `x.len() == out.len() * k`, `w.len() == ty.row_bytes(k)`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot_rows(ty: WeightType, w: &[u8], x: &[f32], k: usize, out: &mut [f32]) {

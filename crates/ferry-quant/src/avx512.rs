@@ -1,9 +1,14 @@
-//! AVX-512 (F + BW + VL) kernels for `dot_rows` (x86-64).
+//! AVX-512 (F + BW + VL) kernels for `dot_rows` and `dequantize` (x86-64).
 //!
-//! Same structure as `avx2.rs`: [`Block`] unpacks one 32-element block into two `__m512`, and a
-//! tile kernel runs it against `R` activation rows with `R x A` accumulators. With 32 `zmm`
-//! registers a tile holds 16 rows (16 accumulators + 2 weight vectors), so for the decode batch
-//! sizes the engine uses (`m <= 16`) every block is unpacked exactly once.
+//! Same structure as `avx2.rs`: [`Block`] unpacks one 32-element block into two `__m512`; `row1`
+//! handles `m = 1` two blocks at a time, and a tile kernel runs a block against `R` activation
+//! rows with `R x A` accumulators. With 32 `zmm` registers a tile holds 16 rows (16 accumulators
+//! + 2 weight vectors), so for the decode batch sizes the engine uses (`m <= 16`) every block is
+//! unpacked exactly once. Activation rows that start 64-byte aligned avoid split loads.
+//!
+//! The machines this crate was written on have no AVX-512, so this file is exercised by the same
+//! tests only where the CPU has it (`cargo test` skips unsupported levels); `FERRY_QUANT_SIMD=avx2`
+//! falls back to the AVX2 kernels.
 //!
 //! Unpacking, per block of 32:
 //! - `Q4_1` / `Q4_0`: a 16-entry table of the block's possible weights, `t[i] = (d * i) + m`
@@ -24,7 +29,7 @@ use core::arch::x86_64::*;
 use crate::scalar;
 use crate::types::{QK, WeightType};
 
-/// `dot_rows` for AVX-512. Preconditions as `crate::dot_rows_with` checks them (a violation
+/// `dot_rows` for AVX-512. Preconditions as `crate::dot_rows_at` checks them (a violation
 /// panics, never reads out of bounds): `out` non-empty, `x.len() == out.len() * k`,
 /// `w.len() == ty.row_bytes(k)`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]

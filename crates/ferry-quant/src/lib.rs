@@ -73,8 +73,8 @@ impl SimdLevel {
         }
     }
 
-    /// The level [`dot_rows`] uses: the best supported one, capped by `FERRY_QUANT_SIMD` if set.
-    /// Detected once and cached.
+    /// The level [`dot_rows`] and [`dequantize`] use: the best supported one, capped by the
+    /// environment variable `FERRY_QUANT_SIMD` if set. Detected once and cached.
     pub fn selected() -> SimdLevel {
         static SELECTED: OnceLock<SimdLevel> = OnceLock::new();
         *SELECTED.get_or_init(|| {
@@ -151,6 +151,9 @@ fn dequantize_at(level: SimdLevel, ty: WeightType, src: &[u8], dst: &mut [f32]) 
 /// group of activation rows (up to 16 rows with AVX-512, 8 with AVX2). The result equals the dot
 /// product of `x` with [`dequantize`]`(w_row)` up to `f32` summation-order rounding (relative
 /// error well under `1e-5` of `sum |x * w|`). An empty `out` is a no-op.
+///
+/// Performance: `x` starting on a 64-byte boundary (with `k * 4` a multiple of 64, as for
+/// `k = 576`) avoids loads that straddle cache lines; `m > 1` costs ~20% more without it.
 ///
 /// # Panics
 /// If `x.len()` is not a multiple of `out.len()`, or `w_row.len() != ty.row_bytes(k)` (caller bugs).

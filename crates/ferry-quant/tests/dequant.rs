@@ -118,7 +118,7 @@ fn q4_1() {
     let mut b = f16b(0.25).to_vec();
     b.extend(f16b(-1.5));
     b.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
-    // Two blocks: the second with d = 3, m = 0.1 (f16(0.1) = 0.0999755859375) and all nibbles 15.
+    // Two blocks: the second with d = 3, m = 0.1 (f16(0.1) = 1638 / 2^14) and all nibbles 15.
     b.extend(f16b(3.0));
     b.extend(f16b(0.1));
     b.extend([0xFF; 16]);
@@ -128,8 +128,9 @@ fn q4_1() {
     assert_eq!(y[15], 2.25);
     assert_eq!(y[16], 2.25);
     assert_eq!(y[31], -1.5);
-    assert_eq!(y[32], 45.0 + 0.0999755859375);
-    assert_eq!(y[63], 45.0f32 + 0.0999755859375f32);
+    let m = 1638.0 / 16384.0;
+    assert_eq!(y[32], 45.0 + m);
+    assert_eq!(y[63], 45.0 + m);
 }
 
 /// Packs eight 6-bit (scale, min) pairs the way llama.cpp's Q4_K stores them.

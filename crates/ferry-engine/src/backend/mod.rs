@@ -46,6 +46,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     type Batch;
 
     fn describe(&self) -> String;
+    /// Run a whole forward step in the backend's execution context (the CPU backend runs it on
+    /// its own thread pool, so the many parallel regions of a step start without cross-thread
+    /// hand-offs; a GPU backend binds its device and stream).
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R;
     fn upload(&self, w: &HostWeight) -> Result<Self::Weight>;
     fn tensor(&self, rows: usize, cols: usize) -> Self::Tensor;
     fn rows(&self, t: &Self::Tensor) -> usize;

@@ -129,6 +129,10 @@ impl Backend for CpuBackend {
         format!("cpu ({} threads, {})", self.threads, ferry_quant::simd_level())
     }
 
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
     fn upload(&self, w: &HostWeight) -> Result<CpuWeight> {
         let is_vector = w.shape.len() == 1;
         let aligned = bytemuck::try_cast_slice::<u8, f32>(w.bytes()).is_ok();
