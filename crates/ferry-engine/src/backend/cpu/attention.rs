@@ -1,5 +1,9 @@
 //! Causal attention over the paged KV cache for a mixed batch (prefill chunks and decode tokens),
-//! with grouped-query heads (GQA/MQA). Exact softmax in f32, two passes per query row.
+//! with grouped-query heads (GQA/MQA). Exact softmax in f32.
+//!
+//! Decode rows (few per sequence) take a direct path: dot each cached key, softmax, accumulate
+//! values. Prefill chunks gather a tile's keys and values from their pages into contiguous
+//! scratch and use two f32 GEMMs per head (S = Q·Kᵀ, O = P·V), the causal mask applied between.
 
 use super::simd::{axpy, dot};
 use super::{CpuBackend, CpuKv, CpuTensor, SyncPtr};
@@ -8,6 +12,86 @@ use rayon::prelude::*;
 
 /// Query rows per parallel task.
 const ROWS_PER_TASK: usize = 16;
+/// Sequences with more query rows than this use the GEMM path.
+const GEMM_MIN_ROWS: usize = 8;
+/// Query rows per GEMM tile (keys needed grow with the tile's last row, so tiles cut causal waste).
+const GEMM_TILE_ROWS: usize = 64;
+
+/// out (row stride `dst_rs`) = a (m×k, row stride `a_rs`) · b, where b's element (kk, j) is at
+/// `b[kk*b_rs + j*b_cs]`.
+///
+/// # Safety
+/// All pointers must cover the strided extents implied by m, n, k and the strides.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_f32(m: usize, n: usize, k: usize, dst: *mut f32, dst_rs: usize, a: *const f32, a_rs: usize, b: *const f32, b_rs: usize, b_cs: usize) {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe {
+        gemm::gemm(m, n, k, dst, 1, dst_rs as isize, false, a, 1, a_rs as isize, b, b_cs as isize, b_rs as isize, 0.0, 1.0, false, false, false, gemm::Parallelism::None);
+    }
+}
+
+struct Tile {
+    seq: usize,
+    kv_head: usize,
+    r0: usize,
+    r1: usize,
+}
+
+/// GEMM-path attention for one (sequence, KV head, row tile): all query heads of the group.
+fn attention_tile(q: &CpuTensor, kv: &CpuKv, layer: usize, plan: &BatchPlan, t: &Tile, out: SyncPtr, out_cols: usize, group: usize, scr: &mut Scratch) {
+    let l = kv.layout;
+    let (hd, bs) = (l.head_dim, l.block_size);
+    let sp = &plan.seqs[t.seq];
+    let first_pos = sp.ctx_len - sp.q_len;
+    let n_ctx = first_pos + t.r1; // keys visible to the tile's last row
+    let m = t.r1 - t.r0;
+    scr.k.resize(n_ctx * hd, 0.0);
+    scr.v.resize(n_ctx * hd, 0.0);
+    for (b, &block) in sp.blocks.iter().enumerate().take(n_ctx.div_ceil(bs)) {
+        let n = bs.min(n_ctx - b * bs);
+        let o = kv.offset(block, t.kv_head, 0);
+        scr.k[b * bs * hd..(b * bs + n) * hd].copy_from_slice(&kv.k[layer][o..o + n * hd]);
+        scr.v[b * bs * hd..(b * bs + n) * hd].copy_from_slice(&kv.v[layer][o..o + n * hd]);
+    }
+    scr.s.resize(m * n_ctx, 0.0);
+    let scale = 1.0 / (hd as f32).sqrt();
+    for h in t.kv_head * group..(t.kv_head + 1) * group {
+        let q0 = (sp.q_start + t.r0) * q.cols + h * hd;
+        // SAFETY: q rows q_start+r0..q_start+r1 exist (m rows of stride q.cols, hd columns from
+        // h*hd); scr.k holds n_ctx rows of hd; scr.s holds m×n_ctx.
+        unsafe { gemm_f32(m, n_ctx, hd, scr.s.as_mut_ptr(), n_ctx, q.data.as_ptr().add(q0), q.cols, scr.k.as_ptr(), 1, hd) };
+        for (i, row) in scr.s.chunks_mut(n_ctx).enumerate() {
+            let visible = first_pos + t.r0 + i + 1;
+            let mut max = f32::NEG_INFINITY;
+            for x in row[..visible].iter_mut() {
+                *x *= scale;
+                max = max.max(*x);
+            }
+            let mut sum = 0f32;
+            for x in row[..visible].iter_mut() {
+                *x = (*x - max).exp();
+                sum += *x;
+            }
+            let inv = 1.0 / sum;
+            row[..visible].iter_mut().for_each(|x| *x *= inv);
+            row[visible..].fill(0.0);
+        }
+        // SAFETY: this tile alone writes output rows q_start+r0..q_start+r1, columns h*hd..(h+1)*hd
+        // (one tile per (sequence, KV head, rows), and head h belongs to one KV head); P is m×n_ctx,
+        // V is n_ctx×hd.
+        unsafe {
+            let dst = out.get().add((sp.q_start + t.r0) * out_cols + h * hd);
+            gemm_f32(m, hd, n_ctx, dst, out_cols, scr.s.as_ptr(), n_ctx, scr.v.as_ptr(), hd, 1);
+        }
+    }
+}
+
+#[derive(Default)]
+struct Scratch {
+    k: Vec<f32>,
+    v: Vec<f32>,
+    s: Vec<f32>,
+}
 
 pub(crate) fn attention(be: &CpuBackend, q: &CpuTensor, kv: &CpuKv, layer: usize, plan: &BatchPlan, out: &mut CpuTensor) {
     let l = kv.layout;
@@ -16,9 +100,18 @@ pub(crate) fn attention(be: &CpuBackend, q: &CpuTensor, kv: &CpuKv, layer: usize
     let group = n_heads / l.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
-    // (sequence, head, first row) work items.
+    // (sequence, head, first row) work items for the direct path; tiles for the GEMM path.
     let mut items = Vec::new();
+    let mut tiles = Vec::new();
     for (s, sp) in plan.seqs.iter().enumerate() {
+        if sp.q_len > GEMM_MIN_ROWS {
+            for g in 0..l.n_kv_heads {
+                for r0 in (0..sp.q_len).step_by(GEMM_TILE_ROWS) {
+                    tiles.push(Tile { seq: s, kv_head: g, r0, r1: (r0 + GEMM_TILE_ROWS).min(sp.q_len) });
+                }
+            }
+            continue;
+        }
         for h in 0..n_heads {
             for r0 in (0..sp.q_len).step_by(ROWS_PER_TASK) {
                 items.push((s, h, r0));
@@ -28,6 +121,9 @@ pub(crate) fn attention(be: &CpuBackend, q: &CpuTensor, kv: &CpuKv, layer: usize
     let out_ptr = SyncPtr(out.data.as_mut_ptr());
     let out_cols = out.cols;
     be.install(|| {
+        // Largest tiles (most keys) first, for balance.
+        tiles.sort_by_key(|t| std::cmp::Reverse(plan.seqs[t.seq].ctx_len - plan.seqs[t.seq].q_len + t.r1));
+        tiles.par_iter().for_each_init(Scratch::default, |scr, t| attention_tile(q, kv, layer, plan, t, out_ptr, out_cols, group, scr));
         items.par_iter().for_each_init(Vec::new, |scores: &mut Vec<f32>, &(s, h, r0)| {
             let sp = &plan.seqs[s];
             let g = h / group;
