@@ -1,0 +1,93 @@
+//! Batched prefill (several prompts in one forward) and batched decode (many sequences of
+//! different lengths in one step) agree with running each sequence alone.
+
+mod common;
+use common::*;
+use ferry_engine::{Engine, Logits, SeqId, StepItem};
+
+fn prompts(e: &Engine) -> Vec<Vec<u32>> {
+    ["Hello", "The quick brown fox jumps over the lazy dog, and then", "In 1969, humans first walked on the Moon. The mission was called", "Rust is a systems programming language that"]
+        .iter()
+        .map(|t| e.encode(t).unwrap())
+        .collect()
+}
+
+fn alone(e: &mut Engine, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>) {
+    let seq = e.new_sequence();
+    let last = e.prefill(seq, prompt).unwrap();
+    let mut toks = vec![ferry_engine::sampler::argmax(&last)];
+    while toks.len() < n {
+        let l = e.step(&[StepItem { seq, tokens: &[*toks.last().unwrap()], logits: Logits::Last }], &mut |_, _| {}).unwrap();
+        toks.push(ferry_engine::sampler::argmax(&l[0]));
+    }
+    e.release(seq).unwrap();
+    (last, toks)
+}
+
+fn check(model: &std::path::Path, tol: f32) {
+    let mut e = engine(model);
+    let ps = prompts(&e);
+    let n = 12;
+    let reference: Vec<_> = ps.iter().map(|p| alone(&mut e, p, n)).collect();
+
+    // Batched prefill of all prompts in one step.
+    let seqs: Vec<SeqId> = ps.iter().map(|_| e.new_sequence()).collect();
+    let items: Vec<StepItem> = seqs.iter().zip(&ps).map(|(&seq, p)| StepItem { seq, tokens: p, logits: Logits::Last }).collect();
+    let first = e.step(&items, &mut |_, _| {}).unwrap();
+    let mut toks: Vec<Vec<u32>> = Vec::new();
+    for (i, l) in first.iter().enumerate() {
+        let d = max_abs_diff(l, &reference[i].0);
+        assert!(d <= tol, "prompt {i}: batched prefill logits differ by {d}");
+        toks.push(vec![ferry_engine::sampler::argmax(l)]);
+    }
+    // Batched decode; sequences have different lengths, and one leaves early (continuous batching).
+    for step in 1..n {
+        let active: Vec<usize> = (0..seqs.len()).filter(|&i| !(i == 0 && step > n / 2)).collect();
+        let last: Vec<u32> = active.iter().map(|&i| *toks[i].last().unwrap()).collect();
+        let items: Vec<StepItem> = active.iter().zip(&last).map(|(&i, t)| StepItem { seq: seqs[i], tokens: std::slice::from_ref(t), logits: Logits::Last }).collect();
+        let out = e.step(&items, &mut |_, _| {}).unwrap();
+        for (&i, l) in active.iter().zip(&out) {
+            toks[i].push(ferry_engine::sampler::argmax(l));
+        }
+    }
+    for (i, t) in toks.iter().enumerate() {
+        let want = &reference[i].1[..t.len()];
+        assert_eq!(t, want, "sequence {i}: batched greedy tokens differ");
+    }
+    for s in seqs {
+        e.release(s).unwrap();
+    }
+    assert_eq!(e.free_blocks(), e.total_blocks());
+}
+
+#[test]
+fn batched_equals_alone_golden() {
+    for name in GOLDEN_MODELS {
+        check(&golden_dir(name), 1e-4);
+    }
+}
+
+#[test]
+fn batched_equals_alone_smollm2() {
+    check(&smollm2_path(), 1e-3);
+}
+
+#[test]
+fn mixed_step_prefill_and_decode_together() {
+    // A decode token of one sequence and a prefill chunk of another in the same forward pass.
+    let mut e = engine(&smollm2_path());
+    let ps = prompts(&e);
+    let (_, ref_a) = alone(&mut e, &ps[1], 3);
+    let (ref_b_logits, _) = alone(&mut e, &ps[2], 1);
+    let a = e.new_sequence();
+    let first = e.prefill(a, &ps[1]).unwrap();
+    let t0 = ferry_engine::sampler::argmax(&first);
+    let b = e.new_sequence();
+    let out = e
+        .step(&[StepItem { seq: a, tokens: &[t0], logits: Logits::Last }, StepItem { seq: b, tokens: &ps[2], logits: Logits::Last }], &mut |_, _| {})
+        .unwrap();
+    assert_eq!(ferry_engine::sampler::argmax(&out[0]), ref_a[1]);
+    assert!(max_abs_diff(&out[1], &ref_b_logits) <= 1e-3);
+    e.release(a).unwrap();
+    e.release(b).unwrap();
+}
