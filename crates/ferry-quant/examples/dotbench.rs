@@ -64,7 +64,10 @@ fn main() {
                 common::fill_random(ty, mat, &mut rng);
             }
             for m in [1usize, 8] {
-                let x = common::random_x(m * k, &mut rng);
+                // Activations start on a 64-byte boundary, as the engine's should.
+                let xbuf = common::random_x(m * k + 16, &mut rng);
+                let skip = xbuf.as_ptr().align_offset(64).min(16);
+                let x = &xbuf[skip..skip + m * k];
                 let mut out = vec![0f32; m];
                 for &level in &levels {
                     let mut c = 0;
@@ -72,7 +75,7 @@ fn main() {
                         let mat = &mats[c % copies];
                         c += 1;
                         for row in mat.chunks_exact(rb) {
-                            dot_rows_with(level, ty, row, &x, &mut out);
+                            dot_rows_with(level, ty, row, x, &mut out);
                             black_box(&out);
                         }
                     });

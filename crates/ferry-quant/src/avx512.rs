@@ -3,8 +3,8 @@
 //! Same structure as `avx2.rs`: [`Block`] unpacks one 32-element block into two `__m512`; `row1`
 //! handles `m = 1` two blocks at a time, and a tile kernel runs a block against `R` activation
 //! rows with `R x A` accumulators. With 32 `zmm` registers a tile holds 16 rows (16 accumulators
-//! + 2 weight vectors), so for the decode batch sizes the engine uses (`m <= 16`) every block is
-//! unpacked exactly once. Activation rows that start 64-byte aligned avoid split loads.
+//! and 2 weight vectors), so for the decode batch sizes the engine uses (`m <= 16`) every block
+//! is unpacked exactly once. Activation rows that start 64-byte aligned avoid split loads.
 //!
 //! The machines this crate was written on have no AVX-512, so this file is exercised by the same
 //! tests only where the CPU has it (`cargo test` skips unsupported levels); `FERRY_QUANT_SIMD=avx2`

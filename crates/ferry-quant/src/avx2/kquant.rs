@@ -7,17 +7,25 @@ use core::arch::x86_64::*;
 use super::hsum;
 use crate::types::{QK_K, WeightType, f16_to_f32, le_u16, q4k_scale_min};
 
+/// Activation rows sharing one dequantized super-block.
+const GROUP: usize = 16;
+
 /// `dot_rows` for `Q4_K` / `Q6_K` (`w` is a whole number of super-blocks, `x` holds `out.len()`
-/// rows of `k`).
+/// rows of `k`). Each row keeps four vector accumulators across super-blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_rows(ty: WeightType, w: &[u8], x: &[f32], k: usize, out: &mut [f32]) {
-    out.fill(0.0);
     let mut buf = [0f32; QK_K];
-    for (b, blk) in w.chunks_exact(ty.block_bytes()).enumerate() {
-        deq_block(ty, blk, &mut buf);
-        for (r, o) in out.iter_mut().enumerate() {
-            let start = r * k + b * QK_K;
-            *o += dot256(&buf, &x[start..start + QK_K]);
+    for (g, outs) in out.chunks_mut(GROUP).enumerate() {
+        let mut acc = [[_mm256_setzero_ps(); 4]; GROUP];
+        for (b, blk) in w.chunks_exact(ty.block_bytes()).enumerate() {
+            deq_block(ty, blk, &mut buf);
+            for (r, acc) in acc.iter_mut().enumerate().take(outs.len()) {
+                let start = (g * GROUP + r) * k + b * QK_K;
+                dot256(&buf, &x[start..start + QK_K], acc);
+            }
+        }
+        for (o, a) in outs.iter_mut().zip(&acc) {
+            *o = hsum(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
         }
     }
 }
@@ -100,12 +108,11 @@ fn deq_q6k(b: &[u8], y: &mut [f32]) {
     }
 }
 
-/// Dot of 256 weights with 256 activations, four accumulators.
+/// `acc[j] += w[i] * x[i]` over 256 elements, `j` cycling over four accumulators.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot256(w: &[f32; QK_K], x: &[f32]) -> f32 {
+fn dot256(w: &[f32; QK_K], x: &[f32], acc: &mut [__m256; 4]) {
     assert!(x.len() >= QK_K);
-    let mut acc = [_mm256_setzero_ps(); 4];
     for i in 0..QK_K / 32 {
         for (j, a) in acc.iter_mut().enumerate() {
             let o = 32 * i + 8 * j;
@@ -114,5 +121,4 @@ fn dot256(w: &[f32; QK_K], x: &[f32]) -> f32 {
             *a = _mm256_fmadd_ps(wv, xv, *a);
         }
     }
-    hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
 }

@@ -6,17 +6,25 @@ use core::arch::x86_64::*;
 
 use crate::types::{QK_K, WeightType, f16_to_f32, le_u16, q4k_scale_min};
 
+/// Activation rows sharing one dequantized super-block.
+const GROUP: usize = 16;
+
 /// `dot_rows` for `Q4_K` / `Q6_K` (`w` is a whole number of super-blocks, `x` holds `out.len()`
-/// rows of `k`).
+/// rows of `k`). Each row keeps four vector accumulators across super-blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 pub(super) fn dot_rows(ty: WeightType, w: &[u8], x: &[f32], k: usize, out: &mut [f32]) {
-    out.fill(0.0);
     let mut buf = [0f32; QK_K];
-    for (b, blk) in w.chunks_exact(ty.block_bytes()).enumerate() {
-        deq_block(ty, blk, &mut buf);
-        for (r, o) in out.iter_mut().enumerate() {
-            let start = r * k + b * QK_K;
-            *o += dot256(&buf, &x[start..start + QK_K]);
+    for (g, outs) in out.chunks_mut(GROUP).enumerate() {
+        let mut acc = [[_mm512_setzero_ps(); 4]; GROUP];
+        for (b, blk) in w.chunks_exact(ty.block_bytes()).enumerate() {
+            deq_block(ty, blk, &mut buf);
+            for (r, acc) in acc.iter_mut().enumerate().take(outs.len()) {
+                let start = (g * GROUP + r) * k + b * QK_K;
+                dot256(&buf, &x[start..start + QK_K], acc);
+            }
+        }
+        for (o, a) in outs.iter_mut().zip(&acc) {
+            *o = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
         }
     }
 }
@@ -99,12 +107,11 @@ fn deq_q6k(b: &[u8], y: &mut [f32]) {
     }
 }
 
-/// Dot of 256 weights with 256 activations, four accumulators.
+/// `acc[j] += w[i] * x[i]` over 256 elements, `j` cycling over four accumulators.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-fn dot256(w: &[f32; QK_K], x: &[f32]) -> f32 {
+fn dot256(w: &[f32; QK_K], x: &[f32], acc: &mut [__m512; 4]) {
     assert!(x.len() >= QK_K);
-    let mut acc = [_mm512_setzero_ps(); 4];
     for i in 0..QK_K / 64 {
         for (j, a) in acc.iter_mut().enumerate() {
             let o = 64 * i + 16 * j;
@@ -113,5 +120,4 @@ fn dot256(w: &[f32; QK_K], x: &[f32]) -> f32 {
             *a = _mm512_fmadd_ps(wv, xv, *a);
         }
     }
-    _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
 }
