@@ -43,6 +43,31 @@ pub(crate) fn dot_rows(ty: WeightType, w: &[u8], x: &[f32], k: usize, out: &mut 
     }
 }
 
+/// `dot_rows` over consecutive weight rows of `rb` bytes: `out[r*m..(r+1)*m]` for row r.
+/// Preconditions as checked by `crate::dot_many`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_many(ty: WeightType, w: &[u8], rb: usize, x: &[f32], k: usize, m: usize, out: &mut [f32]) {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn each<B: Block>(w: &[u8], rb: usize, x: &[f32], k: usize, m: usize, out: &mut [f32]) {
+        for (row, o) in w.chunks_exact(rb).zip(out.chunks_exact_mut(m)) {
+            rows::<B>(row, x, k, o);
+        }
+    }
+    match ty {
+        WeightType::F32 => each::<F32>(w, rb, x, k, m, out),
+        WeightType::F16 => each::<F16>(w, rb, x, k, m, out),
+        WeightType::BF16 => each::<Bf16>(w, rb, x, k, m, out),
+        WeightType::Q8_0 => each::<Q8_0>(w, rb, x, k, m, out),
+        WeightType::Q4_0 => each::<Q4_0>(w, rb, x, k, m, out),
+        WeightType::Q4_1 => each::<Q4_1>(w, rb, x, k, m, out),
+        WeightType::Q4_K | WeightType::Q6_K => {
+            for (row, o) in w.chunks_exact(rb).zip(out.chunks_exact_mut(m)) {
+                kquant::dot_rows(ty, row, x, k, o);
+            }
+        }
+    }
+}
+
 /// Exact dequantization (same preconditions as `scalar::dequantize`). The SIMD unpacking is
 /// bit-identical to the scalar reference: see the module docs.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -214,7 +239,7 @@ impl Block for Q4_1 {
 }
 
 /// All rows of `out` against one weight row, in tiles of 8, 4, 2 and 1 activation rows.
-#[inline(never)] // one function per type keeps each prologue small
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn rows<B: Block>(w: &[u8], x: &[f32], k: usize, out: &mut [f32]) {
     let m = out.len();

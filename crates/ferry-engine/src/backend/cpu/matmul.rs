@@ -54,11 +54,14 @@ pub(crate) fn matmul(be: &CpuBackend, x: &CpuTensor, ws: &[(&CpuWeight, Option<&
                 let (w, bias) = ws[t.w];
                 let n = w.rows;
                 let bias = bias.map(|b| b.f32_copy.as_deref().unwrap_or(&[]));
-                let mut tmp = [0f32; GEMV_MAX_ROWS];
-                for r in t.r0..t.r1 {
-                    ferry_quant::dot_rows(w.ty, w.row(r), &x.data, &mut tmp[..m]);
+                let rows = t.r1 - t.r0;
+                let mut tmp = [0f32; 256 * GEMV_MAX_ROWS];
+                let tmp = &mut tmp[..rows * m];
+                ferry_quant::dot_many(w.ty, &w.bytes()[t.r0 * w.row_bytes..t.r1 * w.row_bytes], w.cols, &x.data, tmp);
+                for (j, vals) in tmp.chunks_exact(m).enumerate() {
+                    let r = t.r0 + j;
                     let b = bias.map_or(0.0, |b| b[r]);
-                    for (i, v) in tmp[..m].iter().enumerate() {
+                    for (i, v) in vals.iter().enumerate() {
                         // SAFETY: tasks cover disjoint column ranges of each output, and
                         // (i, r) < (m, n) is inside the output buffer of m*n elements.
                         unsafe { *ptrs[t.w].get().add(i * n + r) = v + b };
