@@ -34,3 +34,54 @@ fn golden_tokenizer_matches_prompt_ids() {
         assert_eq!(got, want, "{name}");
     }
 }
+
+/// Mistral is Llama's architecture (sliding window aside): the same weights under
+/// `MistralForCausalLM` give the Llama reference logits.
+#[test]
+fn mistral_label_loads_the_llama_reference() {
+    let src = golden_dir("llama-gqa");
+    let dst = std::env::temp_dir().join(format!("ferry-mistral-{}", std::process::id()));
+    std::fs::create_dir_all(&dst).unwrap();
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), dst.join(f.file_name())).unwrap();
+    }
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dst.join("config.json")).unwrap()).unwrap();
+    cfg["architectures"] = serde_json::json!(["MistralForCausalLM"]);
+    cfg["model_type"] = serde_json::json!("mistral");
+    cfg["sliding_window"] = serde_json::json!(4096);
+    std::fs::write(dst.join("config.json"), cfg.to_string()).unwrap();
+    let g = Tensors::open(src.join("golden.safetensors"));
+    let ids = g.ids("input_ids");
+    let got = engine(&dst).score(&ids).unwrap();
+    assert!(max_abs_diff(&got, &g.f32("logits")) <= 1e-3);
+}
+
+/// A model split into shards with `model.safetensors.index.json` loads like the single file.
+#[test]
+fn sharded_safetensors_load() {
+    let src = golden_dir("llama-gqa");
+    let dst = std::env::temp_dir().join(format!("ferry-shards-{}", std::process::id()));
+    std::fs::create_dir_all(&dst).unwrap();
+    for f in ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+        std::fs::copy(src.join(f), dst.join(f)).unwrap();
+    }
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names: Vec<String> = st.names().into_iter().map(|s| s.to_string()).collect();
+    names.sort();
+    let (a, b) = names.split_at(names.len() / 2);
+    let mut map = serde_json::Map::new();
+    for (i, part) in [a, b].iter().enumerate() {
+        let file = format!("model-0000{}-of-00002.safetensors", i + 1);
+        let views: Vec<(String, safetensors::tensor::TensorView)> = part.iter().map(|n| (n.clone(), st.tensor(n).unwrap())).collect();
+        safetensors::serialize_to_file(views, None, &dst.join(&file)).unwrap();
+        for n in *part {
+            map.insert(n.clone(), serde_json::json!(file));
+        }
+    }
+    std::fs::write(dst.join("model.safetensors.index.json"), serde_json::json!({"metadata": {}, "weight_map": map}).to_string()).unwrap();
+    let g = Tensors::open(src.join("golden.safetensors"));
+    let got = engine(&dst).score(&g.ids("input_ids")).unwrap();
+    assert!(max_abs_diff(&got, &g.f32("logits")) <= 1e-3);
+}

@@ -1,0 +1,70 @@
+//! The `ferry` binary end to end: `score` against the HF reference logits, `generate` output and
+//! timings, and clear errors for bad invocations.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn ferry() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ferry"))
+}
+
+fn golden(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/golden").join(name)
+}
+
+fn read_f32(path: &std::path::Path, name: &str) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensor(name).unwrap().data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+}
+
+#[test]
+fn score_writes_reference_logits_and_perplexity() {
+    let dir = golden("qwen2-bias-tied");
+    let out = std::env::temp_dir().join(format!("ferry-cli-score-{}.safetensors", std::process::id()));
+    let o = ferry()
+        .args(["score", "--threads", "2", "--model"])
+        .arg(&dir)
+        .arg("--tokens")
+        .arg(dir.join("golden.safetensors"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let line: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(line["tokens"], 41);
+    assert!(line["perplexity"].as_f64().unwrap() > 1.0);
+    let got = read_f32(&out, "logits");
+    let want = read_f32(&dir.join("golden.safetensors"), "logits");
+    let d = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert_eq!(got.len(), want.len());
+    assert!(d <= 1e-3, "max |Δlogit| {d}");
+    let _ = std::fs::remove_file(out);
+}
+
+#[test]
+fn generate_streams_text_and_prints_timings() {
+    let o = ferry().args(["generate", "--max-tokens", "8", "--ignore-eos", "--model"]).arg(golden("llama-gqa")).arg("Everyone is permitted").output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("TTFT") && err.contains("TPOT") && err.contains("tok/s") && err.contains("8 generated"), "{err}");
+    assert!(!o.stdout.is_empty());
+}
+
+#[test]
+fn bad_invocations_fail_clearly() {
+    let cases: [(&[&str], &str); 4] = [
+        (&["generate", "--model", "/no/such/model.gguf", "hi"], "/no/such/model.gguf"),
+        (&["generate", "--device", "cuda", "hi"], "without CUDA"),
+        (&["generate", "--top-p", "0", "hi"], "top_p"),
+        (&["score", "--model", "/no/such/dir", "--tokens", "/no/such/t.safetensors", "--out", "/tmp/x"], "/no/such/t.safetensors"),
+    ];
+    for (args, needle) in cases {
+        let o = ferry().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    }
+}
