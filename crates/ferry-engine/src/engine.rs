@@ -222,11 +222,21 @@ impl<B: Backend> Engine<B> {
                 return Err(EngineError::Config(format!("sequence {} appears twice in one step", it.seq.0)));
             }
         }
-        // Reserve every item's blocks before advancing any table, so a full pool changes nothing
-        // (blocks reserved for earlier items stay with their sequences and are freed with them).
+        // Reserve every item's blocks before advancing any table; if the pool runs out, give back
+        // what this step took, so a failed step leaves the pool and every sequence as they were.
+        let mut had = Vec::with_capacity(items.len());
         for it in items {
             let t = self.seqs.get_mut(&it.seq).expect("checked above");
-            t.reserve(&mut self.pool, it.tokens.len(), bs)?;
+            had.push(t.blocks.len());
+            if let Err(e) = t.reserve(&mut self.pool, it.tokens.len(), bs) {
+                for (it, &n) in items.iter().zip(&had) {
+                    let t = self.seqs.get_mut(&it.seq).expect("checked above");
+                    for b in t.blocks.drain(n..) {
+                        self.pool.release(b)?;
+                    }
+                }
+                return Err(e.into());
+            }
         }
         let mut plan = BatchPlan::default();
         let mut tokens = Vec::new();

@@ -123,10 +123,21 @@ fn full_cache_is_a_retryable_error_and_changes_nothing() {
     let a = e.new_sequence();
     e.prefill(a, &[7u32; 40]).unwrap();
     let b = e.new_sequence();
+    let free = e.free_blocks();
     let err = e.prefill(b, &[7u32; 40]).unwrap_err();
     assert!(err.is_retryable(), "{err}");
     assert!(err.to_string().contains("exhausted"), "{err}");
     assert_eq!(e.seq_len(b).unwrap(), 0);
+    assert_eq!(e.free_blocks(), free, "a failed step kept blocks");
+    // A batch whose second item does not fit gives back the first item's blocks too.
+    let c = e.new_sequence();
+    let items = [
+        ferry_engine::StepItem { seq: c, tokens: &[7u32; 8], logits: ferry_engine::Logits::None },
+        ferry_engine::StepItem { seq: b, tokens: &[7u32; 40], logits: ferry_engine::Logits::None },
+    ];
+    assert!(e.step(&items, &mut |_, _| {}).is_err());
+    assert_eq!(e.free_blocks(), free, "a failed batch kept blocks");
+    e.release(c).unwrap();
     e.release(a).unwrap();
     e.release(b).unwrap();
     assert_eq!(e.free_blocks(), e.total_blocks());

@@ -33,6 +33,9 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
 const TEXT: &str = "The history of the printing press begins with the first movable type, invented in China, and continues through Gutenberg's workshop in Mainz, where metal type, oil-based ink and a wooden screw press came together. ";
 
 fn engine(a: EngineBenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(a.prompt_len >= 1, "--prompt-len must be at least 1");
+    anyhow::ensure!(a.gen_tokens >= 2, "--gen must be at least 2 (decode speed is measured after the first token)");
+    anyhow::ensure!(a.repeats >= 1, "--repeats must be at least 1");
     let mut engine = a.model.load()?;
     let threads = match a.model.threads {
         0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),

