@@ -22,6 +22,7 @@
 //! bit-identical to the scalar one. K-quants are in `avx2/kquant.rs`.
 
 mod kquant;
+pub(crate) mod q8;
 
 use core::arch::x86_64::*;
 

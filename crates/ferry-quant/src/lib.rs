@@ -15,6 +15,7 @@
 //! benchmarks. Each SIMD kernel file keeps the structure of the others, and the scalar module is
 //! the oracle the tests compare them against (llm.c's habit: kernel and reference side by side).
 
+mod q8;
 mod scalar;
 mod types;
 
@@ -25,6 +26,7 @@ mod avx512;
 
 use std::sync::OnceLock;
 
+pub use q8::{Q8Activations, dot_many_q8, dot_many_q8_with, supports_q8};
 pub use types::WeightType;
 
 /// An instruction-set level with its own set of kernels.

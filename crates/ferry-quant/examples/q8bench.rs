@@ -1,0 +1,87 @@
+//! Single-thread throughput of the 8-bit-activation path (`dot_many_q8`) next to the `f32` one
+//! (`dot_many`), at the selected SIMD level.
+//!
+//! `cargo run --release -p ferry-quant --example q8bench`
+//!
+//! Shapes: 1536x576 (in cache) and 49152x576 (rotated over copies exceeding 96 MB, so it streams
+//! from memory), m = 1 and 8 activation rows. Reported in G weights/s (each weight feeds m
+//! products). "q8+quant" includes quantizing the activations on every matvec.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use ferry_quant::{Q8Activations, WeightType, dot_many, dot_many_q8, simd_level};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+const TRIALS: usize = 5;
+const TRIAL_TIME: Duration = Duration::from_millis(60);
+const OUT_OF_CACHE_BYTES: usize = 96 << 20;
+
+/// Seconds per run of `f`: the best of `TRIALS` trials.
+fn time(mut f: impl FnMut()) -> f64 {
+    f();
+    (0..TRIALS)
+        .map(|_| {
+            let start = Instant::now();
+            let mut n = 0u32;
+            while n < 2 || start.elapsed() < TRIAL_TIME {
+                f();
+                n += 1;
+            }
+            start.elapsed().as_secs_f64() / f64::from(n)
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn main() {
+    println!("simd level: {}", simd_level());
+    println!("{:<5} {:>10} {:>2} {:>9} {:>9} {:>9} {:>8}", "type", "rows x k", "m", "f32 Gw/s", "q8 Gw/s", "q8+quant", "speedup");
+    let mut rng = StdRng::seed_from_u64(7);
+    for ty in [WeightType::Q4_1, WeightType::Q4_0, WeightType::Q8_0] {
+        for (rows, k, out_of_cache) in [(1536usize, 576usize, false), (49152, 576, true)] {
+            let rb = ty.row_bytes(k).expect("whole blocks");
+            let copies = if out_of_cache { OUT_OF_CACHE_BYTES.div_ceil(rows * rb) } else { 1 };
+            let mut mats = vec![vec![0u8; rows * rb]; copies];
+            for mat in &mut mats {
+                common::fill_random(ty, mat, &mut rng);
+            }
+            for m in [1usize, 8] {
+                let xbuf = common::random_x(m * k + 16, &mut rng);
+                let skip = xbuf.as_ptr().align_offset(64).min(16);
+                let x = &xbuf[skip..skip + m * k];
+                let mut out = vec![0f32; rows * m];
+                let mut run = |f: &mut dyn FnMut(&[u8], &mut [f32])| {
+                    let mut c = 0;
+                    let secs = time(|| {
+                        f(&mats[c % copies], &mut out);
+                        c += 1;
+                        black_box(&out);
+                    });
+                    (rows * k) as f64 / secs / 1e9
+                };
+                let f32_gws = run(&mut |w, o| dot_many(ty, w, k, x, o));
+                let xq = Q8Activations::quantize(x, k);
+                let q8_gws = run(&mut |w, o| dot_many_q8(ty, w, &xq, o));
+                let mut xq2 = Q8Activations::default();
+                let q8q_gws = run(&mut |w, o| {
+                    xq2.quantize_into(x, k);
+                    dot_many_q8(ty, w, &xq2, o)
+                });
+                println!(
+                    "{:<5} {:>10} {:>2} {:>9.2} {:>9.2} {:>9.2} {:>7.2}x",
+                    ty.name(),
+                    format!("{rows}x{k}"),
+                    m,
+                    f32_gws,
+                    q8_gws,
+                    q8q_gws,
+                    q8_gws / f32_gws
+                );
+            }
+        }
+    }
+}
