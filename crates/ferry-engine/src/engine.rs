@@ -31,11 +31,13 @@ pub struct EngineConfig {
     pub kv_tokens: Option<usize>,
     /// Most tokens one forward step processes (long prompts are prefilled in chunks of this).
     pub max_batch_tokens: usize,
+    /// CPU matmul precision for quantized weights (exact f32 by default).
+    pub activations: crate::backend::cpu::Activations,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        Self { threads: 0, block_size: 16, kv_tokens: None, max_batch_tokens: 2048 }
+        Self { threads: 0, block_size: 16, kv_tokens: None, max_batch_tokens: 2048, activations: Default::default() }
     }
 }
 
@@ -123,8 +125,9 @@ pub struct Engine<B: Backend = CpuBackend> {
 impl Engine<CpuBackend> {
     /// Load a model (GGUF file or HF folder) onto the CPU backend.
     pub fn load(path: &Path, cfg: &EngineConfig) -> Result<Self> {
-        let loaded = loader::load(path)?;
-        Self::from_loaded(CpuBackend::new(cfg.threads)?, loaded, cfg)
+        let mut loaded = loader::load(path)?;
+        crate::backend::cpu::pack_weights(&mut loaded.weights)?;
+        Self::from_loaded(CpuBackend::with_activations(cfg.threads, cfg.activations)?, loaded, cfg)
     }
 }
 

@@ -17,7 +17,7 @@ pub mod sampler;
 pub mod stop;
 pub mod weights;
 
-pub use backend::cpu::CpuBackend;
+pub use backend::cpu::{Activations, CpuBackend};
 pub use config::ModelConfig;
 pub use engine::{Engine, EngineConfig, FinishReason, Generation, KvView, Logits, SeqId, StepItem};
 pub use error::{EngineError, Result};

@@ -38,6 +38,10 @@ pub struct ModelArgs {
     /// CPU threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Quantize decode activations to 8 bits for integer dot products with Q4_0/Q4_1/Q8_0
+    /// weights (as llama.cpp does): faster decode, no longer the exact f32 reference math.
+    #[arg(long)]
+    pub q8_activations: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,7 +56,8 @@ impl ModelArgs {
             anyhow::bail!("--device cuda: this ferry was built without CUDA support (the `cuda` feature); use --device cpu");
         }
         let path = ferry_engine::fetch::resolve_model(Some(&self.model))?;
-        let cfg = ferry_engine::EngineConfig { threads: self.threads, ..Default::default() };
+        let activations = if self.q8_activations { ferry_engine::Activations::Q8 } else { ferry_engine::Activations::Exact };
+        let cfg = ferry_engine::EngineConfig { threads: self.threads, activations, ..Default::default() };
         Ok(ferry_engine::Engine::load(&path, &cfg)?)
     }
 }

@@ -7,7 +7,7 @@
 //! math over exactly dequantized weights. Threads split the output columns of all the projections
 //! of one call, so Q/K/V (or gate/up) cost one parallel region.
 
-use super::{CpuBackend, CpuTensor, CpuWeight, SyncPtr};
+use super::{Activations, CpuBackend, CpuTensor, CpuWeight, SyncPtr};
 use rayon::prelude::*;
 
 /// At most this many activation rows use the row-dot (GEMV) path.
@@ -49,6 +49,7 @@ pub(crate) fn matmul(be: &CpuBackend, x: &CpuTensor, ws: &[(&CpuWeight, Option<&
     if m <= GEMV_MAX_ROWS {
         // Small chunks balance well and keep each thread streaming distinct weight rows.
         let tasks = tasks(ws, |rows| (rows / (threads * 8)).clamp(16, 256));
+        let q8 = (m == 1 && be.activations == Activations::Q8).then(|| ferry_quant::Q8Activations::quantize(&x.data, x.cols));
         be.install(|| {
             tasks.par_iter().for_each(|t| {
                 let (w, bias) = ws[t.w];
@@ -57,7 +58,11 @@ pub(crate) fn matmul(be: &CpuBackend, x: &CpuTensor, ws: &[(&CpuWeight, Option<&
                 let rows = t.r1 - t.r0;
                 let mut tmp = [0f32; 256 * GEMV_MAX_ROWS];
                 let tmp = &mut tmp[..rows * m];
-                ferry_quant::dot_many(w.ty, &w.bytes()[t.r0 * w.row_bytes..t.r1 * w.row_bytes], w.cols, &x.data, tmp);
+                let wb = &w.bytes()[t.r0 * w.row_bytes..t.r1 * w.row_bytes];
+                match &q8 {
+                    Some(xq) if ferry_quant::supports_q8(w.ty) => ferry_quant::dot_many_q8(w.ty, wb, xq, tmp),
+                    _ => ferry_quant::dot_many(w.ty, wb, w.cols, &x.data, tmp),
+                }
                 for (j, vals) in tmp.chunks_exact(m).enumerate() {
                     let r = t.r0 + j;
                     let b = bias.map_or(0.0, |b| b[r]);

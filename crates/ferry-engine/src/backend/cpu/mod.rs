@@ -87,21 +87,37 @@ pub struct CpuBatch {
     pub(crate) sin: Vec<f32>,
 }
 
+/// How the CPU backend multiplies activations with quantized weights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Activations {
+    /// f32 activations against exactly dequantized weights: the reference's math.
+    #[default]
+    Exact,
+    /// Single-row (decode) matmuls quantize the activation row to 8 bits per block of 32 and use
+    /// integer dot products against Q4_0/Q4_1/Q8_0 weights, as llama.cpp does: faster, not exact.
+    Q8,
+}
+
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
     threads: usize,
+    pub(crate) activations: Activations,
 }
 
 impl CpuBackend {
     /// A backend with `threads` worker threads (0 = one per core).
     pub fn new(threads: usize) -> Result<Self> {
+        Self::with_activations(threads, Activations::Exact)
+    }
+
+    pub fn with_activations(threads: usize, activations: Activations) -> Result<Self> {
         let threads = if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("ferry-cpu-{i}"))
             .build()
             .map_err(|e| EngineError::DeviceUnavailable("cpu".into(), e.to_string()))?;
-        Ok(Self { pool, threads })
+        Ok(Self { pool, threads, activations })
     }
     pub fn threads(&self) -> usize {
         self.threads
@@ -126,7 +142,11 @@ impl Backend for CpuBackend {
     type Batch = CpuBatch;
 
     fn describe(&self) -> String {
-        format!("cpu ({} threads, {})", self.threads, ferry_quant::simd_level())
+        let act = match self.activations {
+            Activations::Exact => "f32 activations",
+            Activations::Q8 => "q8 decode activations",
+        };
+        format!("cpu ({} threads, {}, {act})", self.threads, ferry_quant::simd_level())
     }
 
     fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
@@ -275,4 +295,40 @@ impl Backend for CpuBackend {
             }
         }
     }
+}
+
+/// Copy every weight matrix of `w` into one anonymous, huge-page-advised arena (64-byte aligned
+/// tensors). Decode streams all weights every step; from the file's page-cache pages (4 KiB,
+/// scattered) the hardware prefetchers stop at every page boundary and the TLB misses, which
+/// costs as much as the arithmetic. The model file stays mapped only for what is not copied.
+pub fn pack_weights(w: &mut crate::weights::WeightSet) -> Result<()> {
+    const ALIGN: usize = 64;
+    let mut total = 0usize;
+    for t in w.tensors.values().filter(|t| t.shape.len() == 2) {
+        total += t.bytes().len().next_multiple_of(ALIGN);
+    }
+    if total == 0 {
+        return Ok(());
+    }
+    let mut arena = memmap2::MmapMut::map_anon(total).map_err(|e| EngineError::DeviceUnavailable("cpu".into(), format!("cannot map {total} bytes for weights: {e}")))?;
+    #[cfg(target_os = "linux")]
+    let _ = arena.advise(memmap2::Advice::HugePage);
+    let mut placed = Vec::new();
+    let mut off = 0usize;
+    let mut keys: Vec<_> = w.tensors.iter().filter(|(_, t)| t.shape.len() == 2).map(|(k, _)| *k).collect();
+    keys.sort_by_key(|k| format!("{k:?}"));
+    for k in keys {
+        let t = &w.tensors[&k];
+        let n = t.bytes().len();
+        arena[off..off + n].copy_from_slice(t.bytes());
+        placed.push((k, off, n));
+        off += n.next_multiple_of(ALIGN);
+    }
+    let map = std::sync::Arc::new(arena.make_read_only().map_err(|e| EngineError::DeviceUnavailable("cpu".into(), e.to_string()))?);
+    for (k, offset, len) in placed {
+        if let Some(t) = w.tensors.get_mut(&k) {
+            t.storage = Storage::Mapped { map: map.clone(), offset, len };
+        }
+    }
+    Ok(())
 }
