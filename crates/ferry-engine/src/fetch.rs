@@ -55,6 +55,9 @@ fn how_to_supply() -> String {
 
 /// The default model's path, fetching and verifying it first if needed.
 pub fn ensure_default_model() -> Result<PathBuf> {
+    // One fetch at a time within a process (parallel tests share the download folder below).
+    static FETCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = FETCH.lock().unwrap_or_else(|p| p.into_inner());
     let path = default_model_path();
     let ok_marker = path.with_extension("gguf.verified");
     if path.exists() && std::fs::metadata(&path).map(|m| m.len()).ok() == Some(GGUF_BYTES) && ok_marker.exists() {
