@@ -5,7 +5,7 @@
 //! values. Prefill chunks gather a tile's keys and values from their pages into contiguous
 //! scratch and use two f32 GEMMs per head (S = Q·Kᵀ, O = P·V), the causal mask applied between.
 
-use super::simd::{axpy, dot};
+use super::simd::{axpy, dot, exp_inplace};
 use super::{CpuBackend, CpuKv, CpuTensor, SyncPtr};
 use crate::backend::BatchPlan;
 use rayon::prelude::*;
@@ -67,11 +67,9 @@ fn attention_tile(q: &CpuTensor, kv: &CpuKv, layer: usize, plan: &BatchPlan, t: 
                 *x *= scale;
                 max = max.max(*x);
             }
-            let mut sum = 0f32;
-            for x in row[..visible].iter_mut() {
-                *x = (*x - max).exp();
-                sum += *x;
-            }
+            row[..visible].iter_mut().for_each(|x| *x -= max);
+            exp_inplace(&mut row[..visible]);
+            let sum: f32 = row[..visible].iter().sum();
             let inv = 1.0 / sum;
             row[..visible].iter_mut().for_each(|x| *x *= inv);
             row[visible..].fill(0.0);
@@ -140,11 +138,9 @@ pub(crate) fn attention(be: &CpuBackend, q: &CpuTensor, kv: &CpuKv, layer: usize
                     max = max.max(sc);
                     scores.push(sc);
                 }
-                let mut sum = 0f32;
-                for sc in scores.iter_mut() {
-                    *sc = (*sc - max).exp();
-                    sum += *sc;
-                }
+                scores.iter_mut().for_each(|sc| *sc -= max);
+                exp_inplace(scores);
+                let sum: f32 = scores.iter().sum();
                 // SAFETY: each (row, head) pair belongs to exactly one work item, so this
                 // head_dim-long slice of the output is written by this task alone.
                 let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(row * out_cols + h * hd), hd) };

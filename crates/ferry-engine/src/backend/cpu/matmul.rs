@@ -51,13 +51,13 @@ pub(crate) fn matmul(be: &CpuBackend, x: &CpuTensor, ws: &[(&CpuWeight, Option<&
         let tasks = tasks(ws, |rows| (rows / (threads * 8)).clamp(16, 256));
         let q8 = (m == 1 && be.activations == Activations::Q8).then(|| ferry_quant::Q8Activations::quantize(&x.data, x.cols));
         be.install(|| {
-            tasks.par_iter().for_each(|t| {
+            tasks.par_iter().for_each_init(Vec::new, |tmp: &mut Vec<f32>, t| {
                 let (w, bias) = ws[t.w];
                 let n = w.rows;
                 let bias = bias.map(|b| b.f32_copy.as_deref().unwrap_or(&[]));
                 let rows = t.r1 - t.r0;
-                let mut tmp = [0f32; 256 * GEMV_MAX_ROWS];
-                let tmp = &mut tmp[..rows * m];
+                tmp.resize(rows * m, 0.0);
+                let tmp = &mut tmp[..];
                 let wb = &w.bytes()[t.r0 * w.row_bytes..t.r1 * w.row_bytes];
                 match &q8 {
                     Some(xq) if ferry_quant::supports_q8(w.ty) => ferry_quant::dot_many_q8(w.ty, wb, xq, tmp),
