@@ -53,42 +53,55 @@ fn attention_tile(q: &CpuTensor, kv: &CpuKv, layer: usize, plan: &BatchPlan, t: 
         scr.k[b * bs * hd..(b * bs + n) * hd].copy_from_slice(&kv.k[layer][o..o + n * hd]);
         scr.v[b * bs * hd..(b * bs + n) * hd].copy_from_slice(&kv.v[layer][o..o + n * hd]);
     }
-    scr.s.resize(m * n_ctx, 0.0);
-    let scale = 1.0 / (hd as f32).sqrt();
-    for h in t.kv_head * group..(t.kv_head + 1) * group {
-        let q0 = (sp.q_start + t.r0) * q.cols + h * hd;
-        // SAFETY: q rows q_start+r0..q_start+r1 exist (m rows of stride q.cols, hd columns from
-        // h*hd); scr.k holds n_ctx rows of hd; scr.s holds m×n_ctx.
-        unsafe { gemm_f32(m, n_ctx, hd, scr.s.as_mut_ptr(), n_ctx, q.data.as_ptr().add(q0), q.cols, scr.k.as_ptr(), 1, hd) };
-        for (i, row) in scr.s.chunks_mut(n_ctx).enumerate() {
-            let visible = first_pos + t.r0 + i + 1;
-            let mut max = f32::NEG_INFINITY;
-            for x in row[..visible].iter_mut() {
-                *x *= scale;
-                max = max.max(*x);
-            }
-            row[..visible].iter_mut().for_each(|x| *x -= max);
-            exp_inplace(&mut row[..visible]);
-            let sum: f32 = row[..visible].iter().sum();
-            let inv = 1.0 / sum;
-            row[..visible].iter_mut().for_each(|x| *x *= inv);
-            row[visible..].fill(0.0);
+    // All query heads of the group as one matrix: rows (head, row) of head_dim, so each tile
+    // costs two GEMMs of group·m rows instead of 2·group small ones.
+    let heads = t.kv_head * group..(t.kv_head + 1) * group;
+    let gm = group * m;
+    scr.q.resize(gm * hd, 0.0);
+    for (gi, h) in heads.clone().enumerate() {
+        for i in 0..m {
+            let src = (sp.q_start + t.r0 + i) * q.cols + h * hd;
+            scr.q[(gi * m + i) * hd..(gi * m + i + 1) * hd].copy_from_slice(&q.data[src..src + hd]);
         }
-        // SAFETY: this tile alone writes output rows q_start+r0..q_start+r1, columns h*hd..(h+1)*hd
-        // (one tile per (sequence, KV head, rows), and head h belongs to one KV head); P is m×n_ctx,
-        // V is n_ctx×hd.
-        unsafe {
-            let dst = out.get().add((sp.q_start + t.r0) * out_cols + h * hd);
-            gemm_f32(m, hd, n_ctx, dst, out_cols, scr.s.as_ptr(), n_ctx, scr.v.as_ptr(), hd, 1);
+    }
+    scr.s.resize(gm * n_ctx, 0.0);
+    // SAFETY: scr.q holds gm rows of hd; scr.k holds n_ctx rows of hd; scr.s holds gm×n_ctx.
+    unsafe { gemm_f32(gm, n_ctx, hd, scr.s.as_mut_ptr(), n_ctx, scr.q.as_ptr(), hd, scr.k.as_ptr(), 1, hd) };
+    let scale = 1.0 / (hd as f32).sqrt();
+    for (r, row) in scr.s.chunks_mut(n_ctx).enumerate() {
+        let visible = first_pos + t.r0 + r % m + 1;
+        let mut max = f32::NEG_INFINITY;
+        for x in row[..visible].iter_mut() {
+            *x *= scale;
+            max = max.max(*x);
+        }
+        row[..visible].iter_mut().for_each(|x| *x -= max);
+        exp_inplace(&mut row[..visible]);
+        let sum: f32 = row[..visible].iter().sum();
+        let inv = 1.0 / sum;
+        row[..visible].iter_mut().for_each(|x| *x *= inv);
+        row[visible..].fill(0.0);
+    }
+    scr.o.resize(gm * hd, 0.0);
+    // SAFETY: P is gm×n_ctx, V is n_ctx×hd, scr.o holds gm×hd.
+    unsafe { gemm_f32(gm, hd, n_ctx, scr.o.as_mut_ptr(), hd, scr.s.as_ptr(), n_ctx, scr.v.as_ptr(), hd, 1) };
+    for (gi, h) in heads.enumerate() {
+        for i in 0..m {
+            // SAFETY: this tile alone writes output rows q_start+r0..q_start+r1, columns of the
+            // heads of its KV head (one tile per (sequence, KV head, rows)).
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add((sp.q_start + t.r0 + i) * out_cols + h * hd), hd) };
+            dst.copy_from_slice(&scr.o[(gi * m + i) * hd..(gi * m + i + 1) * hd]);
         }
     }
 }
 
 #[derive(Default)]
 struct Scratch {
+    q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
     s: Vec<f32>,
+    o: Vec<f32>,
 }
 
 pub(crate) fn attention(be: &CpuBackend, q: &CpuTensor, kv: &CpuKv, layer: usize, plan: &BatchPlan, out: &mut CpuTensor) {
