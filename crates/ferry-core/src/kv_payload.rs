@@ -94,9 +94,11 @@ pub enum KvPayloadError {
 }
 
 impl KvPayloadHeader {
-    /// Bytes of the body (all layers, K and V) this header describes.
+    /// Bytes of the body (all layers, K and V) this header describes (saturating: a hostile
+    /// header cannot overflow it, and no real body is that large).
     pub fn body_bytes(&self) -> usize {
-        self.layout.n_layers * self.layout.layer_bytes(self.tokens)
+        let l = &self.layout;
+        [l.n_layers, 2, self.tokens, l.n_kv_heads, l.head_dim, l.dtype.size()].iter().fold(1usize, |a, &b| a.saturating_mul(b))
     }
 
     pub fn encode(&self) -> [u8; HEADER_BYTES] {
@@ -195,6 +197,17 @@ mod tests {
         let mut bad = bytes;
         bad[16..20].copy_from_slice(&0u32.to_le_bytes());
         assert!(matches!(KvPayloadHeader::decode(&bad), Err(KvPayloadError::FieldOutOfRange { field: "n_layers", .. })));
+    }
+
+    #[test]
+    fn hostile_sizes_do_not_overflow() {
+        let mut bytes = KvPayloadHeader { layout: layout(), tokens: 1 }.encode().to_vec();
+        for (i, v) in [(1, 1u32 << 16), (2, 1 << 12), (3, 1 << 12), (4, 1 << 12), (5, 1 << 24)] {
+            bytes[8 + 4 * i..12 + 4 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        let h = KvPayloadHeader::decode(&bytes).unwrap();
+        assert_eq!(h.body_bytes(), (1usize << 12).pow(3) * 2 * (1 << 24) * 4);
+        assert!(KvPayloadHeader::decode_checked(&bytes, &layout()).is_err());
     }
 
     proptest::proptest! {
