@@ -50,7 +50,8 @@ pub(crate) fn dot_rows(ty: WeightType, w: &[u8], x: &[f32], k: usize, out: &mut 
 pub(crate) fn dot_many(ty: WeightType, w: &[u8], rb: usize, x: &[f32], k: usize, m: usize, out: &mut [f32]) {
     #[target_feature(enable = "avx2,fma,f16c")]
     fn each<B: Block>(w: &[u8], rb: usize, x: &[f32], k: usize, m: usize, out: &mut [f32]) {
-        for (row, o) in w.chunks_exact(rb).zip(out.chunks_exact_mut(m)) {
+        for (i, (row, o)) in w.chunks_exact(rb).zip(out.chunks_exact_mut(m)).enumerate() {
+            prefetch_ahead(w, rb, i);
             rows::<B>(row, x, k, o);
         }
     }
@@ -66,6 +67,26 @@ pub(crate) fn dot_many(ty: WeightType, w: &[u8], rb: usize, x: &[f32], k: usize,
                 kquant::dot_rows(ty, row, x, k, o);
             }
         }
+    }
+}
+
+/// Bytes ahead of the current row that `prefetch_ahead` asks for.
+const PREFETCH_BYTES: usize = 4096;
+
+/// Prefetch the cache lines `PREFETCH_BYTES` ahead of row `i` of `w` (rows of `rb` bytes): one
+/// row's worth per row. Decode streams every weight once; the hardware prefetcher restarts at each
+/// 4 KiB page and ramps up per stream, so without this the kernel waits on demand misses (out of
+/// cache it ran at ~70% of its in-cache speed).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn prefetch_ahead(w: &[u8], rb: usize, i: usize) {
+    let start = i * rb + PREFETCH_BYTES;
+    let end = (start + rb).min(w.len());
+    let mut off = start;
+    while off < end {
+        // SAFETY: off < w.len(); a prefetch has no architectural effect.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().add(off).cast()) };
+        off += 64;
     }
 }
 

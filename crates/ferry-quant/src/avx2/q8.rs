@@ -179,7 +179,8 @@ impl Weights for Q4_1 {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn many<B: Weights>(w: &[u8], rb: usize, xq: &Q8Activations, out: &mut [f32]) {
     let m = xq.rows();
-    for (row, o) in w.chunks_exact(rb).zip(out.chunks_exact_mut(m)) {
+    for (i, (row, o)) in w.chunks_exact(rb).zip(out.chunks_exact_mut(m)).enumerate() {
+        super::prefetch_ahead(w, rb, i);
         let mut r = 0;
         while r < m {
             let o = &mut o[r..];

@@ -47,8 +47,10 @@ pub(crate) fn matmul(be: &CpuBackend, x: &CpuTensor, ws: &[(&CpuWeight, Option<&
     let ptrs: Vec<SyncPtr> = outs.iter_mut().map(|o| SyncPtr(o.data.as_mut_ptr())).collect();
     let threads = be.threads();
     if m <= GEMV_MAX_ROWS {
-        // Small chunks balance well and keep each thread streaming distinct weight rows.
-        let tasks = tasks(ws, |rows| (rows / (threads * 8)).clamp(16, 256));
+        // Long runs of rows per task: each thread streams a few long ranges of weights, which the
+        // kernels' software prefetch (a page ahead) keeps ahead of; two tasks per thread still
+        // balance the work.
+        let tasks = tasks(ws, |rows| (rows / (threads * 2)).clamp(16, 4096));
         let q8 = (m == 1 && be.activations == Activations::Q8).then(|| ferry_quant::Q8Activations::quantize(&x.data, x.cols));
         be.install(|| {
             tasks.par_iter().for_each_init(Vec::new, |tmp: &mut Vec<f32>, t| {
