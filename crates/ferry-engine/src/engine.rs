@@ -126,7 +126,7 @@ impl Engine<CpuBackend> {
     /// Load a model (GGUF file or HF folder) onto the CPU backend.
     pub fn load(path: &Path, cfg: &EngineConfig) -> Result<Self> {
         let mut loaded = loader::load(path)?;
-        crate::backend::cpu::pack_weights(&mut loaded.weights)?;
+        crate::backend::cpu::pack_weights(&mut loaded.weights, loaded.config.n_layers)?;
         Self::from_loaded(CpuBackend::with_activations(cfg.threads, cfg.activations)?, loaded, cfg)
     }
 }

@@ -116,6 +116,17 @@ pub enum WeightKey {
 }
 
 impl WeightKey {
+    /// Every weight a model of `n_layers` layers may have, in the order a forward pass uses them.
+    pub fn all(n_layers: usize) -> Vec<WeightKey> {
+        use WeightKey::*;
+        let mut keys = vec![Embed];
+        for l in 0..n_layers {
+            keys.extend([AttnNorm(l), Q(l), K(l), V(l), QBias(l), KBias(l), VBias(l), QNorm(l), KNorm(l), O(l), OBias(l), FfnNorm(l), Gate(l), Up(l), Down(l)]);
+        }
+        keys.extend([FinalNorm, LmHead]);
+        keys
+    }
+
     pub fn hf_name(self) -> String {
         use WeightKey::*;
         let l = |i: usize, s: &str| format!("model.layers.{i}.{s}");

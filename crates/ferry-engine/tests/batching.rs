@@ -15,11 +15,7 @@ fn prompts(e: &Engine) -> Vec<Vec<u32>> {
 fn alone(e: &mut Engine, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>) {
     let seq = e.new_sequence();
     let last = e.prefill(seq, prompt).unwrap();
-    let mut toks = vec![ferry_engine::sampler::argmax(&last)];
-    while toks.len() < n {
-        let l = e.step(&[StepItem { seq, tokens: &[*toks.last().unwrap()], logits: Logits::Last }], &mut |_, _| {}).unwrap();
-        toks.push(ferry_engine::sampler::argmax(&l[0]));
-    }
+    let toks = continue_greedy(e, seq, ferry_engine::sampler::argmax(&last), n);
     e.release(seq).unwrap();
     (last, toks)
 }

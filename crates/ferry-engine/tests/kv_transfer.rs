@@ -3,17 +3,7 @@
 
 mod common;
 use common::*;
-use ferry_engine::{Engine, Logits, StepItem};
-
-/// Greedy continuation of an already-filled sequence, starting from `first`.
-fn decode_from(e: &mut Engine, seq: ferry_engine::SeqId, first: u32, n: usize) -> Vec<u32> {
-    let mut out = vec![first];
-    while out.len() < n {
-        let logits = e.step(&[StepItem { seq, tokens: &[*out.last().unwrap()], logits: Logits::Last }], &mut |_, _| {}).unwrap();
-        out.push(ferry_engine::sampler::argmax(&logits[0]));
-    }
-    out
-}
+use ferry_engine::{Logits, StepItem};
 
 fn roundtrip(model: &std::path::Path, prompt: &[u32], n: usize) {
     let mut a = engine(model);
@@ -45,7 +35,7 @@ fn roundtrip(model: &std::path::Path, prompt: &[u32], n: usize) {
     let seq_b = b.import_kv(&payload).unwrap();
     assert_eq!(b.seq_len(seq_b).unwrap(), prompt.len());
     assert!(b.free_blocks() < free_before);
-    let resumed = decode_from(&mut b, seq_b, first, n);
+    let resumed = continue_greedy(&mut b, seq_b, first, n);
     assert_eq!(resumed, uninterrupted, "decode after import differs from uninterrupted generation");
     b.release(seq_b).unwrap();
     assert_eq!(b.free_blocks(), b.total_blocks());

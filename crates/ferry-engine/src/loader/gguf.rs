@@ -30,7 +30,7 @@ pub(super) fn load(path: &Path) -> Result<LoadedModel> {
     let file = Arc::new(GgufFile::open(path)?);
     let mut config = ModelConfig::from_gguf(&file)?;
     let mut weights = WeightSet::default();
-    let keys = super::hf::all_keys(config.n_layers);
+    let keys = WeightKey::all(config.n_layers);
     for (i, t) in file.tensors().iter().enumerate() {
         let Some(key) = keys.iter().find(|k| k.gguf_name() == t.name) else {
             if t.name == "rope_freqs.weight" {

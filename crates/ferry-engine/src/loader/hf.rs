@@ -23,7 +23,7 @@ pub(super) fn load(dir: &Path) -> Result<LoadedModel> {
         read_safetensors(&dir.join(&f), &mut by_name)?;
     }
     let mut weights = WeightSet::default();
-    for key in all_keys(config.n_layers) {
+    for key in WeightKey::all(config.n_layers) {
         if let Some(w) = by_name.remove(&key.hf_name()) {
             weights.tensors.insert(key, w);
         }
@@ -43,15 +43,6 @@ pub(super) fn load(dir: &Path) -> Result<LoadedModel> {
         fingerprint: String::new(),
         add_special_tokens: true,
     })
-}
-
-pub(crate) fn all_keys(n_layers: usize) -> Vec<WeightKey> {
-    use WeightKey::*;
-    let mut keys = vec![Embed, FinalNorm, LmHead];
-    for l in 0..n_layers {
-        keys.extend([AttnNorm(l), Q(l), K(l), V(l), O(l), QBias(l), KBias(l), VBias(l), OBias(l), QNorm(l), KNorm(l), FfnNorm(l), Gate(l), Up(l), Down(l)]);
-    }
-    keys
 }
 
 fn shard_files(dir: &Path) -> Result<Vec<String>> {

@@ -56,3 +56,15 @@ pub fn greedy(engine: &mut Engine, prompt: &[u32], n: usize) -> Vec<u32> {
     let p = ferry_core::SamplingParams { ignore_eos: true, ..ferry_core::SamplingParams::greedy(n) };
     engine.generate(prompt, &p, &mut |_| {}).expect("generate").tokens
 }
+
+/// Greedy tokens for a sequence whose KV is in place, starting from `first` (its next token):
+/// `n` tokens in all, one `step` each.
+pub fn continue_greedy(engine: &mut Engine, seq: ferry_engine::SeqId, first: u32, n: usize) -> Vec<u32> {
+    let mut out = vec![first];
+    while out.len() < n {
+        let item = ferry_engine::StepItem { seq, tokens: &[*out.last().unwrap()], logits: ferry_engine::Logits::Last };
+        let logits = engine.step(&[item], &mut |_, _| {}).expect("decode step");
+        out.push(ferry_engine::sampler::argmax(&logits[0]));
+    }
+    out
+}

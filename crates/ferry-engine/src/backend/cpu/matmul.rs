@@ -56,7 +56,7 @@ pub(crate) fn matmul(be: &CpuBackend, x: &CpuTensor, ws: &[(&CpuWeight, Option<&
             tasks.par_iter().for_each_init(Vec::new, |tmp: &mut Vec<f32>, t| {
                 let (w, bias) = ws[t.w];
                 let n = w.rows;
-                let bias = bias.map(|b| b.f32_copy.as_deref().unwrap_or(&[]));
+                let bias = bias.map(|b| b.vector());
                 let rows = t.r1 - t.r0;
                 tmp.resize(rows * m, 0.0);
                 let tmp = &mut tmp[..];
@@ -118,7 +118,7 @@ pub(crate) fn matmul(be: &CpuBackend, x: &CpuTensor, ws: &[(&CpuWeight, Option<&
                     gemm::Parallelism::None,
                 );
             }
-            if let Some(b) = bias.and_then(|b| b.f32_copy.as_deref()) {
+            if let Some(b) = bias.map(|b| b.vector()) {
                 for i in 0..m {
                     for r in t.r0..t.r1 {
                         // SAFETY: as above, (i, r) is inside this task's columns of the output.

@@ -60,7 +60,7 @@ impl CpuWeight {
         }
         None
     }
-    fn vector(&self) -> &[f32] {
+    pub(crate) fn vector(&self) -> &[f32] {
         self.f32_copy.as_deref().expect("vector weights are uploaded with an f32 copy")
     }
 }
@@ -304,7 +304,7 @@ impl Backend for CpuBackend {
 /// tensors). Decode streams all weights every step; from the file's page-cache pages (4 KiB,
 /// scattered) the hardware prefetchers stop at every page boundary and the TLB misses, which
 /// costs as much as the arithmetic. The model file stays mapped only for what is not copied.
-pub fn pack_weights(w: &mut crate::weights::WeightSet) -> Result<()> {
+pub fn pack_weights(w: &mut crate::weights::WeightSet, n_layers: usize) -> Result<()> {
     const ALIGN: usize = 64;
     let mut total = 0usize;
     for t in w.tensors.values().filter(|t| t.shape.len() == 2) {
@@ -318,9 +318,9 @@ pub fn pack_weights(w: &mut crate::weights::WeightSet) -> Result<()> {
     let _ = arena.advise(memmap2::Advice::HugePage);
     let mut placed = Vec::new();
     let mut off = 0usize;
-    let mut keys: Vec<_> = w.tensors.iter().filter(|(_, t)| t.shape.len() == 2).map(|(k, _)| *k).collect();
-    keys.sort_by_key(|k| format!("{k:?}"));
-    for k in keys {
+    // In the order a forward pass reads them, so a decode step streams the arena front to back.
+    let keys = crate::weights::WeightKey::all(n_layers);
+    for k in keys.into_iter().filter(|k| w.tensors.get(k).is_some_and(|t| t.shape.len() == 2)) {
         let t = &w.tensors[&k];
         let n = t.bytes().len();
         arena[off..off + n].copy_from_slice(t.bytes());
