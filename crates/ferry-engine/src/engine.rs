@@ -168,6 +168,11 @@ impl<B: Backend> Engine<B> {
     pub fn kv_layout(&self) -> KvLayout {
         self.layout
     }
+    /// Most tokens one step processes.
+    pub fn max_batch_tokens(&self) -> usize {
+        self.max_batch_tokens
+    }
+
     pub fn free_blocks(&self) -> usize {
         self.pool.free_count()
     }
@@ -180,6 +185,16 @@ impl<B: Backend> Engine<B> {
     }
     pub fn active_sequences(&self) -> usize {
         self.seqs.len()
+    }
+
+    /// The token ids that end generation for `params`: its own, plus the model's EOS ids unless
+    /// `ignore_eos`.
+    pub fn stop_ids(&self, params: &SamplingParams) -> Vec<u32> {
+        let mut ids = params.stop_token_ids.clone();
+        if !params.ignore_eos {
+            ids.extend(self.model.config.eos_token_ids.iter().chain(self.tokenizer.eos_ids()));
+        }
+        ids
     }
 
     /// Encode a prompt the way this model expects (BOS per the tokenizer's settings).
@@ -351,10 +366,7 @@ impl<B: Backend> Engine<B> {
 
     fn generate_seq(&mut self, seq: SeqId, prompt: &[u32], params: &SamplingParams, on_text: &mut dyn FnMut(&str)) -> Result<Generation> {
         let start = Instant::now();
-        let mut stop_ids = params.stop_token_ids.clone();
-        if !params.ignore_eos {
-            stop_ids.extend(self.model.config.eos_token_ids.iter().chain(self.tokenizer.eos_ids()));
-        }
+        let stop_ids = self.stop_ids(params);
         let mut sampler = Sampler::new(params);
         let tokenizer = self.tokenizer.clone();
         let mut detok = StreamDecoder::new(&tokenizer, true);

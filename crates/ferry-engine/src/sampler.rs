@@ -51,6 +51,17 @@ impl Sampler {
         Self { temperature: p.temperature, top_k: p.top_k, top_p: p.top_p, rng: Rng::new(seed) }
     }
 
+    /// The generator's state, so another process can continue this sampler exactly
+    /// (a prefill worker samples the first token, the decode worker the rest).
+    pub fn rng_state(&self) -> u64 {
+        self.rng.0
+    }
+
+    /// A sampler for `p` whose generator continues from `state` (see [`Sampler::rng_state`]).
+    pub fn resume(p: &SamplingParams, state: u64) -> Self {
+        Self { temperature: p.temperature, top_k: p.top_k, top_p: p.top_p, rng: Rng::new(state) }
+    }
+
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         if self.temperature == 0.0 || self.top_k == 1 {
             return argmax(logits);
@@ -120,6 +131,19 @@ mod tests {
         for t in draw(9) {
             assert!(top5[..5].contains(&t), "{t} outside top-5");
         }
+    }
+
+    #[test]
+    fn resume_continues_the_same_draws() {
+        let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.3).cos()).collect();
+        let p = params(0.8, 0, 0.95, 11);
+        let mut a = Sampler::new(&p);
+        let first = a.sample(&logits);
+        let mut b = Sampler::resume(&p, a.rng_state());
+        let rest_a: Vec<u32> = (0..20).map(|_| a.sample(&logits)).collect();
+        let rest_b: Vec<u32> = (0..20).map(|_| b.sample(&logits)).collect();
+        assert_eq!(rest_a, rest_b);
+        let _ = first;
     }
 
     #[test]

@@ -3,6 +3,7 @@
 mod bench;
 mod generate;
 mod score;
+mod worker_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -24,6 +25,10 @@ enum Command {
     Bench(bench::BenchCommand),
     /// Fetch (if needed) and verify the default model, then print its path.
     Fetch,
+    /// Run a prefill worker: prompts in, KV streamed to decode workers layer by layer.
+    Prefill(worker_cmd::WorkerArgs),
+    /// Run a decode worker: KV in, tokens out, with continuous batching.
+    Decode(worker_cmd::WorkerArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -52,12 +57,18 @@ pub enum Device {
 
 impl ModelArgs {
     pub fn load(&self) -> anyhow::Result<ferry_engine::Engine> {
+        self.load_with(|_| {})
+    }
+
+    /// Load with engine settings adjusted by `tune`.
+    pub fn load_with(&self, tune: impl FnOnce(&mut ferry_engine::EngineConfig)) -> anyhow::Result<ferry_engine::Engine> {
         if self.device == Device::Cuda {
             anyhow::bail!("--device cuda: this ferry was built without CUDA support (the `cuda` feature); use --device cpu");
         }
         let path = ferry_engine::fetch::resolve_model(Some(&self.model))?;
         let activations = if self.q8_activations { ferry_engine::Activations::Q8 } else { ferry_engine::Activations::Exact };
-        let cfg = ferry_engine::EngineConfig { threads: self.threads, activations, ..Default::default() };
+        let mut cfg = ferry_engine::EngineConfig { threads: self.threads, activations, ..Default::default() };
+        tune(&mut cfg);
         Ok(ferry_engine::Engine::load(&path, &cfg)?)
     }
 }
@@ -72,6 +83,8 @@ fn main() -> std::process::ExitCode {
         Command::Generate(a) => generate::run(a),
         Command::Score(a) => score::run(a),
         Command::Bench(b) => bench::run(b),
+        Command::Prefill(a) => worker_cmd::run(ferry_worker::Role::Prefill, a),
+        Command::Decode(a) => worker_cmd::run(ferry_worker::Role::Decode, a),
         Command::Fetch => ferry_engine::fetch::ensure_default_model().map(|p| println!("{}", p.display())).map_err(Into::into),
     };
     match result {

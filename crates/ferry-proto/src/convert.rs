@@ -1,0 +1,105 @@
+//! Wire messages <-> `ferry-core` types.
+
+use crate::v1;
+use ferry_core::SamplingParams;
+
+/// The token budget when a request leaves `max_tokens` at 0.
+pub const DEFAULT_MAX_TOKENS: usize = 128;
+
+/// Sampling and stop conditions from the wire into one [`SamplingParams`] (not yet validated).
+pub fn sampling_from_wire(s: Option<&v1::SamplingParams>, stop: Option<&v1::StopConditions>) -> SamplingParams {
+    let d = SamplingParams::default();
+    let s = s.cloned().unwrap_or_default();
+    let stop = stop.cloned().unwrap_or_default();
+    SamplingParams {
+        temperature: s.temperature,
+        top_k: s.top_k as usize,
+        top_p: s.top_p.unwrap_or(d.top_p),
+        seed: s.seed,
+        max_tokens: if stop.max_tokens == 0 { DEFAULT_MAX_TOKENS } else { stop.max_tokens as usize },
+        stop_token_ids: stop.stop_token_ids,
+        stop_strings: stop.stop,
+        ignore_eos: stop.ignore_eos,
+    }
+}
+
+/// The wire form of [`SamplingParams`]: (sampling, stop conditions).
+pub fn sampling_to_wire(p: &SamplingParams) -> (v1::SamplingParams, v1::StopConditions) {
+    (
+        v1::SamplingParams { temperature: p.temperature, top_k: p.top_k as u32, top_p: Some(p.top_p), seed: p.seed },
+        v1::StopConditions {
+            max_tokens: p.max_tokens.min(u32::MAX as usize) as u32,
+            stop: p.stop_strings.clone(),
+            stop_token_ids: p.stop_token_ids.clone(),
+            ignore_eos: p.ignore_eos,
+        },
+    )
+}
+
+impl std::fmt::Display for v1::WorkerRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            v1::WorkerRole::Unspecified => "unspecified",
+            v1::WorkerRole::Prefill => "prefill",
+            v1::WorkerRole::Decode => "decode",
+        })
+    }
+}
+
+impl std::fmt::Display for v1::WorkerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            v1::WorkerState::Unspecified => "unspecified",
+            v1::WorkerState::Ready => "ready",
+            v1::WorkerState::Draining => "draining",
+            v1::WorkerState::Dead => "dead",
+        })
+    }
+}
+
+impl std::fmt::Display for v1::KvTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            v1::KvTransport::Unspecified => "unspecified",
+            v1::KvTransport::Grpc => "grpc",
+            v1::KvTransport::Tcp => "tcp",
+        })
+    }
+}
+
+impl std::fmt::Display for v1::FinishReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            v1::FinishReason::Unspecified => "unspecified",
+            v1::FinishReason::Length => "length",
+            v1::FinishReason::StopToken => "stop",
+            v1::FinishReason::StopString => "stop_string",
+            v1::FinishReason::ContextFull => "context_full",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampling_round_trips_and_defaults_apply() {
+        let p = SamplingParams {
+            temperature: 0.7,
+            top_k: 40,
+            top_p: 0.9,
+            seed: Some(7),
+            max_tokens: 33,
+            stop_token_ids: vec![5],
+            stop_strings: vec!["\n\n".into()],
+            ignore_eos: true,
+        };
+        let (s, st) = sampling_to_wire(&p);
+        assert_eq!(sampling_from_wire(Some(&s), Some(&st)), p);
+        let d = sampling_from_wire(None, None);
+        assert_eq!(d.max_tokens, DEFAULT_MAX_TOKENS);
+        assert_eq!(d.top_p, 1.0);
+        assert_eq!(d.temperature, 0.0);
+    }
+}

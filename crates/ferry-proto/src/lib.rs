@@ -1,0 +1,15 @@
+//! Ferry's wire contract: the code generated from `proto/ferry/v1/*.proto` (client, worker, KV
+//! transfer and admin APIs) and the conversions between wire messages and `ferry-core` types.
+//! Nothing else lives here.
+
+pub mod v1 {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("ferry.v1");
+
+    /// Encoded file descriptors, for gRPC server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("ferry_descriptor");
+}
+
+mod convert;
+
+pub use convert::*;

@@ -1,0 +1,183 @@
+//! Validating and assembling the chunks of one transfer into a KV payload. Every check that
+//! protects the decode worker's cache is here, shared by all transports: transfer token, model
+//! fingerprint, KV layout and size, per-chunk CRC-32, in-order and in-bounds data.
+
+use crate::{Result, WorkerError};
+use ferry_core::kv_payload::HEADER_BYTES;
+use ferry_core::{KvLayout, KvPayloadHeader};
+use ferry_proto::v1::{KvBegin, KvEnd};
+
+/// What the receiving worker expects of a transfer it admitted.
+#[derive(Clone, Debug)]
+pub struct Expectation {
+    pub transfer_token: String,
+    pub fingerprint: String,
+    pub layout: KvLayout,
+    pub prompt_tokens: usize,
+}
+
+pub struct KvAssembler {
+    id: u64,
+    payload: Vec<u8>,
+    /// Body bytes received so far (data arrives in order).
+    next: usize,
+    pub chunks: u32,
+}
+
+/// A complete, validated payload.
+pub struct Assembled {
+    pub payload: Vec<u8>,
+    pub end: KvEnd,
+    pub chunks: u32,
+}
+
+impl KvAssembler {
+    pub fn begin(id: u64, begin: &KvBegin, want: &Expectation) -> Result<Self> {
+        if begin.transfer_token != want.transfer_token {
+            return Err(WorkerError::BadTransferToken(id));
+        }
+        if begin.fingerprint != want.fingerprint {
+            return Err(WorkerError::Incompatible {
+                id,
+                what: format!("model fingerprint {} differs from this worker's {}", begin.fingerprint, want.fingerprint),
+            });
+        }
+        if begin.header.len() != HEADER_BYTES {
+            return Err(WorkerError::Corrupt { id, what: format!("header is {} bytes, expected {HEADER_BYTES}", begin.header.len()) });
+        }
+        let h = KvPayloadHeader::decode(&begin.header).map_err(|e| WorkerError::Corrupt { id, what: e.to_string() })?;
+        if !h.layout.compatible(&want.layout) {
+            return Err(WorkerError::Incompatible {
+                id,
+                what: format!("KV layout {:?} does not match this worker's {:?}", h.layout, want.layout),
+            });
+        }
+        if h.tokens != want.prompt_tokens {
+            return Err(WorkerError::Corrupt {
+                id,
+                what: format!("header says {} tokens but the request admitted {}", h.tokens, want.prompt_tokens),
+            });
+        }
+        let mut payload = Vec::with_capacity(HEADER_BYTES + h.body_bytes());
+        payload.extend_from_slice(&begin.header[..HEADER_BYTES]);
+        payload.resize(HEADER_BYTES + h.body_bytes(), 0);
+        Ok(Self { id, payload, next: 0, chunks: 0 })
+    }
+
+    /// A placeholder holding nothing (what is left after `finish` took the payload).
+    pub(crate) fn empty() -> Self {
+        Self { id: 0, payload: Vec::new(), next: 0, chunks: 0 }
+    }
+
+    fn body_len(&self) -> usize {
+        self.payload.len() - HEADER_BYTES
+    }
+
+    fn check_range(&self, offset: u64, len: usize) -> Result<usize> {
+        let off = usize::try_from(offset).map_err(|_| self.corrupt(format!("offset {offset} out of range")))?;
+        if off != self.next {
+            return Err(self.corrupt(format!("chunk at offset {off}, expected {}", self.next)));
+        }
+        if len == 0 || off.checked_add(len).is_none_or(|end| end > self.body_len()) {
+            return Err(self.corrupt(format!("chunk {off}..+{len} outside the {}-byte body", self.body_len())));
+        }
+        Ok(off)
+    }
+
+    fn corrupt(&self, what: String) -> WorkerError {
+        WorkerError::Corrupt { id: self.id, what }
+    }
+
+    /// Take a chunk already in memory.
+    pub fn data(&mut self, offset: u64, data: &[u8], crc: u32) -> Result<()> {
+        let off = self.check_range(offset, data.len())?;
+        let got = crc32fast::hash(data);
+        if got != crc {
+            return Err(self.corrupt(format!("chunk at offset {off}: CRC-32 {got:08x}, sender said {crc:08x}")));
+        }
+        self.payload[HEADER_BYTES + off..HEADER_BYTES + off + data.len()].copy_from_slice(data);
+        self.next += data.len();
+        self.chunks += 1;
+        Ok(())
+    }
+
+    /// Where a chunk of `len` bytes at `offset` goes, to read it from a socket in place;
+    /// then [`KvAssembler::commit`] checks it.
+    pub fn slot(&mut self, offset: u64, len: usize) -> Result<&mut [u8]> {
+        let off = self.check_range(offset, len)?;
+        Ok(&mut self.payload[HEADER_BYTES + off..HEADER_BYTES + off + len])
+    }
+
+    pub fn commit(&mut self, offset: u64, len: usize, crc: u32) -> Result<()> {
+        let off = self.check_range(offset, len)?;
+        let got = crc32fast::hash(&self.payload[HEADER_BYTES + off..HEADER_BYTES + off + len]);
+        if got != crc {
+            return Err(self.corrupt(format!("chunk at offset {off}: CRC-32 {got:08x}, sender said {crc:08x}")));
+        }
+        self.next += len;
+        self.chunks += 1;
+        Ok(())
+    }
+
+    pub fn finish(self, end: KvEnd) -> Result<Assembled> {
+        if self.next != self.body_len() {
+            return Err(self.corrupt(format!("ended after {} of {} body bytes", self.next, self.body_len())));
+        }
+        if end.chunks != self.chunks {
+            return Err(self.corrupt(format!("sender counted {} chunks, {} arrived", end.chunks, self.chunks)));
+        }
+        Ok(Assembled { payload: self.payload, end, chunks: self.chunks })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_core::KvDtype;
+
+    fn layout() -> KvLayout {
+        KvLayout { dtype: KvDtype::F32, block_size: 16, n_layers: 2, n_kv_heads: 1, head_dim: 4 }
+    }
+
+    fn want() -> Expectation {
+        Expectation { transfer_token: "t".into(), fingerprint: "fp".into(), layout: layout(), prompt_tokens: 3 }
+    }
+
+    fn begin() -> KvBegin {
+        let h = KvPayloadHeader { layout: layout(), tokens: 3 };
+        KvBegin { transfer_token: "t".into(), fingerprint: "fp".into(), header: h.encode().to_vec().into(), request_id: "r".into() }
+    }
+
+    #[test]
+    fn assembles_in_order_and_checks_everything() {
+        let body: Vec<u8> = (0..KvPayloadHeader { layout: layout(), tokens: 3 }.body_bytes()).map(|i| i as u8).collect();
+        let mut a = KvAssembler::begin(1, &begin(), &want()).unwrap();
+        let (x, y) = body.split_at(40);
+        assert!(matches!(a.data(40, y, crc32fast::hash(y)), Err(WorkerError::Corrupt { .. })), "out of order");
+        assert!(matches!(a.data(0, x, 7), Err(WorkerError::Corrupt { .. })), "bad crc");
+        a.data(0, x, crc32fast::hash(x)).unwrap();
+        a.slot(40, y.len()).unwrap().copy_from_slice(y);
+        a.commit(40, y.len(), crc32fast::hash(y)).unwrap();
+        let done = a.finish(KvEnd { chunks: 2, ..Default::default() }).unwrap();
+        assert_eq!(&done.payload[HEADER_BYTES..], &body[..]);
+    }
+
+    #[test]
+    fn refuses_wrong_peers_and_sizes() {
+        let mut b = begin();
+        b.transfer_token = "x".into();
+        assert!(matches!(KvAssembler::begin(1, &b, &want()), Err(WorkerError::BadTransferToken(1))));
+        let mut b = begin();
+        b.fingerprint = "other".into();
+        assert!(matches!(KvAssembler::begin(1, &b, &want()), Err(WorkerError::Incompatible { .. })));
+        let mut w = want();
+        w.layout.head_dim = 8;
+        assert!(matches!(KvAssembler::begin(1, &begin(), &w), Err(WorkerError::Incompatible { .. })));
+        let mut w = want();
+        w.prompt_tokens = 4;
+        assert!(matches!(KvAssembler::begin(1, &begin(), &w), Err(WorkerError::Corrupt { .. })));
+        let mut a = KvAssembler::begin(1, &begin(), &want()).unwrap();
+        assert!(matches!(a.data(0, &vec![0; 10_000], 0), Err(WorkerError::Corrupt { .. })), "oversize chunk");
+        assert!(matches!(a.finish(KvEnd::default()), Err(WorkerError::Corrupt { .. })), "short body");
+    }
+}

@@ -1,0 +1,57 @@
+//! Moving one request's KV from a prefill worker to a decode worker.
+//!
+//! The prefill engine thread exports each layer as soon as the forward pass has computed it
+//! (DistServe arXiv:2401.09670 §4 and Splitwise arXiv:2311.18677 §4.3 overlap the transfer with
+//! prefill the same way) and hands it to a transfer task as an [`Outbound`] message. The task
+//! cuts it into checksummed chunks and sends them over a [`transport::KvTransport`]; the decode
+//! side's [`receiver::KvReceiver`] validates and assembles them into one payload
+//! (`ferry_core::KvPayloadHeader` + body), whatever transport carried them.
+
+pub mod assembler;
+pub mod frame;
+pub mod receiver;
+pub mod transport;
+
+use crate::WorkerError;
+use bytes::Bytes;
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+/// Largest data chunk: well under gRPC's message limit, large enough to amortise per-chunk costs.
+pub const MAX_CHUNK_BYTES: usize = 1 << 20;
+
+/// What the prefill engine thread sends to a request's transfer task.
+pub enum Outbound {
+    /// One layer's K and V for the whole prompt, at `offset` in the payload body.
+    Layer { offset: u64, data: Bytes },
+    /// The prompt is done: the first token, and the lease that keeps its KV until acknowledged.
+    End {
+        first_token: u32,
+        first_is_stop: bool,
+        sampler_state: u64,
+        queued: Duration,
+        computed: Duration,
+        computed_at: Instant,
+        lease: Box<dyn Send + Sync>,
+    },
+    Failed(WorkerError),
+}
+
+/// Byte ranges of at most `max` covering `0..len`.
+pub fn chunk_ranges(len: usize, max: usize) -> impl Iterator<Item = Range<usize>> {
+    let max = max.max(1);
+    (0..len.div_ceil(max)).map(move |i| i * max..((i + 1) * max).min(len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_cover_exactly() {
+        let cases = [(0, 4, vec![]), (3, 4, vec![0..3]), (8, 4, vec![0..4, 4..8]), (9, 4, vec![0..4, 4..8, 8..9])];
+        for (len, max, want) in cases {
+            assert_eq!(chunk_ranges(len, max).collect::<Vec<_>>(), want, "len {len} max {max}");
+        }
+    }
+}

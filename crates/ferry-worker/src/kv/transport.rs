@@ -1,0 +1,283 @@
+//! The sending side of a KV transfer, behind one trait so the transports are interchangeable:
+//! gRPC streaming (`KvTransfer.PushKv`) and a framed TCP data path. NCCL (device to device)
+//! comes with the CUDA backend. [`push`] drives any of them from a request's [`Outbound`] queue.
+
+use super::{chunk_ranges, frame, Outbound, MAX_CHUNK_BYTES};
+use crate::{Result, WorkerError};
+use bytes::Bytes;
+use ferry_proto::v1::kv_transfer_client::KvTransferClient;
+use ferry_proto::v1::{kv_ack_frame, kv_chunk, KvAck, KvAckFrame, KvBegin, KvChunk, KvData, KvEnd, KvTarget, KvTransferStats};
+use ferry_proto::v1::KvTransport as Kind;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tonic::transport::{Channel, Endpoint};
+
+/// One open transfer to a decode worker.
+#[tonic::async_trait]
+pub trait KvLink: Send {
+    async fn data(&mut self, offset: u64, data: Bytes, crc: u32) -> Result<()>;
+    /// Send `end` and wait for the receiver's acknowledgement (sent after it stored the KV).
+    async fn end(self: Box<Self>, end: KvEnd) -> Result<KvAck>;
+}
+
+#[tonic::async_trait]
+pub trait KvTransport: Send + Sync {
+    fn kind(&self) -> Kind;
+    /// Open a transfer to `target` and send its `begin`.
+    async fn open(&self, target: &KvTarget, begin: KvBegin) -> Result<Box<dyn KvLink>>;
+}
+
+fn unavailable(peer: &str, what: impl std::fmt::Display) -> WorkerError {
+    WorkerError::PeerUnavailable { peer: peer.to_string(), what: what.to_string() }
+}
+
+/// HTTP/2 windows large enough for bulk bytes (engineering notes: 32 MiB).
+pub const H2_WINDOW: u32 = 32 << 20;
+/// Largest gRPC message either side accepts.
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// gRPC channels to peers, one per address, reused across requests.
+#[derive(Default)]
+pub struct Channels(Mutex<HashMap<String, Channel>>);
+
+impl Channels {
+    pub fn get(&self, addr: &str) -> Result<Channel> {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = map.get(addr) {
+            return Ok(c.clone());
+        }
+        let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+        let ch = Endpoint::from_shared(uri)
+            .map_err(|e| WorkerError::InvalidRequest(format!("bad peer address {addr:?}: {e}")))?
+            .connect_timeout(Duration::from_secs(2))
+            .tcp_nodelay(true)
+            .initial_stream_window_size(H2_WINDOW)
+            .initial_connection_window_size(H2_WINDOW)
+            .connect_lazy();
+        map.insert(addr.to_string(), ch.clone());
+        Ok(ch)
+    }
+}
+
+#[derive(Default)]
+pub struct GrpcTransport {
+    channels: Channels,
+}
+
+type PushCall = tokio::task::JoinHandle<std::result::Result<tonic::Response<KvAck>, tonic::Status>>;
+
+struct GrpcLink {
+    id: u64,
+    peer: String,
+    tx: Option<mpsc::Sender<KvChunk>>,
+    call: Option<PushCall>,
+}
+
+fn call_failed(peer: &str, status: tonic::Status) -> WorkerError {
+    match status.code() {
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled => unavailable(peer, status.message()),
+        _ => WorkerError::PeerRefused { peer: peer.to_string(), status },
+    }
+}
+
+impl GrpcLink {
+    async fn send(&mut self, part: kv_chunk::Part) -> Result<()> {
+        let chunk = KvChunk { transfer_id: self.id, part: Some(part) };
+        match &self.tx {
+            Some(tx) if tx.send(chunk).await.is_ok() => Ok(()),
+            // The call ended: its status says why.
+            _ => Err(match self.finish().await {
+                Ok(_) => unavailable(&self.peer, "transfer ended early"),
+                Err(e) => e,
+            }),
+        }
+    }
+
+    async fn finish(&mut self) -> Result<KvAck> {
+        self.tx = None;
+        let call = self.call.take().ok_or_else(|| unavailable(&self.peer, "transfer already closed"))?;
+        match call.await {
+            Ok(Ok(r)) => Ok(r.into_inner()),
+            Ok(Err(status)) => Err(call_failed(&self.peer, status)),
+            Err(e) => Err(WorkerError::Internal(e.to_string())),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl KvLink for GrpcLink {
+    async fn data(&mut self, offset: u64, data: Bytes, crc32: u32) -> Result<()> {
+        self.send(kv_chunk::Part::Data(KvData { offset, data, crc32 })).await
+    }
+
+    async fn end(mut self: Box<Self>, end: KvEnd) -> Result<KvAck> {
+        self.send(kv_chunk::Part::End(end)).await?;
+        self.finish().await
+    }
+}
+
+#[tonic::async_trait]
+impl KvTransport for GrpcTransport {
+    fn kind(&self) -> Kind {
+        Kind::Grpc
+    }
+
+    async fn open(&self, target: &KvTarget, begin: KvBegin) -> Result<Box<dyn KvLink>> {
+        let mut client = KvTransferClient::new(self.channels.get(&target.grpc_addr)?)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let (tx, rx) = mpsc::channel(8);
+        let id = target.transfer_id;
+        tx.send(KvChunk { transfer_id: id, part: Some(kv_chunk::Part::Begin(begin)) }).await.map_err(|_| WorkerError::Cancelled)?;
+        let call = tokio::spawn(async move { client.push_kv(tokio_stream::wrappers::ReceiverStream::new(rx)).await });
+        Ok(Box::new(GrpcLink { id, peer: target.grpc_addr.clone(), tx: Some(tx), call: Some(call) }))
+    }
+}
+
+pub struct TcpTransport;
+
+struct TcpLink {
+    peer: String,
+    id: u64,
+    rd: BufReader<tokio::net::tcp::OwnedReadHalf>,
+    wr: BufWriter<tokio::net::tcp::OwnedWriteHalf>,
+}
+
+impl TcpLink {
+    /// The receiver stopped reading: its reply frame (if any) says why.
+    async fn reply(&mut self) -> Result<KvAck> {
+        let header = frame::read_header(&mut self.rd).await.map_err(|e| unavailable(&self.peer, e))?;
+        let Some((frame::REPLY, len)) = header else {
+            return Err(unavailable(&self.peer, "connection closed without a reply"));
+        };
+        let reply: KvAckFrame = frame::read_message(&mut self.rd, len).await?;
+        match reply.result {
+            Some(kv_ack_frame::Result::Ack(a)) => Ok(a),
+            Some(kv_ack_frame::Result::Error(e)) => Err(WorkerError::PeerRefused {
+                peer: self.peer.clone(),
+                status: tonic::Status::new(tonic::Code::from_i32(e.code), e.message),
+            }),
+            None => Err(unavailable(&self.peer, "empty reply")),
+        }
+    }
+
+    async fn on_write_error(&mut self, e: std::io::Error) -> WorkerError {
+        match self.reply().await {
+            Err(refused @ WorkerError::PeerRefused { .. }) => refused,
+            _ => unavailable(&self.peer, e),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl KvLink for TcpLink {
+    async fn data(&mut self, offset: u64, data: Bytes, crc: u32) -> Result<()> {
+        if let Err(e) = frame::write_data(&mut self.wr, offset, crc, &data).await {
+            return Err(self.on_write_error(e).await);
+        }
+        Ok(())
+    }
+
+    async fn end(mut self: Box<Self>, end: KvEnd) -> Result<KvAck> {
+        let msg = KvChunk { transfer_id: self.id, part: Some(kv_chunk::Part::End(end)) };
+        let sent = async {
+            frame::write_message(&mut self.wr, frame::CONTROL, &msg).await?;
+            self.wr.flush().await
+        }
+        .await;
+        if let Err(e) = sent {
+            return Err(self.on_write_error(e).await);
+        }
+        self.reply().await
+    }
+}
+
+#[tonic::async_trait]
+impl KvTransport for TcpTransport {
+    fn kind(&self) -> Kind {
+        Kind::Tcp
+    }
+
+    async fn open(&self, target: &KvTarget, begin: KvBegin) -> Result<Box<dyn KvLink>> {
+        let peer = target.data_addr.clone();
+        let sock = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(&peer))
+            .await
+            .map_err(|_| unavailable(&peer, "connect timed out"))?
+            .map_err(|e| unavailable(&peer, e))?;
+        sock.set_nodelay(true).ok();
+        let (rd, wr) = sock.into_split();
+        let mut link = TcpLink { peer, id: target.transfer_id, rd: BufReader::new(rd), wr: BufWriter::with_capacity(64 << 10, wr) };
+        let msg = KvChunk { transfer_id: target.transfer_id, part: Some(kv_chunk::Part::Begin(begin)) };
+        if let Err(e) = frame::write_message(&mut link.wr, frame::CONTROL, &msg).await {
+            return Err(link.on_write_error(e).await);
+        }
+        Ok(Box::new(link))
+    }
+}
+
+/// What a finished transfer reports.
+pub struct Pushed {
+    pub first_token: u32,
+    pub first_is_stop: bool,
+    pub queued: Duration,
+    pub computed: Duration,
+    pub stats: KvTransferStats,
+}
+
+/// Send one request's KV: open the link, forward each layer as the engine produces it (in
+/// checksummed chunks of at most [`MAX_CHUNK_BYTES`]), then `end` with the first token, and wait
+/// for the acknowledgement. The prefill lease inside `End` is held until this returns.
+pub async fn push(transport: &dyn KvTransport, target: &KvTarget, begin: KvBegin, rx: &mut mpsc::UnboundedReceiver<Outbound>) -> Result<Pushed> {
+    let mut link = None;
+    let mut started = None;
+    let (mut chunks, mut bytes) = (0u32, 0u64);
+    while let Some(msg) = rx.recv().await {
+        match msg {
+            Outbound::Layer { offset, data } => {
+                if link.is_none() {
+                    started = Some(Instant::now());
+                    link = Some(transport.open(target, begin.clone()).await?);
+                }
+                let l = link.as_mut().expect("opened above");
+                for r in chunk_ranges(data.len(), MAX_CHUNK_BYTES) {
+                    let piece = data.slice(r.clone());
+                    let crc = crc32fast::hash(&piece);
+                    l.data(offset + r.start as u64, piece, crc).await?;
+                    chunks += 1;
+                    bytes += (r.end - r.start) as u64;
+                }
+            }
+            Outbound::End { first_token, first_is_stop, sampler_state, queued, computed, computed_at, lease } => {
+                let l = match link {
+                    Some(l) => l,
+                    None => {
+                        started = Some(Instant::now());
+                        transport.open(target, begin.clone()).await?
+                    }
+                };
+                let ack = l.end(KvEnd { first_token, first_is_stop, sampler_state, chunks }).await?;
+                drop(lease);
+                let started = started.expect("set when the link opened");
+                return Ok(Pushed {
+                    first_token,
+                    first_is_stop,
+                    queued,
+                    computed,
+                    stats: KvTransferStats {
+                        transport: transport.kind() as i32,
+                        bytes: ack.bytes.max(bytes),
+                        chunks,
+                        duration_ms: started.elapsed().as_secs_f64() * 1e3,
+                        exposed_ms: computed_at.elapsed().as_secs_f64() * 1e3,
+                    },
+                });
+            }
+            Outbound::Failed(e) => return Err(e),
+        }
+    }
+    Err(WorkerError::Cancelled)
+}

@@ -1,0 +1,195 @@
+//! Ferry's workers. A prefill worker runs prompts and streams their KV, layer by layer, to a
+//! decode worker, which generates with continuous batching; each is one engine thread behind
+//! gRPC services, registered with the router by heartbeat.
+//!
+//! - [`prefill`], [`decode`]: the engine loops and their services;
+//! - [`kv`]: the transfer between them (assembler, receiver, transports: gRPC and TCP);
+//! - [`registration`]: register and heartbeat; [`metrics`]: `/metrics`.
+
+pub mod decode;
+pub mod error;
+pub mod kv;
+pub mod load;
+pub mod metrics;
+pub mod prefill;
+pub mod registration;
+
+pub use error::{Result, WorkerError};
+
+use ferry_engine::Engine;
+use ferry_proto::v1::{decode_server::DecodeServer, kv_transfer_server::KvTransferServer, prefill_server::PrefillServer};
+use ferry_proto::v1::{RegisterRequest, WorkerRole};
+use kv::receiver::{KvReceiver, KvTransferService};
+use kv::transport::{GrpcTransport, TcpTransport, H2_WINDOW, MAX_MESSAGE_BYTES};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Prefill,
+    Decode,
+}
+
+impl Role {
+    pub fn wire(self) -> WorkerRole {
+        match self {
+            Role::Prefill => WorkerRole::Prefill,
+            Role::Decode => WorkerRole::Decode,
+        }
+    }
+}
+
+/// Which transport a prefill worker uses for KV when the decode worker offers both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportChoice {
+    /// The framed TCP data path (the default: several times gRPC's throughput).
+    Tcp,
+    /// KV chunks as gRPC messages.
+    Grpc,
+}
+
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    pub role: Role,
+    /// A name for logs and the router's listing.
+    pub name: String,
+    /// The served model's name.
+    pub model: String,
+    /// The router to register with (none: serve unregistered, e.g. in tests).
+    pub router: Option<String>,
+    /// The address peers should use (default: the gRPC listener's address).
+    pub advertise: Option<String>,
+    pub transport: TransportChoice,
+    /// How long a decode worker waits for an admitted request's KV.
+    pub kv_timeout: Duration,
+}
+
+/// The sockets a worker serves on, bound by the caller (tests bind port 0).
+pub struct Listeners {
+    pub grpc: TcpListener,
+    /// Decode workers: the TCP data path for KV (None: gRPC only).
+    pub data: Option<TcpListener>,
+    pub metrics: Option<TcpListener>,
+}
+
+/// A worker's engine thread, started before its services.
+pub enum EngineHandle {
+    Prefill(prefill::PrefillHandle),
+    Decode(decode::DecodeHandle),
+}
+
+impl EngineHandle {
+    pub fn start(role: Role, engine: Engine, model: &str) -> Self {
+        match role {
+            Role::Prefill => EngineHandle::Prefill(prefill::spawn(engine, model.to_string())),
+            Role::Decode => EngineHandle::Decode(decode::spawn(engine, model.to_string())),
+        }
+    }
+
+    /// The live load gauge (KV blocks, sequences, queue), as the heartbeat reports it.
+    pub fn load(&self) -> Arc<load::LoadGauge> {
+        match self {
+            EngineHandle::Prefill(h) => h.load.clone(),
+            EngineHandle::Decode(h) => h.load.clone(),
+        }
+    }
+}
+
+/// Run a worker until `shutdown` resolves. `ready` turns true once registered with the router
+/// (immediately when there is no router).
+pub async fn serve(
+    cfg: WorkerConfig,
+    engine: EngineHandle,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send,
+    ready: watch::Sender<bool>,
+) -> Result<()> {
+    let _ = metrics::handle();
+    let grpc_addr = listeners.grpc.local_addr().map_err(|e| WorkerError::Internal(e.to_string()))?;
+    let advertise = cfg.advertise.clone().unwrap_or_else(|| grpc_addr.to_string());
+    let data_addr = match &listeners.data {
+        Some(l) => l.local_addr().map_err(|e| WorkerError::Internal(e.to_string()))?.to_string(),
+        None => String::new(),
+    };
+    if let Some(m) = listeners.metrics {
+        tokio::spawn(metrics::serve(m));
+    }
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(ferry_proto::v1::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| WorkerError::Internal(e.to_string()))?;
+    let mut server = tonic::transport::Server::builder()
+        .initial_stream_window_size(H2_WINDOW)
+        .initial_connection_window_size(H2_WINDOW)
+        .tcp_nodelay(true);
+    let (load, facts, router) = match engine {
+        EngineHandle::Prefill(handle) => {
+            let (load, facts) = (handle.load.clone(), handle.facts.clone());
+            let svc = prefill::PrefillService {
+                engine: handle,
+                tcp: Arc::new(TcpTransport),
+                grpc: Arc::new(GrpcTransport::default()),
+                prefer_tcp: cfg.transport == TransportChoice::Tcp,
+                name: cfg.name.clone(),
+            };
+            let router = server.add_service(reflection).add_service(
+                PrefillServer::new(svc).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES),
+            );
+            (load, facts, router)
+        }
+        EngineHandle::Decode(handle) => {
+            let (load, facts) = (handle.load.clone(), handle.facts.clone());
+            let receiver = KvReceiver::new(facts.fingerprint.clone(), facts.layout);
+            if let Some(l) = listeners.data {
+                tokio::spawn(kv::receiver::serve_tcp(receiver.clone(), l));
+            }
+            let svc = decode::DecodeService {
+                engine: handle,
+                receiver: receiver.clone(),
+                data_addr: data_addr.clone(),
+                kv_timeout: cfg.kv_timeout,
+                name: cfg.name.clone(),
+            };
+            let router = server
+                .add_service(reflection)
+                .add_service(DecodeServer::new(svc).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES))
+                .add_service(
+                    KvTransferServer::new(KvTransferService(receiver))
+                        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                        .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                );
+            (load, facts, router)
+        }
+    };
+    let registration = match &cfg.router {
+        Some(r) => {
+            let req = RegisterRequest {
+                role: cfg.role.wire() as i32,
+                name: cfg.name.clone(),
+                grpc_addr: advertise.clone(),
+                data_addr,
+                model: facts.model.clone(),
+                fingerprint: facts.fingerprint.clone(),
+                max_context: facts.max_context as u32,
+                load: None,
+            };
+            Some(tokio::spawn(registration::keep_registered(r.clone(), req, load, ready)))
+        }
+        None => {
+            let _ = ready.send(true);
+            None
+        }
+    };
+    tracing::info!(role = ?cfg.role, name = %cfg.name, addr = %advertise, "worker serving");
+    let result = router
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listeners.grpc), shutdown)
+        .await
+        .map_err(|e| WorkerError::Internal(format!("gRPC server: {e}")));
+    if let Some(r) = registration {
+        r.abort();
+    }
+    result
+}

@@ -1,0 +1,36 @@
+//! Prometheus `/metrics` for a worker process, on its own HTTP listener.
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::sync::OnceLock;
+
+/// Latency buckets (seconds) shared by every histogram measured in time.
+pub const SECONDS_BUCKETS: &[f64] =
+    &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+/// The process's recorder, installed on first use. If another recorder is already installed
+/// (several components in one test process), this returns a handle that renders its own, empty
+/// registry rather than failing.
+pub fn handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let builder = || {
+                PrometheusBuilder::new()
+                    .set_buckets(SECONDS_BUCKETS)
+                    .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_batch".into()), &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0]))
+                    .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_bytes".into()), &[1e4, 1e5, 1e6, 1e7, 1e8, 1e9]))
+                    .expect("valid buckets")
+            };
+            builder().install_recorder().unwrap_or_else(|_| builder().build_recorder().handle())
+        })
+        .clone()
+}
+
+/// Serve `GET /metrics` until the listener fails.
+pub async fn serve(listener: tokio::net::TcpListener) {
+    let h = handle();
+    let app = axum::Router::new().route("/metrics", axum::routing::get(move || std::future::ready(h.render())));
+    if let Err(e) = axum::serve(listener, app).await {
+        tracing::warn!("metrics server: {e}");
+    }
+}

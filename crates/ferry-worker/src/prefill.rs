@@ -1,0 +1,357 @@
+//! The prefill worker: one engine thread runs queued prompts in batches up to a token budget,
+//! streams each finished layer's KV to the request's transfer task, samples the first token, and
+//! keeps the sequence's blocks under a lease until the decode worker has acknowledged them.
+
+use crate::kv::transport::{self, KvTransport};
+use crate::kv::Outbound;
+use crate::load::LoadGauge;
+use crate::{Result, WorkerError};
+use bytes::Bytes;
+use ferry_core::kv_payload::KvPayloadHeader;
+use ferry_core::{BlockTable, SamplingParams};
+use ferry_engine::sampler::Sampler;
+use ferry_engine::{Engine, Logits, SeqId, StepItem};
+use ferry_proto::v1::{KvBegin, KvTarget, PrefillRequest, PrefillResponse};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status};
+
+pub struct PrefillJob {
+    pub request_id: String,
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    pub out: mpsc::UnboundedSender<Outbound>,
+    pub cancelled: Arc<AtomicBool>,
+    pub enqueued: Instant,
+}
+
+enum Cmd {
+    Job(PrefillJob),
+    Release(SeqId),
+}
+
+/// Holds a finished prompt's KV blocks; dropping it (after the decode worker's acknowledgement,
+/// or on any failure) frees them on the engine thread.
+struct SeqLease {
+    seq: SeqId,
+    tx: std_mpsc::Sender<Cmd>,
+}
+
+impl Drop for SeqLease {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Cmd::Release(self.seq));
+    }
+}
+
+/// Model facts the services check requests against.
+#[derive(Clone, Debug)]
+pub struct ModelFacts {
+    pub fingerprint: String,
+    pub layout: ferry_core::KvLayout,
+    pub max_context: usize,
+    pub vocab_size: usize,
+    pub model: String,
+}
+
+impl ModelFacts {
+    pub fn of(engine: &Engine, model: String) -> Self {
+        Self {
+            fingerprint: engine.fingerprint.clone(),
+            layout: engine.kv_layout(),
+            max_context: engine.config().max_position,
+            vocab_size: engine.config().vocab_size,
+            model,
+        }
+    }
+
+    pub fn check_prompt(&self, prompt: &[u32]) -> Result<()> {
+        if prompt.is_empty() {
+            return Err(WorkerError::InvalidRequest("empty prompt".into()));
+        }
+        if prompt.len() >= self.max_context {
+            return Err(WorkerError::InvalidRequest(format!(
+                "prompt of {} tokens does not fit the model's context of {}",
+                prompt.len(),
+                self.max_context
+            )));
+        }
+        if let Some(&id) = prompt.iter().find(|&&id| id as usize >= self.vocab_size) {
+            return Err(WorkerError::InvalidRequest(format!("token id {id} is outside the vocabulary of {}", self.vocab_size)));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone)]
+pub struct PrefillHandle {
+    tx: std_mpsc::Sender<Cmd>,
+    pub load: Arc<LoadGauge>,
+    pub facts: ModelFacts,
+}
+
+impl PrefillHandle {
+    pub fn submit(&self, job: PrefillJob) -> Result<()> {
+        self.load.queued_prefill_tokens.fetch_add(job.prompt.len() as u64, Relaxed);
+        self.load.queued_requests.fetch_add(1, Relaxed);
+        self.tx.send(Cmd::Job(job)).map_err(|_| WorkerError::ShuttingDown)
+    }
+}
+
+struct Active {
+    job: PrefillJob,
+    seq: SeqId,
+    done: usize,
+    started: Instant,
+}
+
+/// Start the engine thread.
+pub fn spawn(engine: Engine, model: String) -> PrefillHandle {
+    let (tx, rx) = std_mpsc::channel();
+    let load = Arc::new(LoadGauge::default());
+    let facts = ModelFacts::of(&engine, model);
+    let handle = PrefillHandle { tx: tx.clone(), load: load.clone(), facts };
+    std::thread::Builder::new()
+        .name("ferry-prefill".into())
+        .spawn(move || run(engine, rx, tx, load))
+        .expect("spawn the prefill engine thread");
+    handle
+}
+
+fn run(mut engine: Engine, rx: std_mpsc::Receiver<Cmd>, tx: std_mpsc::Sender<Cmd>, load: Arc<LoadGauge>) {
+    let bs = engine.kv_layout().block_size;
+    let budget = engine.max_batch_tokens();
+    let mut queue: VecDeque<PrefillJob> = VecDeque::new();
+    let mut active: Vec<Active> = Vec::new();
+    load.blocks_total.store(engine.total_blocks() as u64, Relaxed);
+    load.block_size.store(bs as u64, Relaxed);
+    loop {
+        publish(&engine, &load, &queue, &active);
+        let handle = |cmd: Cmd, engine: &mut Engine, queue: &mut VecDeque<PrefillJob>| match cmd {
+            Cmd::Job(j) => queue.push_back(j),
+            Cmd::Release(seq) => {
+                if let Err(e) = engine.release(seq) {
+                    tracing::error!("releasing prefill sequence {}: {e}", seq.0);
+                }
+            }
+        };
+        if queue.is_empty() && active.is_empty() {
+            match rx.recv() {
+                Ok(cmd) => handle(cmd, &mut engine, &mut queue),
+                Err(_) => return,
+            }
+        }
+        while let Ok(cmd) = rx.try_recv() {
+            handle(cmd, &mut engine, &mut queue);
+        }
+        // Cancelled requests leave now, freeing their blocks.
+        queue.retain(|j| !j.cancelled.load(Relaxed));
+        active.retain(|a| {
+            let keep = !a.job.cancelled.load(Relaxed) && !a.job.out.is_closed();
+            if !keep {
+                let _ = engine.release(a.seq);
+            }
+            keep
+        });
+        // Admit queued prompts while the cache can hold them whole.
+        let mut need_more: usize = active.iter().map(|a| blocks(a.job.prompt.len(), bs) - blocks(a.done, bs)).sum();
+        while let Some(j) = queue.front() {
+            let need = blocks(j.prompt.len(), bs);
+            if need > engine.total_blocks() {
+                let j = queue.pop_front().expect("front exists");
+                let what = format!("a prompt of {} tokens needs {need} KV blocks; this worker has {}", j.prompt.len(), engine.total_blocks());
+                let _ = j.out.send(Outbound::Failed(WorkerError::Exhausted(what)));
+                continue;
+            }
+            if need_more + need > engine.free_blocks() {
+                break;
+            }
+            let j = queue.pop_front().expect("front exists");
+            need_more += need;
+            let seq = engine.new_sequence();
+            active.push(Active { job: j, seq, done: 0, started: Instant::now() });
+        }
+        if active.is_empty() {
+            if !queue.is_empty() {
+                // Waiting for leases to come back: block until something changes.
+                if let Ok(cmd) = rx.recv() {
+                    handle(cmd, &mut engine, &mut queue);
+                }
+            }
+            continue;
+        }
+        step(&mut engine, &mut active, budget, &tx);
+    }
+}
+
+fn blocks(tokens: usize, bs: usize) -> usize {
+    BlockTable::blocks_for(tokens, bs)
+}
+
+fn publish(engine: &Engine, load: &LoadGauge, queue: &VecDeque<PrefillJob>, active: &[Active]) {
+    let queued: usize = queue.iter().map(|j| j.prompt.len()).sum::<usize>() + active.iter().map(|a| a.job.prompt.len() - a.done).sum::<usize>();
+    load.blocks_free.store(engine.free_blocks() as u64, Relaxed);
+    load.active_sequences.store(engine.active_sequences() as u64, Relaxed);
+    load.queued_prefill_tokens.store(queued as u64, Relaxed);
+    load.queued_requests.store((queue.len() + active.len()) as u64, Relaxed);
+    load.export("prefill");
+}
+
+/// One forward pass over the active prompts' next chunks (FIFO, up to the token budget).
+fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_mpsc::Sender<Cmd>) {
+    let mut plan = Vec::new(); // (index, range)
+    let mut left = budget;
+    for (i, a) in active.iter().enumerate() {
+        if left == 0 {
+            break;
+        }
+        let n = (a.job.prompt.len() - a.done).min(left);
+        plan.push((i, a.done..a.done + n));
+        left -= n;
+    }
+    let finishing: Vec<(SeqId, usize, mpsc::UnboundedSender<Outbound>)> = plan
+        .iter()
+        .filter(|(i, r)| r.end == active[*i].job.prompt.len())
+        .map(|(i, r)| (active[*i].seq, r.end, active[*i].job.out.clone()))
+        .collect();
+    let layout = engine.kv_layout();
+    let items: Vec<StepItem> = plan
+        .iter()
+        .map(|(i, r)| {
+            let a = &active[*i];
+            let logits = if r.end == a.job.prompt.len() { Logits::Last } else { Logits::None };
+            StepItem { seq: a.seq, tokens: &a.job.prompt[r.clone()], logits }
+        })
+        .collect();
+    let t0 = Instant::now();
+    // Layer-wise streaming: each finishing prompt's layer leaves as soon as it is computed.
+    let result = engine.step(&items, &mut |l, kv| {
+        for (seq, tokens, out) in &finishing {
+            let mut buf = Vec::with_capacity(layout.layer_bytes(*tokens));
+            if kv.export_layer(*seq, l, &mut buf).is_ok() {
+                let _ = out.send(Outbound::Layer { offset: (l * layout.layer_bytes(*tokens)) as u64, data: Bytes::from(buf) });
+            }
+        }
+    });
+    drop(items);
+    metrics::histogram!("ferry_worker_step_seconds", "role" => "prefill").record(t0.elapsed().as_secs_f64());
+    let logits = match result {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!("prefill step failed: {e}");
+            let msg = e.to_string();
+            for (i, _) in plan.iter().rev() {
+                let a = active.remove(*i);
+                let _ = engine.release(a.seq);
+                let _ = a.job.out.send(Outbound::Failed(WorkerError::Internal(format!("prefill step failed: {msg}"))));
+            }
+            return;
+        }
+    };
+    let mut done_idx = Vec::new();
+    for ((i, r), logits) in plan.iter().zip(logits) {
+        let a = &mut active[*i];
+        a.done = r.end;
+        if a.done == a.job.prompt.len() {
+            let mut sampler = Sampler::new(&a.job.params);
+            let first = sampler.sample(&logits);
+            let first_is_stop = engine.stop_ids(&a.job.params).contains(&first);
+            let lease = SeqLease { seq: a.seq, tx: tx.clone() };
+            let end = Outbound::End {
+                first_token: first,
+                first_is_stop,
+                sampler_state: sampler.rng_state(),
+                queued: a.started - a.job.enqueued,
+                computed: a.started.elapsed(),
+                computed_at: Instant::now(),
+                lease: Box::new(lease),
+            };
+            // If the transfer task is gone the message (and its lease) is dropped: blocks freed.
+            let _ = a.job.out.send(end);
+            done_idx.push(*i);
+        }
+    }
+    for i in done_idx.into_iter().rev() {
+        active.remove(i);
+    }
+}
+
+/// The gRPC `Prefill` service.
+pub struct PrefillService {
+    pub engine: PrefillHandle,
+    pub tcp: Arc<dyn KvTransport>,
+    pub grpc: Arc<dyn KvTransport>,
+    /// Use the TCP data path when the decode worker offers one.
+    pub prefer_tcp: bool,
+    pub name: String,
+}
+
+/// Sets the job's cancel flag when the RPC is dropped (client gone) before it finished.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Relaxed);
+    }
+}
+
+impl PrefillService {
+    async fn run(&self, req: PrefillRequest) -> Result<PrefillResponse> {
+        let facts = &self.engine.facts;
+        facts.check_prompt(&req.prompt)?;
+        let params = ferry_proto::sampling_from_wire(req.sampling.as_ref(), req.stop.as_ref());
+        params.validate()?;
+        let target: KvTarget = req.target.clone().ok_or_else(|| WorkerError::InvalidRequest("no KV target".into()))?;
+        let transport = if self.prefer_tcp && !target.data_addr.is_empty() { &self.tcp } else { &self.grpc };
+        let (out, mut rx) = mpsc::unbounded_channel();
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let _cancel = CancelOnDrop(cancelled.clone());
+        let tokens = req.prompt.len();
+        self.engine.submit(PrefillJob { request_id: req.request_id.clone(), prompt: req.prompt, params, out, cancelled, enqueued: Instant::now() })?;
+        let begin = KvBegin {
+            transfer_token: target.transfer_token.clone(),
+            fingerprint: facts.fingerprint.clone(),
+            header: KvPayloadHeader { layout: facts.layout, tokens }.encode().to_vec().into(),
+            request_id: req.request_id.clone(),
+        };
+        let pushed = transport::push(transport.as_ref(), &target, begin, &mut rx).await?;
+        let kind = transport.kind().to_string();
+        metrics::counter!("ferry_kv_transfer_bytes_total", "transport" => kind.clone()).increment(pushed.stats.bytes);
+        metrics::histogram!("ferry_kv_transfer_seconds", "transport" => kind).record(pushed.stats.duration_ms / 1e3);
+        metrics::histogram!("ferry_worker_prefill_seconds").record(pushed.computed.as_secs_f64());
+        metrics::histogram!("ferry_worker_queue_seconds", "role" => "prefill").record(pushed.queued.as_secs_f64());
+        tracing::info!(
+            request_id = %req.request_id, tokens, kv_bytes = pushed.stats.bytes, transfer_ms = pushed.stats.duration_ms,
+            exposed_ms = pushed.stats.exposed_ms, decode = %target.decode_worker, "prefilled"
+        );
+        Ok(PrefillResponse {
+            first_token: pushed.first_token,
+            first_is_stop: pushed.first_is_stop,
+            queue_ms: pushed.queued.as_secs_f64() * 1e3,
+            prefill_ms: pushed.computed.as_secs_f64() * 1e3,
+            kv: Some(pushed.stats),
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl ferry_proto::v1::prefill_server::Prefill for PrefillService {
+    async fn prefill(&self, req: Request<PrefillRequest>) -> std::result::Result<Response<PrefillResponse>, Status> {
+        let req = req.into_inner();
+        let id = req.request_id.clone();
+        match self.run(req).await {
+            Ok(r) => {
+                metrics::counter!("ferry_worker_requests_total", "role" => "prefill", "outcome" => "ok").increment(1);
+                Ok(Response::new(r))
+            }
+            Err(e) => {
+                metrics::counter!("ferry_worker_requests_total", "role" => "prefill", "outcome" => "error").increment(1);
+                tracing::warn!(request_id = %id, worker = %self.name, "prefill failed: {e}");
+                Err(e.into())
+            }
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! A prefill and a decode worker in this process, on loopback, driven the way the router drives
+//! them: the output must equal the single-process engine's, token for token, over both KV
+//! transports; bad KV is refused with the right status while the worker keeps serving; and no
+//! path leaks KV blocks.
+
+use ferry_core::SamplingParams;
+use ferry_engine::{Engine, EngineConfig};
+use ferry_proto::v1::decode_client::DecodeClient;
+use ferry_proto::v1::kv_transfer_client::KvTransferClient;
+use ferry_proto::v1::prefill_client::PrefillClient;
+use ferry_proto::v1::{decode_response, kv_chunk, DecodeRequest, KvBegin, KvChunk, KvData, KvEnd, KvTarget, PrefillRequest};
+use ferry_worker::load::LoadGauge;
+use ferry_worker::{Listeners, Role, TransportChoice, WorkerConfig};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+use tonic::transport::Channel;
+
+fn golden(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/golden").join(name)
+}
+
+fn engine(path: &Path, kv_tokens: Option<usize>) -> Engine {
+    Engine::load(path, &EngineConfig { threads: 1, kv_tokens, ..Default::default() }).expect("load model")
+}
+
+struct Worker {
+    addr: String,
+    load: Arc<LoadGauge>,
+    _shutdown: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn start(role: Role, path: &Path, kv_tokens: Option<usize>, transport: TransportChoice) -> Worker {
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let data = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = grpc.local_addr().unwrap().to_string();
+    let cfg = WorkerConfig {
+        role,
+        name: format!("{role:?}"),
+        model: "test".into(),
+        router: None,
+        advertise: None,
+        transport,
+        kv_timeout: Duration::from_secs(5),
+    };
+    let engine = ferry_worker::EngineHandle::start(role, engine(path, kv_tokens), "test");
+    let load = engine.load();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let (ready, _) = tokio::sync::watch::channel(false);
+    let listeners = Listeners { grpc, data: (role == Role::Decode).then_some(data), metrics: None };
+    tokio::spawn(async move {
+        ferry_worker::serve(cfg, engine, listeners, async move { let _ = rx.await; }, ready).await.expect("worker");
+    });
+    Worker { addr, load, _shutdown: tx }
+}
+
+async fn channel(addr: &str) -> Channel {
+    Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap()
+}
+
+/// Run one request through the pair; returns all generated ids (first included).
+async fn generate(p: &Worker, d: &Worker, prompt: &[u32], params: &SamplingParams) -> Result<Vec<u32>, tonic::Status> {
+    let (sampling, stop) = ferry_proto::sampling_to_wire(params);
+    let mut dec = DecodeClient::new(channel(&d.addr).await);
+    let req = DecodeRequest { request_id: "t".into(), prompt_tokens: prompt.len() as u32, sampling: Some(sampling), stop: Some(stop.clone()), kv_timeout_ms: 0 };
+    let mut stream = dec.decode(req).await?.into_inner();
+    let Some(decode_response::Event::Admitted(adm)) = stream.message().await?.and_then(|m| m.event) else { panic!("admitted first") };
+    let target = KvTarget {
+        decode_worker: "d".into(),
+        grpc_addr: d.addr.clone(),
+        data_addr: adm.data_addr.clone(),
+        transfer_id: adm.transfer_id,
+        transfer_token: adm.transfer_token.clone(),
+    };
+    let mut pre = PrefillClient::new(channel(&p.addr).await);
+    let r = pre
+        .prefill(PrefillRequest { request_id: "t".into(), prompt: prompt.to_vec(), sampling: Some(sampling), stop: Some(stop), target: Some(target) })
+        .await?
+        .into_inner();
+    let mut ids = if r.first_is_stop { vec![] } else { vec![r.first_token] };
+    while let Some(m) = stream.message().await? {
+        match m.event {
+            Some(decode_response::Event::Tokens(t)) => ids.extend(t.ids),
+            Some(decode_response::Event::Final(f)) => {
+                assert_eq!(f.completion_tokens as usize, ids.len());
+                return Ok(ids);
+            }
+            _ => panic!("unexpected event"),
+        }
+    }
+    panic!("stream ended without final")
+}
+
+fn prompt_ids(n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 7 + 3) % 200 + 1).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn disaggregated_output_equals_single_process_over_both_transports() {
+    let path = golden("llama-gqa");
+    let mut single = engine(&path, None);
+    let greedy = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(12) };
+    let seeded = SamplingParams { temperature: 0.9, top_p: 0.95, seed: Some(42), ignore_eos: true, ..SamplingParams::greedy(12) };
+    for transport in [TransportChoice::Tcp, TransportChoice::Grpc] {
+        let p = start(Role::Prefill, &path, None, transport).await;
+        let d = start(Role::Decode, &path, None, transport).await;
+        for (len, params) in [(5, &greedy), (37, &greedy), (19, &seeded)] {
+            let prompt = prompt_ids(len);
+            let want = single.generate(&prompt, params, &mut |_| {}).unwrap().tokens;
+            let got = generate(&p, &d, &prompt, params).await.unwrap();
+            assert_eq!(got, want, "{transport:?}, prompt of {len}");
+        }
+        // Every block came back on both workers.
+        p.assert_pool_whole().await;
+        d.assert_pool_whole().await;
+    }
+}
+
+impl Worker {
+    /// Wait (bounded) until the engine thread has published a pool with every block free: a
+    /// release happens on the engine thread shortly after the stream that caused it ends.
+    async fn assert_pool_whole(&self) {
+        for _ in 0..400 {
+            let (free, total) = (self.load.blocks_free.load(Relaxed), self.load.blocks_total.load(Relaxed));
+            if free == total && self.load.blocks_committed.load(Relaxed) == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!(
+            "KV leaked: {} of {} blocks free, {} committed",
+            self.load.blocks_free.load(Relaxed),
+            self.load.blocks_total.load(Relaxed),
+            self.load.blocks_committed.load(Relaxed)
+        );
+    }
+}
+
+/// Admit a request on the decode worker and return its stream and transfer (id, token).
+async fn admit(d: &Worker, prompt_tokens: u32, max_tokens: u32) -> Result<(tonic::Streaming<ferry_proto::v1::DecodeResponse>, u64, String), tonic::Status> {
+    let mut dec = DecodeClient::new(channel(&d.addr).await);
+    let stop = ferry_proto::v1::StopConditions { max_tokens, ignore_eos: true, ..Default::default() };
+    let req = DecodeRequest { request_id: "bad".into(), prompt_tokens, sampling: None, stop: Some(stop), kv_timeout_ms: 0 };
+    let mut stream = dec.decode(req).await?.into_inner();
+    let Some(decode_response::Event::Admitted(a)) = stream.message().await?.and_then(|m| m.event) else { panic!("admitted first") };
+    Ok((stream, a.transfer_id, a.transfer_token))
+}
+
+async fn push(d: &Worker, chunks: Vec<KvChunk>) -> Result<ferry_proto::v1::KvAck, tonic::Status> {
+    let mut kv = KvTransferClient::new(channel(&d.addr).await);
+    kv.push_kv(tokio_stream::iter(chunks)).await.map(|r| r.into_inner())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_kv_is_refused_and_the_worker_keeps_serving() {
+    let path = golden("llama-gqa");
+    let reference = engine(&path, None);
+    let (layout, fingerprint) = (reference.kv_layout(), reference.fingerprint.clone());
+    let p = start(Role::Prefill, &path, None, TransportChoice::Grpc).await;
+    let d = start(Role::Decode, &path, None, TransportChoice::Grpc).await;
+    let tokens = 6usize;
+    let header = ferry_core::KvPayloadHeader { layout, tokens }.encode().to_vec();
+    let body = vec![0u8; ferry_core::KvPayloadHeader { layout, tokens }.body_bytes()];
+    let begin = |id: u64, token: &str, fp: &str, header: &[u8]| KvChunk {
+        transfer_id: id,
+        part: Some(kv_chunk::Part::Begin(KvBegin { transfer_token: token.into(), fingerprint: fp.into(), header: header.to_vec().into(), request_id: "bad".into() })),
+    };
+    let data = |id: u64, bytes: &[u8], crc: u32| KvChunk {
+        transfer_id: id,
+        part: Some(kv_chunk::Part::Data(KvData { offset: 0, data: bytes.to_vec().into(), crc32: crc })),
+    };
+    let end = |id: u64| KvChunk { transfer_id: id, part: Some(kv_chunk::Part::End(KvEnd { first_token: 1, chunks: 1, ..Default::default() })) };
+
+    // Bad checksum: DATA_LOSS, and the admitted request fails with it too.
+    let (mut stream, id, token) = admit(&d, tokens as u32, 4).await.unwrap();
+    let err = push(&d, vec![begin(id, &token, &fingerprint, &header), data(id, &body, 0xdead_beef), end(id)]).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::DataLoss, "{err:?}");
+    assert!(err.message().contains("CRC"), "{}", err.message());
+    assert_eq!(stream.message().await.unwrap_err().code(), tonic::Code::DataLoss);
+
+    // Wrong model fingerprint: FAILED_PRECONDITION.
+    let (_s, id, token) = admit(&d, tokens as u32, 4).await.unwrap();
+    let err = push(&d, vec![begin(id, &token, "0123", &header)]).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("fingerprint"), "{}", err.message());
+
+    // Wrong size (header for more tokens than admitted): DATA_LOSS naming both.
+    let (_s, id, token) = admit(&d, tokens as u32, 4).await.unwrap();
+    let big = ferry_core::KvPayloadHeader { layout, tokens: tokens + 1 }.encode().to_vec();
+    let err = push(&d, vec![begin(id, &token, &fingerprint, &big)]).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::DataLoss, "{err:?}");
+
+    // A short body (the right checksum, too few bytes) is refused at `end`.
+    let (_s, id, token) = admit(&d, tokens as u32, 4).await.unwrap();
+    let half = &body[..body.len() / 2];
+    let err = push(&d, vec![begin(id, &token, &fingerprint, &header), data(id, half, crc32fast::hash(half)), end(id)]).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::DataLoss, "{err:?}");
+
+    // Wrong transfer token, and an unknown transfer.
+    let (_s, id, _) = admit(&d, tokens as u32, 4).await.unwrap();
+    assert_eq!(push(&d, vec![begin(id, "nope", &fingerprint, &header)]).await.unwrap_err().code(), tonic::Code::PermissionDenied);
+    assert_eq!(push(&d, vec![begin(9_999, "x", &fingerprint, &header)]).await.unwrap_err().code(), tonic::Code::NotFound);
+    drop(_s);
+
+    // A valid payload pushed by hand is accepted and generation runs.
+    let (mut stream, id, token) = admit(&d, tokens as u32, 3).await.unwrap();
+    let ack = push(&d, vec![begin(id, &token, &fingerprint, &header), data(id, &body, crc32fast::hash(&body)), end(id)]).await.unwrap();
+    assert_eq!(ack.bytes as usize, header.len() + body.len());
+    let mut n = 0;
+    while let Some(m) = stream.message().await.unwrap() {
+        if let Some(decode_response::Event::Final(f)) = m.event {
+            assert_eq!(f.completion_tokens, 3);
+            n += 1;
+        }
+    }
+    assert_eq!(n, 1);
+
+    // And the pair still serves real requests.
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(5) };
+    let prompt = prompt_ids(9);
+    let want = reference_generate(&path, &prompt, &params);
+    assert_eq!(generate(&p, &d, &prompt, &params).await.unwrap(), want);
+    p.assert_pool_whole().await;
+    d.assert_pool_whole().await;
+}
+
+fn reference_generate(path: &Path, prompt: &[u32], params: &SamplingParams) -> Vec<u32> {
+    engine(path, None).generate(prompt, params, &mut |_| {}).unwrap().tokens
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn admission_is_refused_when_the_cache_cannot_hold_the_request() {
+    let path = golden("llama-gqa");
+    // 64 tokens of KV = 4 blocks of 16.
+    let d = start(Role::Decode, &path, Some(64), TransportChoice::Tcp).await;
+    let (_held, _, _) = admit(&d, 20, 20).await.unwrap(); // 40 tokens: 3 blocks promised
+    let err = admit(&d, 20, 20).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("KV blocks"), "{}", err.message());
+    drop(_held);
+    // The reservation comes back when the stream is dropped.
+    d.assert_pool_whole().await;
+    admit(&d, 20, 20).await.unwrap();
+    // Bad requests are refused before anything is reserved.
+    assert_eq!(admit(&d, 0, 4).await.unwrap_err().code(), tonic::Code::InvalidArgument);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancelling_mid_stream_frees_the_kv_on_both_workers() {
+    let path = golden("llama-gqa");
+    let p = start(Role::Prefill, &path, None, TransportChoice::Tcp).await;
+    let d = start(Role::Decode, &path, None, TransportChoice::Tcp).await;
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(10_000) };
+    let (sampling, stop) = ferry_proto::sampling_to_wire(&params);
+    let mut dec = DecodeClient::new(channel(&d.addr).await);
+    let req = DecodeRequest { request_id: "c".into(), prompt_tokens: 30, sampling: Some(sampling), stop: Some(stop.clone()), kv_timeout_ms: 0 };
+    let mut stream = dec.decode(req).await.unwrap().into_inner();
+    let Some(decode_response::Event::Admitted(adm)) = stream.message().await.unwrap().and_then(|m| m.event) else { panic!() };
+    let target = KvTarget { decode_worker: "d".into(), grpc_addr: d.addr.clone(), data_addr: adm.data_addr, transfer_id: adm.transfer_id, transfer_token: adm.transfer_token };
+    let mut pre = PrefillClient::new(channel(&p.addr).await);
+    pre.prefill(PrefillRequest { request_id: "c".into(), prompt: prompt_ids(30), sampling: Some(sampling), stop: Some(stop), target: Some(target) })
+        .await
+        .unwrap();
+    // A few tokens, then the client goes away.
+    for _ in 0..3 {
+        stream.message().await.unwrap().unwrap();
+    }
+    assert!(d.load.active_sequences.load(Relaxed) <= 1);
+    drop(stream);
+    p.assert_pool_whole().await;
+    d.assert_pool_whole().await;
+
+    // A request whose KV never comes is dropped at the timeout, and its reservation returns.
+    let mut dec = DecodeClient::new(channel(&d.addr).await);
+    let req = DecodeRequest { request_id: "late".into(), prompt_tokens: 8, sampling: None, stop: None, kv_timeout_ms: 100 };
+    let mut stream = dec.decode(req).await.unwrap().into_inner();
+    stream.message().await.unwrap();
+    assert_eq!(stream.message().await.unwrap_err().code(), tonic::Code::DeadlineExceeded);
+    d.assert_pool_whole().await;
+}

@@ -1,0 +1,113 @@
+//! `ferry prefill` and `ferry decode`: run a worker of either pool, registered with a router.
+
+use crate::ModelArgs;
+use anyhow::Context;
+use ferry_worker::{Listeners, Role, TransportChoice, WorkerConfig};
+use std::time::Duration;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The router to register with (host:port).
+    #[arg(long)]
+    pub router: Option<String>,
+    /// gRPC address to serve on (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: String,
+    /// Address to advertise to the router and peers (default: the bound gRPC address).
+    #[arg(long)]
+    pub advertise: Option<String>,
+    /// Decode workers: the TCP data path for KV (`none` turns it off: KV then travels over gRPC).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub data_listen: String,
+    /// Prometheus `/metrics` address (`none` turns it off).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub metrics_listen: String,
+    /// A name for logs and `ferry pool list`.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Prefill workers: how KV travels when the decode worker offers a data path.
+    #[arg(long, value_enum, default_value_t = KvTransportArg::Tcp)]
+    pub kv_transport: KvTransportArg,
+    /// KV cache capacity in tokens (default: 4 contexts, at most 2 GiB).
+    #[arg(long)]
+    pub kv_tokens: Option<usize>,
+    /// Most tokens per forward step (prefill batches and chunks long prompts to this).
+    #[arg(long, default_value_t = 2048)]
+    pub max_batch_tokens: usize,
+    /// Decode workers: how long an admitted request may wait for its KV.
+    #[arg(long, default_value_t = 30_000)]
+    pub kv_timeout_ms: u64,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvTransportArg {
+    Tcp,
+    Grpc,
+}
+
+async fn bind(addr: &str) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    if addr == "none" {
+        return Ok(None);
+    }
+    Ok(Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?))
+}
+
+pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
+    let engine = args.model.load_with(|c| {
+        c.kv_tokens = args.kv_tokens;
+        c.max_batch_tokens = args.max_batch_tokens;
+    })?;
+    let model = std::path::Path::new(&args.model.model).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async move {
+        let grpc = bind(&args.listen).await?.context("--listen cannot be none")?;
+        let data = if role == Role::Decode { bind(&args.data_listen).await? } else { None };
+        let metrics = bind(&args.metrics_listen).await?;
+        let role_name = match role {
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        };
+        let addr = grpc.local_addr()?;
+        let name = args.name.clone().unwrap_or_else(|| format!("{role_name}@{addr}"));
+        // One machine-readable line on stdout: `ferry up` and the tests wait for it.
+        let show = |l: &Option<tokio::net::TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or("-".into());
+        println!("ferry {role_name} ready grpc={addr} data={} metrics={} name={name}", show(&data), show(&metrics));
+        let cfg = WorkerConfig {
+            role,
+            name,
+            model: if model.is_empty() { "default".into() } else { model },
+            router: args.router.clone(),
+            advertise: args.advertise.clone(),
+            transport: match args.kv_transport {
+                KvTransportArg::Tcp => TransportChoice::Tcp,
+                KvTransportArg::Grpc => TransportChoice::Grpc,
+            },
+            kv_timeout: Duration::from_millis(args.kv_timeout_ms),
+        };
+        let (ready, _ready_rx) = tokio::sync::watch::channel(false);
+        let engine = ferry_worker::EngineHandle::start(role, engine, &cfg.model);
+        ferry_worker::serve(cfg, engine, Listeners { grpc, data, metrics }, shutdown_signal(), ready).await?;
+        Ok(())
+    })
+}
+
+/// Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return std::future::pending().await,
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
