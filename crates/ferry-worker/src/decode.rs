@@ -34,7 +34,8 @@ pub struct Admission {
     pub params: SamplingParams,
     pub prompt_tokens: usize,
     pub events: mpsc::UnboundedSender<DecodeEvent>,
-    pub imported: oneshot::Sender<std::result::Result<(), Status>>,
+    /// The import's outcome, and the payload buffer back for recycling.
+    pub imported: oneshot::Sender<(std::result::Result<(), Status>, Vec<u8>)>,
     pub reservation: Reservation,
 }
 
@@ -160,11 +161,11 @@ fn admit(engine: &mut Engine, running: &mut Vec<Running>, a: Admission) {
     let seq = match engine.import_kv(&a.payload) {
         Ok(seq) => seq,
         Err(e) => {
-            let _ = a.imported.send(Err(Status::from(WorkerError::from(e))));
+            let _ = a.imported.send((Err(Status::from(WorkerError::from(e))), a.payload));
             return;
         }
     };
-    if a.imported.send(Ok(())).is_err() {
+    if a.imported.send((Ok(()), a.payload)).is_err() {
         let _ = engine.release(seq);
         return;
     }
@@ -280,6 +281,7 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
         let admitted = Admitted { transfer_id: ticket.id, transfer_token: ticket.token.clone(), data_addr: self.data_addr.clone() };
         tx.try_send(Ok(event(decode_response::Event::Admitted(admitted)))).expect("fresh channel has room");
         let engine = self.engine.clone();
+        let receiver = self.receiver.clone();
         let request_id = req.request_id.clone();
         let prompt_tokens = req.prompt_tokens as usize;
         tokio::spawn(async move {
@@ -320,7 +322,13 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
                 reservation,
             };
             let imported = match engine.admit(admission) {
-                Ok(()) => imp_rx.await.unwrap_or_else(|_| Err(Status::unavailable("the decode engine stopped"))),
+                Ok(()) => match imp_rx.await {
+                    Ok((r, buf)) => {
+                        receiver.buffers.give(buf);
+                        r
+                    }
+                    Err(_) => Err(Status::unavailable("the decode engine stopped")),
+                },
                 Err(e) => Err(e.into()),
             };
             let _ = ack.send(imported.as_ref().map(|_| ()).map_err(|s| Status::new(s.code(), s.message())));

@@ -232,7 +232,7 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
         for (seq, tokens, out) in &finishing {
             let mut buf = Vec::with_capacity(layout.layer_bytes(*tokens));
             if kv.export_layer(*seq, l, &mut buf).is_ok() {
-                let _ = out.send(Outbound::Layer { offset: (l * layout.layer_bytes(*tokens)) as u64, data: Bytes::from(buf) });
+                let _ = out.send(Outbound::layer((l * layout.layer_bytes(*tokens)) as u64, Bytes::from(buf)));
             }
         }
     });

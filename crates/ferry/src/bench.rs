@@ -9,6 +9,11 @@ use std::time::Instant;
 pub enum BenchCommand {
     /// Prefill and decode speed of the engine, with the memory roofline measured in the same run.
     Engine(EngineBenchArgs),
+    /// KV transfer throughput between two processes (TCP data path and gRPC) vs raw loopback TCP.
+    Kv(crate::bench_kv::KvBenchArgs),
+    /// The receiving process of `bench kv` (started by it).
+    #[command(hide = true)]
+    KvSink(crate::bench_kv::KvSinkArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -27,6 +32,8 @@ pub struct EngineBenchArgs {
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Engine(a) => engine(a),
+        BenchCommand::Kv(a) => crate::bench_kv::run(a),
+        BenchCommand::KvSink(a) => crate::bench_kv::sink(a),
     }
 }
 

@@ -18,7 +18,9 @@ pub struct Expectation {
 
 pub struct KvAssembler {
     id: u64,
+    /// Header, then the body received so far (it grows in order; never zero-filled).
     payload: Vec<u8>,
+    body: usize,
     /// Body bytes received so far (data arrives in order).
     next: usize,
     pub chunks: u32,
@@ -32,7 +34,8 @@ pub struct Assembled {
 }
 
 impl KvAssembler {
-    pub fn begin(id: u64, begin: &KvBegin, want: &Expectation) -> Result<Self> {
+    /// Start assembling into `buf` (a recycled buffer, or a new one).
+    pub fn begin(id: u64, begin: &KvBegin, want: &Expectation, mut buf: Vec<u8>) -> Result<Self> {
         if begin.transfer_token != want.transfer_token {
             return Err(WorkerError::BadTransferToken(id));
         }
@@ -58,19 +61,24 @@ impl KvAssembler {
                 what: format!("header says {} tokens but the request admitted {}", h.tokens, want.prompt_tokens),
             });
         }
-        let mut payload = Vec::with_capacity(HEADER_BYTES + h.body_bytes());
-        payload.extend_from_slice(&begin.header[..HEADER_BYTES]);
-        payload.resize(HEADER_BYTES + h.body_bytes(), 0);
-        Ok(Self { id, payload, next: 0, chunks: 0 })
+        buf.clear();
+        buf.reserve_exact(HEADER_BYTES + h.body_bytes());
+        buf.extend_from_slice(&begin.header[..HEADER_BYTES]);
+        Ok(Self { id, payload: buf, body: h.body_bytes(), next: 0, chunks: 0 })
     }
 
     /// A placeholder holding nothing (what is left after `finish` took the payload).
     pub(crate) fn empty() -> Self {
-        Self { id: 0, payload: Vec::new(), next: 0, chunks: 0 }
+        Self { id: 0, payload: Vec::new(), body: 0, next: 0, chunks: 0 }
     }
 
     fn body_len(&self) -> usize {
-        self.payload.len() - HEADER_BYTES
+        self.body
+    }
+
+    /// Give the buffer back (for recycling) when a transfer is abandoned.
+    pub fn into_buffer(self) -> Vec<u8> {
+        self.payload
     }
 
     fn check_range(&self, offset: u64, len: usize) -> Result<usize> {
@@ -95,22 +103,27 @@ impl KvAssembler {
         if got != crc {
             return Err(self.corrupt(format!("chunk at offset {off}: CRC-32 {got:08x}, sender said {crc:08x}")));
         }
-        self.payload[HEADER_BYTES + off..HEADER_BYTES + off + data.len()].copy_from_slice(data);
+        self.payload.extend_from_slice(data);
         self.next += data.len();
         self.chunks += 1;
         Ok(())
     }
 
-    /// Where a chunk of `len` bytes at `offset` goes, to read it from a socket in place;
-    /// then [`KvAssembler::commit`] checks it.
-    pub fn slot(&mut self, offset: u64, len: usize) -> Result<&mut [u8]> {
-        let off = self.check_range(offset, len)?;
-        Ok(&mut self.payload[HEADER_BYTES + off..HEADER_BYTES + off + len])
+    /// The buffer a chunk of `len` bytes at `offset` is appended to, to read it from a socket in
+    /// place; then [`KvAssembler::commit`] checks that exactly `len` bytes arrived, and the CRC.
+    pub fn append_target(&mut self, offset: u64, len: usize) -> Result<&mut Vec<u8>> {
+        self.check_range(offset, len)?;
+        Ok(&mut self.payload)
     }
 
     pub fn commit(&mut self, offset: u64, len: usize, crc: u32) -> Result<()> {
         let off = self.check_range(offset, len)?;
-        let got = crc32fast::hash(&self.payload[HEADER_BYTES + off..HEADER_BYTES + off + len]);
+        if self.payload.len() != HEADER_BYTES + off + len {
+            let got = self.payload.len() - HEADER_BYTES - off;
+            self.payload.truncate(HEADER_BYTES + off);
+            return Err(self.corrupt(format!("chunk at offset {off}: {got} bytes arrived, {len} announced")));
+        }
+        let got = crc32fast::hash(&self.payload[HEADER_BYTES + off..]);
         if got != crc {
             return Err(self.corrupt(format!("chunk at offset {off}: CRC-32 {got:08x}, sender said {crc:08x}")));
         }
@@ -151,12 +164,12 @@ mod tests {
     #[test]
     fn assembles_in_order_and_checks_everything() {
         let body: Vec<u8> = (0..KvPayloadHeader { layout: layout(), tokens: 3 }.body_bytes()).map(|i| i as u8).collect();
-        let mut a = KvAssembler::begin(1, &begin(), &want()).unwrap();
+        let mut a = KvAssembler::begin(1, &begin(), &want(), Vec::new()).unwrap();
         let (x, y) = body.split_at(40);
         assert!(matches!(a.data(40, y, crc32fast::hash(y)), Err(WorkerError::Corrupt { .. })), "out of order");
         assert!(matches!(a.data(0, x, 7), Err(WorkerError::Corrupt { .. })), "bad crc");
         a.data(0, x, crc32fast::hash(x)).unwrap();
-        a.slot(40, y.len()).unwrap().copy_from_slice(y);
+        a.append_target(40, y.len()).unwrap().extend_from_slice(y);
         a.commit(40, y.len(), crc32fast::hash(y)).unwrap();
         let done = a.finish(KvEnd { chunks: 2, ..Default::default() }).unwrap();
         assert_eq!(&done.payload[HEADER_BYTES..], &body[..]);
@@ -166,17 +179,17 @@ mod tests {
     fn refuses_wrong_peers_and_sizes() {
         let mut b = begin();
         b.transfer_token = "x".into();
-        assert!(matches!(KvAssembler::begin(1, &b, &want()), Err(WorkerError::BadTransferToken(1))));
+        assert!(matches!(KvAssembler::begin(1, &b, &want(), Vec::new()), Err(WorkerError::BadTransferToken(1))));
         let mut b = begin();
         b.fingerprint = "other".into();
-        assert!(matches!(KvAssembler::begin(1, &b, &want()), Err(WorkerError::Incompatible { .. })));
+        assert!(matches!(KvAssembler::begin(1, &b, &want(), Vec::new()), Err(WorkerError::Incompatible { .. })));
         let mut w = want();
         w.layout.head_dim = 8;
-        assert!(matches!(KvAssembler::begin(1, &begin(), &w), Err(WorkerError::Incompatible { .. })));
+        assert!(matches!(KvAssembler::begin(1, &begin(), &w, Vec::new()), Err(WorkerError::Incompatible { .. })));
         let mut w = want();
         w.prompt_tokens = 4;
-        assert!(matches!(KvAssembler::begin(1, &begin(), &w), Err(WorkerError::Corrupt { .. })));
-        let mut a = KvAssembler::begin(1, &begin(), &want()).unwrap();
+        assert!(matches!(KvAssembler::begin(1, &begin(), &w, Vec::new()), Err(WorkerError::Corrupt { .. })));
+        let mut a = KvAssembler::begin(1, &begin(), &want(), Vec::new()).unwrap();
         assert!(matches!(a.data(0, &vec![0; 10_000], 0), Err(WorkerError::Corrupt { .. })), "oversize chunk");
         assert!(matches!(a.finish(KvEnd::default()), Err(WorkerError::Corrupt { .. })), "short body");
     }

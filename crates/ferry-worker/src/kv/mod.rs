@@ -22,8 +22,9 @@ pub const MAX_CHUNK_BYTES: usize = 1 << 20;
 
 /// What the prefill engine thread sends to a request's transfer task.
 pub enum Outbound {
-    /// One layer's K and V for the whole prompt, at `offset` in the payload body.
-    Layer { offset: u64, data: Bytes },
+    /// One layer's K and V for the whole prompt, at `offset` in the payload body, with the
+    /// CRC-32 of each of its [`MAX_CHUNK_BYTES`] chunks (see [`Outbound::layer`]).
+    Layer { offset: u64, data: Bytes, crcs: Vec<u32> },
     /// The prompt is done: the first token, and the lease that keeps its KV until acknowledged.
     End {
         first_token: u32,
@@ -35,6 +36,16 @@ pub enum Outbound {
         lease: Box<dyn Send + Sync>,
     },
     Failed(WorkerError),
+}
+
+impl Outbound {
+    /// A layer message, checksummed here: on the prefill side this runs on the engine thread as
+    /// each layer is exported (a fraction of a percent of the layer's compute), so the transfer
+    /// task only writes.
+    pub fn layer(offset: u64, data: Bytes) -> Self {
+        let crcs = chunk_ranges(data.len(), MAX_CHUNK_BYTES).map(|r| crc32fast::hash(&data[r])).collect();
+        Outbound::Layer { offset, data, crcs }
+    }
 }
 
 /// Byte ranges of at most `max` covering `0..len`.

@@ -237,15 +237,14 @@ pub async fn push(transport: &dyn KvTransport, target: &KvTarget, begin: KvBegin
     let (mut chunks, mut bytes) = (0u32, 0u64);
     while let Some(msg) = rx.recv().await {
         match msg {
-            Outbound::Layer { offset, data } => {
+            Outbound::Layer { offset, data, crcs } => {
                 if link.is_none() {
                     started = Some(Instant::now());
                     link = Some(transport.open(target, begin.clone()).await?);
                 }
                 let l = link.as_mut().expect("opened above");
-                for r in chunk_ranges(data.len(), MAX_CHUNK_BYTES) {
+                for (r, crc) in chunk_ranges(data.len(), MAX_CHUNK_BYTES).zip(crcs) {
                     let piece = data.slice(r.clone());
-                    let crc = crc32fast::hash(&piece);
                     l.data(offset + r.start as u64, piece, crc).await?;
                     chunks += 1;
                     bytes += (r.end - r.start) as u64;
