@@ -5,11 +5,17 @@
 //! - [`kv_payload`]: the self-describing layout of one sequence's exported KV, the unit the cluster
 //!   ships from a prefill worker to a decode worker.
 //! - [`sampling`]: sampling parameters and their validation.
+//! - [`stop`]: stop strings over streamed text.
+//! - [`routing`]: the router's policy: prefill pick, decode ranking, leases.
 
 pub mod block_pool;
 pub mod kv_payload;
+pub mod routing;
 pub mod sampling;
+pub mod stop;
 
 pub use block_pool::{BlockId, BlockPool, BlockTable, PoolError};
 pub use kv_payload::{KvDtype, KvLayout, KvPayloadError, KvPayloadHeader};
+pub use routing::{WorkerRole, WorkerState};
 pub use sampling::{SamplingError, SamplingParams};
+pub use stop::{Released, StopMatcher};

@@ -4,16 +4,20 @@
 //!   ([`Tokenizer::from_file`]) or rebuilt from GGUF metadata ([`Tokenizer::from_gguf`], byte-level
 //!   BPE with the pre-tokenizer named by `tokenizer.ggml.pre`), plus BOS / end-of-sequence ids.
 //! - [`ChatTemplate`]: the model's Jinja chat template rendered like `transformers` does.
+//! - [`ModelText`]: a model path's tokenizer, chat template and special-token settings, without
+//!   its weights (what the router needs to tokenize exactly as the engine does).
 //! - [`StreamDecoder`]: ids in, whole characters out, for streaming responses.
 
 mod chat;
 mod error;
 mod gguf;
+mod model_text;
 mod stream;
 mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate};
 pub use error::{BoxError, TokenizerError};
 pub use gguf::PreTokenizerKind;
+pub use model_text::ModelText;
 pub use stream::StreamDecoder;
 pub use tokenizer::Tokenizer;

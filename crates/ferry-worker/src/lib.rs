@@ -185,7 +185,9 @@ pub async fn serve(
     };
     tracing::info!(role = ?cfg.role, name = %cfg.name, addr = %advertise, "worker serving");
     let result = router
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listeners.grpc), shutdown)
+        // Nagle off on accepted connections (the builder's tcp_nodelay does not reach a passed-in
+        // listener): small stream messages must not wait for delayed ACKs.
+        .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(listeners.grpc).with_nodelay(Some(true)), shutdown)
         .await
         .map_err(|e| WorkerError::Internal(format!("gRPC server: {e}")));
     if let Some(r) = registration {

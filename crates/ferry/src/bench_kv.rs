@@ -87,7 +87,7 @@ pub fn sink(a: KvSinkArgs) -> anyhow::Result<()> {
             .initial_connection_window_size(H2_WINDOW)
             .tcp_nodelay(true)
             .add_service(svc)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(grpc))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true)))
             .await?;
         anyhow::Ok(())
     })

@@ -17,6 +17,9 @@ pub struct GenerateArgs {
     pub system: Option<String>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    /// Send the request to a Ferry router (host:port) instead of running the model here.
+    #[arg(long)]
+    pub router: Option<String>,
     /// The prompt.
     pub prompt: String,
 }
@@ -62,6 +65,15 @@ impl SamplingArgs {
 
 pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let params = a.sampling.params();
+    if let Some(router) = &a.router {
+        return crate::remote::generate_remote(&crate::remote::RemoteGenerate {
+            router: router.clone(),
+            prompt: a.prompt.clone(),
+            chat: a.chat,
+            system: a.system.clone(),
+            params,
+        });
+    }
     params.validate()?;
     let mut engine = a.model.load()?;
     let ids = if a.chat {

@@ -3,7 +3,11 @@
 mod bench;
 mod bench_kv;
 mod generate;
+mod pool_cmd;
+mod remote;
+mod router_cmd;
 mod score;
+mod up;
 mod worker_cmd;
 
 use clap::{Parser, Subcommand};
@@ -26,6 +30,13 @@ enum Command {
     Bench(bench::BenchCommand),
     /// Fetch (if needed) and verify the default model, then print its path.
     Fetch,
+    /// Start a whole cluster on this machine (router, prefill and decode workers as separate
+    /// processes on loopback), print its endpoints, and serve until Ctrl-C.
+    Up(up::UpArgs),
+    /// Run the router: client API, worker registry, admin API, metrics.
+    Router(router_cmd::RouterArgs),
+    /// List and manage the router's workers.
+    Pool(pool_cmd::PoolArgs),
     /// Run a prefill worker: prompts in, KV streamed to decode workers layer by layer.
     Prefill(worker_cmd::WorkerArgs),
     /// Run a decode worker: KV in, tokens out, with continuous batching.
@@ -84,6 +95,9 @@ fn main() -> std::process::ExitCode {
         Command::Generate(a) => generate::run(a),
         Command::Score(a) => score::run(a),
         Command::Bench(b) => bench::run(b),
+        Command::Up(a) => up::run(a),
+        Command::Router(a) => router_cmd::run(a),
+        Command::Pool(a) => pool_cmd::run(a),
         Command::Prefill(a) => worker_cmd::run(ferry_worker::Role::Prefill, a),
         Command::Decode(a) => worker_cmd::run(ferry_worker::Role::Decode, a),
         Command::Fetch => ferry_engine::fetch::ensure_default_model().map(|p| println!("{}", p.display())).map_err(Into::into),

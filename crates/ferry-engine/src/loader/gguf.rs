@@ -52,12 +52,9 @@ pub(super) fn load(path: &Path) -> Result<LoadedModel> {
         }
         weights.tensors.insert(*key, w);
     }
-    let tokenizer = ferry_tokenizer::Tokenizer::from_gguf(&file)?;
-    let chat_template = ferry_tokenizer::ChatTemplate::from_gguf(&file, &tokenizer)?;
-    let add_special_tokens = file
-        .get("tokenizer.ggml.add_bos_token")
-        .map(|v| matches!(v, ferry_gguf::MetaValue::Bool(true)))
-        .unwrap_or(false);
+    // The same text side the router opens, so both tokenize identically.
+    let ferry_tokenizer::ModelText { tokenizer, chat_template, add_special_tokens, .. } =
+        ferry_tokenizer::ModelText::from_gguf(&file, path)?;
     Ok(LoadedModel {
         path: path.to_path_buf(),
         format: ModelFormat::Gguf,

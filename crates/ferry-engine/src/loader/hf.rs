@@ -29,10 +29,9 @@ pub(super) fn load(dir: &Path) -> Result<LoadedModel> {
         }
     }
 
-    let mut tokenizer = ferry_tokenizer::Tokenizer::from_file(&dir.join("tokenizer.json"))?;
-    tokenizer.set_special(config.bos_token_id, config.eos_token_ids.clone());
-    let tc = dir.join("tokenizer_config.json");
-    let chat_template = if tc.exists() { ferry_tokenizer::ChatTemplate::from_tokenizer_config(&tc)? } else { None };
+    // The same text side the router opens (BOS/EOS read from config.json and
+    // generation_config.json exactly as `ModelConfig::from_hf` reads them).
+    let ferry_tokenizer::ModelText { tokenizer, chat_template, .. } = ferry_tokenizer::ModelText::from_hf_dir(dir)?;
     Ok(LoadedModel {
         path: dir.to_path_buf(),
         format: ModelFormat::HfSafetensors,

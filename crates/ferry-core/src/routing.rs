@@ -1,0 +1,214 @@
+//! Routing policy for the disaggregated pools, as pure functions over plain data (no runtime):
+//! which prefill worker runs a prompt, which decode workers may hold the sequence (and in what
+//! order the router asks them), and when a worker's lease has run out.
+//!
+//! After sglang's router (`select_worker_pair`) and Dynamo's KV-aware router: prefill is balanced
+//! on outstanding prompt tokens (prefill cost is linear in them), decode on free KV blocks (decode
+//! admission is bounded by KV memory, not compute).
+
+use std::time::Duration;
+
+/// A worker's role in the cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WorkerRole {
+    Prefill,
+    Decode,
+}
+
+impl WorkerRole {
+    /// The prefix of worker ids the router assigns (`prefill-1`, `decode-2`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerRole::Prefill => "prefill",
+            WorkerRole::Decode => "decode",
+        }
+    }
+}
+
+impl std::fmt::Display for WorkerRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A worker's state as the router sees it. Only `Ready` workers get new requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WorkerState {
+    Ready,
+    /// An operator stopped new requests; in-flight ones finish.
+    Draining,
+    /// Lease expired or a call failed at the transport level.
+    Dead,
+}
+
+impl WorkerState {
+    pub const ALL: [WorkerState; 3] = [WorkerState::Ready, WorkerState::Draining, WorkerState::Dead];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerState::Ready => "ready",
+            WorkerState::Draining => "draining",
+            WorkerState::Dead => "dead",
+        }
+    }
+}
+
+impl std::fmt::Display for WorkerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the prefill policy needs to know about one worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrefillCandidate {
+    pub id: String,
+    pub state: WorkerState,
+    /// Requests the router has in flight on it.
+    pub inflight: u32,
+    /// Prompt tokens the router has sent it and not yet seen finish prefill.
+    pub outstanding_tokens: u64,
+    /// Prompt tokens the worker reported queued at its last heartbeat.
+    pub reported_queue_tokens: u64,
+}
+
+/// What the decode policy needs to know about one worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecodeCandidate {
+    pub id: String,
+    pub state: WorkerState,
+    pub free_blocks: u32,
+    pub reserved_blocks: u32,
+    pub active_sequences: u32,
+}
+
+impl DecodeCandidate {
+    /// Blocks not yet promised to anyone.
+    pub fn available_blocks(&self) -> u32 {
+        self.free_blocks.saturating_sub(self.reserved_blocks)
+    }
+}
+
+/// The prefill worker for the next prompt: among `Ready` workers, the fewest outstanding prompt
+/// tokens (the router's own count plus the worker's reported queue), then the fewest in-flight
+/// requests, then the smallest id. `None` when no worker is ready.
+pub fn pick_prefill(candidates: &[PrefillCandidate]) -> Option<usize> {
+    candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.state == WorkerState::Ready)
+        .min_by(|(_, a), (_, b)| {
+            let load = |c: &PrefillCandidate| c.outstanding_tokens.saturating_add(c.reported_queue_tokens);
+            load(a).cmp(&load(b)).then(a.inflight.cmp(&b.inflight)).then_with(|| a.id.cmp(&b.id))
+        })
+        .map(|(i, _)| i)
+}
+
+/// The decode workers that can hold a sequence of `need_blocks` KV blocks, best first: `Ready`,
+/// enough unreserved blocks, ordered by most free blocks, then fewest active sequences, then id.
+/// The router asks them in this order; one that refuses (RESOURCE_EXHAUSTED) passes to the next.
+pub fn rank_decode(candidates: &[DecodeCandidate], need_blocks: u32) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..candidates.len())
+        .filter(|&i| candidates[i].state == WorkerState::Ready && candidates[i].available_blocks() >= need_blocks)
+        .collect();
+    order.sort_by(|&a, &b| {
+        let (a, b) = (&candidates[a], &candidates[b]);
+        b.available_blocks()
+            .cmp(&a.available_blocks())
+            .then(a.active_sequences.cmp(&b.active_sequences))
+            .then_with(|| a.id.cmp(&b.id))
+    });
+    order
+}
+
+/// KV blocks a request may need: its whole sequence (prompt plus the token budget, capped at the
+/// context) in blocks of `block_size` tokens, rounded up.
+pub fn blocks_needed(prompt_tokens: usize, max_tokens: usize, max_context: usize, block_size: u32) -> u32 {
+    let tokens = prompt_tokens.saturating_add(max_tokens).min(max_context);
+    let bs = block_size.max(1) as usize;
+    tokens.div_ceil(bs).min(u32::MAX as usize) as u32
+}
+
+/// Whether a lease renewed at `last_heartbeat` has run out at `now` (times as offsets from any
+/// common origin, so tests need no clock). A heartbeat exactly `lease` ago is still in time.
+pub fn lease_expired(last_heartbeat: Duration, now: Duration, lease: Duration) -> bool {
+    now.saturating_sub(last_heartbeat) > lease
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use WorkerState::*;
+
+    fn p(id: &str, state: WorkerState, inflight: u32, outstanding: u64, queue: u64) -> PrefillCandidate {
+        PrefillCandidate { id: id.into(), state, inflight, outstanding_tokens: outstanding, reported_queue_tokens: queue }
+    }
+
+    fn d(id: &str, state: WorkerState, free: u32, reserved: u32, active: u32) -> DecodeCandidate {
+        DecodeCandidate { id: id.into(), state, free_blocks: free, reserved_blocks: reserved, active_sequences: active }
+    }
+
+    #[test]
+    fn pick_prefill_table() {
+        let cases: Vec<(&str, Vec<PrefillCandidate>, Option<usize>)> = vec![
+            ("empty", vec![], None),
+            ("none ready", vec![p("a", Dead, 0, 0, 0), p("b", Draining, 0, 0, 0)], None),
+            ("least tokens", vec![p("a", Ready, 1, 500, 0), p("b", Ready, 3, 100, 0)], Some(1)),
+            ("reported queue counts", vec![p("a", Ready, 0, 0, 900), p("b", Ready, 0, 100, 0)], Some(1)),
+            ("tie -> fewer inflight", vec![p("a", Ready, 2, 100, 0), p("b", Ready, 1, 50, 50)], Some(1)),
+            ("tie -> id order", vec![p("b", Ready, 1, 10, 0), p("a", Ready, 1, 10, 0)], Some(1)),
+            ("skips dead even if idle", vec![p("a", Dead, 0, 0, 0), p("b", Ready, 9, 9000, 0)], Some(1)),
+            ("skips draining", vec![p("a", Draining, 0, 0, 0), p("b", Ready, 1, 1, 0)], Some(1)),
+        ];
+        for (name, cands, want) in cases {
+            assert_eq!(pick_prefill(&cands), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn rank_decode_table() {
+        let cases: Vec<(&str, Vec<DecodeCandidate>, u32, Vec<usize>)> = vec![
+            ("empty", vec![], 1, vec![]),
+            ("most free first", vec![d("a", Ready, 10, 0, 0), d("b", Ready, 20, 0, 5)], 4, vec![1, 0]),
+            ("reserved subtracts", vec![d("a", Ready, 30, 25, 0), d("b", Ready, 20, 0, 0)], 4, vec![1, 0]),
+            ("too small filtered", vec![d("a", Ready, 3, 0, 0), d("b", Ready, 8, 5, 0), d("c", Ready, 4, 0, 0)], 4, vec![2]),
+            ("tie -> fewer active", vec![d("a", Ready, 10, 0, 3), d("b", Ready, 10, 0, 1)], 1, vec![1, 0]),
+            ("tie -> id", vec![d("b", Ready, 10, 0, 1), d("a", Ready, 10, 0, 1)], 1, vec![1, 0]),
+            ("not ready filtered", vec![d("a", Dead, 99, 0, 0), d("b", Draining, 99, 0, 0), d("c", Ready, 5, 0, 0)], 2, vec![2]),
+            ("zero need takes all ready", vec![d("a", Ready, 0, 0, 0), d("b", Ready, 1, 0, 0)], 0, vec![1, 0]),
+        ];
+        for (name, cands, need, want) in cases {
+            assert_eq!(rank_decode(&cands, need), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn blocks_needed_table() {
+        // (prompt, max_tokens, max_context, block_size, want)
+        let cases = [
+            (10, 6, 2048, 16, 1),
+            (10, 7, 2048, 16, 2),
+            (2000, 128, 2048, 16, 128),
+            (0, 0, 2048, 16, 0),
+            (5, 5, 2048, 0, 10),
+        ];
+        for (prompt, max, ctx, bs, want) in cases {
+            assert_eq!(blocks_needed(prompt, max, ctx, bs), want, "{prompt} {max} {ctx} {bs}");
+        }
+    }
+
+    #[test]
+    fn lease_table() {
+        let s = Duration::from_millis;
+        // (last, now, lease, expired)
+        let cases = [
+            (s(0), s(0), s(3000), false),
+            (s(0), s(3000), s(3000), false),
+            (s(0), s(3001), s(3000), true),
+            (s(5000), s(1000), s(3000), false), // clock read before the heartbeat landed
+        ];
+        for (last, now, lease, want) in cases {
+            assert_eq!(lease_expired(last, now, lease), want, "{last:?} {now:?} {lease:?}");
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! The router's one error type, and its exhaustive mapping to gRPC status codes. Each variant says
+//! whether another worker might succeed (`retryable`): only worker-side unavailability is.
+
+use std::path::PathBuf;
+
+use ferry_core::WorkerRole;
+use tonic::{Code, Status};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    /// The request itself is wrong (empty or oversize prompt, bad ids, bad sampling values).
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("unknown model {requested:?}: this router serves {served:?}")]
+    UnknownModel { requested: String, served: String },
+    #[error("no ready {role} worker")]
+    NoWorker { role: WorkerRole },
+    #[error("every decode worker that could hold {need_blocks} KV blocks refused the request (tried {tried})")]
+    DecodeExhausted { need_blocks: u32, tried: usize },
+    #[error("worker {worker} serves model fingerprint {worker_fingerprint} but the pool's is {pool_fingerprint}")]
+    FingerprintMismatch { worker: String, worker_fingerprint: String, pool_fingerprint: String },
+    #[error("unknown worker {0:?} (register again)")]
+    UnknownWorker(String),
+    #[error("invalid registration: {0}")]
+    BadRegistration(String),
+    /// A worker failed the request at the transport level (down, unreachable, reset).
+    #[error("request {request_id}: {role} worker {worker} is unavailable: {message}")]
+    WorkerUnavailable { role: WorkerRole, worker: String, request_id: String, message: String },
+    /// A worker answered the request with an error status of its own.
+    #[error("request {request_id}: {role} worker {worker} failed: {message}")]
+    WorkerFailed { role: WorkerRole, worker: String, request_id: String, code: Code, message: String },
+    #[error("request {request_id}: decode worker {worker} broke the protocol: {message}")]
+    Protocol { worker: String, request_id: String, message: String },
+    #[error("opening the model's tokenizer at {path}: {source}")]
+    LoadModel {
+        path: PathBuf,
+        #[source]
+        source: ferry_tokenizer::TokenizerError,
+    },
+    #[error("tokenizing the request: {0}")]
+    Tokenize(#[source] ferry_tokenizer::TokenizerError),
+    #[error("worker address {addr:?} is invalid: {message}")]
+    BadAddress { addr: String, message: String },
+    #[error("gRPC server: {0}")]
+    Serve(#[from] tonic::transport::Error),
+    #[error("gRPC reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("metrics: {0}")]
+    Metrics(String),
+}
+
+impl RouterError {
+    /// Whether the same request may succeed on another worker.
+    pub fn retryable(&self) -> bool {
+        matches!(self, RouterError::WorkerUnavailable { .. })
+    }
+}
+
+impl From<RouterError> for Status {
+    fn from(e: RouterError) -> Status {
+        let code = match &e {
+            RouterError::InvalidRequest(_) | RouterError::Tokenize(_) | RouterError::BadRegistration(_) => Code::InvalidArgument,
+            RouterError::UnknownModel { .. } | RouterError::UnknownWorker(_) => Code::NotFound,
+            RouterError::NoWorker { .. } | RouterError::WorkerUnavailable { .. } | RouterError::Protocol { .. } => Code::Unavailable,
+            RouterError::DecodeExhausted { .. } => Code::ResourceExhausted,
+            RouterError::FingerprintMismatch { .. } => Code::FailedPrecondition,
+            RouterError::WorkerFailed { code, .. } => *code,
+            RouterError::BadAddress { .. } => Code::InvalidArgument,
+            RouterError::LoadModel { .. }
+            | RouterError::Serve(_)
+            | RouterError::Reflection(_)
+            | RouterError::Io { .. }
+            | RouterError::Metrics(_) => Code::Internal,
+        };
+        Status::new(code, e.to_string())
+    }
+}

@@ -1,0 +1,129 @@
+//! Ferry's router: the client API (`Ferry`), the worker registry with leases and health, the
+//! pairing of a prefill and a decode worker per request and the request's orchestration, the
+//! operators' admin API, and Prometheus metrics. It tokenizes with the model's tokenizer
+//! ([`ferry_tokenizer::ModelText`]) but never loads weights or links the engine.
+//!
+//! - [`registry`]: workers, leases, in-flight accounting.
+//! - [`service`] / [`orchestrate`]: validation, then one request's lifecycle (`worker.proto`).
+//! - [`admin`]: the `Registry` and `Admin` services.
+//! - [`metrics`]: the Prometheus recorder and `/metrics` server.
+//! - [`mock`]: fast mock workers for tests and `ferry bench router`.
+
+pub mod admin;
+mod error;
+pub mod metrics;
+pub mod mock;
+pub mod orchestrate;
+pub mod registry;
+pub mod service;
+mod wire;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_proto::v1;
+
+pub use error::RouterError;
+pub use mock::{MockConfig, MockWorker, OverheadStats, router_overhead};
+
+use crate::registry::{MAX_MESSAGE_BYTES, Registry, WINDOW_BYTES};
+
+/// How the router runs.
+#[derive(Clone, Debug)]
+pub struct RouterConfig {
+    /// The model (GGUF file or HF folder) whose tokenizer and chat template the router uses.
+    pub model_path: PathBuf,
+    /// A worker whose last heartbeat is older than this is dead.
+    pub lease: Duration,
+    /// How often workers are told to heartbeat.
+    pub heartbeat: Duration,
+    /// Times a request is retried on other workers after a transport failure before any output.
+    pub max_retries: u32,
+    /// Connect timeout for worker channels.
+    pub connect_timeout: Duration,
+    /// How long a decode worker waits for the KV after admission (zero: the worker's default).
+    pub kv_timeout: Duration,
+}
+
+impl RouterConfig {
+    pub fn new(model_path: impl Into<PathBuf>) -> RouterConfig {
+        RouterConfig {
+            model_path: model_path.into(),
+            lease: Duration::from_secs(3),
+            heartbeat: Duration::from_secs(1),
+            max_retries: 1,
+            connect_timeout: Duration::from_secs(1),
+            kv_timeout: Duration::ZERO,
+        }
+    }
+}
+
+/// Serves the router's gRPC API (Ferry, Registry, Admin, reflection) on `grpc`, and `/metrics` on
+/// `metrics` when given, until `shutdown` completes.
+pub async fn serve(
+    cfg: RouterConfig,
+    grpc: tokio::net::TcpListener,
+    metrics: Option<tokio::net::TcpListener>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RouterError> {
+    let path = cfg.model_path.clone();
+    let text = tokio::task::spawn_blocking(move || ferry_tokenizer::ModelText::open(&path))
+        .await
+        .map_err(|e| RouterError::Io { what: "opening the model's tokenizer", source: std::io::Error::other(e) })?
+        .map_err(|source| RouterError::LoadModel { path: cfg.model_path.clone(), source })?;
+    let registry = Arc::new(Registry::new(cfg.lease, cfg.heartbeat, cfg.connect_timeout));
+    let shared = Arc::new(service::Shared { registry: registry.clone(), text, cfg: cfg.clone() });
+    crate::metrics::handle()?;
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let sweeper = tokio::spawn(sweep(registry.clone(), (cfg.lease / 4).max(Duration::from_millis(10))));
+    let metrics_task = metrics.map(|l| {
+        let mut rx = stop_rx.clone();
+        tokio::spawn(crate::metrics::serve(l, async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }))
+    });
+
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(v1::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let ferry = v1::ferry_server::FerryServer::new(service::FerryService { shared })
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let reg = v1::registry_server::RegistryServer::new(admin::RegistryService { registry: registry.clone() });
+    let adm = v1::admin_server::AdminServer::new(admin::AdminService { registry });
+    let result = tonic::transport::Server::builder()
+        .initial_stream_window_size(Some(WINDOW_BYTES))
+        .initial_connection_window_size(Some(WINDOW_BYTES))
+        .tcp_nodelay(true)
+        .add_service(reflection)
+        .add_service(ferry)
+        .add_service(reg)
+        .add_service(adm)
+        .serve_with_incoming_shutdown(incoming(grpc), shutdown)
+        .await;
+    sweeper.abort();
+    let _ = stop_tx.send(true);
+    if let Some(t) = metrics_task {
+        let _ = t.await;
+    }
+    Ok(result?)
+}
+
+/// Accepted connections with Nagle off (the builder's `tcp_nodelay` only covers `serve`, not a
+/// listener passed in): small stream messages must not wait for delayed ACKs.
+pub(crate) fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
+/// Marks expired leases dead every `every`, and refreshes the worker gauges.
+async fn sweep(registry: Arc<Registry>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        registry.sweep(Instant::now());
+        crate::metrics::set_worker_gauges(&registry);
+    }
+}

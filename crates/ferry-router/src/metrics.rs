@@ -1,0 +1,114 @@
+//! Router metrics: recorded with the `metrics` facade into one process-wide Prometheus recorder
+//! (installed once; a second router in the same process shares it), served as text on
+//! `GET /metrics` by a small axum server on its own listener.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use ferry_proto::v1;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tonic::Code;
+
+use crate::RouterError;
+use crate::registry::Registry;
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+const LATENCY_BUCKETS: &[f64] =
+    &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+/// The process's Prometheus handle, installing the recorder on first use. If another recorder is
+/// already installed globally, ours still renders (but records nothing).
+pub fn handle() -> Result<PrometheusHandle, RouterError> {
+    if let Some(h) = HANDLE.get() {
+        return Ok(h.clone());
+    }
+    let recorder = PrometheusBuilder::new()
+        .set_buckets(LATENCY_BUCKETS)
+        .map_err(|e| RouterError::Metrics(e.to_string()))?
+        .build_recorder();
+    let h = recorder.handle();
+    let h = HANDLE.get_or_init(|| {
+        if metrics::set_global_recorder(recorder).is_err() {
+            tracing::warn!("a metrics recorder was already installed; /metrics shows only what it renders");
+        }
+        h
+    });
+    Ok(h.clone())
+}
+
+/// Serves `GET /metrics` on `listener` until `shutdown`.
+pub async fn serve(listener: tokio::net::TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), RouterError> {
+    let h = handle()?;
+    let app = axum::Router::new().route("/metrics", axum::routing::get(move || std::future::ready(h.render())));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(|source| RouterError::Io { what: "serving /metrics", source })
+}
+
+/// `ferry_router_requests_total{outcome}`.
+pub fn request_outcome(outcome: &'static str) {
+    metrics::counter!("ferry_router_requests_total", "outcome" => outcome).increment(1);
+}
+
+/// The outcome label for a failed request's status.
+pub fn outcome_of(code: Code) -> &'static str {
+    match code {
+        Code::InvalidArgument | Code::NotFound | Code::OutOfRange => "invalid",
+        Code::ResourceExhausted => "exhausted",
+        Code::Unavailable => "unavailable",
+        Code::Cancelled | Code::DeadlineExceeded => "cancelled",
+        Code::Ok
+        | Code::Unknown
+        | Code::AlreadyExists
+        | Code::PermissionDenied
+        | Code::FailedPrecondition
+        | Code::Aborted
+        | Code::Unimplemented
+        | Code::Internal
+        | Code::DataLoss
+        | Code::Unauthenticated => "error",
+    }
+}
+
+/// Latencies and KV transfer figures of one finished request.
+pub fn observe_request(ttft: Duration, tpot_s: f64, e2e: Duration, kv: &v1::KvTransferStats, overhead: Duration) {
+    metrics::histogram!("ferry_router_ttft_seconds").record(ttft.as_secs_f64());
+    if tpot_s > 0.0 {
+        metrics::histogram!("ferry_router_tpot_seconds").record(tpot_s);
+    }
+    metrics::histogram!("ferry_router_e2e_seconds").record(e2e.as_secs_f64());
+    metrics::histogram!("ferry_router_kv_transfer_bytes").record(kv.bytes as f64);
+    metrics::histogram!("ferry_router_kv_transfer_seconds").record(kv.duration_ms / 1e3);
+    metrics::histogram!("ferry_router_overhead_seconds").record(overhead.as_secs_f64());
+}
+
+/// `ferry_router_inflight`, up while the guard lives.
+pub struct InflightGauge(());
+
+impl InflightGauge {
+    pub fn new() -> InflightGauge {
+        metrics::gauge!("ferry_router_inflight").increment(1.0);
+        InflightGauge(())
+    }
+}
+
+impl Default for InflightGauge {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for InflightGauge {
+    fn drop(&mut self) {
+        metrics::gauge!("ferry_router_inflight").decrement(1.0);
+    }
+}
+
+/// `ferry_router_workers{role,state}` from the registry.
+pub fn set_worker_gauges(registry: &Registry) {
+    for (role, state, n) in registry.counts() {
+        metrics::gauge!("ferry_router_workers", "role" => role.as_str(), "state" => state.as_str()).set(n as f64);
+    }
+}

@@ -1,0 +1,375 @@
+//! The worker registry: one plain struct behind one mutex (never held across an `.await`).
+//! Workers register (and get ids like `prefill-1`), renew a lease by heartbeat, and are marked
+//! dead when the lease runs out or a call to them fails at the transport level. The router's own
+//! per-worker in-flight accounting lives here too, held by [`InflightGuard`]s so every path
+//! (success, error, cancellation) gives it back.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use ferry_core::routing::{DecodeCandidate, PrefillCandidate, lease_expired};
+use ferry_core::{WorkerRole, WorkerState};
+use ferry_proto::v1;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::RouterError;
+use crate::wire::{role_from_wire, role_to_wire, state_to_wire};
+
+/// HTTP/2 flow-control windows for worker channels and the server (KV chunks are large).
+pub const WINDOW_BYTES: u32 = 32 << 20;
+/// Largest gRPC message the router sends or accepts.
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// One registered worker.
+#[derive(Clone, Debug)]
+pub struct Worker {
+    pub id: String,
+    pub name: String,
+    pub role: WorkerRole,
+    pub state: WorkerState,
+    pub grpc_addr: String,
+    pub data_addr: String,
+    pub model: String,
+    pub max_context: u32,
+    pub load: v1::WorkerLoad,
+    pub last_heartbeat: Instant,
+    pub inflight: u32,
+    pub outstanding_prefill_tokens: u64,
+    /// Lazily connected; cached for the worker's life.
+    pub channel: Channel,
+}
+
+impl Worker {
+    pub fn info(&self, now: Instant) -> v1::WorkerInfo {
+        v1::WorkerInfo {
+            worker_id: self.id.clone(),
+            name: self.name.clone(),
+            role: role_to_wire(self.role) as i32,
+            state: state_to_wire(self.state) as i32,
+            grpc_addr: self.grpc_addr.clone(),
+            data_addr: self.data_addr.clone(),
+            load: Some(self.load),
+            inflight: self.inflight,
+            outstanding_prefill_tokens: self.outstanding_prefill_tokens,
+            since_heartbeat_ms: now.saturating_duration_since(self.last_heartbeat).as_secs_f64() * 1e3,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    workers: BTreeMap<String, Worker>,
+    next_id: HashMap<WorkerRole, u64>,
+    fingerprint: Option<String>,
+}
+
+pub struct Registry {
+    inner: Mutex<Inner>,
+    pub lease: Duration,
+    pub heartbeat: Duration,
+    connect_timeout: Duration,
+}
+
+impl Registry {
+    pub fn new(lease: Duration, heartbeat: Duration, connect_timeout: Duration) -> Registry {
+        Registry { inner: Mutex::new(Inner::default()), lease, heartbeat, connect_timeout }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds a worker; the first fingerprint becomes the pool's. A dead entry at the same address
+    /// is replaced.
+    pub fn register(&self, req: &v1::RegisterRequest) -> Result<v1::RegisterResponse, RouterError> {
+        let role = role_from_wire(req.role).ok_or_else(|| RouterError::BadRegistration("role is unspecified".into()))?;
+        if req.grpc_addr.is_empty() {
+            return Err(RouterError::BadRegistration("grpc_addr is empty".into()));
+        }
+        let channel = endpoint(&req.grpc_addr, self.connect_timeout)?.connect_lazy();
+        let mut inner = self.lock();
+        match &inner.fingerprint {
+            Some(pool) if *pool != req.fingerprint => {
+                return Err(RouterError::FingerprintMismatch {
+                    worker: if req.name.is_empty() { req.grpc_addr.clone() } else { req.name.clone() },
+                    worker_fingerprint: req.fingerprint.clone(),
+                    pool_fingerprint: pool.clone(),
+                });
+            }
+            Some(_) => {}
+            None => inner.fingerprint = Some(req.fingerprint.clone()),
+        }
+        inner.workers.retain(|_, w| !(w.state == WorkerState::Dead && w.grpc_addr == req.grpc_addr));
+        let n = inner.next_id.entry(role).or_insert(0);
+        *n += 1;
+        let id = format!("{role}-{n}");
+        let worker = Worker {
+            id: id.clone(),
+            name: req.name.clone(),
+            role,
+            state: WorkerState::Ready,
+            grpc_addr: req.grpc_addr.clone(),
+            data_addr: req.data_addr.clone(),
+            model: req.model.clone(),
+            max_context: req.max_context,
+            load: req.load.unwrap_or_default(),
+            last_heartbeat: Instant::now(),
+            inflight: 0,
+            outstanding_prefill_tokens: 0,
+            channel,
+        };
+        inner.workers.insert(id.clone(), worker);
+        tracing::info!(worker = %id, addr = %req.grpc_addr, "worker registered");
+        Ok(v1::RegisterResponse {
+            worker_id: id,
+            lease_ms: self.lease.as_millis().min(u32::MAX as u128) as u32,
+            heartbeat_ms: self.heartbeat.as_millis().min(u32::MAX as u128) as u32,
+        })
+    }
+
+    /// Renews a lease. Unknown or dead workers get `UnknownWorker` (NOT_FOUND: register again);
+    /// a dead entry is forgotten so the new registration starts clean.
+    pub fn heartbeat(&self, req: &v1::HeartbeatRequest, now: Instant) -> Result<WorkerState, RouterError> {
+        let mut inner = self.lock();
+        let Some(w) = inner.workers.get_mut(&req.worker_id) else {
+            return Err(RouterError::UnknownWorker(req.worker_id.clone()));
+        };
+        if w.state == WorkerState::Dead {
+            inner.workers.remove(&req.worker_id);
+            return Err(RouterError::UnknownWorker(req.worker_id.clone()));
+        }
+        w.last_heartbeat = now;
+        if let Some(load) = req.load {
+            w.load = load;
+        }
+        Ok(w.state)
+    }
+
+    /// Marks every worker whose lease ran out at `now` dead; returns their ids.
+    pub fn sweep(&self, now: Instant) -> Vec<String> {
+        let mut inner = self.lock();
+        let mut expired = Vec::new();
+        for w in inner.workers.values_mut() {
+            let since = now.saturating_duration_since(w.last_heartbeat);
+            if w.state != WorkerState::Dead && lease_expired(Duration::ZERO, since, self.lease) {
+                w.state = WorkerState::Dead;
+                expired.push(w.id.clone());
+            }
+        }
+        for id in &expired {
+            tracing::warn!(worker = %id, "lease expired: worker marked dead");
+        }
+        expired
+    }
+
+    /// A call to the worker failed at the transport level: never route to it again until it
+    /// registers anew.
+    pub fn mark_dead(&self, id: &str, why: &str) {
+        if let Some(w) = self.lock().workers.get_mut(id)
+            && w.state != WorkerState::Dead
+        {
+            w.state = WorkerState::Dead;
+            tracing::warn!(worker = %id, reason = why, "worker marked dead");
+        }
+    }
+
+    pub fn drain(&self, id: &str) -> Result<v1::WorkerInfo, RouterError> {
+        self.update(id, |w| {
+            if w.state == WorkerState::Ready {
+                w.state = WorkerState::Draining;
+            }
+        })
+    }
+
+    pub fn undrain(&self, id: &str) -> Result<v1::WorkerInfo, RouterError> {
+        self.update(id, |w| {
+            if w.state == WorkerState::Draining {
+                w.state = WorkerState::Ready;
+            }
+        })
+    }
+
+    pub fn remove(&self, id: &str) -> Result<v1::WorkerInfo, RouterError> {
+        let w = self.lock().workers.remove(id).ok_or_else(|| RouterError::UnknownWorker(id.into()))?;
+        Ok(w.info(Instant::now()))
+    }
+
+    fn update(&self, id: &str, f: impl FnOnce(&mut Worker)) -> Result<v1::WorkerInfo, RouterError> {
+        let mut inner = self.lock();
+        let w = inner.workers.get_mut(id).ok_or_else(|| RouterError::UnknownWorker(id.into()))?;
+        f(w);
+        Ok(w.info(Instant::now()))
+    }
+
+    pub fn list(&self) -> Vec<v1::WorkerInfo> {
+        let now = Instant::now();
+        self.lock().workers.values().map(|w| w.info(now)).collect()
+    }
+
+    pub fn get(&self, id: &str) -> Option<Worker> {
+        self.lock().workers.get(id).cloned()
+    }
+
+    pub fn fingerprint(&self) -> Option<String> {
+        self.lock().fingerprint.clone()
+    }
+
+    /// The smallest context among live workers (`None` with none registered).
+    pub fn max_context(&self) -> Option<u32> {
+        self.lock().workers.values().filter(|w| w.state != WorkerState::Dead).map(|w| w.max_context).min()
+    }
+
+    /// Ready workers per role: (prefill, decode).
+    pub fn ready_counts(&self) -> (u32, u32) {
+        let inner = self.lock();
+        let n = |r| inner.workers.values().filter(|w| w.role == r && w.state == WorkerState::Ready).count() as u32;
+        (n(WorkerRole::Prefill), n(WorkerRole::Decode))
+    }
+
+    /// Workers per (role, state), every combination present (for gauges).
+    pub fn counts(&self) -> Vec<(WorkerRole, WorkerState, u32)> {
+        let inner = self.lock();
+        let mut out = Vec::new();
+        for role in [WorkerRole::Prefill, WorkerRole::Decode] {
+            for state in WorkerState::ALL {
+                let n = inner.workers.values().filter(|w| w.role == role && w.state == state).count() as u32;
+                out.push((role, state, n));
+            }
+        }
+        out
+    }
+
+    /// Prefill candidates (in id order) for [`ferry_core::routing::pick_prefill`].
+    pub fn prefill_candidates(&self) -> Vec<PrefillCandidate> {
+        self.lock()
+            .workers
+            .values()
+            .filter(|w| w.role == WorkerRole::Prefill)
+            .map(|w| PrefillCandidate {
+                id: w.id.clone(),
+                state: w.state,
+                inflight: w.inflight,
+                outstanding_tokens: w.outstanding_prefill_tokens,
+                reported_queue_tokens: w.load.queued_prefill_tokens,
+            })
+            .collect()
+    }
+
+    /// Decode candidates and the smallest block size among ready decode workers (0 if unknown).
+    pub fn decode_candidates(&self) -> (Vec<DecodeCandidate>, u32) {
+        let inner = self.lock();
+        let decode = inner.workers.values().filter(|w| w.role == WorkerRole::Decode);
+        let block_size = decode.clone().filter(|w| w.state == WorkerState::Ready).map(|w| w.load.block_size).min().unwrap_or(0);
+        let cands = decode
+            .map(|w| DecodeCandidate {
+                id: w.id.clone(),
+                state: w.state,
+                free_blocks: w.load.kv_blocks_free,
+                reserved_blocks: w.load.kv_blocks_reserved,
+                active_sequences: w.load.active_sequences,
+            })
+            .collect();
+        (cands, block_size)
+    }
+
+    fn adjust(&self, id: &str, inflight: i64, tokens: i64) {
+        if let Some(w) = self.lock().workers.get_mut(id) {
+            w.inflight = (w.inflight as i64 + inflight).max(0) as u32;
+            w.outstanding_prefill_tokens = (w.outstanding_prefill_tokens as i64 + tokens).max(0) as u64;
+        }
+    }
+}
+
+/// One request in flight on one worker (and, for prefill, its prompt tokens): counted while the
+/// guard lives, given back on drop, whatever path the request takes.
+pub struct InflightGuard {
+    registry: Arc<Registry>,
+    worker: String,
+    tokens: u64,
+}
+
+impl InflightGuard {
+    pub fn new(registry: &Arc<Registry>, worker: &str, tokens: u64) -> InflightGuard {
+        registry.adjust(worker, 1, tokens as i64);
+        InflightGuard { registry: registry.clone(), worker: worker.into(), tokens }
+    }
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.registry.adjust(&self.worker, -1, -(self.tokens as i64));
+    }
+}
+
+/// A lazily connecting endpoint to a worker with the router's timeouts and windows.
+pub fn endpoint(addr: &str, connect_timeout: Duration) -> Result<Endpoint, RouterError> {
+    let uri = if addr.contains("://") { addr.to_owned() } else { format!("http://{addr}") };
+    let bad = |e: tonic::transport::Error| RouterError::BadAddress { addr: addr.into(), message: e.to_string() };
+    Ok(Endpoint::from_shared(uri)
+        .map_err(bad)?
+        .connect_timeout(connect_timeout)
+        .initial_stream_window_size(WINDOW_BYTES)
+        .initial_connection_window_size(WINDOW_BYTES)
+        .tcp_nodelay(true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reg_req(role: v1::WorkerRole, addr: &str, fp: &str) -> v1::RegisterRequest {
+        v1::RegisterRequest { role: role as i32, grpc_addr: addr.into(), fingerprint: fp.into(), max_context: 2048, ..Default::default() }
+    }
+
+    fn registry() -> Registry {
+        Registry::new(Duration::from_secs(3), Duration::from_secs(1), Duration::from_secs(1))
+    }
+
+    #[tokio::test]
+    async fn ids_fingerprint_heartbeat_and_lease() {
+        let r = registry();
+        let a = r.register(&reg_req(v1::WorkerRole::Prefill, "127.0.0.1:1", "fp")).unwrap();
+        let b = r.register(&reg_req(v1::WorkerRole::Decode, "127.0.0.1:2", "fp")).unwrap();
+        let c = r.register(&reg_req(v1::WorkerRole::Prefill, "127.0.0.1:3", "fp")).unwrap();
+        assert_eq!((a.worker_id.as_str(), b.worker_id.as_str(), c.worker_id.as_str()), ("prefill-1", "decode-1", "prefill-2"));
+        assert_eq!((a.lease_ms, a.heartbeat_ms), (3000, 1000));
+        let err = r.register(&reg_req(v1::WorkerRole::Decode, "127.0.0.1:4", "other")).unwrap_err();
+        assert!(err.to_string().contains("other") && err.to_string().contains("fp"), "{err}");
+        assert_eq!(tonic::Status::from(err).code(), tonic::Code::FailedPrecondition);
+
+        let t0 = Instant::now();
+        let hb = |id: &str, at| r.heartbeat(&v1::HeartbeatRequest { worker_id: id.into(), load: None }, at);
+        assert_eq!(hb("prefill-1", t0 + Duration::from_secs(2)).unwrap(), WorkerState::Ready);
+        assert!(matches!(hb("nope", t0), Err(RouterError::UnknownWorker(_))));
+        // At t0+4.5 s: prefill-1 renewed at t0+2 s (alive), the other two expired.
+        let mut dead = r.sweep(t0 + Duration::from_millis(4500));
+        dead.sort();
+        assert_eq!(dead, vec!["decode-1", "prefill-2"]);
+        assert_eq!(r.ready_counts(), (1, 0));
+        // A dead worker's heartbeat is refused (NOT_FOUND) and the entry forgotten.
+        assert!(matches!(hb("decode-1", t0), Err(RouterError::UnknownWorker(_))));
+        assert!(r.get("decode-1").is_none());
+    }
+
+    #[tokio::test]
+    async fn drain_undrain_remove_and_guards() {
+        let r = Arc::new(registry());
+        r.register(&reg_req(v1::WorkerRole::Prefill, "127.0.0.1:1", "fp")).unwrap();
+        assert_eq!(r.drain("prefill-1").unwrap().state, v1::WorkerState::Draining as i32);
+        assert_eq!(r.ready_counts(), (0, 0));
+        assert_eq!(r.undrain("prefill-1").unwrap().state, v1::WorkerState::Ready as i32);
+        {
+            let _g = InflightGuard::new(&r, "prefill-1", 100);
+            let _h = InflightGuard::new(&r, "prefill-1", 20);
+            let c = &r.prefill_candidates()[0];
+            assert_eq!((c.inflight, c.outstanding_tokens), (2, 120));
+        }
+        let c = &r.prefill_candidates()[0];
+        assert_eq!((c.inflight, c.outstanding_tokens), (0, 0));
+        r.mark_dead("prefill-1", "test");
+        assert_eq!(r.ready_counts(), (0, 0));
+        r.remove("prefill-1").unwrap();
+        assert!(matches!(r.remove("prefill-1"), Err(RouterError::UnknownWorker(_))));
+    }
+}

@@ -1,0 +1,117 @@
+//! The client API (`ferry.v1.Ferry`): request validation and tokenization here, then each
+//! generation runs in its own task ([`crate::orchestrate`]) feeding the response stream.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use ferry_core::SamplingParams;
+use ferry_proto::v1::{self, generate_request::Input};
+use ferry_tokenizer::{ChatMessage, ModelText};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+use crate::orchestrate::{self, Job};
+use crate::registry::Registry;
+use crate::{RouterConfig, RouterError};
+
+/// State shared by the router's services.
+pub struct Shared {
+    pub registry: Arc<Registry>,
+    pub text: ModelText,
+    pub cfg: RouterConfig,
+}
+
+#[derive(Clone)]
+pub struct FerryService {
+    pub shared: Arc<Shared>,
+}
+
+/// The client's request id, or a fresh random one.
+pub fn request_id(given: &str) -> String {
+    if given.is_empty() { format!("{:016x}", rand::random::<u64>()) } else { given.to_owned() }
+}
+
+/// Checks a request and turns it into prompt ids and sampling parameters.
+pub fn prepare(shared: &Shared, req: &v1::GenerateRequest) -> Result<(Vec<u32>, SamplingParams), RouterError> {
+    let text = &shared.text;
+    if !req.model.is_empty() && req.model != text.name {
+        return Err(RouterError::UnknownModel { requested: req.model.clone(), served: text.name.clone() });
+    }
+    let ids = match &req.input {
+        None => return Err(RouterError::InvalidRequest("no input: set prompt, chat or tokens".into())),
+        Some(Input::Prompt(p)) if p.is_empty() => return Err(RouterError::InvalidRequest("the prompt is empty".into())),
+        Some(Input::Prompt(p)) => text.encode_prompt(p).map_err(RouterError::Tokenize)?,
+        Some(Input::Chat(c)) if c.messages.is_empty() => {
+            return Err(RouterError::InvalidRequest("the chat has no messages".into()));
+        }
+        Some(Input::Chat(c)) => {
+            let tpl = text.chat_template.as_ref().ok_or_else(|| RouterError::InvalidRequest(format!("model {} has no chat template", text.name)))?;
+            let msgs: Vec<ChatMessage> = c.messages.iter().map(|m| ChatMessage::new(m.role.clone(), m.content.clone())).collect();
+            let rendered = tpl.render(&msgs, true).map_err(|e| RouterError::InvalidRequest(format!("chat template: {e}")))?;
+            // The template writes the special tokens itself.
+            text.tokenizer.encode(&rendered, false).map_err(RouterError::Tokenize)?
+        }
+        Some(Input::Tokens(t)) => {
+            let vocab = text.tokenizer.vocab_size();
+            if let Some(&bad) = t.ids.iter().find(|&&id| id as usize >= vocab) {
+                return Err(RouterError::InvalidRequest(format!("token id {bad} is outside the vocabulary (size {vocab})")));
+            }
+            t.ids.clone()
+        }
+    };
+    if ids.is_empty() {
+        return Err(RouterError::InvalidRequest("the prompt has no tokens".into()));
+    }
+    if let Some(ctx) = shared.registry.max_context()
+        && ids.len() >= ctx as usize
+    {
+        return Err(RouterError::InvalidRequest(format!("the prompt has {} tokens but the context is {ctx}", ids.len())));
+    }
+    let params = ferry_proto::sampling_from_wire(req.sampling.as_ref(), req.stop.as_ref());
+    params.validate().map_err(|e| RouterError::InvalidRequest(e.to_string()))?;
+    Ok((ids, params))
+}
+
+#[tonic::async_trait]
+impl v1::ferry_server::Ferry for FerryService {
+    type GenerateStream = ReceiverStream<Result<v1::GenerateResponse, Status>>;
+
+    async fn generate(&self, request: Request<v1::GenerateRequest>) -> Result<Response<Self::GenerateStream>, Status> {
+        let start = Instant::now();
+        let req = request.into_inner();
+        let id = request_id(&req.request_id);
+        let span = tracing::info_span!("generate", request_id = %id);
+        let (prompt, params) = span.in_scope(|| prepare(&self.shared, &req)).inspect_err(|_| {
+            crate::metrics::request_outcome("invalid");
+        })?;
+        let (p, d) = self.shared.registry.ready_counts();
+        if p == 0 || d == 0 {
+            crate::metrics::request_outcome("unavailable");
+            let role = if p == 0 { ferry_core::WorkerRole::Prefill } else { ferry_core::WorkerRole::Decode };
+            return Err(RouterError::NoWorker { role }.into());
+        }
+        let (tx, rx) = mpsc::channel(64);
+        let job = Job { request_id: id, prompt, params, start };
+        tokio::spawn(orchestrate::run(self.shared.clone(), job, tx).instrument(span));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn health(&self, _: Request<v1::HealthRequest>) -> Result<Response<v1::HealthResponse>, Status> {
+        let (p, d) = self.shared.registry.ready_counts();
+        Ok(Response::new(v1::HealthResponse { serving: p > 0 && d > 0, prefill_workers: p, decode_workers: d }))
+    }
+
+    async fn model_info(&self, _: Request<v1::ModelInfoRequest>) -> Result<Response<v1::ModelInfoResponse>, Status> {
+        let s = &self.shared;
+        Ok(Response::new(v1::ModelInfoResponse {
+            model: s.text.name.clone(),
+            fingerprint: s.registry.fingerprint().unwrap_or_default(),
+            max_context: s.registry.max_context().unwrap_or(0),
+            vocab_size: s.text.tokenizer.vocab_size() as u32,
+            eos_token_ids: s.text.eos_ids.clone(),
+            has_chat_template: s.text.chat_template.is_some(),
+        }))
+    }
+}

@@ -1,0 +1,137 @@
+//! Shared test helpers: the default model's path, a router on 127.0.0.1:0, mock workers, and a
+//! client that collects one generation.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ferry_core::WorkerRole;
+use ferry_proto::v1;
+use ferry_router::{MockConfig, MockWorker, RouterConfig};
+use tokio::net::TcpListener;
+use tonic::transport::Channel;
+
+/// The SmolLM2 GGUF: `$FERRY_SMOLLM2_GGUF`, else the default model in Ferry's cache (the router
+/// must not link the engine, so it is not fetched here: run `ferry fetch` once).
+pub fn model_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("FERRY_SMOLLM2_GGUF") {
+        return PathBuf::from(p);
+    }
+    let cache = if let Some(d) = std::env::var_os("FERRY_CACHE") {
+        PathBuf::from(d)
+    } else if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        PathBuf::from(d).join("ferry")
+    } else {
+        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferry")
+    };
+    let p = cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.is_file(), "the default model is needed at {} (run `ferry fetch`, or set FERRY_SMOLLM2_GGUF)", p.display());
+    p
+}
+
+pub fn text() -> ferry_tokenizer::ModelText {
+    ferry_tokenizer::ModelText::open(&model_path()).expect("open model text")
+}
+
+pub struct TestRouter {
+    pub addr: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<(), ferry_router::RouterError>>>,
+}
+
+impl TestRouter {
+    pub async fn start(cfg: RouterConfig) -> TestRouter {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::on(cfg, l, None).await
+    }
+
+    pub async fn on(cfg: RouterConfig, l: TcpListener, metrics: Option<TcpListener>) -> TestRouter {
+        let addr = l.local_addr().unwrap().to_string();
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(ferry_router::serve(cfg, l, metrics, async move {
+            let _ = rx.await;
+        }));
+        TestRouter { addr, stop: Some(stop), task: Some(task) }
+    }
+
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.take().unwrap().await.unwrap().unwrap();
+    }
+
+    pub async fn channel(&self) -> Channel {
+        // Retries until the server has opened the model and accepts calls (readiness, not time).
+        let ep = tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr)).unwrap();
+        let ch = ep.connect_lazy();
+        let mut c = v1::ferry_client::FerryClient::new(ch.clone());
+        for _ in 0..500 {
+            if c.health(v1::HealthRequest {}).await.is_ok() {
+                return ch;
+            }
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("router at {} never answered", self.addr);
+    }
+
+    pub async fn client(&self) -> v1::ferry_client::FerryClient<Channel> {
+        v1::ferry_client::FerryClient::new(self.channel().await)
+    }
+
+    pub async fn admin(&self) -> v1::admin_client::AdminClient<Channel> {
+        v1::admin_client::AdminClient::new(self.channel().await)
+    }
+
+    pub async fn mock(&self, role: WorkerRole, cfg: MockConfig) -> MockWorker {
+        self.channel().await;
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        MockWorker::start(role, l, &self.addr, cfg).await.expect("mock worker registers")
+    }
+}
+
+/// Mock tokens that spell `text` after the first one.
+pub fn scripted(text: &str) -> MockConfig {
+    let ids = self::text().encode_prompt(text).unwrap();
+    MockConfig { first_token: ids[0], tokens: ids[1..].to_vec(), ..Default::default() }
+}
+
+pub fn prompt(p: &str) -> v1::GenerateRequest {
+    v1::GenerateRequest { input: Some(v1::generate_request::Input::Prompt(p.into())), ..Default::default() }
+}
+
+pub struct Collected {
+    pub text: String,
+    pub deltas: usize,
+    pub ids: Vec<u32>,
+    pub fin: v1::GenerateFinal,
+}
+
+pub async fn generate(c: &mut v1::ferry_client::FerryClient<Channel>, req: v1::GenerateRequest) -> Result<Collected, tonic::Status> {
+    let mut s = c.generate(req).await?.into_inner();
+    let (mut text, mut deltas, mut ids) = (String::new(), 0, Vec::new());
+    while let Some(m) = s.message().await? {
+        match m.event.expect("event") {
+            v1::generate_response::Event::Delta(d) => {
+                text.push_str(&d.text);
+                ids.extend(d.token_ids);
+                deltas += 1;
+            }
+            v1::generate_response::Event::Final(fin) => {
+                assert!(s.message().await?.is_none(), "nothing after final");
+                return Ok(Collected { text, deltas, ids, fin });
+            }
+        }
+    }
+    panic!("stream ended without final");
+}
+
+/// Polls `cond` (every 10 ms, up to 10 s) until it holds.
+pub async fn wait_until<F: AsyncFnMut() -> bool>(what: &str, mut cond: F) {
+    for _ in 0..1000 {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}

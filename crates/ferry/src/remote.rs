@@ -1,0 +1,88 @@
+//! `ferry generate --router ADDR`: the same prompt, chat and sampling options as local generate,
+//! sent to a router; text streams to stdout, then the stats line (as local generate prints it,
+//! plus the workers and the KV transfer) to stderr.
+
+use std::io::Write;
+
+use ferry_core::SamplingParams;
+use ferry_proto::v1;
+
+/// One remote generation.
+#[derive(Clone, Debug)]
+pub struct RemoteGenerate {
+    /// The router's gRPC address (`host:port` or `http://host:port`).
+    pub router: String,
+    pub prompt: String,
+    /// Send the prompt as a chat (the router applies the model's chat template).
+    pub chat: bool,
+    /// System message for `chat`.
+    pub system: Option<String>,
+    pub params: SamplingParams,
+}
+
+/// Streams the generation to stdout and prints the stats line; gRPC errors come back as
+/// `<code>: <message>`.
+pub fn generate_remote(req: &RemoteGenerate) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    let fin = generate_to(req, &mut out)?;
+    drop(out);
+    println!();
+    eprintln!("{}", stats_line(&fin));
+    Ok(())
+}
+
+/// The gRPC status as `<code>: <message>` (main prints it after `error: `).
+pub fn status_error(s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{:?}: {}", s.code(), s.message())
+}
+
+/// Runs the request, writing text to `out` as it arrives; returns the final message.
+pub fn generate_to(req: &RemoteGenerate, out: &mut dyn Write) -> anyhow::Result<v1::GenerateFinal> {
+    req.params.validate()?;
+    let (sampling, stop) = ferry_proto::sampling_to_wire(&req.params);
+    let input = if req.chat {
+        let mut messages = Vec::new();
+        if let Some(s) = &req.system {
+            messages.push(v1::ChatMessage { role: "system".into(), content: s.clone() });
+        }
+        messages.push(v1::ChatMessage { role: "user".into(), content: req.prompt.clone() });
+        v1::generate_request::Input::Chat(v1::ChatInput { messages })
+    } else {
+        v1::generate_request::Input::Prompt(req.prompt.clone())
+    };
+    let request = v1::GenerateRequest { input: Some(input), sampling: Some(sampling), stop: Some(stop), ..Default::default() };
+    let uri = if req.router.contains("://") { req.router.clone() } else { format!("http://{}", req.router) };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let channel = tonic::transport::Endpoint::from_shared(uri.clone())?
+            .connect()
+            .await
+            .map_err(|e| anyhow::anyhow!("Unavailable: cannot connect to the router at {uri}: {e}"))?;
+        let mut client = v1::ferry_client::FerryClient::new(channel);
+        let mut stream = client.generate(request).await.map_err(status_error)?.into_inner();
+        while let Some(m) = stream.message().await.map_err(status_error)? {
+            match m.event {
+                Some(v1::generate_response::Event::Delta(d)) => {
+                    out.write_all(d.text.as_bytes())?;
+                    out.flush()?;
+                }
+                Some(v1::generate_response::Event::Final(f)) => return Ok(f),
+                None => {}
+            }
+        }
+        anyhow::bail!("Unavailable: the router closed the stream without a final message")
+    })
+}
+
+/// Local generate's stats line, plus where the request ran and what its KV transfer did.
+pub fn stats_line(f: &v1::GenerateFinal) -> String {
+    let finish = v1::FinishReason::try_from(f.finish_reason).unwrap_or(v1::FinishReason::Unspecified);
+    let tpot = if f.completion_tokens > 1 { format!("{:.2} ms", f.tpot_ms) } else { "n/a".into() };
+    let tps = if f.tpot_ms > 0.0 { 1e3 / f.tpot_ms } else { 0.0 };
+    let kv = f.kv.unwrap_or_default();
+    let transport = v1::KvTransport::try_from(kv.transport).unwrap_or(v1::KvTransport::Unspecified);
+    format!(
+        "[{} prompt tokens, {} generated, finish {:?}] TTFT {:.1} ms · TPOT {} · {:.1} tok/s · prefill={} decode={} kv={} in {:.2} ms ({})",
+        f.prompt_tokens, f.completion_tokens, finish, f.ttft_ms, tpot, tps, f.prefill_worker, f.decode_worker, kv.bytes, kv.duration_ms, transport
+    )
+}
