@@ -77,15 +77,29 @@ pub struct PrefillCandidate {
 pub struct DecodeCandidate {
     pub id: String,
     pub state: WorkerState,
+    /// As the worker reported at its last heartbeat.
+    pub total_blocks: u32,
     pub free_blocks: u32,
     pub reserved_blocks: u32,
     pub active_sequences: u32,
+    /// The router's own, current view: requests it has in flight there and the KV blocks they
+    /// were admitted for. Heartbeats lag (a second, by default); without these a burst of
+    /// requests between two heartbeats would all go to the same worker.
+    pub router_inflight: u32,
+    pub router_promised_blocks: u32,
 }
 
 impl DecodeCandidate {
-    /// Blocks not yet promised to anyone.
+    /// Blocks not yet promised to anyone: the worker's last report, or the router's own count
+    /// of what it has sent there since, whichever is lower.
     pub fn available_blocks(&self) -> u32 {
-        self.free_blocks.saturating_sub(self.reserved_blocks)
+        let reported = self.free_blocks.saturating_sub(self.reserved_blocks);
+        reported.min(self.total_blocks.saturating_sub(self.router_promised_blocks))
+    }
+
+    /// Sequences running there: the later of the report and the router's own count.
+    pub fn active(&self) -> u32 {
+        self.active_sequences.max(self.router_inflight)
     }
 }
 
@@ -115,7 +129,7 @@ pub fn rank_decode(candidates: &[DecodeCandidate], need_blocks: u32) -> Vec<usiz
         let (a, b) = (&candidates[a], &candidates[b]);
         b.available_blocks()
             .cmp(&a.available_blocks())
-            .then(a.active_sequences.cmp(&b.active_sequences))
+            .then(a.active().cmp(&b.active()))
             .then_with(|| a.id.cmp(&b.id))
     });
     order
@@ -145,7 +159,23 @@ mod tests {
     }
 
     fn d(id: &str, state: WorkerState, free: u32, reserved: u32, active: u32) -> DecodeCandidate {
-        DecodeCandidate { id: id.into(), state, free_blocks: free, reserved_blocks: reserved, active_sequences: active }
+        DecodeCandidate {
+            id: id.into(),
+            state,
+            total_blocks: 100,
+            free_blocks: free,
+            reserved_blocks: reserved,
+            active_sequences: active,
+            router_inflight: 0,
+            router_promised_blocks: 0,
+        }
+    }
+
+    /// The router's own accounting between heartbeats.
+    fn routed(mut c: DecodeCandidate, inflight: u32, promised: u32) -> DecodeCandidate {
+        c.router_inflight = inflight;
+        c.router_promised_blocks = promised;
+        c
     }
 
     #[test]
@@ -176,6 +206,10 @@ mod tests {
             ("tie -> id", vec![d("b", Ready, 10, 0, 1), d("a", Ready, 10, 0, 1)], 1, vec![1, 0]),
             ("not ready filtered", vec![d("a", Dead, 99, 0, 0), d("b", Draining, 99, 0, 0), d("c", Ready, 5, 0, 0)], 2, vec![2]),
             ("zero need takes all ready", vec![d("a", Ready, 0, 0, 0), d("b", Ready, 1, 0, 0)], 0, vec![1, 0]),
+            // Between heartbeats: equal reports, but the router just sent work to `a`.
+            ("router's promises count", vec![routed(d("a", Ready, 100, 0, 0), 1, 10), d("b", Ready, 100, 0, 0)], 4, vec![1, 0]),
+            ("router's inflight breaks ties", vec![routed(d("a", Ready, 50, 0, 0), 2, 0), d("b", Ready, 50, 0, 1)], 4, vec![1, 0]),
+            ("stale report cannot hide promises", vec![routed(d("a", Ready, 100, 0, 0), 3, 98)], 4, vec![]),
         ];
         for (name, cands, need, want) in cases {
             assert_eq!(rank_decode(&cands, need), want, "{name}");

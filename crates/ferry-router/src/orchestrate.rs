@@ -50,6 +50,19 @@ fn is_transport(s: &Status) -> bool {
     s.code() == Code::Unavailable
 }
 
+/// Whether something still accepts TCP connections at `addr` (a quick liveness probe).
+async fn reachable(addr: &str) -> bool {
+    let addr = addr.trim_start_matches("http://").trim_start_matches("https://");
+    matches!(tokio::time::timeout(std::time::Duration::from_millis(300), tokio::net::TcpStream::connect(addr)).await, Ok(Ok(_)))
+}
+
+/// Whether a failed call means the worker is gone: UNAVAILABLE, or a broken connection (a
+/// killed worker's HTTP/2 stream often ends as UNKNOWN, INTERNAL or CANCELLED) to an address
+/// that no longer accepts connections.
+async fn gone(s: &Status, addr: &str) -> bool {
+    is_transport(s) || (matches!(s.code(), Code::Unknown | Code::Internal | Code::Cancelled) && !reachable(addr).await)
+}
+
 /// Runs one request to its end, sending deltas, then a final or an error status, on `tx`.
 pub async fn run(shared: Arc<Shared>, job: Job, tx: Tx) {
     let _inflight = crate::metrics::InflightGauge::new();
@@ -126,7 +139,7 @@ async fn attempt_once(shared: &Arc<Shared>, job: &Job, tx: &Tx) -> Result<Outcom
             stop: Some(stop.clone()),
             kv_timeout_ms: shared.cfg.kv_timeout.as_millis().min(u32::MAX as u128) as u32,
         };
-        let guard = InflightGuard::new(reg, &w.id, 0);
+        let guard = InflightGuard::decode(reg, &w.id, need as u64);
         let Some(r) = worker_wait(tx, &mut waited, open_decode(&w, req)).await else { return Ok(Outcome::ClientGone) };
         match r {
             Ok((stream, a)) => {
@@ -134,7 +147,7 @@ async fn attempt_once(shared: &Arc<Shared>, job: &Job, tx: &Tx) -> Result<Outcom
                 break;
             }
             Err(s) if s.code() == Code::ResourceExhausted => refused += 1,
-            Err(s) if is_transport(&s) => {
+            Err(s) if gone(&s, &w.grpc_addr).await => {
                 reg.mark_dead(&w.id, s.message());
                 unavailable += 1;
             }
@@ -175,15 +188,19 @@ async fn attempt_once(shared: &Arc<Shared>, job: &Job, tx: &Tx) -> Result<Outcom
     drop(prefill_guard);
     let pre = match r {
         Ok(r) => r.into_inner(),
-        Err(s) if is_transport(&s) => {
-            reg.mark_dead(&pw.id, s.message());
-            // Nothing reached the client: drop the decode stream (freeing its reservation) and retry.
-            let error = RouterError::WorkerUnavailable {
-                role: WorkerRole::Prefill,
-                worker: pw.id.clone(),
-                request_id: rid.clone(),
-                message: s.message().to_owned(),
+        Err(s) if s.code() == Code::Aborted || gone(&s, &pw.grpc_addr).await => {
+            // Aborted: the prefill worker could not deliver the KV to the decode worker.
+            let (role, worker) = if s.code() == Code::Aborted {
+                if !reachable(&dw.grpc_addr).await {
+                    reg.mark_dead(&dw.id, s.message());
+                }
+                (WorkerRole::Decode, dw.id.clone())
+            } else {
+                reg.mark_dead(&pw.id, s.message());
+                (WorkerRole::Prefill, pw.id.clone())
             };
+            // Nothing reached the client: drop the decode stream (freeing its reservation) and retry.
+            let error = RouterError::WorkerUnavailable { role, worker, request_id: rid.clone(), message: s.message().to_owned() };
             return Err(Failed { error, retry: true });
         }
         Err(s) => return Err(worker_failed(WorkerRole::Prefill, &pw.id, rid, s).into()),
@@ -238,7 +255,9 @@ async fn attempt_once(shared: &Arc<Shared>, job: &Job, tx: &Tx) -> Result<Outcom
             Ok(Some(other)) => return Err(protocol(format!("unexpected message {other:?}")).into()),
             Ok(None) => return Err(protocol("the decode stream ended without `final`".into()).into()),
             Err(s) => {
-                if is_transport(&s) {
+                // A worker killed mid-stream shows up as a broken HTTP/2 stream (often UNKNOWN or
+                // INTERNAL, not UNAVAILABLE): check whether it still accepts connections.
+                if gone(&s, &dw.grpc_addr).await {
                     reg.mark_dead(&dw.id, s.message());
                 }
                 let error = RouterError::WorkerUnavailable {

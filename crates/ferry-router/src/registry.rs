@@ -36,6 +36,8 @@ pub struct Worker {
     pub last_heartbeat: Instant,
     pub inflight: u32,
     pub outstanding_prefill_tokens: u64,
+    /// Decode workers: KV blocks the requests in flight there were admitted for.
+    pub promised_blocks: u64,
     /// Lazily connected; cached for the worker's life.
     pub channel: Channel,
 }
@@ -52,6 +54,7 @@ impl Worker {
             load: Some(self.load),
             inflight: self.inflight,
             outstanding_prefill_tokens: self.outstanding_prefill_tokens,
+            promised_kv_blocks: self.promised_blocks,
             since_heartbeat_ms: now.saturating_duration_since(self.last_heartbeat).as_secs_f64() * 1e3,
         }
     }
@@ -117,6 +120,7 @@ impl Registry {
             last_heartbeat: Instant::now(),
             inflight: 0,
             outstanding_prefill_tokens: 0,
+            promised_blocks: 0,
             channel,
         };
         inner.workers.insert(id.clone(), worker);
@@ -265,18 +269,22 @@ impl Registry {
             .map(|w| DecodeCandidate {
                 id: w.id.clone(),
                 state: w.state,
+                total_blocks: w.load.kv_blocks_total,
                 free_blocks: w.load.kv_blocks_free,
                 reserved_blocks: w.load.kv_blocks_reserved,
                 active_sequences: w.load.active_sequences,
+                router_inflight: w.inflight,
+                router_promised_blocks: w.promised_blocks.min(u32::MAX as u64) as u32,
             })
             .collect();
         (cands, block_size)
     }
 
-    fn adjust(&self, id: &str, inflight: i64, tokens: i64) {
+    fn adjust(&self, id: &str, inflight: i64, tokens: i64, blocks: i64) {
         if let Some(w) = self.lock().workers.get_mut(id) {
             w.inflight = (w.inflight as i64 + inflight).max(0) as u32;
             w.outstanding_prefill_tokens = (w.outstanding_prefill_tokens as i64 + tokens).max(0) as u64;
+            w.promised_blocks = (w.promised_blocks as i64 + blocks).max(0) as u64;
         }
     }
 }
@@ -287,18 +295,26 @@ pub struct InflightGuard {
     registry: Arc<Registry>,
     worker: String,
     tokens: u64,
+    blocks: u64,
 }
 
 impl InflightGuard {
+    /// A prefill request of `tokens` prompt tokens.
     pub fn new(registry: &Arc<Registry>, worker: &str, tokens: u64) -> InflightGuard {
-        registry.adjust(worker, 1, tokens as i64);
-        InflightGuard { registry: registry.clone(), worker: worker.into(), tokens }
+        registry.adjust(worker, 1, tokens as i64, 0);
+        InflightGuard { registry: registry.clone(), worker: worker.into(), tokens, blocks: 0 }
+    }
+
+    /// A decode request admitted for `blocks` KV blocks.
+    pub fn decode(registry: &Arc<Registry>, worker: &str, blocks: u64) -> InflightGuard {
+        registry.adjust(worker, 1, 0, blocks as i64);
+        InflightGuard { registry: registry.clone(), worker: worker.into(), tokens: 0, blocks }
     }
 }
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        self.registry.adjust(&self.worker, -1, -(self.tokens as i64));
+        self.registry.adjust(&self.worker, -1, -(self.tokens as i64), -(self.blocks as i64));
     }
 }
 

@@ -51,7 +51,9 @@ impl WorkerError {
             WorkerError::Incompatible { .. } => Code::FailedPrecondition,
             WorkerError::Corrupt { .. } => Code::DataLoss,
             WorkerError::Timeout { .. } => Code::DeadlineExceeded,
-            WorkerError::PeerUnavailable { .. } => Code::Unavailable,
+            // ABORTED, not UNAVAILABLE: this worker is fine, the peer it talks to (the decode
+            // worker receiving KV) is not; the router retries and checks that peer.
+            WorkerError::PeerUnavailable { .. } => Code::Aborted,
             // A refusal by the decode worker is passed on with its own code.
             WorkerError::PeerRefused { status, .. } => status.code(),
             WorkerError::Cancelled => Code::Cancelled,

@@ -1,0 +1,169 @@
+//! End to end: `ferry up` (a router, prefill and decode workers as separate processes on
+//! loopback) against the single-process engine and the HF references in tests/fixtures.
+
+mod cluster_support;
+
+use cluster_support::*;
+use ferry_proto::v1::{generate_request, ChatInput, ChatMessage, FinishReason, GenerateRequest, SamplingParams, StopConditions};
+use std::time::{Duration, Instant};
+
+fn json(path: std::path::PathBuf) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn golden_models_disaggregated_equal_single_process_and_hf() {
+    for name in ["llama-gqa", "llama3-ropescaled", "qwen2-bias-tied", "llama-bf16"] {
+        let dir = fixtures().join("golden").join(name);
+        let g = json(dir.join("golden.json"));
+        let (prompt, want) = (ids(&g["input_ids"]), ids(&g["greedy_ids"]));
+        let cluster = Cluster::up(&dir, 1, 1, &[]);
+        let mut client = cluster.client().await;
+        let out = run(&mut client, token_request(&prompt, want.len() as u32)).await.unwrap();
+        let single = reference(&mut engine(&dir), &prompt, want.len());
+        assert_eq!(out.ids, single, "{name}: cluster vs single process");
+        assert_eq!(out.ids, want, "{name}: cluster vs HF transformers");
+        assert_eq!(out.fin.finish_reason, FinishReason::Length as i32);
+        assert_eq!(out.fin.completion_tokens as usize, want.len());
+        cluster.assert_no_leaks().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smollm2_disaggregated_equals_single_process_and_hf_text() {
+    let model = smollm2();
+    let g = json(fixtures().join("smollm2/golden.json"));
+    let cluster = Cluster::up(&model, 1, 1, &[]);
+    let mut client = cluster.client().await;
+    let mut single = engine(&model);
+    for case in ["capital", "story"] {
+        let c = &g["cases"][case];
+        let prompt = ids(&c["input_ids"]);
+        let n = 24;
+        let out = run(&mut client, token_request(&prompt, n as u32)).await.unwrap();
+        assert_eq!(out.ids, reference(&mut single, &prompt, n), "{case}: cluster vs single process");
+        assert_eq!(out.ids[..7], ids(&c["hf_greedy_ids"])[..7], "{case}: cluster vs HF transformers");
+    }
+    // Chat through the router's template: the reference answer, stopped at EOS.
+    let chat = GenerateRequest {
+        request_id: "chat-1".into(),
+        input: Some(generate_request::Input::Chat(ChatInput {
+            messages: vec![
+                ChatMessage { role: "system".into(), content: "You are a helpful AI assistant named SmolLM, trained by Hugging Face".into() },
+                ChatMessage { role: "user".into(), content: "What is the capital of France?".into() },
+            ],
+        })),
+        ..Default::default()
+    };
+    let out = run(&mut client, chat).await.unwrap();
+    assert_eq!(out.text, "The capital of France is Paris.");
+    assert_eq!(out.fin.finish_reason, FinishReason::StopToken as i32);
+    assert!(out.fin.ttft_ms > 0.0 && !out.fin.prefill_worker.is_empty() && !out.fin.decode_worker.is_empty());
+    let kv = out.fin.kv.unwrap();
+    assert!(kv.bytes > 0 && kv.chunks > 0, "{kv:?}");
+    cluster.assert_no_leaks().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thirty_two_concurrent_requests_through_two_by_two() {
+    let model = smollm2();
+    let cluster = Cluster::up(&model, 2, 2, &[]);
+    let mut single = engine(&model);
+    let text = "The history of the printing press begins with movable type, invented in China, and continues through Gutenberg's workshop in Mainz. ";
+    let base: Vec<u32> = single.encode(&text.repeat(20)).unwrap();
+    let cases: Vec<(Vec<u32>, u32)> = (0..32usize).map(|i| (base[i..i + 4 + (i * 37) % 160].to_vec(), 4 + (i as u32 * 5) % 20)).collect();
+    let wants: Vec<Vec<u32>> = cases.iter().map(|(p, n)| reference(&mut single, p, *n as usize)).collect();
+    drop(single);
+    let mut tasks = Vec::new();
+    for (p, n) in cases.clone() {
+        let mut client = cluster.client().await;
+        tasks.push(tokio::spawn(async move { run(&mut client, token_request(&p, n)).await }));
+    }
+    let mut prefill_used = std::collections::BTreeSet::new();
+    let mut decode_used = std::collections::BTreeSet::new();
+    for (i, t) in tasks.into_iter().enumerate() {
+        let out = t.await.unwrap().unwrap_or_else(|e| panic!("request {i}: {e:?}"));
+        assert_eq!(out.ids, wants[i], "request {i} (prompt of {})", cases[i].0.len());
+        prefill_used.insert(out.fin.prefill_worker.clone());
+        decode_used.insert(out.fin.decode_worker.clone());
+    }
+    assert_eq!(prefill_used.len(), 2, "both prefill workers serve: {prefill_used:?}");
+    assert_eq!(decode_used.len(), 2, "both decode workers serve: {decode_used:?}");
+    cluster.assert_no_leaks().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_clear_status_and_nothing_runs() {
+    let model = smollm2();
+    let cluster = Cluster::up(&model, 1, 1, &[]);
+    let mut client = cluster.client().await;
+    let code = |r: Result<Outcome, tonic::Status>| r.err().map(|s| (s.code(), s.message().to_string())).expect("an error");
+    let prompt = |p: &str| GenerateRequest { input: Some(generate_request::Input::Prompt(p.into())), ..Default::default() };
+
+    let (c, m) = code(run(&mut client, prompt("")).await);
+    assert_eq!(c, tonic::Code::InvalidArgument, "{m}");
+    let (c, m) = code(run(&mut client, GenerateRequest::default()).await);
+    assert_eq!(c, tonic::Code::InvalidArgument, "{m}");
+    let (c, m) = code(run(&mut client, token_request(&vec![42; 9000], 4)).await);
+    assert_eq!(c, tonic::Code::InvalidArgument, "{m}");
+    assert!(m.contains("9000") && m.contains("8192"), "{m}");
+    let (c, m) = code(run(&mut client, token_request(&[1, 2, 999_999], 4)).await);
+    assert_eq!(c, tonic::Code::InvalidArgument, "{m}");
+    for s in [SamplingParams { temperature: -1.0, ..Default::default() }, SamplingParams { top_p: Some(1.5), ..Default::default() }] {
+        let (c, m) = code(run(&mut client, GenerateRequest { sampling: Some(s), ..prompt("hi") }).await);
+        assert_eq!(c, tonic::Code::InvalidArgument, "{m}");
+    }
+    let stop = StopConditions { stop: vec![String::new()], ..Default::default() };
+    let (c, m) = code(run(&mut client, GenerateRequest { stop: Some(stop), ..prompt("hi") }).await);
+    assert_eq!(c, tonic::Code::InvalidArgument, "{m}");
+    let (c, m) = code(run(&mut client, GenerateRequest { model: "gpt-17".into(), ..prompt("hi") }).await);
+    assert_eq!(c, tonic::Code::NotFound, "{m}");
+    assert!(m.contains("gpt-17"), "{m}");
+    // The cluster still serves, and nothing was left allocated.
+    run(&mut client, token_request(&[1, 2, 3], 3)).await.unwrap();
+    cluster.assert_no_leaks().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_workers_fail_fast_and_the_rest_keep_serving() {
+    let model = smollm2();
+    let cluster = Cluster::up(&model, 2, 2, &[]);
+    let mut client = cluster.client().await;
+
+    // A long generation; once it streams, kill the decode worker serving it.
+    let mut stream = client.generate(token_request(&[1, 504, 3575], 5000)).await.unwrap().into_inner();
+    for _ in 0..3 {
+        stream.message().await.unwrap().unwrap();
+    }
+    let ws = cluster.workers().await;
+    let busy = ws.iter().find(|w| w.role == ferry_proto::v1::WorkerRole::Decode as i32 && w.inflight == 1).expect("a busy decode worker");
+    let victim = cluster.workers.iter().find(|w| w.grpc == busy.grpc_addr).expect("its process");
+    signal(victim.pid, libc::SIGKILL);
+    let t = Instant::now();
+    let err = loop {
+        match stream.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended cleanly after its decode worker died"),
+            Err(e) => break e,
+        }
+    };
+    assert!(t.elapsed() < Duration::from_secs(3), "error took {:?}", t.elapsed());
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(err.message().contains(&busy.worker_id), "names the worker: {}", err.message());
+    let dead = cluster.workers().await.into_iter().find(|w| w.worker_id == busy.worker_id);
+    assert!(dead.as_ref().is_none_or(|w| w.state == ferry_proto::v1::WorkerState::Dead as i32), "marked dead: {dead:?} after {err:?}");
+
+    // Kill a prefill worker too: new requests go to the one left.
+    let p = cluster.workers.iter().find(|w| w.role == "prefill").unwrap();
+    signal(p.pid, libc::SIGKILL);
+    for i in 0..4u32 {
+        let out = run(&mut client, token_request(&[1, 504 + i, 3575], 6)).await.unwrap_or_else(|e| panic!("request {i} after the kills: {e:?}"));
+        assert_eq!(out.ids.len(), 6);
+        assert_ne!(out.fin.decode_worker, busy.worker_id);
+    }
+    cluster.assert_no_leaks().await;
+}

@@ -1,0 +1,160 @@
+//! Shared support for the end-to-end tests: a `ferry up` cluster of real processes on loopback,
+//! a gRPC client, and the single-process reference.
+#![allow(dead_code)]
+
+use ferry_proto::v1::admin_client::AdminClient;
+use ferry_proto::v1::ferry_client::FerryClient;
+use ferry_proto::v1::{generate_request, generate_response, GenerateFinal, GenerateRequest, ListWorkersRequest, StopConditions, TokenInput, WorkerInfo};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tonic::transport::Channel;
+
+pub fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+pub fn smollm2() -> PathBuf {
+    std::env::var_os("FERRY_SMOLLM2_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| ferry_engine::fetch::ensure_default_model().expect("the default model: run `ferry fetch`"))
+}
+
+pub struct WorkerProc {
+    pub role: String,
+    pub name: String,
+    pub pid: u32,
+    pub grpc: String,
+}
+
+/// `ferry up` as a child process; stopped (SIGTERM, which stops its workers) when dropped.
+pub struct Cluster {
+    child: Child,
+    pub router: String,
+    pub workers: Vec<WorkerProc>,
+}
+
+fn field(line: &str, key: &str) -> String {
+    line.split_whitespace().find_map(|f| f.strip_prefix(key)).unwrap_or_default().to_string()
+}
+
+pub fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) on a process this test started; no memory is involved.
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+impl Cluster {
+    pub fn up(model: &std::path::Path, prefill: usize, decode: usize, extra: &[&str]) -> Cluster {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(["up", "--listen", "127.0.0.1:0", "--threads", "1", "--ready-timeout", "240"])
+            .args(["--prefill", &prefill.to_string(), "--decode", &decode.to_string(), "--model"])
+            .arg(model)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start ferry up");
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let mut workers = Vec::new();
+        let mut lines = out.lines();
+        let router = loop {
+            let line = match lines.next() {
+                Some(Ok(l)) => l,
+                _ => panic!("ferry up exited before it was ready: {:?}", child.wait()),
+            };
+            if line.starts_with("worker ") {
+                workers.push(WorkerProc { role: field(&line, "role="), name: field(&line, "name="), pid: field(&line, "pid=").parse().unwrap(), grpc: field(&line, "grpc=") });
+            }
+            if line.starts_with("ready ") {
+                break field(&line, "router=");
+            }
+        };
+        // Keep draining its stdout so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Cluster { child, router, workers }
+    }
+
+    pub async fn client(&self) -> FerryClient<Channel> {
+        FerryClient::connect(format!("http://{}", self.router)).await.expect("connect to the router")
+    }
+
+    pub async fn workers(&self) -> Vec<WorkerInfo> {
+        let mut a = AdminClient::connect(format!("http://{}", self.router)).await.unwrap();
+        a.list_workers(ListWorkersRequest {}).await.unwrap().into_inner().workers
+    }
+
+    /// Wait until every live worker reports a whole KV pool (nothing used, nothing promised) in a
+    /// heartbeat; panics naming the worker that leaked.
+    pub async fn assert_no_leaks(&self) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let ws = self.workers().await;
+            let leaking: Vec<String> = ws
+                .iter()
+                .filter(|w| w.state == ferry_proto::v1::WorkerState::Ready as i32)
+                .filter_map(|w| {
+                    let l = w.load.unwrap_or_default();
+                    (l.kv_blocks_free != l.kv_blocks_total || l.kv_blocks_reserved != 0 || l.active_sequences != 0 || w.inflight != 0)
+                        .then(|| format!("{} ({}): {:?}, inflight {}", w.worker_id, w.name, l, w.inflight))
+                })
+                .collect();
+            if leaking.is_empty() {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!("KV not returned: {leaking:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        signal(self.child.id(), libc::SIGTERM);
+        let _ = self.child.wait();
+    }
+}
+
+/// A token-ids request (greedy, no EOS stop unless `eos`).
+pub fn token_request(ids: &[u32], max_tokens: u32) -> GenerateRequest {
+    GenerateRequest {
+        input: Some(generate_request::Input::Tokens(TokenInput { ids: ids.to_vec() })),
+        stop: Some(StopConditions { max_tokens, ignore_eos: true, ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+pub struct Outcome {
+    pub ids: Vec<u32>,
+    pub text: String,
+    pub fin: GenerateFinal,
+}
+
+pub async fn run(client: &mut FerryClient<Channel>, req: GenerateRequest) -> Result<Outcome, tonic::Status> {
+    let mut s = client.generate(req).await?.into_inner();
+    let (mut ids, mut text) = (Vec::new(), String::new());
+    while let Some(m) = s.message().await? {
+        match m.event {
+            Some(generate_response::Event::Delta(d)) => {
+                ids.extend(d.token_ids);
+                text.push_str(&d.text);
+            }
+            Some(generate_response::Event::Final(fin)) => return Ok(Outcome { ids, text, fin }),
+            None => {}
+        }
+    }
+    Err(tonic::Status::internal("stream ended without a final message"))
+}
+
+/// The single-process engine's greedy ids (no EOS stop).
+pub fn reference(engine: &mut ferry_engine::Engine, ids: &[u32], max_tokens: usize) -> Vec<u32> {
+    let p = ferry_core::SamplingParams { ignore_eos: true, ..ferry_core::SamplingParams::greedy(max_tokens) };
+    engine.generate(ids, &p, &mut |_| {}).expect("reference generate").tokens
+}
+
+pub fn engine(path: &std::path::Path) -> ferry_engine::Engine {
+    ferry_engine::Engine::load(path, &ferry_engine::EngineConfig { threads: 2, ..Default::default() }).expect("load the model")
+}
