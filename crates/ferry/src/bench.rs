@@ -11,6 +11,10 @@ pub enum BenchCommand {
     Engine(EngineBenchArgs),
     /// KV transfer throughput between two processes (TCP data path and gRPC) vs raw loopback TCP.
     Kv(crate::bench_kv::KvBenchArgs),
+    /// The router's added latency per request (mock workers in process).
+    Router(crate::bench_cluster::RouterBenchArgs),
+    /// TTFT through a `ferry up` cluster vs single-process prefill, with the KV transfer's cost.
+    Disagg(crate::bench_cluster::DisaggBenchArgs),
     /// The receiving process of `bench kv` (started by it).
     #[command(hide = true)]
     KvSink(crate::bench_kv::KvSinkArgs),
@@ -33,6 +37,8 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Engine(a) => engine(a),
         BenchCommand::Kv(a) => crate::bench_kv::run(a),
+        BenchCommand::Router(a) => crate::bench_cluster::router(a),
+        BenchCommand::Disagg(a) => crate::bench_cluster::disagg(a),
         BenchCommand::KvSink(a) => crate::bench_kv::sink(a),
     }
 }

@@ -1,6 +1,7 @@
 //! The `ferry` command line: one binary, roles and tools as subcommands.
 
 mod bench;
+mod bench_cluster;
 mod bench_kv;
 mod generate;
 mod pool_cmd;

@@ -49,16 +49,16 @@ struct Procs(Vec<Proc>);
 
 impl Drop for Procs {
     fn drop(&mut self) {
-        for p in &self.0 {
-            terminate(p.child.id());
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
+        // The router first (so no new work reaches the workers and nothing waits on their
+        // leases), then the workers, each given a grace period to finish in-flight requests.
         for p in &mut self.0 {
+            terminate(p.child.id());
+            let deadline = Instant::now() + Duration::from_secs(10);
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = p.child.try_wait() {
                     break;
                 }
-                std::thread::sleep(Duration::from_millis(20));
+                std::thread::sleep(Duration::from_millis(10));
             }
             if let Ok(None) = p.child.try_wait() {
                 let _ = p.child.kill();
