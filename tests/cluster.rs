@@ -61,10 +61,18 @@ async fn smollm2_disaggregated_equals_single_process_and_hf_text() {
     };
     let out = run(&mut client, chat).await.unwrap();
     assert_eq!(out.text, "The capital of France is Paris.");
+    assert_eq!(out.ids, ids(&g["cases"]["capital"]["hf_greedy_ids"])[..7], "the chat template renders as HF's");
     assert_eq!(out.fin.finish_reason, FinishReason::StopToken as i32);
     assert!(out.fin.ttft_ms > 0.0 && !out.fin.prefill_worker.is_empty() && !out.fin.decode_worker.is_empty());
     let kv = out.fin.kv.unwrap();
     assert!(kv.bytes > 0 && kv.chunks > 0, "{kv:?}");
+
+    // A client that goes away mid-stream: the work stops on both workers and the KV comes back.
+    let mut stream = client.generate(token_request(&ids(&g["cases"]["story"]["input_ids"]), 5000)).await.unwrap().into_inner();
+    for _ in 0..3 {
+        stream.message().await.unwrap().unwrap();
+    }
+    drop(stream);
     cluster.assert_no_leaks().await;
 }
 

@@ -59,16 +59,30 @@ async fn reachable(addr: &str) -> bool {
 /// Whether a failed call means the worker is gone: UNAVAILABLE, or a broken connection (a
 /// killed worker's HTTP/2 stream often ends as UNKNOWN, INTERNAL or CANCELLED) to an address
 /// that no longer accepts connections.
+///
+/// A false positive is cheap: a live worker marked dead gets NOT_FOUND on its next heartbeat and
+/// registers again within a second.
 async fn gone(s: &Status, addr: &str) -> bool {
-    is_transport(s) || (matches!(s.code(), Code::Unknown | Code::Internal | Code::Cancelled) && !reachable(addr).await)
+    if is_transport(s) {
+        return true;
+    }
+    if !matches!(s.code(), Code::Unknown | Code::Internal | Code::Cancelled) {
+        return false;
+    }
+    // A dying process's listening socket can still complete a TCP handshake for a moment, so a
+    // broken connection says more than the probe.
+    let m = s.message().to_ascii_lowercase();
+    ["h2 protocol error", "transport error", "connection", "broken pipe"].iter().any(|k| m.contains(k)) || !reachable(addr).await
 }
 
 /// Runs one request to its end, sending deltas, then a final or an error status, on `tx`.
 pub async fn run(shared: Arc<Shared>, job: Job, tx: Tx) {
     let _inflight = crate::metrics::InflightGauge::new();
     let mut attempt = 0;
+    // Workers that failed this request are not tried again for it.
+    let mut avoid = Vec::new();
     let result = loop {
-        match attempt_once(&shared, &job, &tx).await {
+        match attempt_once(&shared, &job, &tx, &mut avoid).await {
             Err(f) if f.retry && attempt < shared.cfg.max_retries => {
                 tracing::warn!(error = %f.error, attempt, "retrying on other workers");
                 attempt += 1;
@@ -114,14 +128,17 @@ async fn open_decode(w: &Worker, req: v1::DecodeRequest) -> Result<(Streaming<v1
     }
 }
 
-async fn attempt_once(shared: &Arc<Shared>, job: &Job, tx: &Tx) -> Result<Outcome, Failed> {
+async fn attempt_once(shared: &Arc<Shared>, job: &Job, tx: &Tx, avoid: &mut Vec<String>) -> Result<Outcome, Failed> {
     let reg = &shared.registry;
     let rid = &job.request_id;
     let mut waited = Duration::ZERO;
     let (sampling, stop) = ferry_proto::sampling_to_wire(&job.params);
 
     // 1. Admission on the decode worker with the most room.
-    let (cands, block_size) = reg.decode_candidates();
+    let (mut cands, block_size) = reg.decode_candidates();
+    for c in cands.iter_mut().filter(|c| avoid.contains(&c.id)) {
+        c.state = WorkerState::Dead;
+    }
     let ctx = reg.max_context().unwrap_or(u32::MAX) as usize;
     let need = if block_size == 0 { 0 } else { blocks_needed(job.prompt.len(), job.params.max_tokens, ctx, block_size) };
     let order = rank_decode(&cands, need);
@@ -164,7 +181,10 @@ async fn attempt_once(shared: &Arc<Shared>, job: &Job, tx: &Tx) -> Result<Outcom
     };
 
     // 2. Prefill, pushing the KV to the admitted decode worker.
-    let pcands = reg.prefill_candidates();
+    let mut pcands = reg.prefill_candidates();
+    for c in pcands.iter_mut().filter(|c| avoid.contains(&c.id)) {
+        c.state = WorkerState::Dead;
+    }
     let pw = pick_prefill(&pcands).and_then(|i| reg.get(&pcands[i].id));
     let Some(pw) = pw else { return Err(RouterError::NoWorker { role: WorkerRole::Prefill }.into()) };
     let preq = v1::PrefillRequest {
@@ -188,15 +208,22 @@ async fn attempt_once(shared: &Arc<Shared>, job: &Job, tx: &Tx) -> Result<Outcom
     drop(prefill_guard);
     let pre = match r {
         Ok(r) => r.into_inner(),
-        Err(s) if s.code() == Code::Aborted || gone(&s, &pw.grpc_addr).await => {
-            // Aborted: the prefill worker could not deliver the KV to the decode worker.
+        // Nothing has reached the client yet, so any failure of the worker or its link is retried
+        // elsewhere. ABORTED: the prefill worker could not deliver the KV to the decode worker.
+        Err(s) if matches!(s.code(), Code::Aborted | Code::Unavailable | Code::Unknown | Code::Internal | Code::Cancelled) => {
             let (role, worker) = if s.code() == Code::Aborted {
                 if !reachable(&dw.grpc_addr).await {
                     reg.mark_dead(&dw.id, s.message());
                 }
+                avoid.push(dw.id.clone());
                 (WorkerRole::Decode, dw.id.clone())
             } else {
-                reg.mark_dead(&pw.id, s.message());
+                // A worker being killed may still accept connections for a moment: the lease
+                // catches it then, if this probe does not.
+                if gone(&s, &pw.grpc_addr).await {
+                    reg.mark_dead(&pw.id, s.message());
+                }
+                avoid.push(pw.id.clone());
                 (WorkerRole::Prefill, pw.id.clone())
             };
             // Nothing reached the client: drop the decode stream (freeing its reservation) and retry.

@@ -353,6 +353,10 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
                                 decode_ms: t1.elapsed().as_secs_f64() * 1e3,
                             };
                             metrics::counter!("ferry_worker_requests_total", "role" => "decode", "outcome" => "ok").increment(1);
+                            tracing::info!(
+                                request_id = %request_id, completion_tokens, finish = ?reason,
+                                kv_wait_ms = fin.kv_wait_ms, decode_ms = fin.decode_ms, "decoded"
+                            );
                             let _ = tx.send(Ok(event(decode_response::Event::Final(fin)))).await;
                             return;
                         }
@@ -368,6 +372,7 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
                     // The router went away: dropping `ev_rx` makes the engine free the sequence.
                     _ = tx.closed() => {
                         metrics::counter!("ferry_worker_requests_total", "role" => "decode", "outcome" => "cancelled").increment(1);
+                        tracing::info!(request_id = %request_id, "cancelled by the router");
                         return;
                     }
                 }
