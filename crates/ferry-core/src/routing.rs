@@ -13,6 +13,8 @@ use std::time::Duration;
 pub enum WorkerRole {
     Prefill,
     Decode,
+    /// Prefill and decode on the same worker (the colocated baseline).
+    Colocated,
 }
 
 impl WorkerRole {
@@ -21,6 +23,7 @@ impl WorkerRole {
         match self {
             WorkerRole::Prefill => "prefill",
             WorkerRole::Decode => "decode",
+            WorkerRole::Colocated => "colocated",
         }
     }
 }

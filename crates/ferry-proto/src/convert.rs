@@ -42,6 +42,7 @@ impl std::fmt::Display for v1::WorkerRole {
             v1::WorkerRole::Unspecified => "unspecified",
             v1::WorkerRole::Prefill => "prefill",
             v1::WorkerRole::Decode => "decode",
+            v1::WorkerRole::Colocated => "colocated",
         })
     }
 }

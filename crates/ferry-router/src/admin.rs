@@ -17,15 +17,23 @@ pub struct RegistryService {
 
 #[tonic::async_trait]
 impl v1::registry_server::Registry for RegistryService {
-    async fn register(&self, req: Request<v1::RegisterRequest>) -> Result<Response<v1::RegisterResponse>, Status> {
+    async fn register(
+        &self,
+        req: Request<v1::RegisterRequest>,
+    ) -> Result<Response<v1::RegisterResponse>, Status> {
         let r = self.registry.register(req.get_ref())?;
         crate::metrics::set_worker_gauges(&self.registry);
         Ok(Response::new(r))
     }
 
-    async fn heartbeat(&self, req: Request<v1::HeartbeatRequest>) -> Result<Response<v1::HeartbeatResponse>, Status> {
+    async fn heartbeat(
+        &self,
+        req: Request<v1::HeartbeatRequest>,
+    ) -> Result<Response<v1::HeartbeatResponse>, Status> {
         let state = self.registry.heartbeat(req.get_ref(), Instant::now())?;
-        Ok(Response::new(v1::HeartbeatResponse { state: state_to_wire(state) as i32 }))
+        Ok(Response::new(v1::HeartbeatResponse {
+            state: state_to_wire(state) as i32,
+        }))
     }
 }
 
@@ -36,8 +44,13 @@ pub struct AdminService {
 
 #[tonic::async_trait]
 impl v1::admin_server::Admin for AdminService {
-    async fn list_workers(&self, _: Request<v1::ListWorkersRequest>) -> Result<Response<v1::ListWorkersResponse>, Status> {
-        Ok(Response::new(v1::ListWorkersResponse { workers: self.registry.list() }))
+    async fn list_workers(
+        &self,
+        _: Request<v1::ListWorkersRequest>,
+    ) -> Result<Response<v1::ListWorkersResponse>, Status> {
+        Ok(Response::new(v1::ListWorkersResponse {
+            workers: self.registry.list(),
+        }))
     }
 
     async fn drain(&self, req: Request<v1::WorkerRef>) -> Result<Response<v1::WorkerInfo>, Status> {
@@ -46,13 +59,19 @@ impl v1::admin_server::Admin for AdminService {
         Ok(Response::new(info))
     }
 
-    async fn undrain(&self, req: Request<v1::WorkerRef>) -> Result<Response<v1::WorkerInfo>, Status> {
+    async fn undrain(
+        &self,
+        req: Request<v1::WorkerRef>,
+    ) -> Result<Response<v1::WorkerInfo>, Status> {
         let info = self.registry.undrain(&req.get_ref().worker_id)?;
         crate::metrics::set_worker_gauges(&self.registry);
         Ok(Response::new(info))
     }
 
-    async fn remove(&self, req: Request<v1::WorkerRef>) -> Result<Response<v1::WorkerInfo>, Status> {
+    async fn remove(
+        &self,
+        req: Request<v1::WorkerRef>,
+    ) -> Result<Response<v1::WorkerInfo>, Status> {
         let info = self.registry.remove(&req.get_ref().worker_id)?;
         crate::metrics::set_worker_gauges(&self.registry);
         Ok(Response::new(info))

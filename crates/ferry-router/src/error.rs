@@ -15,22 +15,45 @@ pub enum RouterError {
     UnknownModel { requested: String, served: String },
     #[error("no ready {role} worker")]
     NoWorker { role: WorkerRole },
-    #[error("every decode worker that could hold {need_blocks} KV blocks refused the request (tried {tried})")]
+    #[error(
+        "every decode worker that could hold {need_blocks} KV blocks refused the request (tried {tried})"
+    )]
     DecodeExhausted { need_blocks: u32, tried: usize },
-    #[error("worker {worker} serves model fingerprint {worker_fingerprint} but the pool's is {pool_fingerprint}")]
-    FingerprintMismatch { worker: String, worker_fingerprint: String, pool_fingerprint: String },
+    #[error(
+        "worker {worker} serves model fingerprint {worker_fingerprint} but the pool's is {pool_fingerprint}"
+    )]
+    FingerprintMismatch {
+        worker: String,
+        worker_fingerprint: String,
+        pool_fingerprint: String,
+    },
     #[error("unknown worker {0:?} (register again)")]
     UnknownWorker(String),
     #[error("invalid registration: {0}")]
     BadRegistration(String),
     /// A worker failed the request at the transport level (down, unreachable, reset).
     #[error("request {request_id}: {role} worker {worker} is unavailable: {message}")]
-    WorkerUnavailable { role: WorkerRole, worker: String, request_id: String, message: String },
+    WorkerUnavailable {
+        role: WorkerRole,
+        worker: String,
+        request_id: String,
+        message: String,
+    },
     /// A worker answered the request with an error status of its own.
     #[error("request {request_id}: {role} worker {worker} failed: {message}")]
-    WorkerFailed { role: WorkerRole, worker: String, request_id: String, code: Code, message: String },
+    WorkerFailed {
+        role: WorkerRole,
+        worker: String,
+        request_id: String,
+        code: Code,
+        message: String,
+    },
     #[error("request {request_id}: decode worker {worker} broke the protocol: {message}")]
-    Protocol { worker: String, request_id: String, message: String },
+    Protocol {
+        worker: String,
+        request_id: String,
+        message: String,
+    },
     #[error("opening the model's tokenizer at {path}: {source}")]
     LoadModel {
         path: PathBuf,
@@ -65,9 +88,13 @@ impl RouterError {
 impl From<RouterError> for Status {
     fn from(e: RouterError) -> Status {
         let code = match &e {
-            RouterError::InvalidRequest(_) | RouterError::Tokenize(_) | RouterError::BadRegistration(_) => Code::InvalidArgument,
+            RouterError::InvalidRequest(_)
+            | RouterError::Tokenize(_)
+            | RouterError::BadRegistration(_) => Code::InvalidArgument,
             RouterError::UnknownModel { .. } | RouterError::UnknownWorker(_) => Code::NotFound,
-            RouterError::NoWorker { .. } | RouterError::WorkerUnavailable { .. } | RouterError::Protocol { .. } => Code::Unavailable,
+            RouterError::NoWorker { .. }
+            | RouterError::WorkerUnavailable { .. }
+            | RouterError::Protocol { .. } => Code::Unavailable,
             RouterError::DecodeExhausted { .. } => Code::ResourceExhausted,
             RouterError::FingerprintMismatch { .. } => Code::FailedPrecondition,
             RouterError::WorkerFailed { code, .. } => *code,

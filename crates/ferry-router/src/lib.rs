@@ -70,14 +70,27 @@ pub async fn serve(
     let path = cfg.model_path.clone();
     let text = tokio::task::spawn_blocking(move || ferry_tokenizer::ModelText::open(&path))
         .await
-        .map_err(|e| RouterError::Io { what: "opening the model's tokenizer", source: std::io::Error::other(e) })?
-        .map_err(|source| RouterError::LoadModel { path: cfg.model_path.clone(), source })?;
+        .map_err(|e| RouterError::Io {
+            what: "opening the model's tokenizer",
+            source: std::io::Error::other(e),
+        })?
+        .map_err(|source| RouterError::LoadModel {
+            path: cfg.model_path.clone(),
+            source,
+        })?;
     let registry = Arc::new(Registry::new(cfg.lease, cfg.heartbeat, cfg.connect_timeout));
-    let shared = Arc::new(service::Shared { registry: registry.clone(), text, cfg: cfg.clone() });
+    let shared = Arc::new(service::Shared {
+        registry: registry.clone(),
+        text,
+        cfg: cfg.clone(),
+    });
     crate::metrics::handle()?;
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let sweeper = tokio::spawn(sweep(registry.clone(), (cfg.lease / 4).max(Duration::from_millis(10))));
+    let sweeper = tokio::spawn(sweep(
+        registry.clone(),
+        (cfg.lease / 4).max(Duration::from_millis(10)),
+    ));
     let metrics_task = metrics.map(|l| {
         let mut rx = stop_rx.clone();
         tokio::spawn(crate::metrics::serve(l, async move {
@@ -91,7 +104,9 @@ pub async fn serve(
     let ferry = v1::ferry_server::FerryServer::new(service::FerryService { shared })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let reg = v1::registry_server::RegistryServer::new(admin::RegistryService { registry: registry.clone() });
+    let reg = v1::registry_server::RegistryServer::new(admin::RegistryService {
+        registry: registry.clone(),
+    });
     let adm = v1::admin_server::AdminServer::new(admin::AdminService { registry });
     let result = tonic::transport::Server::builder()
         .initial_stream_window_size(Some(WINDOW_BYTES))

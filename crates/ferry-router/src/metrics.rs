@@ -14,8 +14,10 @@ use crate::registry::Registry;
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
-const LATENCY_BUCKETS: &[f64] =
-    &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
 
 /// The process's Prometheus handle, installing the recorder on first use. If another recorder is
 /// already installed globally, ours still renders (but records nothing).
@@ -30,7 +32,9 @@ pub fn handle() -> Result<PrometheusHandle, RouterError> {
     let h = recorder.handle();
     let h = HANDLE.get_or_init(|| {
         if metrics::set_global_recorder(recorder).is_err() {
-            tracing::warn!("a metrics recorder was already installed; /metrics shows only what it renders");
+            tracing::warn!(
+                "a metrics recorder was already installed; /metrics shows only what it renders"
+            );
         }
         h
     });
@@ -38,13 +42,22 @@ pub fn handle() -> Result<PrometheusHandle, RouterError> {
 }
 
 /// Serves `GET /metrics` on `listener` until `shutdown`.
-pub async fn serve(listener: tokio::net::TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), RouterError> {
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RouterError> {
     let h = handle()?;
-    let app = axum::Router::new().route("/metrics", axum::routing::get(move || std::future::ready(h.render())));
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || std::future::ready(h.render())),
+    );
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
-        .map_err(|source| RouterError::Io { what: "serving /metrics", source })
+        .map_err(|source| RouterError::Io {
+            what: "serving /metrics",
+            source,
+        })
 }
 
 /// `ferry_router_requests_total{outcome}`.
@@ -73,7 +86,13 @@ pub fn outcome_of(code: Code) -> &'static str {
 }
 
 /// Latencies and KV transfer figures of one finished request.
-pub fn observe_request(ttft: Duration, tpot_s: f64, e2e: Duration, kv: &v1::KvTransferStats, overhead: Duration) {
+pub fn observe_request(
+    ttft: Duration,
+    tpot_s: f64,
+    e2e: Duration,
+    kv: &v1::KvTransferStats,
+    overhead: Duration,
+) {
     metrics::histogram!("ferry_router_ttft_seconds").record(ttft.as_secs_f64());
     if tpot_s > 0.0 {
         metrics::histogram!("ferry_router_tpot_seconds").record(tpot_s);
@@ -109,6 +128,7 @@ impl Drop for InflightGauge {
 /// `ferry_router_workers{role,state}` from the registry.
 pub fn set_worker_gauges(registry: &Registry) {
     for (role, state, n) in registry.counts() {
-        metrics::gauge!("ferry_router_workers", "role" => role.as_str(), "state" => state.as_str()).set(n as f64);
+        metrics::gauge!("ferry_router_workers", "role" => role.as_str(), "state" => state.as_str())
+            .set(n as f64);
     }
 }

@@ -82,10 +82,21 @@ pub struct MockWorker {
 impl MockWorker {
     /// Serves on `listener`, registers with the router at `router` (returns once registered),
     /// then heartbeats in the background.
-    pub async fn start(role: WorkerRole, listener: TcpListener, router: &str, cfg: MockConfig) -> Result<MockWorker, RouterError> {
-        let addr = listener.local_addr().map_err(|source| RouterError::Io { what: "mock listener address", source })?;
+    pub async fn start(
+        role: WorkerRole,
+        listener: TcpListener,
+        router: &str,
+        cfg: MockConfig,
+    ) -> Result<MockWorker, RouterError> {
+        let addr = listener.local_addr().map_err(|source| RouterError::Io {
+            what: "mock listener address",
+            source,
+        })?;
         let stats = Arc::new(MockStats::default());
-        let svc = MockService { cfg: Arc::new(cfg.clone()), stats: stats.clone() };
+        let svc = MockService {
+            cfg: Arc::new(cfg.clone()),
+            stats: stats.clone(),
+        };
         let server = tokio::spawn(async move {
             let _ = tonic::transport::Server::builder()
                 .tcp_nodelay(true)
@@ -96,7 +107,12 @@ impl MockWorker {
         });
         let channel = endpoint(router, Duration::from_secs(1))?.connect_lazy();
         let mut client = v1::registry_client::RegistryClient::new(channel);
-        let load = v1::WorkerLoad { kv_blocks_total: cfg.kv_blocks_free, kv_blocks_free: cfg.kv_blocks_free, block_size: cfg.block_size, ..Default::default() };
+        let load = v1::WorkerLoad {
+            kv_blocks_total: cfg.kv_blocks_free,
+            kv_blocks_free: cfg.kv_blocks_free,
+            block_size: cfg.block_size,
+            ..Default::default()
+        };
         let reg = v1::RegisterRequest {
             role: role_to_wire(role) as i32,
             name: cfg.name.clone(),
@@ -107,10 +123,26 @@ impl MockWorker {
             max_context: cfg.max_context,
             load: Some(load),
         };
-        let r = client.register(reg.clone()).await.map_err(|s| RouterError::BadRegistration(format!("mock register: {s}")))?.into_inner();
+        let r = client
+            .register(reg.clone())
+            .await
+            .map_err(|s| RouterError::BadRegistration(format!("mock register: {s}")))?
+            .into_inner();
         let id = Arc::new(Mutex::new(r.worker_id));
-        let heartbeat = tokio::spawn(heartbeat_loop(client, reg, id.clone(), Duration::from_millis(r.heartbeat_ms.max(1) as u64)));
-        Ok(MockWorker { role, addr, stats, id, server, heartbeat })
+        let heartbeat = tokio::spawn(heartbeat_loop(
+            client,
+            reg,
+            id.clone(),
+            Duration::from_millis(r.heartbeat_ms.max(1) as u64),
+        ));
+        Ok(MockWorker {
+            role,
+            addr,
+            stats,
+            id,
+            server,
+            heartbeat,
+        })
     }
 
     /// The id the router gave at the latest registration.
@@ -131,12 +163,23 @@ impl Drop for MockWorker {
     }
 }
 
-async fn heartbeat_loop(mut client: v1::registry_client::RegistryClient<tonic::transport::Channel>, reg: v1::RegisterRequest, id: Arc<Mutex<String>>, every: Duration) {
+async fn heartbeat_loop(
+    mut client: v1::registry_client::RegistryClient<tonic::transport::Channel>,
+    reg: v1::RegisterRequest,
+    id: Arc<Mutex<String>>,
+    every: Duration,
+) {
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
         let worker_id = id.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        match client.heartbeat(v1::HeartbeatRequest { worker_id, load: reg.load }).await {
+        match client
+            .heartbeat(v1::HeartbeatRequest {
+                worker_id,
+                load: reg.load,
+            })
+            .await
+        {
             Err(s) if s.code() == Code::NotFound => {
                 if let Ok(r) = client.register(reg.clone()).await {
                     *id.lock().unwrap_or_else(|p| p.into_inner()) = r.into_inner().worker_id;
@@ -155,13 +198,28 @@ struct MockService {
 
 #[tonic::async_trait]
 impl v1::prefill_server::Prefill for MockService {
-    async fn prefill(&self, _: Request<v1::PrefillRequest>) -> Result<Response<v1::PrefillResponse>, Status> {
+    async fn prefill(
+        &self,
+        _: Request<v1::PrefillRequest>,
+    ) -> Result<Response<v1::PrefillResponse>, Status> {
         self.stats.prefill_calls.fetch_add(1, Ordering::Relaxed);
         if let Some(code) = self.cfg.fail_prefill {
             return Err(Status::new(code, "mock prefill failure"));
         }
-        let kv = v1::KvTransferStats { transport: v1::KvTransport::Grpc as i32, bytes: 4096, chunks: 1, duration_ms: 0.05, exposed_ms: 0.0 };
-        Ok(Response::new(v1::PrefillResponse { first_token: self.cfg.first_token, first_is_stop: false, queue_ms: 0.0, prefill_ms: 0.0, kv: Some(kv) }))
+        let kv = v1::KvTransferStats {
+            transport: v1::KvTransport::Grpc as i32,
+            bytes: 4096,
+            chunks: 1,
+            duration_ms: 0.05,
+            exposed_ms: 0.0,
+        };
+        Ok(Response::new(v1::PrefillResponse {
+            first_token: self.cfg.first_token,
+            first_is_stop: false,
+            queue_ms: 0.0,
+            prefill_ms: 0.0,
+            kv: Some(kv),
+        }))
     }
 }
 
@@ -169,18 +227,29 @@ impl v1::prefill_server::Prefill for MockService {
 impl v1::decode_server::Decode for MockService {
     type DecodeStream = ReceiverStream<Result<v1::DecodeResponse, Status>>;
 
-    async fn decode(&self, req: Request<v1::DecodeRequest>) -> Result<Response<Self::DecodeStream>, Status> {
+    async fn decode(
+        &self,
+        req: Request<v1::DecodeRequest>,
+    ) -> Result<Response<Self::DecodeStream>, Status> {
         self.stats.decode_calls.fetch_add(1, Ordering::Relaxed);
         if self.cfg.refuse_decode {
             return Err(Status::resource_exhausted("mock: no room in the KV cache"));
         }
         let max = req.get_ref().stop.as_ref().map_or(0, |s| s.max_tokens);
-        let max = if max == 0 { ferry_proto::DEFAULT_MAX_TOKENS } else { max as usize };
+        let max = if max == 0 {
+            ferry_proto::DEFAULT_MAX_TOKENS
+        } else {
+            max as usize
+        };
         let (tx, rx) = mpsc::channel(16);
         let (cfg, stats) = (self.cfg.clone(), self.stats.clone());
         tokio::spawn(async move {
             let msg = |event| Ok(v1::DecodeResponse { event: Some(event) });
-            let admitted = v1::Admitted { transfer_id: rand::random(), transfer_token: "mock".into(), data_addr: String::new() };
+            let admitted = v1::Admitted {
+                transfer_id: rand::random(),
+                transfer_token: "mock".into(),
+                data_addr: String::new(),
+            };
             if tx.send(msg(Event::Admitted(admitted))).await.is_err() {
                 return;
             }
@@ -189,14 +258,27 @@ impl v1::decode_server::Decode for MockService {
                 if !cfg.token_delay.is_zero() {
                     tokio::time::sleep(cfg.token_delay).await;
                 }
-                if tx.send(msg(Event::Tokens(v1::DecodeTokens { ids: vec![id] }))).await.is_err() {
+                if tx
+                    .send(msg(Event::Tokens(v1::DecodeTokens { ids: vec![id] })))
+                    .await
+                    .is_err()
+                {
                     stats.decode_cancelled.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
                 sent += 1;
             }
-            let finish = if sent >= max { v1::FinishReason::Length } else { v1::FinishReason::StopToken };
-            let fin = v1::DecodeFinal { finish_reason: finish as i32, completion_tokens: sent as u32, kv_wait_ms: 0.0, decode_ms: 0.0 };
+            let finish = if sent >= max {
+                v1::FinishReason::Length
+            } else {
+                v1::FinishReason::StopToken
+            };
+            let fin = v1::DecodeFinal {
+                finish_reason: finish as i32,
+                completion_tokens: sent as u32,
+                kv_wait_ms: 0.0,
+                decode_ms: 0.0,
+            };
             if tx.send(msg(Event::Final(fin))).await.is_err() {
                 stats.decode_cancelled.fetch_add(1, Ordering::Relaxed);
             }
@@ -219,35 +301,81 @@ pub struct OverheadStats {
 /// Runs a router and a pair of zero-delay mock workers in this process on 127.0.0.1:0, sends
 /// `n_requests` requests one after another, and reports the client-observed end-to-end latency
 /// minus the mocks' own (scripted) time: the router's added latency, loopback hops included.
-pub async fn router_overhead(model: &Path, n_requests: usize) -> Result<OverheadStats, RouterError> {
+pub async fn router_overhead(
+    model: &Path,
+    n_requests: usize,
+) -> Result<OverheadStats, RouterError> {
     let io = |what| move |source| RouterError::Io { what, source };
-    let text = ferry_tokenizer::ModelText::open(model).map_err(|source| RouterError::LoadModel { path: model.into(), source })?;
-    let ids = text.encode_prompt(" The quick brown fox jumps over the lazy dog.").map_err(RouterError::Tokenize)?;
-    let listener = TcpListener::bind("127.0.0.1:0").await.map_err(io("binding the router"))?;
-    let router_addr = listener.local_addr().map_err(io("router address"))?.to_string();
+    let text =
+        ferry_tokenizer::ModelText::open(model).map_err(|source| RouterError::LoadModel {
+            path: model.into(),
+            source,
+        })?;
+    let ids = text
+        .encode_prompt(" The quick brown fox jumps over the lazy dog.")
+        .map_err(RouterError::Tokenize)?;
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(io("binding the router"))?;
+    let router_addr = listener
+        .local_addr()
+        .map_err(io("router address"))?
+        .to_string();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let router = tokio::spawn(crate::serve(RouterConfig::new(model), listener, None, async move {
-        let _ = stopped.await;
-    }));
-    let cfg = MockConfig { first_token: ids[0], tokens: ids[1..].to_vec(), ..Default::default() };
+    let router = tokio::spawn(crate::serve(
+        RouterConfig::new(model),
+        listener,
+        None,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let cfg = MockConfig {
+        first_token: ids[0],
+        tokens: ids[1..].to_vec(),
+        ..Default::default()
+    };
     let mut workers = Vec::new();
     for role in [WorkerRole::Prefill, WorkerRole::Decode] {
-        let l = TcpListener::bind("127.0.0.1:0").await.map_err(io("binding a mock worker"))?;
+        let l = TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(io("binding a mock worker"))?;
         workers.push(MockWorker::start(role, l, &router_addr, cfg.clone()).await?);
     }
-    let channel = endpoint(&router_addr, Duration::from_secs(1))?.connect().await.map_err(|e| RouterError::BadAddress { addr: router_addr.clone(), message: e.to_string() })?;
+    let channel = endpoint(&router_addr, Duration::from_secs(1))?
+        .connect()
+        .await
+        .map_err(|e| RouterError::BadAddress {
+            addr: router_addr.clone(),
+            message: e.to_string(),
+        })?;
     let mut client = v1::ferry_client::FerryClient::new(channel);
     let req = v1::GenerateRequest {
         input: Some(v1::generate_request::Input::Prompt("Hello".into())),
-        stop: Some(v1::StopConditions { max_tokens: ids.len() as u32, ..Default::default() }),
+        stop: Some(v1::StopConditions {
+            max_tokens: ids.len() as u32,
+            ..Default::default()
+        }),
         ..Default::default()
     };
     let warmup = 20.min(n_requests.max(1));
     let mut samples = Vec::with_capacity(n_requests);
     for i in 0..warmup + n_requests {
         let t = Instant::now();
-        let mut stream = client.generate(req.clone()).await.map_err(|s| RouterError::Protocol { worker: "router".into(), request_id: String::new(), message: s.to_string() })?.into_inner();
-        while let Some(m) = stream.message().await.map_err(|s| RouterError::Protocol { worker: "router".into(), request_id: String::new(), message: s.to_string() })? {
+        let mut stream = client
+            .generate(req.clone())
+            .await
+            .map_err(|s| RouterError::Protocol {
+                worker: "router".into(),
+                request_id: String::new(),
+                message: s.to_string(),
+            })?
+            .into_inner();
+        while let Some(m) = stream.message().await.map_err(|s| RouterError::Protocol {
+            worker: "router".into(),
+            request_id: String::new(),
+            message: s.to_string(),
+        })? {
             if matches!(m.event, Some(v1::generate_response::Event::Final(_))) {
                 break;
             }
@@ -261,7 +389,12 @@ pub async fn router_overhead(model: &Path, n_requests: usize) -> Result<Overhead
     let _ = stop.send(());
     let _ = router.await;
     samples.sort_by(f64::total_cmp);
-    let pct = |p: f64| samples.get(((samples.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(0.0);
+    let pct = |p: f64| {
+        samples
+            .get(((samples.len() as f64 - 1.0) * p).round() as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
     Ok(OverheadStats {
         requests: samples.len(),
         tokens_per_request: ids.len(),

@@ -41,7 +41,10 @@ struct Failed {
 
 impl From<RouterError> for Failed {
     fn from(error: RouterError) -> Failed {
-        Failed { error, retry: false }
+        Failed {
+            error,
+            retry: false,
+        }
     }
 }
 
@@ -52,8 +55,17 @@ fn is_transport(s: &Status) -> bool {
 
 /// Whether something still accepts TCP connections at `addr` (a quick liveness probe).
 async fn reachable(addr: &str) -> bool {
-    let addr = addr.trim_start_matches("http://").trim_start_matches("https://");
-    matches!(tokio::time::timeout(std::time::Duration::from_millis(300), tokio::net::TcpStream::connect(addr)).await, Ok(Ok(_)))
+    let addr = addr
+        .trim_start_matches("http://")
+        .trim_start_matches("https://");
+    matches!(
+        tokio::time::timeout(
+            std::time::Duration::from_millis(300),
+            tokio::net::TcpStream::connect(addr)
+        )
+        .await,
+        Ok(Ok(_))
+    )
 }
 
 /// Whether a failed call means the worker is gone: UNAVAILABLE, or a broken connection (a
@@ -72,7 +84,15 @@ async fn gone(s: &Status, addr: &str) -> bool {
     // A dying process's listening socket can still complete a TCP handshake for a moment, so a
     // broken connection says more than the probe.
     let m = s.message().to_ascii_lowercase();
-    ["h2 protocol error", "transport error", "connection", "broken pipe"].iter().any(|k| m.contains(k)) || !reachable(addr).await
+    [
+        "h2 protocol error",
+        "transport error",
+        "connection",
+        "broken pipe",
+    ]
+    .iter()
+    .any(|k| m.contains(k))
+        || !reachable(addr).await
 }
 
 /// Runs one request to its end, sending deltas, then a final or an error status, on `tx`.
@@ -117,47 +137,80 @@ async fn worker_wait<T>(tx: &Tx, waited: &mut Duration, fut: impl Future<Output 
     r
 }
 
-async fn open_decode(w: &Worker, req: v1::DecodeRequest) -> Result<(Streaming<v1::DecodeResponse>, v1::Admitted), Status> {
+async fn open_decode(
+    w: &Worker,
+    req: v1::DecodeRequest,
+) -> Result<(Streaming<v1::DecodeResponse>, v1::Admitted), Status> {
     let mut client = v1::decode_client::DecodeClient::new(w.channel.clone())
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let mut stream = client.decode(req).await?.into_inner();
     match stream.message().await? {
-        Some(v1::DecodeResponse { event: Some(DecodeEvent::Admitted(a)) }) => Ok((stream, a)),
-        other => Err(Status::internal(format!("expected `admitted` first, got {other:?}"))),
+        Some(v1::DecodeResponse {
+            event: Some(DecodeEvent::Admitted(a)),
+        }) => Ok((stream, a)),
+        other => Err(Status::internal(format!(
+            "expected `admitted` first, got {other:?}"
+        ))),
     }
 }
 
-async fn attempt_once(shared: &Arc<Shared>, job: &Job, tx: &Tx, avoid: &mut Vec<String>) -> Result<Outcome, Failed> {
+async fn attempt_once(
+    shared: &Arc<Shared>,
+    job: &Job,
+    tx: &Tx,
+    avoid: &mut Vec<String>,
+) -> Result<Outcome, Failed> {
     let reg = &shared.registry;
     let rid = &job.request_id;
     let mut waited = Duration::ZERO;
     let (sampling, stop) = ferry_proto::sampling_to_wire(&job.params);
 
-    // 1. Admission on the decode worker with the most room.
-    let (mut cands, block_size) = reg.decode_candidates();
+    // Colocated workers, when there are any, serve the request alone (prefill included).
+    let colocated = reg.ready_counts().2 > 0;
+    let decode_role = if colocated {
+        WorkerRole::Colocated
+    } else {
+        WorkerRole::Decode
+    };
+
+    // 1. Admission on the decode (or colocated) worker with the most room.
+    let (mut cands, block_size) = reg.decode_candidates(decode_role);
     for c in cands.iter_mut().filter(|c| avoid.contains(&c.id)) {
         c.state = WorkerState::Dead;
     }
     let ctx = reg.max_context().unwrap_or(u32::MAX) as usize;
-    let need = if block_size == 0 { 0 } else { blocks_needed(job.prompt.len(), job.params.max_tokens, ctx, block_size) };
+    let need = if block_size == 0 {
+        0
+    } else {
+        blocks_needed(job.prompt.len(), job.params.max_tokens, ctx, block_size)
+    };
     let order = rank_decode(&cands, need);
     if order.is_empty() && !cands.iter().any(|c| c.state == WorkerState::Ready) {
-        return Err(RouterError::NoWorker { role: WorkerRole::Decode }.into());
+        return Err(RouterError::NoWorker { role: decode_role }.into());
     }
     let (mut refused, mut unavailable) = (0, 0);
     let mut admitted = None;
     for i in order {
-        let Some(w) = reg.get(&cands[i].id) else { continue };
+        let Some(w) = reg.get(&cands[i].id) else {
+            continue;
+        };
         let req = v1::DecodeRequest {
             request_id: rid.clone(),
             prompt_tokens: job.prompt.len() as u32,
             sampling: Some(sampling.clone()),
             stop: Some(stop.clone()),
             kv_timeout_ms: shared.cfg.kv_timeout.as_millis().min(u32::MAX as u128) as u32,
+            prompt: if colocated {
+                job.prompt.clone()
+            } else {
+                Vec::new()
+            },
         };
         let guard = InflightGuard::decode(reg, &w.id, need as u64);
-        let Some(r) = worker_wait(tx, &mut waited, open_decode(&w, req)).await else { return Ok(Outcome::ClientGone) };
+        let Some(r) = worker_wait(tx, &mut waited, open_decode(&w, req)).await else {
+            return Ok(Outcome::ClientGone);
+        };
         match r {
             Ok((stream, a)) => {
                 admitted = Some((w, stream, a, guard));
@@ -173,92 +226,141 @@ async fn attempt_once(shared: &Arc<Shared>, job: &Job, tx: &Tx, avoid: &mut Vec<
     }
     let Some((dw, mut stream, adm, _decode_guard)) = admitted else {
         return Err(if unavailable > 0 && refused == 0 {
-            RouterError::NoWorker { role: WorkerRole::Decode }
+            RouterError::NoWorker {
+                role: WorkerRole::Decode,
+            }
         } else {
-            RouterError::DecodeExhausted { need_blocks: need, tried: refused + unavailable }
+            RouterError::DecodeExhausted {
+                need_blocks: need,
+                tried: refused + unavailable,
+            }
         }
         .into());
     };
 
-    // 2. Prefill, pushing the KV to the admitted decode worker.
-    let mut pcands = reg.prefill_candidates();
-    for c in pcands.iter_mut().filter(|c| avoid.contains(&c.id)) {
-        c.state = WorkerState::Dead;
-    }
-    let pw = pick_prefill(&pcands).and_then(|i| reg.get(&pcands[i].id));
-    let Some(pw) = pw else { return Err(RouterError::NoWorker { role: WorkerRole::Prefill }.into()) };
-    let preq = v1::PrefillRequest {
-        request_id: rid.clone(),
-        prompt: job.prompt.clone(),
-        sampling: Some(sampling.clone()),
-        stop: Some(stop),
-        target: Some(v1::KvTarget {
-            decode_worker: dw.id.clone(),
-            grpc_addr: dw.grpc_addr.clone(),
-            data_addr: adm.data_addr.clone(),
-            transfer_id: adm.transfer_id,
-            transfer_token: adm.transfer_token.clone(),
-        }),
-    };
-    let mut client = v1::prefill_client::PrefillClient::new(pw.channel.clone())
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let prefill_guard = InflightGuard::new(reg, &pw.id, job.prompt.len() as u64);
-    let Some(r) = worker_wait(tx, &mut waited, client.prefill(preq)).await else { return Ok(Outcome::ClientGone) };
-    drop(prefill_guard);
-    let pre = match r {
-        Ok(r) => r.into_inner(),
-        // Nothing has reached the client yet, so any failure of the worker or its link is retried
-        // elsewhere. ABORTED: the prefill worker could not deliver the KV to the decode worker.
-        Err(s) if matches!(s.code(), Code::Aborted | Code::Unavailable | Code::Unknown | Code::Internal | Code::Cancelled) => {
-            let (role, worker) = if s.code() == Code::Aborted {
-                if !reachable(&dw.grpc_addr).await {
-                    reg.mark_dead(&dw.id, s.message());
-                }
-                avoid.push(dw.id.clone());
-                (WorkerRole::Decode, dw.id.clone())
-            } else {
-                // A worker being killed may still accept connections for a moment: the lease
-                // catches it then, if this probe does not.
-                if gone(&s, &pw.grpc_addr).await {
-                    reg.mark_dead(&pw.id, s.message());
-                }
-                avoid.push(pw.id.clone());
-                (WorkerRole::Prefill, pw.id.clone())
-            };
-            // Nothing reached the client: drop the decode stream (freeing its reservation) and retry.
-            let error = RouterError::WorkerUnavailable { role, worker, request_id: rid.clone(), message: s.message().to_owned() };
-            return Err(Failed { error, retry: true });
+    // 2. Prefill, pushing the KV to the admitted decode worker (a colocated worker prefills itself).
+    let (prefill_worker, pre) = if colocated {
+        (dw.id.clone(), None)
+    } else {
+        let mut pcands = reg.prefill_candidates();
+        for c in pcands.iter_mut().filter(|c| avoid.contains(&c.id)) {
+            c.state = WorkerState::Dead;
         }
-        Err(s) => return Err(worker_failed(WorkerRole::Prefill, &pw.id, rid, s).into()),
+        let pw = pick_prefill(&pcands).and_then(|i| reg.get(&pcands[i].id));
+        let Some(pw) = pw else {
+            return Err(RouterError::NoWorker {
+                role: WorkerRole::Prefill,
+            }
+            .into());
+        };
+        let preq = v1::PrefillRequest {
+            request_id: rid.clone(),
+            prompt: job.prompt.clone(),
+            sampling: Some(sampling.clone()),
+            stop: Some(stop),
+            target: Some(v1::KvTarget {
+                decode_worker: dw.id.clone(),
+                grpc_addr: dw.grpc_addr.clone(),
+                data_addr: adm.data_addr.clone(),
+                transfer_id: adm.transfer_id,
+                transfer_token: adm.transfer_token.clone(),
+            }),
+        };
+        let mut client = v1::prefill_client::PrefillClient::new(pw.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let prefill_guard = InflightGuard::new(reg, &pw.id, job.prompt.len() as u64);
+        let Some(r) = worker_wait(tx, &mut waited, client.prefill(preq)).await else {
+            return Ok(Outcome::ClientGone);
+        };
+        drop(prefill_guard);
+        let pre = match r {
+            Ok(r) => r.into_inner(),
+            // Nothing has reached the client yet, so any failure of the worker or its link is retried
+            // elsewhere. ABORTED: the prefill worker could not deliver the KV to the decode worker.
+            Err(s)
+                if matches!(
+                    s.code(),
+                    Code::Aborted
+                        | Code::Unavailable
+                        | Code::Unknown
+                        | Code::Internal
+                        | Code::Cancelled
+                ) =>
+            {
+                let (role, worker) = if s.code() == Code::Aborted {
+                    if !reachable(&dw.grpc_addr).await {
+                        reg.mark_dead(&dw.id, s.message());
+                    }
+                    avoid.push(dw.id.clone());
+                    (WorkerRole::Decode, dw.id.clone())
+                } else {
+                    // A worker being killed may still accept connections for a moment: the lease
+                    // catches it then, if this probe does not.
+                    if gone(&s, &pw.grpc_addr).await {
+                        reg.mark_dead(&pw.id, s.message());
+                    }
+                    avoid.push(pw.id.clone());
+                    (WorkerRole::Prefill, pw.id.clone())
+                };
+                // Nothing reached the client: drop the decode stream (freeing its reservation) and retry.
+                let error = RouterError::WorkerUnavailable {
+                    role,
+                    worker,
+                    request_id: rid.clone(),
+                    message: s.message().to_owned(),
+                };
+                return Err(Failed { error, retry: true });
+            }
+            Err(s) => return Err(worker_failed(WorkerRole::Prefill, &pw.id, rid, s).into()),
+        };
+        (pw.id.clone(), Some(pre))
     };
-    let ttft = job.start.elapsed();
+    let mut ttft = pre.as_ref().map(|_| job.start.elapsed());
 
     // 3. Relay: the first token from prefill, then the decode stream.
     let tok = &shared.text.tokenizer;
-    let mut text = Relay { detok: StreamDecoder::new(tok, true), stops: StopMatcher::new(job.params.stop_strings.clone()) };
-    let protocol = |message: String| RouterError::Protocol { worker: dw.id.clone(), request_id: rid.clone(), message };
+    let mut text = Relay {
+        detok: StreamDecoder::new(tok, true),
+        stops: StopMatcher::new(job.params.stop_strings.clone()),
+    };
+    let protocol = |message: String| RouterError::Protocol {
+        worker: dw.id.clone(),
+        request_id: rid.clone(),
+        message,
+    };
     let mut n = 0u32;
-    let mut last_token = ttft;
+    let mut last_token = ttft.unwrap_or_default();
     let mut finish = None;
     let mut completion = None;
-    if pre.first_is_stop {
-        finish = Some(v1::FinishReason::StopToken);
-    } else {
-        n = 1;
-        let (delta, stopped) = text.push(pre.first_token).map_err(protocol)?;
-        if send_delta(tx, rid, delta, vec![pre.first_token]).await.is_err() {
-            return Ok(Outcome::ClientGone);
+    match &pre {
+        Some(pre) if pre.first_is_stop => finish = Some(v1::FinishReason::StopToken),
+        Some(pre) => {
+            n = 1;
+            let (delta, stopped) = text.push(pre.first_token).map_err(protocol)?;
+            if send_delta(tx, rid, delta, vec![pre.first_token])
+                .await
+                .is_err()
+            {
+                return Ok(Outcome::ClientGone);
+            }
+            if stopped {
+                finish = Some(v1::FinishReason::StopString);
+            }
         }
-        if stopped {
-            finish = Some(v1::FinishReason::StopString);
-        }
+        // Colocated: the first token comes on the decode stream.
+        None => {}
     }
     while finish.is_none() {
-        let Some(m) = worker_wait(tx, &mut waited, stream.message()).await else { return Ok(Outcome::ClientGone) };
+        let Some(m) = worker_wait(tx, &mut waited, stream.message()).await else {
+            return Ok(Outcome::ClientGone);
+        };
         match m {
-            Ok(Some(v1::DecodeResponse { event: Some(DecodeEvent::Tokens(t)) })) => {
+            Ok(Some(v1::DecodeResponse {
+                event: Some(DecodeEvent::Tokens(t)),
+            })) => {
                 last_token = job.start.elapsed();
+                ttft.get_or_insert(last_token);
                 let mut out = String::new();
                 let mut ids = Vec::with_capacity(t.ids.len());
                 for id in t.ids {
@@ -275,12 +377,19 @@ async fn attempt_once(shared: &Arc<Shared>, job: &Job, tx: &Tx, avoid: &mut Vec<
                     return Ok(Outcome::ClientGone);
                 }
             }
-            Ok(Some(v1::DecodeResponse { event: Some(DecodeEvent::Final(f)) })) => {
-                finish = Some(v1::FinishReason::try_from(f.finish_reason).unwrap_or(v1::FinishReason::Unspecified));
+            Ok(Some(v1::DecodeResponse {
+                event: Some(DecodeEvent::Final(f)),
+            })) => {
+                finish = Some(
+                    v1::FinishReason::try_from(f.finish_reason)
+                        .unwrap_or(v1::FinishReason::Unspecified),
+                );
                 completion = Some(f.completion_tokens);
             }
             Ok(Some(other)) => return Err(protocol(format!("unexpected message {other:?}")).into()),
-            Ok(None) => return Err(protocol("the decode stream ended without `final`".into()).into()),
+            Ok(None) => {
+                return Err(protocol("the decode stream ended without `final`".into()).into());
+            }
             Err(s) => {
                 // A worker killed mid-stream shows up as a broken HTTP/2 stream (often UNKNOWN or
                 // INTERNAL, not UNAVAILABLE): check whether it still accepts connections.
@@ -307,8 +416,13 @@ async fn attempt_once(shared: &Arc<Shared>, job: &Job, tx: &Tx, avoid: &mut Vec<
         }
     }
     let e2e = job.start.elapsed();
-    let tpot = if n >= 2 { (last_token.saturating_sub(ttft)).as_secs_f64() / (n - 1) as f64 } else { 0.0 };
-    let kv = pre.kv.unwrap_or_default();
+    let ttft = ttft.unwrap_or(e2e);
+    let tpot = if n >= 2 {
+        (last_token.saturating_sub(ttft)).as_secs_f64() / (n - 1) as f64
+    } else {
+        0.0
+    };
+    let kv = pre.and_then(|p| p.kv).unwrap_or_default();
     crate::metrics::observe_request(ttft, tpot, e2e, &kv, e2e.saturating_sub(waited));
     let fin = v1::GenerateFinal {
         finish_reason: finish as i32,
@@ -317,20 +431,36 @@ async fn attempt_once(shared: &Arc<Shared>, job: &Job, tx: &Tx, avoid: &mut Vec<
         ttft_ms: ttft.as_secs_f64() * 1e3,
         tpot_ms: tpot * 1e3,
         e2e_ms: e2e.as_secs_f64() * 1e3,
-        prefill_worker: pw.id.clone(),
+        prefill_worker,
         decode_worker: dw.id.clone(),
         kv: Some(kv),
     };
-    let msg = v1::GenerateResponse { request_id: rid.clone(), event: Some(Event::Final(fin)) };
-    Ok(if tx.send(Ok(msg)).await.is_err() { Outcome::ClientGone } else { Outcome::Done })
+    let msg = v1::GenerateResponse {
+        request_id: rid.clone(),
+        event: Some(Event::Final(fin)),
+    };
+    Ok(if tx.send(Ok(msg)).await.is_err() {
+        Outcome::ClientGone
+    } else {
+        Outcome::Done
+    })
 }
 
 fn worker_failed(role: WorkerRole, worker: &str, request_id: &str, s: Status) -> RouterError {
-    RouterError::WorkerFailed { role, worker: worker.into(), request_id: request_id.into(), code: s.code(), message: s.message().into() }
+    RouterError::WorkerFailed {
+        role,
+        worker: worker.into(),
+        request_id: request_id.into(),
+        code: s.code(),
+        message: s.message().into(),
+    }
 }
 
 async fn send_delta(tx: &Tx, rid: &str, text: String, token_ids: Vec<u32>) -> Result<(), ()> {
-    let msg = v1::GenerateResponse { request_id: rid.into(), event: Some(Event::Delta(v1::TokenDelta { text, token_ids })) };
+    let msg = v1::GenerateResponse {
+        request_id: rid.into(),
+        event: Some(Event::Delta(v1::TokenDelta { text, token_ids })),
+    };
     tx.send(Ok(msg)).await.map_err(|_| ())
 }
 
@@ -354,7 +484,11 @@ impl Relay<'_> {
 
     /// What is held back when generation ends for a reason other than a stop string.
     fn flush(&mut self) -> Result<String, String> {
-        let rest = self.detok.finish().map_err(|e| e.to_string())?.unwrap_or_default();
+        let rest = self
+            .detok
+            .finish()
+            .map_err(|e| e.to_string())?
+            .unwrap_or_default();
         let r = self.stops.push(&rest);
         let mut text = r.text;
         if !r.stopped {

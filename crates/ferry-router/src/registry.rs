@@ -55,7 +55,10 @@ impl Worker {
             inflight: self.inflight,
             outstanding_prefill_tokens: self.outstanding_prefill_tokens,
             promised_kv_blocks: self.promised_blocks,
-            since_heartbeat_ms: now.saturating_duration_since(self.last_heartbeat).as_secs_f64() * 1e3,
+            since_heartbeat_ms: now
+                .saturating_duration_since(self.last_heartbeat)
+                .as_secs_f64()
+                * 1e3,
         }
     }
 }
@@ -76,7 +79,12 @@ pub struct Registry {
 
 impl Registry {
     pub fn new(lease: Duration, heartbeat: Duration, connect_timeout: Duration) -> Registry {
-        Registry { inner: Mutex::new(Inner::default()), lease, heartbeat, connect_timeout }
+        Registry {
+            inner: Mutex::new(Inner::default()),
+            lease,
+            heartbeat,
+            connect_timeout,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -86,7 +94,8 @@ impl Registry {
     /// Adds a worker; the first fingerprint becomes the pool's. A dead entry at the same address
     /// is replaced.
     pub fn register(&self, req: &v1::RegisterRequest) -> Result<v1::RegisterResponse, RouterError> {
-        let role = role_from_wire(req.role).ok_or_else(|| RouterError::BadRegistration("role is unspecified".into()))?;
+        let role = role_from_wire(req.role)
+            .ok_or_else(|| RouterError::BadRegistration("role is unspecified".into()))?;
         if req.grpc_addr.is_empty() {
             return Err(RouterError::BadRegistration("grpc_addr is empty".into()));
         }
@@ -95,7 +104,11 @@ impl Registry {
         match &inner.fingerprint {
             Some(pool) if *pool != req.fingerprint => {
                 return Err(RouterError::FingerprintMismatch {
-                    worker: if req.name.is_empty() { req.grpc_addr.clone() } else { req.name.clone() },
+                    worker: if req.name.is_empty() {
+                        req.grpc_addr.clone()
+                    } else {
+                        req.name.clone()
+                    },
                     worker_fingerprint: req.fingerprint.clone(),
                     pool_fingerprint: pool.clone(),
                 });
@@ -103,7 +116,9 @@ impl Registry {
             Some(_) => {}
             None => inner.fingerprint = Some(req.fingerprint.clone()),
         }
-        inner.workers.retain(|_, w| !(w.state == WorkerState::Dead && w.grpc_addr == req.grpc_addr));
+        inner
+            .workers
+            .retain(|_, w| !(w.state == WorkerState::Dead && w.grpc_addr == req.grpc_addr));
         let n = inner.next_id.entry(role).or_insert(0);
         *n += 1;
         let id = format!("{role}-{n}");
@@ -134,7 +149,11 @@ impl Registry {
 
     /// Renews a lease. Unknown or dead workers get `UnknownWorker` (NOT_FOUND: register again);
     /// a dead entry is forgotten so the new registration starts clean.
-    pub fn heartbeat(&self, req: &v1::HeartbeatRequest, now: Instant) -> Result<WorkerState, RouterError> {
+    pub fn heartbeat(
+        &self,
+        req: &v1::HeartbeatRequest,
+        now: Instant,
+    ) -> Result<WorkerState, RouterError> {
         let mut inner = self.lock();
         let Some(w) = inner.workers.get_mut(&req.worker_id) else {
             return Err(RouterError::UnknownWorker(req.worker_id.clone()));
@@ -195,13 +214,20 @@ impl Registry {
     }
 
     pub fn remove(&self, id: &str) -> Result<v1::WorkerInfo, RouterError> {
-        let w = self.lock().workers.remove(id).ok_or_else(|| RouterError::UnknownWorker(id.into()))?;
+        let w = self
+            .lock()
+            .workers
+            .remove(id)
+            .ok_or_else(|| RouterError::UnknownWorker(id.into()))?;
         Ok(w.info(Instant::now()))
     }
 
     fn update(&self, id: &str, f: impl FnOnce(&mut Worker)) -> Result<v1::WorkerInfo, RouterError> {
         let mut inner = self.lock();
-        let w = inner.workers.get_mut(id).ok_or_else(|| RouterError::UnknownWorker(id.into()))?;
+        let w = inner
+            .workers
+            .get_mut(id)
+            .ok_or_else(|| RouterError::UnknownWorker(id.into()))?;
         f(w);
         Ok(w.info(Instant::now()))
     }
@@ -221,23 +247,46 @@ impl Registry {
 
     /// The smallest context among live workers (`None` with none registered).
     pub fn max_context(&self) -> Option<u32> {
-        self.lock().workers.values().filter(|w| w.state != WorkerState::Dead).map(|w| w.max_context).min()
+        self.lock()
+            .workers
+            .values()
+            .filter(|w| w.state != WorkerState::Dead)
+            .map(|w| w.max_context)
+            .min()
     }
 
-    /// Ready workers per role: (prefill, decode).
-    pub fn ready_counts(&self) -> (u32, u32) {
+    /// Ready workers per role: (prefill, decode, colocated).
+    pub fn ready_counts(&self) -> (u32, u32, u32) {
         let inner = self.lock();
-        let n = |r| inner.workers.values().filter(|w| w.role == r && w.state == WorkerState::Ready).count() as u32;
-        (n(WorkerRole::Prefill), n(WorkerRole::Decode))
+        let n = |r| {
+            inner
+                .workers
+                .values()
+                .filter(|w| w.role == r && w.state == WorkerState::Ready)
+                .count() as u32
+        };
+        (
+            n(WorkerRole::Prefill),
+            n(WorkerRole::Decode),
+            n(WorkerRole::Colocated),
+        )
     }
 
     /// Workers per (role, state), every combination present (for gauges).
     pub fn counts(&self) -> Vec<(WorkerRole, WorkerState, u32)> {
         let inner = self.lock();
         let mut out = Vec::new();
-        for role in [WorkerRole::Prefill, WorkerRole::Decode] {
+        for role in [
+            WorkerRole::Prefill,
+            WorkerRole::Decode,
+            WorkerRole::Colocated,
+        ] {
             for state in WorkerState::ALL {
-                let n = inner.workers.values().filter(|w| w.role == role && w.state == state).count() as u32;
+                let n = inner
+                    .workers
+                    .values()
+                    .filter(|w| w.role == role && w.state == state)
+                    .count() as u32;
                 out.push((role, state, n));
             }
         }
@@ -260,11 +309,17 @@ impl Registry {
             .collect()
     }
 
-    /// Decode candidates and the smallest block size among ready decode workers (0 if unknown).
-    pub fn decode_candidates(&self) -> (Vec<DecodeCandidate>, u32) {
+    /// Candidates of `role` (decode or colocated: both admit by KV blocks) and the smallest block
+    /// size among the ready ones (0 if unknown).
+    pub fn decode_candidates(&self, role: WorkerRole) -> (Vec<DecodeCandidate>, u32) {
         let inner = self.lock();
-        let decode = inner.workers.values().filter(|w| w.role == WorkerRole::Decode);
-        let block_size = decode.clone().filter(|w| w.state == WorkerState::Ready).map(|w| w.load.block_size).min().unwrap_or(0);
+        let decode = inner.workers.values().filter(|w| w.role == role);
+        let block_size = decode
+            .clone()
+            .filter(|w| w.state == WorkerState::Ready)
+            .map(|w| w.load.block_size)
+            .min()
+            .unwrap_or(0);
         let cands = decode
             .map(|w| DecodeCandidate {
                 id: w.id.clone(),
@@ -283,7 +338,8 @@ impl Registry {
     fn adjust(&self, id: &str, inflight: i64, tokens: i64, blocks: i64) {
         if let Some(w) = self.lock().workers.get_mut(id) {
             w.inflight = (w.inflight as i64 + inflight).max(0) as u32;
-            w.outstanding_prefill_tokens = (w.outstanding_prefill_tokens as i64 + tokens).max(0) as u64;
+            w.outstanding_prefill_tokens =
+                (w.outstanding_prefill_tokens as i64 + tokens).max(0) as u64;
             w.promised_blocks = (w.promised_blocks as i64 + blocks).max(0) as u64;
         }
     }
@@ -302,26 +358,48 @@ impl InflightGuard {
     /// A prefill request of `tokens` prompt tokens.
     pub fn new(registry: &Arc<Registry>, worker: &str, tokens: u64) -> InflightGuard {
         registry.adjust(worker, 1, tokens as i64, 0);
-        InflightGuard { registry: registry.clone(), worker: worker.into(), tokens, blocks: 0 }
+        InflightGuard {
+            registry: registry.clone(),
+            worker: worker.into(),
+            tokens,
+            blocks: 0,
+        }
     }
 
     /// A decode request admitted for `blocks` KV blocks.
     pub fn decode(registry: &Arc<Registry>, worker: &str, blocks: u64) -> InflightGuard {
         registry.adjust(worker, 1, 0, blocks as i64);
-        InflightGuard { registry: registry.clone(), worker: worker.into(), tokens: 0, blocks }
+        InflightGuard {
+            registry: registry.clone(),
+            worker: worker.into(),
+            tokens: 0,
+            blocks,
+        }
     }
 }
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        self.registry.adjust(&self.worker, -1, -(self.tokens as i64), -(self.blocks as i64));
+        self.registry.adjust(
+            &self.worker,
+            -1,
+            -(self.tokens as i64),
+            -(self.blocks as i64),
+        );
     }
 }
 
 /// A lazily connecting endpoint to a worker with the router's timeouts and windows.
 pub fn endpoint(addr: &str, connect_timeout: Duration) -> Result<Endpoint, RouterError> {
-    let uri = if addr.contains("://") { addr.to_owned() } else { format!("http://{addr}") };
-    let bad = |e: tonic::transport::Error| RouterError::BadAddress { addr: addr.into(), message: e.to_string() };
+    let uri = if addr.contains("://") {
+        addr.to_owned()
+    } else {
+        format!("http://{addr}")
+    };
+    let bad = |e: tonic::transport::Error| RouterError::BadAddress {
+        addr: addr.into(),
+        message: e.to_string(),
+    };
     Ok(Endpoint::from_shared(uri)
         .map_err(bad)?
         .connect_timeout(connect_timeout)
@@ -335,46 +413,98 @@ mod tests {
     use super::*;
 
     fn reg_req(role: v1::WorkerRole, addr: &str, fp: &str) -> v1::RegisterRequest {
-        v1::RegisterRequest { role: role as i32, grpc_addr: addr.into(), fingerprint: fp.into(), max_context: 2048, ..Default::default() }
+        v1::RegisterRequest {
+            role: role as i32,
+            grpc_addr: addr.into(),
+            fingerprint: fp.into(),
+            max_context: 2048,
+            ..Default::default()
+        }
     }
 
     fn registry() -> Registry {
-        Registry::new(Duration::from_secs(3), Duration::from_secs(1), Duration::from_secs(1))
+        Registry::new(
+            Duration::from_secs(3),
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        )
     }
 
     #[tokio::test]
     async fn ids_fingerprint_heartbeat_and_lease() {
         let r = registry();
-        let a = r.register(&reg_req(v1::WorkerRole::Prefill, "127.0.0.1:1", "fp")).unwrap();
-        let b = r.register(&reg_req(v1::WorkerRole::Decode, "127.0.0.1:2", "fp")).unwrap();
-        let c = r.register(&reg_req(v1::WorkerRole::Prefill, "127.0.0.1:3", "fp")).unwrap();
-        assert_eq!((a.worker_id.as_str(), b.worker_id.as_str(), c.worker_id.as_str()), ("prefill-1", "decode-1", "prefill-2"));
+        let a = r
+            .register(&reg_req(v1::WorkerRole::Prefill, "127.0.0.1:1", "fp"))
+            .unwrap();
+        let b = r
+            .register(&reg_req(v1::WorkerRole::Decode, "127.0.0.1:2", "fp"))
+            .unwrap();
+        let c = r
+            .register(&reg_req(v1::WorkerRole::Prefill, "127.0.0.1:3", "fp"))
+            .unwrap();
+        assert_eq!(
+            (
+                a.worker_id.as_str(),
+                b.worker_id.as_str(),
+                c.worker_id.as_str()
+            ),
+            ("prefill-1", "decode-1", "prefill-2")
+        );
         assert_eq!((a.lease_ms, a.heartbeat_ms), (3000, 1000));
-        let err = r.register(&reg_req(v1::WorkerRole::Decode, "127.0.0.1:4", "other")).unwrap_err();
-        assert!(err.to_string().contains("other") && err.to_string().contains("fp"), "{err}");
-        assert_eq!(tonic::Status::from(err).code(), tonic::Code::FailedPrecondition);
+        let err = r
+            .register(&reg_req(v1::WorkerRole::Decode, "127.0.0.1:4", "other"))
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("other") && err.to_string().contains("fp"),
+            "{err}"
+        );
+        assert_eq!(
+            tonic::Status::from(err).code(),
+            tonic::Code::FailedPrecondition
+        );
 
         let t0 = Instant::now();
-        let hb = |id: &str, at| r.heartbeat(&v1::HeartbeatRequest { worker_id: id.into(), load: None }, at);
-        assert_eq!(hb("prefill-1", t0 + Duration::from_secs(2)).unwrap(), WorkerState::Ready);
+        let hb = |id: &str, at| {
+            r.heartbeat(
+                &v1::HeartbeatRequest {
+                    worker_id: id.into(),
+                    load: None,
+                },
+                at,
+            )
+        };
+        assert_eq!(
+            hb("prefill-1", t0 + Duration::from_secs(2)).unwrap(),
+            WorkerState::Ready
+        );
         assert!(matches!(hb("nope", t0), Err(RouterError::UnknownWorker(_))));
         // At t0+4.5 s: prefill-1 renewed at t0+2 s (alive), the other two expired.
         let mut dead = r.sweep(t0 + Duration::from_millis(4500));
         dead.sort();
         assert_eq!(dead, vec!["decode-1", "prefill-2"]);
-        assert_eq!(r.ready_counts(), (1, 0));
+        assert_eq!(r.ready_counts(), (1, 0, 0));
         // A dead worker's heartbeat is refused (NOT_FOUND) and the entry forgotten.
-        assert!(matches!(hb("decode-1", t0), Err(RouterError::UnknownWorker(_))));
+        assert!(matches!(
+            hb("decode-1", t0),
+            Err(RouterError::UnknownWorker(_))
+        ));
         assert!(r.get("decode-1").is_none());
     }
 
     #[tokio::test]
     async fn drain_undrain_remove_and_guards() {
         let r = Arc::new(registry());
-        r.register(&reg_req(v1::WorkerRole::Prefill, "127.0.0.1:1", "fp")).unwrap();
-        assert_eq!(r.drain("prefill-1").unwrap().state, v1::WorkerState::Draining as i32);
-        assert_eq!(r.ready_counts(), (0, 0));
-        assert_eq!(r.undrain("prefill-1").unwrap().state, v1::WorkerState::Ready as i32);
+        r.register(&reg_req(v1::WorkerRole::Prefill, "127.0.0.1:1", "fp"))
+            .unwrap();
+        assert_eq!(
+            r.drain("prefill-1").unwrap().state,
+            v1::WorkerState::Draining as i32
+        );
+        assert_eq!(r.ready_counts(), (0, 0, 0));
+        assert_eq!(
+            r.undrain("prefill-1").unwrap().state,
+            v1::WorkerState::Ready as i32
+        );
         {
             let _g = InflightGuard::new(&r, "prefill-1", 100);
             let _h = InflightGuard::new(&r, "prefill-1", 20);
@@ -384,8 +514,11 @@ mod tests {
         let c = &r.prefill_candidates()[0];
         assert_eq!((c.inflight, c.outstanding_tokens), (0, 0));
         r.mark_dead("prefill-1", "test");
-        assert_eq!(r.ready_counts(), (0, 0));
+        assert_eq!(r.ready_counts(), (0, 0, 0));
         r.remove("prefill-1").unwrap();
-        assert!(matches!(r.remove("prefill-1"), Err(RouterError::UnknownWorker(_))));
+        assert!(matches!(
+            r.remove("prefill-1"),
+            Err(RouterError::UnknownWorker(_))
+        ));
     }
 }

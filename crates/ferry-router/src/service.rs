@@ -30,47 +30,84 @@ pub struct FerryService {
 
 /// The client's request id, or a fresh random one.
 pub fn request_id(given: &str) -> String {
-    if given.is_empty() { format!("{:016x}", rand::random::<u64>()) } else { given.to_owned() }
+    if given.is_empty() {
+        format!("{:016x}", rand::random::<u64>())
+    } else {
+        given.to_owned()
+    }
 }
 
 /// Checks a request and turns it into prompt ids and sampling parameters.
-pub fn prepare(shared: &Shared, req: &v1::GenerateRequest) -> Result<(Vec<u32>, SamplingParams), RouterError> {
+pub fn prepare(
+    shared: &Shared,
+    req: &v1::GenerateRequest,
+) -> Result<(Vec<u32>, SamplingParams), RouterError> {
     let text = &shared.text;
     if !req.model.is_empty() && req.model != text.name {
-        return Err(RouterError::UnknownModel { requested: req.model.clone(), served: text.name.clone() });
+        return Err(RouterError::UnknownModel {
+            requested: req.model.clone(),
+            served: text.name.clone(),
+        });
     }
     let ids = match &req.input {
-        None => return Err(RouterError::InvalidRequest("no input: set prompt, chat or tokens".into())),
-        Some(Input::Prompt(p)) if p.is_empty() => return Err(RouterError::InvalidRequest("the prompt is empty".into())),
+        None => {
+            return Err(RouterError::InvalidRequest(
+                "no input: set prompt, chat or tokens".into(),
+            ));
+        }
+        Some(Input::Prompt(p)) if p.is_empty() => {
+            return Err(RouterError::InvalidRequest("the prompt is empty".into()));
+        }
         Some(Input::Prompt(p)) => text.encode_prompt(p).map_err(RouterError::Tokenize)?,
         Some(Input::Chat(c)) if c.messages.is_empty() => {
-            return Err(RouterError::InvalidRequest("the chat has no messages".into()));
+            return Err(RouterError::InvalidRequest(
+                "the chat has no messages".into(),
+            ));
         }
         Some(Input::Chat(c)) => {
-            let tpl = text.chat_template.as_ref().ok_or_else(|| RouterError::InvalidRequest(format!("model {} has no chat template", text.name)))?;
-            let msgs: Vec<ChatMessage> = c.messages.iter().map(|m| ChatMessage::new(m.role.clone(), m.content.clone())).collect();
-            let rendered = tpl.render(&msgs, true).map_err(|e| RouterError::InvalidRequest(format!("chat template: {e}")))?;
+            let tpl = text.chat_template.as_ref().ok_or_else(|| {
+                RouterError::InvalidRequest(format!("model {} has no chat template", text.name))
+            })?;
+            let msgs: Vec<ChatMessage> = c
+                .messages
+                .iter()
+                .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
+                .collect();
+            let rendered = tpl
+                .render(&msgs, true)
+                .map_err(|e| RouterError::InvalidRequest(format!("chat template: {e}")))?;
             // The template writes the special tokens itself.
-            text.tokenizer.encode(&rendered, false).map_err(RouterError::Tokenize)?
+            text.tokenizer
+                .encode(&rendered, false)
+                .map_err(RouterError::Tokenize)?
         }
         Some(Input::Tokens(t)) => {
             let vocab = text.tokenizer.vocab_size();
             if let Some(&bad) = t.ids.iter().find(|&&id| id as usize >= vocab) {
-                return Err(RouterError::InvalidRequest(format!("token id {bad} is outside the vocabulary (size {vocab})")));
+                return Err(RouterError::InvalidRequest(format!(
+                    "token id {bad} is outside the vocabulary (size {vocab})"
+                )));
             }
             t.ids.clone()
         }
     };
     if ids.is_empty() {
-        return Err(RouterError::InvalidRequest("the prompt has no tokens".into()));
+        return Err(RouterError::InvalidRequest(
+            "the prompt has no tokens".into(),
+        ));
     }
     if let Some(ctx) = shared.registry.max_context()
         && ids.len() >= ctx as usize
     {
-        return Err(RouterError::InvalidRequest(format!("the prompt has {} tokens but the context is {ctx}", ids.len())));
+        return Err(RouterError::InvalidRequest(format!(
+            "the prompt has {} tokens but the context is {ctx}",
+            ids.len()
+        )));
     }
     let params = ferry_proto::sampling_from_wire(req.sampling.as_ref(), req.stop.as_ref());
-    params.validate().map_err(|e| RouterError::InvalidRequest(e.to_string()))?;
+    params
+        .validate()
+        .map_err(|e| RouterError::InvalidRequest(e.to_string()))?;
     Ok((ids, params))
 }
 
@@ -78,32 +115,57 @@ pub fn prepare(shared: &Shared, req: &v1::GenerateRequest) -> Result<(Vec<u32>, 
 impl v1::ferry_server::Ferry for FerryService {
     type GenerateStream = ReceiverStream<Result<v1::GenerateResponse, Status>>;
 
-    async fn generate(&self, request: Request<v1::GenerateRequest>) -> Result<Response<Self::GenerateStream>, Status> {
+    async fn generate(
+        &self,
+        request: Request<v1::GenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
         let start = Instant::now();
         let req = request.into_inner();
         let id = request_id(&req.request_id);
         let span = tracing::info_span!("generate", request_id = %id);
-        let (prompt, params) = span.in_scope(|| prepare(&self.shared, &req)).inspect_err(|_| {
-            crate::metrics::request_outcome("invalid");
-        })?;
-        let (p, d) = self.shared.registry.ready_counts();
-        if p == 0 || d == 0 {
+        let (prompt, params) = span
+            .in_scope(|| prepare(&self.shared, &req))
+            .inspect_err(|_| {
+                crate::metrics::request_outcome("invalid");
+            })?;
+        let (p, d, c) = self.shared.registry.ready_counts();
+        if (p == 0 || d == 0) && c == 0 {
             crate::metrics::request_outcome("unavailable");
-            let role = if p == 0 { ferry_core::WorkerRole::Prefill } else { ferry_core::WorkerRole::Decode };
+            let role = if p == 0 {
+                ferry_core::WorkerRole::Prefill
+            } else {
+                ferry_core::WorkerRole::Decode
+            };
             return Err(RouterError::NoWorker { role }.into());
         }
         let (tx, rx) = mpsc::channel(64);
-        let job = Job { request_id: id, prompt, params, start };
+        let job = Job {
+            request_id: id,
+            prompt,
+            params,
+            start,
+        };
         tokio::spawn(orchestrate::run(self.shared.clone(), job, tx).instrument(span));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
-    async fn health(&self, _: Request<v1::HealthRequest>) -> Result<Response<v1::HealthResponse>, Status> {
-        let (p, d) = self.shared.registry.ready_counts();
-        Ok(Response::new(v1::HealthResponse { serving: p > 0 && d > 0, prefill_workers: p, decode_workers: d }))
+    async fn health(
+        &self,
+        _: Request<v1::HealthRequest>,
+    ) -> Result<Response<v1::HealthResponse>, Status> {
+        let (p, d, c) = self.shared.registry.ready_counts();
+        Ok(Response::new(v1::HealthResponse {
+            serving: (p > 0 && d > 0) || c > 0,
+            prefill_workers: p,
+            decode_workers: d,
+            colocated_workers: c,
+        }))
     }
 
-    async fn model_info(&self, _: Request<v1::ModelInfoRequest>) -> Result<Response<v1::ModelInfoResponse>, Status> {
+    async fn model_info(
+        &self,
+        _: Request<v1::ModelInfoRequest>,
+    ) -> Result<Response<v1::ModelInfoResponse>, Status> {
         let s = &self.shared;
         Ok(Response::new(v1::ModelInfoResponse {
             model: s.text.name.clone(),

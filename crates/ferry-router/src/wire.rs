@@ -8,6 +8,7 @@ pub fn role_from_wire(role: i32) -> Option<WorkerRole> {
     match v1::WorkerRole::try_from(role).ok()? {
         v1::WorkerRole::Prefill => Some(WorkerRole::Prefill),
         v1::WorkerRole::Decode => Some(WorkerRole::Decode),
+        v1::WorkerRole::Colocated => Some(WorkerRole::Colocated),
         v1::WorkerRole::Unspecified => None,
     }
 }
@@ -16,6 +17,7 @@ pub fn role_to_wire(role: WorkerRole) -> v1::WorkerRole {
     match role {
         WorkerRole::Prefill => v1::WorkerRole::Prefill,
         WorkerRole::Decode => v1::WorkerRole::Decode,
+        WorkerRole::Colocated => v1::WorkerRole::Colocated,
     }
 }
 

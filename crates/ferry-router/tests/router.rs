@@ -35,17 +35,29 @@ async fn streams_deltas_then_final_and_metrics() {
     assert_eq!(f.finish_reason, v1::FinishReason::StopToken as i32);
     assert_eq!(f.completion_tokens as usize, 1 + m.tokens.len());
     assert_eq!(out.ids.len(), 1 + m.tokens.len());
-    assert_eq!((f.prefill_worker.as_str(), f.decode_worker.as_str()), ("prefill-1", "decode-1"));
+    assert_eq!(
+        (f.prefill_worker.as_str(), f.decode_worker.as_str()),
+        ("prefill-1", "decode-1")
+    );
     assert_eq!(f.kv.as_ref().unwrap().bytes, 4096);
     assert!(f.ttft_ms > 0.0 && f.e2e_ms >= f.ttft_ms);
 
     // max_tokens cuts at LENGTH; a stop string ends early and is not returned.
     let mut req = prompt("Hi");
-    req.stop = Some(v1::StopConditions { max_tokens: 3, ..Default::default() });
+    req.stop = Some(v1::StopConditions {
+        max_tokens: 3,
+        ..Default::default()
+    });
     let out = generate(&mut c, req).await.unwrap();
-    assert_eq!((out.fin.finish_reason, out.fin.completion_tokens), (v1::FinishReason::Length as i32, 3));
+    assert_eq!(
+        (out.fin.finish_reason, out.fin.completion_tokens),
+        (v1::FinishReason::Length as i32, 3)
+    );
     let mut req = prompt("Hi");
-    req.stop = Some(v1::StopConditions { stop: vec!["Ferry".into()], ..Default::default() });
+    req.stop = Some(v1::StopConditions {
+        stop: vec!["Ferry".into()],
+        ..Default::default()
+    });
     let out = generate(&mut c, req).await.unwrap();
     assert_eq!(out.text, " Hello world, this is ");
     assert_eq!(out.fin.finish_reason, v1::FinishReason::StopString as i32);
@@ -54,7 +66,10 @@ async fn streams_deltas_then_final_and_metrics() {
     let mut req = v1::GenerateRequest {
         request_id: "req-42".into(),
         input: Some(v1::generate_request::Input::Chat(v1::ChatInput {
-            messages: vec![v1::ChatMessage { role: "user".into(), content: "2+2?".into() }],
+            messages: vec![v1::ChatMessage {
+                role: "user".into(),
+                content: "2+2?".into(),
+            }],
         })),
         ..Default::default()
     };
@@ -64,16 +79,34 @@ async fn streams_deltas_then_final_and_metrics() {
         assert_eq!(m.request_id, "req-42");
     }
 
-    let info = c.model_info(v1::ModelInfoRequest {}).await.unwrap().into_inner();
-    assert_eq!((info.vocab_size, info.max_context, info.eos_token_ids.clone()), (49152, 2048, vec![2]));
+    let info = c
+        .model_info(v1::ModelInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (
+            info.vocab_size,
+            info.max_context,
+            info.eos_token_ids.clone()
+        ),
+        (49152, 2048, vec![2])
+    );
     assert!(info.has_chat_template && info.fingerprint == "mock-fingerprint");
 
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut http = tokio::net::TcpStream::connect(metrics_addr).await.unwrap();
-    http.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+    http.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
     let mut body = String::new();
     http.read_to_string(&mut body).await.unwrap();
-    for name in ["ferry_router_requests_total", "ferry_router_ttft_seconds", "ferry_router_workers", "ferry_router_overhead_seconds"] {
+    for name in [
+        "ferry_router_requests_total",
+        "ferry_router_ttft_seconds",
+        "ferry_router_workers",
+        "ferry_router_overhead_seconds",
+    ] {
         assert!(body.contains(name), "{name} in /metrics:\n{body}");
     }
     r.shutdown().await;
@@ -83,16 +116,35 @@ async fn streams_deltas_then_final_and_metrics() {
 async fn resource_exhausted_decode_falls_through_to_the_next() {
     let r = TestRouter::start(cfg()).await;
     let _p = r.mock(WorkerRole::Prefill, scripted(SCRIPT)).await;
-    let full = r.mock(WorkerRole::Decode, MockConfig { refuse_decode: true, ..scripted(SCRIPT) }).await;
+    let full = r
+        .mock(
+            WorkerRole::Decode,
+            MockConfig {
+                refuse_decode: true,
+                ..scripted(SCRIPT)
+            },
+        )
+        .await;
     let _ok = r.mock(WorkerRole::Decode, scripted(SCRIPT)).await;
     let mut c = r.client().await;
     let out = generate(&mut c, prompt("Hi")).await.unwrap();
     assert_eq!(out.fin.decode_worker, "decode-2");
-    assert_eq!(full.stats.decode_calls.load(std::sync::atomic::Ordering::Relaxed), 1, "decode-1 was asked first");
+    assert_eq!(
+        full.stats
+            .decode_calls
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "decode-1 was asked first"
+    );
 
     // With only refusing decode workers the client gets RESOURCE_EXHAUSTED.
     let mut admin = r.admin().await;
-    admin.drain(v1::WorkerRef { worker_id: "decode-2".into() }).await.unwrap();
+    admin
+        .drain(v1::WorkerRef {
+            worker_id: "decode-2".into(),
+        })
+        .await
+        .unwrap();
     let err = generate(&mut c, prompt("Hi")).await.err().expect("refused");
     assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
 }
@@ -112,18 +164,39 @@ async fn dead_prefill_worker_is_marked_and_the_request_retried() {
         max_context: 2048,
         ..Default::default()
     };
-    assert_eq!(reg.register(req).await.unwrap().into_inner().worker_id, "prefill-1");
+    assert_eq!(
+        reg.register(req).await.unwrap().into_inner().worker_id,
+        "prefill-1"
+    );
     let _p = r.mock(WorkerRole::Prefill, scripted(SCRIPT)).await;
     let d = r.mock(WorkerRole::Decode, scripted(SCRIPT)).await;
     let mut c = r.client().await;
     let out = generate(&mut c, prompt("Hi")).await.unwrap();
     assert_eq!(out.text, SCRIPT);
     assert_eq!(out.fin.prefill_worker, "prefill-2");
-    assert_eq!(d.stats.decode_calls.load(std::sync::atomic::Ordering::Relaxed), 2, "admitted twice (first attempt dropped)");
-    let workers = r.admin().await.list_workers(v1::ListWorkersRequest {}).await.unwrap().into_inner().workers;
+    assert_eq!(
+        d.stats
+            .decode_calls
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2,
+        "admitted twice (first attempt dropped)"
+    );
+    let workers = r
+        .admin()
+        .await
+        .list_workers(v1::ListWorkersRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .workers;
     let dead = workers.iter().find(|w| w.worker_id == "prefill-1").unwrap();
     assert_eq!(dead.state, v1::WorkerState::Dead as i32);
-    assert!(workers.iter().all(|w| w.inflight == 0 && w.outstanding_prefill_tokens == 0), "{workers:?}");
+    assert!(
+        workers
+            .iter()
+            .all(|w| w.inflight == 0 && w.outstanding_prefill_tokens == 0),
+        "{workers:?}"
+    );
 }
 
 #[tokio::test]
@@ -131,53 +204,133 @@ async fn bad_requests_are_refused() {
     let r = TestRouter::start(cfg()).await;
     let mut c = r.client().await;
     // No workers yet: UNAVAILABLE.
-    assert_eq!(generate(&mut c, prompt("Hi")).await.err().unwrap().code(), Code::Unavailable);
-    let _p = r.mock(WorkerRole::Prefill, MockConfig { max_context: 64, ..scripted(SCRIPT) }).await;
+    assert_eq!(
+        generate(&mut c, prompt("Hi")).await.err().unwrap().code(),
+        Code::Unavailable
+    );
+    let _p = r
+        .mock(
+            WorkerRole::Prefill,
+            MockConfig {
+                max_context: 64,
+                ..scripted(SCRIPT)
+            },
+        )
+        .await;
     let _d = r.mock(WorkerRole::Decode, scripted(SCRIPT)).await;
 
     let long = "word ".repeat(200);
     let mut wrong_model = prompt("Hi");
     wrong_model.model = "gpt-17".into();
     let mut bad_temp = prompt("Hi");
-    bad_temp.sampling = Some(v1::SamplingParams { temperature: -1.0, ..Default::default() });
+    bad_temp.sampling = Some(v1::SamplingParams {
+        temperature: -1.0,
+        ..Default::default()
+    });
     let cases: Vec<(&str, v1::GenerateRequest, Code, &str)> = vec![
-        ("no input", v1::GenerateRequest::default(), Code::InvalidArgument, "no input"),
+        (
+            "no input",
+            v1::GenerateRequest::default(),
+            Code::InvalidArgument,
+            "no input",
+        ),
         ("empty prompt", prompt(""), Code::InvalidArgument, "empty"),
         ("unknown model", wrong_model, Code::NotFound, "gpt-17"),
-        ("id out of vocab", v1::GenerateRequest { input: Some(v1::generate_request::Input::Tokens(v1::TokenInput { ids: vec![5, 49152] })), ..Default::default() }, Code::InvalidArgument, "49152"),
-        ("empty ids", v1::GenerateRequest { input: Some(v1::generate_request::Input::Tokens(v1::TokenInput { ids: vec![] })), ..Default::default() }, Code::InvalidArgument, "no tokens"),
-        ("too long", prompt(&long), Code::InvalidArgument, "context is 64"),
+        (
+            "id out of vocab",
+            v1::GenerateRequest {
+                input: Some(v1::generate_request::Input::Tokens(v1::TokenInput {
+                    ids: vec![5, 49152],
+                })),
+                ..Default::default()
+            },
+            Code::InvalidArgument,
+            "49152",
+        ),
+        (
+            "empty ids",
+            v1::GenerateRequest {
+                input: Some(v1::generate_request::Input::Tokens(v1::TokenInput {
+                    ids: vec![],
+                })),
+                ..Default::default()
+            },
+            Code::InvalidArgument,
+            "no tokens",
+        ),
+        (
+            "too long",
+            prompt(&long),
+            Code::InvalidArgument,
+            "context is 64",
+        ),
         ("bad sampling", bad_temp, Code::InvalidArgument, ""),
     ];
     for (name, req, code, needle) in cases {
-        let err = generate(&mut c, req).await.err().unwrap_or_else(|| panic!("{name}: accepted"));
+        let err = generate(&mut c, req)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{name}: accepted"));
         assert_eq!(err.code(), code, "{name}: {err}");
         assert!(err.message().contains(needle), "{name}: {err}");
     }
     // Token ids are used as given.
-    let ok = v1::GenerateRequest { input: Some(v1::generate_request::Input::Tokens(v1::TokenInput { ids: vec![5, 6] })), ..Default::default() };
+    let ok = v1::GenerateRequest {
+        input: Some(v1::generate_request::Input::Tokens(v1::TokenInput {
+            ids: vec![5, 6],
+        })),
+        ..Default::default()
+    };
     assert_eq!(generate(&mut c, ok).await.unwrap().fin.prompt_tokens, 2);
 
     // A worker with another model fingerprint is refused.
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let err = ferry_router::MockWorker::start(WorkerRole::Decode, l, &r.addr, MockConfig { fingerprint: "other".into(), ..Default::default() }).await.err().unwrap();
-    assert!(err.to_string().contains("FailedPrecondition") || err.to_string().contains("other"), "{err}");
+    let err = ferry_router::MockWorker::start(
+        WorkerRole::Decode,
+        l,
+        &r.addr,
+        MockConfig {
+            fingerprint: "other".into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .err()
+    .unwrap();
+    assert!(
+        err.to_string().contains("FailedPrecondition") || err.to_string().contains("other"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
 async fn lease_expiry_drops_a_silent_worker() {
-    let r = TestRouter::start(RouterConfig { lease: Duration::from_millis(300), heartbeat: Duration::from_millis(50), ..cfg() }).await;
+    let r = TestRouter::start(RouterConfig {
+        lease: Duration::from_millis(300),
+        heartbeat: Duration::from_millis(50),
+        ..cfg()
+    })
+    .await;
     let _p = r.mock(WorkerRole::Prefill, scripted(SCRIPT)).await;
     let d = r.mock(WorkerRole::Decode, scripted(SCRIPT)).await;
     let mut c = r.client().await;
-    assert!(c.health(v1::HealthRequest {}).await.unwrap().into_inner().serving);
+    assert!(
+        c.health(v1::HealthRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .serving
+    );
     d.stop_heartbeats();
     wait_until("the decode lease to expire", async || {
         let h = c.health(v1::HealthRequest {}).await.unwrap().into_inner();
         !h.serving && h.decode_workers == 0 && h.prefill_workers == 1
     })
     .await;
-    assert_eq!(generate(&mut c, prompt("Hi")).await.err().unwrap().code(), Code::Unavailable);
+    assert_eq!(
+        generate(&mut c, prompt("Hi")).await.err().unwrap().code(),
+        Code::Unavailable
+    );
 }
 
 #[tokio::test]
@@ -186,15 +339,36 @@ async fn workers_register_again_after_a_router_restart() {
     std_listener.set_nonblocking(true).unwrap();
     // The same socket serves both routers (a duplicate handle), so the address stays reachable.
     let second = std_listener.try_clone().unwrap();
-    let lease = RouterConfig { lease: Duration::from_millis(500), heartbeat: Duration::from_millis(50), ..cfg() };
-    let r1 = TestRouter::on(lease.clone(), tokio::net::TcpListener::from_std(std_listener).unwrap(), None).await;
+    let lease = RouterConfig {
+        lease: Duration::from_millis(500),
+        heartbeat: Duration::from_millis(50),
+        ..cfg()
+    };
+    let r1 = TestRouter::on(
+        lease.clone(),
+        tokio::net::TcpListener::from_std(std_listener).unwrap(),
+        None,
+    )
+    .await;
     let _p = r1.mock(WorkerRole::Prefill, scripted(SCRIPT)).await;
     let _d = r1.mock(WorkerRole::Decode, scripted(SCRIPT)).await;
     r1.shutdown().await;
 
-    let r2 = TestRouter::on(lease, tokio::net::TcpListener::from_std(second).unwrap(), None).await;
+    let r2 = TestRouter::on(
+        lease,
+        tokio::net::TcpListener::from_std(second).unwrap(),
+        None,
+    )
+    .await;
     let mut c = r2.client().await;
-    wait_until("both workers to register with the new router", async || c.health(v1::HealthRequest {}).await.unwrap().into_inner().serving).await;
+    wait_until("both workers to register with the new router", async || {
+        c.health(v1::HealthRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .serving
+    })
+    .await;
     let out = generate(&mut c, prompt("Hi")).await.unwrap();
     assert_eq!(out.text, SCRIPT);
 }
@@ -206,23 +380,65 @@ async fn drained_workers_get_no_new_requests() {
     let _d1 = r.mock(WorkerRole::Decode, scripted(SCRIPT)).await;
     let _d2 = r.mock(WorkerRole::Decode, scripted(SCRIPT)).await;
     let mut admin = r.admin().await;
-    let info = admin.drain(v1::WorkerRef { worker_id: "decode-1".into() }).await.unwrap().into_inner();
+    let info = admin
+        .drain(v1::WorkerRef {
+            worker_id: "decode-1".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(info.state, v1::WorkerState::Draining as i32);
     let mut c = r.client().await;
     for _ in 0..3 {
-        assert_eq!(generate(&mut c, prompt("Hi")).await.unwrap().fin.decode_worker, "decode-2");
+        assert_eq!(
+            generate(&mut c, prompt("Hi"))
+                .await
+                .unwrap()
+                .fin
+                .decode_worker,
+            "decode-2"
+        );
     }
-    admin.undrain(v1::WorkerRef { worker_id: "decode-1".into() }).await.unwrap();
-    admin.drain(v1::WorkerRef { worker_id: "decode-2".into() }).await.unwrap();
-    assert_eq!(generate(&mut c, prompt("Hi")).await.unwrap().fin.decode_worker, "decode-1");
-    admin.remove(v1::WorkerRef { worker_id: "decode-2".into() }).await.unwrap();
-    let err = admin.drain(v1::WorkerRef { worker_id: "decode-2".into() }).await.unwrap_err();
+    admin
+        .undrain(v1::WorkerRef {
+            worker_id: "decode-1".into(),
+        })
+        .await
+        .unwrap();
+    admin
+        .drain(v1::WorkerRef {
+            worker_id: "decode-2".into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        generate(&mut c, prompt("Hi"))
+            .await
+            .unwrap()
+            .fin
+            .decode_worker,
+        "decode-1"
+    );
+    admin
+        .remove(v1::WorkerRef {
+            worker_id: "decode-2".into(),
+        })
+        .await
+        .unwrap();
+    let err = admin
+        .drain(v1::WorkerRef {
+            worker_id: "decode-2".into(),
+        })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
 }
 
 #[tokio::test]
 async fn router_overhead_reports_percentiles() {
-    let s = ferry_router::router_overhead(&model_path(), 50).await.unwrap();
+    let s = ferry_router::router_overhead(&model_path(), 50)
+        .await
+        .unwrap();
     eprintln!("{s:?}");
     assert_eq!(s.requests, 50);
     assert!(s.p50_ms > 0.0 && s.p50_ms <= s.p99_ms && s.p99_ms <= s.max_ms);

@@ -1,217 +1,23 @@
-//! The decode worker: admits a request only if its KV cache can hold prompt + max_tokens,
-//! waits for the KV (with a timeout), imports it, and generates with continuous batching: one
-//! engine thread steps every running sequence each iteration, and sequences join and leave
-//! between steps (Orca, OSDI '22).
+//! The `Decode` service of decode and colocated workers: admits a request only if the KV cache
+//! can hold prompt + max_tokens, then either waits for its KV from a prefill worker (with a
+//! timeout) and imports it, or (colocated) hands the prompt to the engine loop to prefill; then
+//! streams the tokens the continuous-batching loop ([`crate::batcher`]) produces.
 
 use crate::kv::receiver::{Delivery, KvReceiver};
-use crate::load::{LoadGauge, Reservation};
-use crate::prefill::ModelFacts;
+use crate::load::Reservation;
 use crate::{Result, WorkerError};
 use ferry_core::{BlockTable, SamplingParams};
-use ferry_engine::sampler::Sampler;
-use ferry_engine::{Engine, FinishReason, Logits, SeqId, StepItem};
-use ferry_proto::v1::{decode_response, Admitted, DecodeFinal, DecodeRequest, DecodeResponse, DecodeTokens, KvEnd};
+use ferry_engine::FinishReason;
+use ferry_proto::v1::{decode_response, Admitted, DecodeFinal, DecodeRequest, DecodeResponse, DecodeTokens};
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-pub enum DecodeEvent {
-    Token(u32),
-    Finished { reason: FinishReason, completion_tokens: u32 },
-    Failed(String),
-}
-
-/// A request whose KV has arrived, handed to the engine thread.
-pub struct Admission {
-    pub request_id: String,
-    pub payload: Vec<u8>,
-    pub end: KvEnd,
-    pub params: SamplingParams,
-    pub prompt_tokens: usize,
-    pub events: mpsc::UnboundedSender<DecodeEvent>,
-    /// The import's outcome, and the payload buffer back for recycling.
-    pub imported: oneshot::Sender<(std::result::Result<(), Status>, Vec<u8>)>,
-    pub reservation: Reservation,
-}
-
-struct Running {
-    seq: SeqId,
-    sampler: Sampler,
-    stop_ids: Vec<u32>,
-    count: usize,
-    last: u32,
-    prompt_tokens: usize,
-    max_tokens: usize,
-    events: mpsc::UnboundedSender<DecodeEvent>,
-    _reservation: Reservation,
-}
-
-#[derive(Clone)]
-pub struct DecodeHandle {
-    tx: std_mpsc::Sender<Admission>,
-    pub load: Arc<LoadGauge>,
-    pub facts: ModelFacts,
-}
-
-pub fn spawn(engine: Engine, model: String) -> DecodeHandle {
-    let (tx, rx) = std_mpsc::channel();
-    let load = Arc::new(LoadGauge::default());
-    load.blocks_total.store(engine.total_blocks() as u64, Relaxed);
-    load.blocks_free.store(engine.free_blocks() as u64, Relaxed);
-    load.block_size.store(engine.kv_layout().block_size as u64, Relaxed);
-    let facts = ModelFacts::of(&engine, model);
-    let handle = DecodeHandle { tx, load: load.clone(), facts };
-    std::thread::Builder::new().name("ferry-decode".into()).spawn(move || run(engine, rx, load)).expect("spawn the decode engine thread");
-    handle
-}
-
-fn run(mut engine: Engine, rx: std_mpsc::Receiver<Admission>, load: Arc<LoadGauge>) {
-    let mut running: Vec<Running> = Vec::new();
-    let cap = engine.max_batch_tokens().max(1);
-    let mut rotate = 0usize;
-    loop {
-        load.blocks_free.store(engine.free_blocks() as u64, Relaxed);
-        load.active_sequences.store(running.len() as u64, Relaxed);
-        load.export("decode");
-        if running.is_empty() {
-            match rx.recv() {
-                Ok(a) => admit(&mut engine, &mut running, a),
-                Err(_) => return,
-            }
-        }
-        while let Ok(a) = rx.try_recv() {
-            admit(&mut engine, &mut running, a);
-        }
-        // Cancelled requests (their stream was dropped) leave now.
-        running.retain(|r| {
-            let keep = !r.events.is_closed();
-            if !keep {
-                let _ = engine.release(r.seq);
-            }
-            keep
-        });
-        if running.is_empty() {
-            continue;
-        }
-        // Everyone steps each iteration unless the batch exceeds the token budget; then rotate.
-        let n = running.len().min(cap);
-        let start = if n < running.len() { rotate % running.len() } else { 0 };
-        rotate = rotate.wrapping_add(n);
-        let idx: Vec<usize> = (0..n).map(|k| (start + k) % running.len()).collect();
-        let toks: Vec<[u32; 1]> = idx.iter().map(|&i| [running[i].last]).collect();
-        let items: Vec<StepItem> =
-            idx.iter().zip(&toks).map(|(&i, t)| StepItem { seq: running[i].seq, tokens: t, logits: Logits::Last }).collect();
-        let t0 = Instant::now();
-        let result = engine.step(&items, &mut |_, _| {});
-        drop(items);
-        metrics::histogram!("ferry_worker_step_seconds", "role" => "decode").record(t0.elapsed().as_secs_f64());
-        metrics::histogram!("ferry_worker_decode_batch").record(n as f64);
-        let logits = match result {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::error!("decode step failed: {e}");
-                for r in running.drain(..) {
-                    let _ = engine.release(r.seq);
-                    let _ = r.events.send(DecodeEvent::Failed(format!("decode step failed: {e}")));
-                }
-                continue;
-            }
-        };
-        let ctx = engine.config().max_position;
-        let mut finished = Vec::new();
-        for (&i, logits) in idx.iter().zip(logits) {
-            let r = &mut running[i];
-            let tok = r.sampler.sample(&logits);
-            if let Some(reason) = advance(r, tok, ctx) {
-                finished.push((i, reason));
-            }
-        }
-        finished.sort_by_key(|f| std::cmp::Reverse(f.0));
-        for (i, reason) in finished {
-            let r = running.swap_remove(i);
-            let _ = engine.release(r.seq);
-            let _ = r.events.send(DecodeEvent::Finished { reason, completion_tokens: r.count as u32 });
-        }
-    }
-}
-
-/// Account for a newly sampled token; Some(reason) when the sequence is finished.
-fn advance(r: &mut Running, tok: u32, ctx: usize) -> Option<FinishReason> {
-    if r.stop_ids.contains(&tok) {
-        return Some(FinishReason::StopToken(tok));
-    }
-    r.count += 1;
-    r.last = tok;
-    let _ = r.events.send(DecodeEvent::Token(tok));
-    if r.count >= r.max_tokens {
-        Some(FinishReason::Length)
-    } else if r.prompt_tokens + r.count >= ctx {
-        Some(FinishReason::ContextFull)
-    } else {
-        None
-    }
-}
-
-fn admit(engine: &mut Engine, running: &mut Vec<Running>, a: Admission) {
-    let seq = match engine.import_kv(&a.payload) {
-        Ok(seq) => seq,
-        Err(e) => {
-            let _ = a.imported.send((Err(Status::from(WorkerError::from(e))), a.payload));
-            return;
-        }
-    };
-    if a.imported.send((Ok(()), a.payload)).is_err() {
-        let _ = engine.release(seq);
-        return;
-    }
-    let mut r = Running {
-        seq,
-        sampler: Sampler::resume(&a.params, a.end.sampler_state),
-        stop_ids: engine.stop_ids(&a.params),
-        count: 0,
-        last: a.end.first_token,
-        prompt_tokens: a.prompt_tokens,
-        max_tokens: a.params.max_tokens,
-        events: a.events,
-        _reservation: a.reservation,
-    };
-    // The first token was sampled by the prefill worker; it counts like any other (but the
-    // router already streamed it, so `advance` must not send it again).
-    let first = a.end.first_token;
-    let finish = if a.end.first_is_stop {
-        Some(FinishReason::StopToken(first))
-    } else {
-        r.count = 1;
-        if r.count >= r.max_tokens {
-            Some(FinishReason::Length)
-        } else if r.prompt_tokens + r.count >= engine.config().max_position {
-            Some(FinishReason::ContextFull)
-        } else {
-            None
-        }
-    };
-    match finish {
-        Some(reason) => {
-            let _ = engine.release(seq);
-            let _ = r.events.send(DecodeEvent::Finished { reason, completion_tokens: r.count as u32 });
-        }
-        None => {
-            tracing::debug!(request_id = %a.request_id, "joined the running batch");
-            running.push(r);
-        }
-    }
-}
-
-impl DecodeHandle {
-    fn admit(&self, a: Admission) -> Result<()> {
-        self.tx.send(a).map_err(|_| WorkerError::ShuttingDown)
-    }
-}
+pub use crate::batcher::{spawn, Admission, DecodeEvent, DecodeHandle, Scheduling, Source};
 
 /// The gRPC `Decode` service.
 pub struct DecodeService {
@@ -242,6 +48,19 @@ pub fn finish_to_wire(r: FinishReason) -> ferry_proto::v1::FinishReason {
 impl DecodeService {
     fn admit(&self, req: &DecodeRequest) -> Result<(SamplingParams, Reservation, Duration)> {
         let facts = &self.engine.facts;
+        if !req.prompt.is_empty() {
+            if !self.engine.scheduling.accept_prompts {
+                return Err(WorkerError::InvalidRequest("this is a decode worker: prompts go to prefill or colocated workers".into()));
+            }
+            facts.check_prompt(&req.prompt)?;
+            if req.prompt_tokens as usize != req.prompt.len() {
+                return Err(WorkerError::InvalidRequest(format!(
+                    "prompt_tokens {} does not match the prompt's {} ids",
+                    req.prompt_tokens,
+                    req.prompt.len()
+                )));
+            }
+        }
         let prompt = req.prompt_tokens as usize;
         if prompt == 0 || prompt >= facts.max_context {
             return Err(WorkerError::InvalidRequest(format!(
@@ -265,77 +84,104 @@ impl DecodeService {
     }
 }
 
+/// Wait for an admitted request's KV (or its timeout, or the router going away), import it, and
+/// answer the sender. None when the request ended (its error already sent on `tx`).
+async fn receive_kv(
+    engine: &DecodeHandle,
+    receiver: &KvReceiver,
+    mut ticket: crate::kv::receiver::Ticket,
+    timeout: Duration,
+    tx: &mpsc::Sender<std::result::Result<DecodeResponse, Status>>,
+    mut admission: Admission,
+) -> Option<mpsc::UnboundedReceiver<DecodeEvent>> {
+    let delivery = tokio::select! {
+        r = tokio::time::timeout(timeout, &mut ticket.rx) => r,
+        _ = tx.closed() => return None,
+    };
+    let fail = |status: Status| async move {
+        let _ = tx.send(Err(status)).await;
+        None
+    };
+    let delivery: Delivery = match delivery {
+        Ok(Ok(Ok(d))) => d,
+        Ok(Ok(Err(status))) => return fail(status).await,
+        Ok(Err(_)) => return fail(Status::aborted("the KV transfer was abandoned by its sender")).await,
+        Err(_) => {
+            let e = WorkerError::Timeout { id: ticket.id, ms: timeout.as_millis() as u64, what: "the KV" };
+            return fail(e.into()).await;
+        }
+    };
+    drop(ticket);
+    let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+    let (imp_tx, imp_rx) = oneshot::channel();
+    let Delivery { assembled, ack } = delivery;
+    admission.source = Source::Kv { payload: assembled.payload, end: assembled.end, imported: imp_tx };
+    admission.events = ev_tx;
+    let imported = match engine.admit(admission) {
+        Ok(()) => match imp_rx.await {
+            Ok((r, buf)) => {
+                receiver.buffers.give(buf);
+                r
+            }
+            Err(_) => Err(Status::unavailable("the decode engine stopped")),
+        },
+        Err(e) => Err(e.into()),
+    };
+    let _ = ack.send(imported.as_ref().map(|_| ()).map_err(|s| Status::new(s.code(), s.message())));
+    match imported {
+        Ok(()) => Some(ev_rx),
+        Err(status) => fail(status).await,
+    }
+}
+
 #[tonic::async_trait]
 impl ferry_proto::v1::decode_server::Decode for DecodeService {
     type DecodeStream = EventStream;
 
     async fn decode(&self, req: Request<DecodeRequest>) -> std::result::Result<Response<EventStream>, Status> {
         let req = req.into_inner();
+        let role = if self.engine.scheduling.accept_prompts { "colocated" } else { "decode" };
         let (params, reservation, timeout) = self.admit(&req).map_err(|e| {
-            metrics::counter!("ferry_worker_requests_total", "role" => "decode", "outcome" => "refused").increment(1);
-            tracing::info!(request_id = %req.request_id, worker = %self.name, "decode refused: {e}");
+            metrics::counter!("ferry_worker_requests_total", "role" => role, "outcome" => "refused").increment(1);
+            tracing::info!(request_id = %req.request_id, worker = %self.name, "refused: {e}");
             Status::from(e)
         })?;
-        let mut ticket = self.receiver.expect(req.prompt_tokens as usize);
         let (tx, rx) = mpsc::channel(64);
-        let admitted = Admitted { transfer_id: ticket.id, transfer_token: ticket.token.clone(), data_addr: self.data_addr.clone() };
-        tx.try_send(Ok(event(decode_response::Event::Admitted(admitted)))).expect("fresh channel has room");
         let engine = self.engine.clone();
         let receiver = self.receiver.clone();
         let request_id = req.request_id.clone();
         let prompt_tokens = req.prompt_tokens as usize;
+        let (placeholder, _) = mpsc::unbounded_channel();
+        let admission = Admission { request_id: request_id.clone(), source: Source::Prompt(Vec::new()), params, prompt_tokens, events: placeholder, reservation };
+        // A prompt (colocated) is prefilled here; otherwise the KV comes from a prefill worker.
+        let ticket = if req.prompt.is_empty() {
+            let ticket = self.receiver.expect(prompt_tokens);
+            let admitted = Admitted { transfer_id: ticket.id, transfer_token: ticket.token.clone(), data_addr: self.data_addr.clone() };
+            tx.try_send(Ok(event(decode_response::Event::Admitted(admitted)))).expect("fresh channel has room");
+            Some(ticket)
+        } else {
+            tx.try_send(Ok(event(decode_response::Event::Admitted(Admitted::default())))).expect("fresh channel has room");
+            None
+        };
+        let prompt = req.prompt;
         tokio::spawn(async move {
             let t0 = Instant::now();
-            let delivery = tokio::select! {
-                r = tokio::time::timeout(timeout, &mut ticket.rx) => r,
-                _ = tx.closed() => return,
-            };
-            let delivery: Delivery = match delivery {
-                Ok(Ok(Ok(d))) => d,
-                Ok(Ok(Err(status))) => {
-                    let _ = tx.send(Err(status)).await;
-                    return;
-                }
-                Ok(Err(_)) => {
-                    let _ = tx.send(Err(Status::aborted("the KV transfer was abandoned by its sender"))).await;
-                    return;
-                }
-                Err(_) => {
-                    let e = WorkerError::Timeout { id: ticket.id, ms: timeout.as_millis() as u64, what: "the KV" };
-                    let _ = tx.send(Err(e.into())).await;
-                    return;
-                }
-            };
-            drop(ticket);
-            let kv_wait = t0.elapsed();
-            let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
-            let (imp_tx, imp_rx) = oneshot::channel();
-            let Delivery { assembled, ack } = delivery;
-            let admission = Admission {
-                request_id: request_id.clone(),
-                payload: assembled.payload,
-                end: assembled.end,
-                params,
-                prompt_tokens,
-                events: ev_tx,
-                imported: imp_tx,
-                reservation,
-            };
-            let imported = match engine.admit(admission) {
-                Ok(()) => match imp_rx.await {
-                    Ok((r, buf)) => {
-                        receiver.buffers.give(buf);
-                        r
-                    }
-                    Err(_) => Err(Status::unavailable("the decode engine stopped")),
+            let mut ev_rx = match ticket {
+                Some(ticket) => match receive_kv(&engine, &receiver, ticket, timeout, &tx, admission).await {
+                    Some(rx) => rx,
+                    None => return,
                 },
-                Err(e) => Err(e.into()),
+                None => {
+                    let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+                    let admission = Admission { source: Source::Prompt(prompt), events: ev_tx, ..admission };
+                    if let Err(e) = engine.admit(admission) {
+                        let _ = tx.send(Err(e.into())).await;
+                        return;
+                    }
+                    ev_rx
+                }
             };
-            let _ = ack.send(imported.as_ref().map(|_| ()).map_err(|s| Status::new(s.code(), s.message())));
-            if let Err(status) = imported {
-                let _ = tx.send(Err(status)).await;
-                return;
-            }
+            let kv_wait = t0.elapsed();
             let t1 = Instant::now();
             loop {
                 tokio::select! {
@@ -352,7 +198,7 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
                                 kv_wait_ms: kv_wait.as_secs_f64() * 1e3,
                                 decode_ms: t1.elapsed().as_secs_f64() * 1e3,
                             };
-                            metrics::counter!("ferry_worker_requests_total", "role" => "decode", "outcome" => "ok").increment(1);
+                            metrics::counter!("ferry_worker_requests_total", "role" => role, "outcome" => "ok").increment(1);
                             tracing::info!(
                                 request_id = %request_id, completion_tokens, finish = ?reason,
                                 kv_wait_ms = fin.kv_wait_ms, decode_ms = fin.decode_ms, "decoded"
@@ -365,13 +211,13 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
                             return;
                         }
                         None => {
-                            let _ = tx.send(Err(Status::unavailable("the decode engine stopped"))).await;
+                            let _ = tx.send(Err(Status::unavailable("the engine stopped"))).await;
                             return;
                         }
                     },
                     // The router went away: dropping `ev_rx` makes the engine free the sequence.
                     _ = tx.closed() => {
-                        metrics::counter!("ferry_worker_requests_total", "role" => "decode", "outcome" => "cancelled").increment(1);
+                        metrics::counter!("ferry_worker_requests_total", "role" => role, "outcome" => "cancelled").increment(1);
                         tracing::info!(request_id = %request_id, "cancelled by the router");
                         return;
                     }

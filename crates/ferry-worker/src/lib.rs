@@ -6,6 +6,7 @@
 //! - [`kv`]: the transfer between them (assembler, receiver, transports: gRPC and TCP);
 //! - [`registration`]: register and heartbeat; [`metrics`]: `/metrics`.
 
+pub mod batcher;
 pub mod decode;
 pub mod error;
 pub mod kv;
@@ -31,6 +32,8 @@ use tokio::sync::watch;
 pub enum Role {
     Prefill,
     Decode,
+    /// Prefill and decode in one loop (the colocated baseline).
+    Colocated,
 }
 
 impl Role {
@@ -38,6 +41,7 @@ impl Role {
         match self {
             Role::Prefill => WorkerRole::Prefill,
             Role::Decode => WorkerRole::Decode,
+            Role::Colocated => WorkerRole::Colocated,
         }
     }
 }
@@ -82,10 +86,16 @@ pub enum EngineHandle {
 }
 
 impl EngineHandle {
-    pub fn start(role: Role, engine: Engine, model: &str) -> Self {
+    /// `chunk_tokens`: chunked prefill's per-step budget for a colocated worker (None: prefill
+    /// first). Prefill workers chunk long prompts at the engine's `max_batch_tokens`.
+    pub fn start(role: Role, engine: Engine, model: &str, chunk_tokens: Option<usize>) -> Self {
+        let model = model.to_string();
         match role {
-            Role::Prefill => EngineHandle::Prefill(prefill::spawn(engine, model.to_string())),
-            Role::Decode => EngineHandle::Decode(decode::spawn(engine, model.to_string())),
+            Role::Prefill => EngineHandle::Prefill(prefill::spawn(engine, model)),
+            Role::Decode => EngineHandle::Decode(decode::spawn(engine, model, batcher::Scheduling::default())),
+            Role::Colocated => {
+                EngineHandle::Decode(decode::spawn(engine, model, batcher::Scheduling { accept_prompts: true, chunk_tokens }))
+            }
         }
     }
 

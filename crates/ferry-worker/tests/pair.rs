@@ -44,7 +44,7 @@ async fn start(role: Role, path: &Path, kv_tokens: Option<usize>, transport: Tra
         transport,
         kv_timeout: Duration::from_secs(5),
     };
-    let engine = ferry_worker::EngineHandle::start(role, engine(path, kv_tokens), "test");
+    let engine = ferry_worker::EngineHandle::start(role, engine(path, kv_tokens), "test", None);
     let load = engine.load();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let (ready, _) = tokio::sync::watch::channel(false);
@@ -63,7 +63,7 @@ async fn channel(addr: &str) -> Channel {
 async fn generate(p: &Worker, d: &Worker, prompt: &[u32], params: &SamplingParams) -> Result<Vec<u32>, tonic::Status> {
     let (sampling, stop) = ferry_proto::sampling_to_wire(params);
     let mut dec = DecodeClient::new(channel(&d.addr).await);
-    let req = DecodeRequest { request_id: "t".into(), prompt_tokens: prompt.len() as u32, sampling: Some(sampling), stop: Some(stop.clone()), kv_timeout_ms: 0 };
+    let req = DecodeRequest { request_id: "t".into(), prompt_tokens: prompt.len() as u32, sampling: Some(sampling), stop: Some(stop.clone()), kv_timeout_ms: 0, prompt: vec![] };
     let mut stream = dec.decode(req).await?.into_inner();
     let Some(decode_response::Event::Admitted(adm)) = stream.message().await?.and_then(|m| m.event) else { panic!("admitted first") };
     let target = KvTarget {
@@ -141,7 +141,7 @@ impl Worker {
 async fn admit(d: &Worker, prompt_tokens: u32, max_tokens: u32) -> Result<(tonic::Streaming<ferry_proto::v1::DecodeResponse>, u64, String), tonic::Status> {
     let mut dec = DecodeClient::new(channel(&d.addr).await);
     let stop = ferry_proto::v1::StopConditions { max_tokens, ignore_eos: true, ..Default::default() };
-    let req = DecodeRequest { request_id: "bad".into(), prompt_tokens, sampling: None, stop: Some(stop), kv_timeout_ms: 0 };
+    let req = DecodeRequest { request_id: "bad".into(), prompt_tokens, sampling: None, stop: Some(stop), kv_timeout_ms: 0, prompt: vec![] };
     let mut stream = dec.decode(req).await?.into_inner();
     let Some(decode_response::Event::Admitted(a)) = stream.message().await?.and_then(|m| m.event) else { panic!("admitted first") };
     Ok((stream, a.transfer_id, a.transfer_token))
@@ -254,7 +254,7 @@ async fn cancelling_mid_stream_frees_the_kv_on_both_workers() {
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(10_000) };
     let (sampling, stop) = ferry_proto::sampling_to_wire(&params);
     let mut dec = DecodeClient::new(channel(&d.addr).await);
-    let req = DecodeRequest { request_id: "c".into(), prompt_tokens: 30, sampling: Some(sampling), stop: Some(stop.clone()), kv_timeout_ms: 0 };
+    let req = DecodeRequest { request_id: "c".into(), prompt_tokens: 30, sampling: Some(sampling), stop: Some(stop.clone()), kv_timeout_ms: 0, prompt: vec![] };
     let mut stream = dec.decode(req).await.unwrap().into_inner();
     let Some(decode_response::Event::Admitted(adm)) = stream.message().await.unwrap().and_then(|m| m.event) else { panic!() };
     let target = KvTarget { decode_worker: "d".into(), grpc_addr: d.addr.clone(), data_addr: adm.data_addr, transfer_id: adm.transfer_id, transfer_token: adm.transfer_token };
@@ -273,7 +273,7 @@ async fn cancelling_mid_stream_frees_the_kv_on_both_workers() {
 
     // A request whose KV never comes is dropped at the timeout, and its reservation returns.
     let mut dec = DecodeClient::new(channel(&d.addr).await);
-    let req = DecodeRequest { request_id: "late".into(), prompt_tokens: 8, sampling: None, stop: None, kv_timeout_ms: 100 };
+    let req = DecodeRequest { request_id: "late".into(), prompt_tokens: 8, sampling: None, stop: None, kv_timeout_ms: 100, prompt: vec![] };
     let mut stream = dec.decode(req).await.unwrap().into_inner();
     stream.message().await.unwrap();
     assert_eq!(stream.message().await.unwrap_err().code(), tonic::Code::DeadlineExceeded);

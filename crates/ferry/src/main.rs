@@ -42,6 +42,9 @@ enum Command {
     Prefill(worker_cmd::WorkerArgs),
     /// Run a decode worker: KV in, tokens out, with continuous batching.
     Decode(worker_cmd::WorkerArgs),
+    /// Run a colocated worker: prefill and decode in one loop on the same CPUs (the baseline;
+    /// `--chunked-prefill N` for Sarathi-style chunked prefill).
+    Colocated(worker_cmd::WorkerArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -101,6 +104,7 @@ fn main() -> std::process::ExitCode {
         Command::Pool(a) => pool_cmd::run(a),
         Command::Prefill(a) => worker_cmd::run(ferry_worker::Role::Prefill, a),
         Command::Decode(a) => worker_cmd::run(ferry_worker::Role::Decode, a),
+        Command::Colocated(a) => worker_cmd::run(ferry_worker::Role::Colocated, a),
         Command::Fetch => ferry_engine::fetch::ensure_default_model().map(|p| println!("{}", p.display())).map_err(Into::into),
     };
     match result {

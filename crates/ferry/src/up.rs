@@ -25,6 +25,17 @@ pub struct UpArgs {
     /// Decode workers.
     #[arg(long, default_value_t = 1)]
     pub decode: usize,
+    /// Colocated workers (prefill and decode on one worker: the baseline). With any, the router
+    /// serves from them; use `--prefill 0 --decode 0` for a colocated-only cluster.
+    #[arg(long, default_value_t = 0)]
+    pub colocated: usize,
+    /// Chunked prefill: colocated workers mix prompt chunks into decode steps with this token
+    /// budget; prefill workers prefill in chunks of this size.
+    #[arg(long)]
+    pub chunked_prefill: Option<usize>,
+    /// Pin each worker to one CPU (round-robin over the machine's CPUs; the router is not pinned).
+    #[arg(long)]
+    pub pin: bool,
     /// CPU threads per worker (0 = the machine's cores divided among the workers).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -109,11 +120,16 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 }
 
 pub fn run(a: UpArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(a.prefill >= 1 && a.decode >= 1, "--prefill and --decode must be at least 1");
+    anyhow::ensure!(
+        (a.prefill >= 1 && a.decode >= 1) || a.colocated >= 1,
+        "need at least one prefill and one decode worker, or one colocated worker"
+    );
+    anyhow::ensure!(a.chunked_prefill != Some(0), "--chunked-prefill must be at least 1");
     let model = ferry_engine::fetch::resolve_model(Some(&a.model))?;
     let model = model.to_string_lossy().into_owned();
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let threads = if a.threads > 0 { a.threads } else { (cores / (a.prefill + a.decode)).max(1) };
+    let workers = a.prefill + a.decode + a.colocated;
+    let threads = if a.threads > 0 { a.threads } else { (cores / workers).max(1) };
     let timeout = Duration::from_secs(a.ready_timeout);
     let mut procs = Procs(Vec::new());
     let r = spawn(
@@ -129,10 +145,24 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     if let Some(k) = a.kv_tokens {
         common.extend(["--kv-tokens".into(), k.to_string()]);
     }
-    for (role, n) in [("prefill", a.prefill), ("decode", a.decode)] {
+    let mut next_cpu = 0;
+    for (role, n) in [("prefill", a.prefill), ("decode", a.decode), ("colocated", a.colocated)] {
         for i in 0..n {
             let mut args = vec![role.to_string(), "--name".into(), format!("{role}-{i}")];
             args.extend(common.iter().cloned());
+            if let Some(c) = a.chunked_prefill {
+                match role {
+                    "colocated" => args.extend(["--chunked-prefill".into(), c.to_string()]),
+                    "prefill" => args.extend(["--max-batch-tokens".into(), c.to_string()]),
+                    _ => {}
+                }
+            }
+            if a.pin {
+                let first = next_cpu % cores;
+                let cpus: Vec<String> = (0..threads).map(|k| ((first + k) % cores).to_string()).collect();
+                next_cpu += threads;
+                args.extend(["--cpus".into(), cpus.join(",")]);
+            }
             let line = spawn(&mut procs, format!("{role} worker {i}"), &args, timeout)?;
             println!(
                 "worker   role={role} name={role}-{i} pid={} grpc={} data={} metrics={}",
@@ -156,7 +186,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         };
         loop {
             let h = client.health(HealthRequest {}).await?.into_inner();
-            if h.prefill_workers as usize >= a.prefill && h.decode_workers as usize >= a.decode {
+            if h.prefill_workers as usize >= a.prefill && h.decode_workers as usize >= a.decode && h.colocated_workers as usize >= a.colocated {
                 break;
             }
             if Instant::now() > deadline {
@@ -164,7 +194,10 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        println!("ready router={router} ({} prefill, {} decode, {threads} threads each); try: ferry generate --router {router} --chat \"Hello\"", a.prefill, a.decode);
+        println!(
+            "ready router={router} ({} prefill, {} decode, {} colocated, {threads} threads each); try: ferry generate --router {router} --chat \"Hello\"",
+            a.prefill, a.decode, a.colocated
+        );
         // Serve until Ctrl-C / SIGTERM, or until a child exits on its own.
         let mut tick = tokio::time::interval(Duration::from_millis(200));
         let signal = crate::worker_cmd::shutdown_signal();

@@ -39,6 +39,52 @@ pub struct WorkerArgs {
     /// Decode workers: how long an admitted request may wait for its KV.
     #[arg(long, default_value_t = 30_000)]
     pub kv_timeout_ms: u64,
+    /// Colocated workers: chunked prefill (Sarathi-Serve) with this many tokens per step, decodes
+    /// included; without it, prompts are prefilled whole before the running decodes continue.
+    #[arg(long)]
+    pub chunked_prefill: Option<usize>,
+    /// Pin this process (and its compute threads) to these CPUs, e.g. `0` or `0,2-3`.
+    #[arg(long)]
+    pub cpus: Option<String>,
+}
+
+/// Parse a CPU list (`0,2-3`).
+fn parse_cpus(list: &str) -> anyhow::Result<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.parse::<usize>()?, b.parse::<usize>()?),
+            None => (part.parse::<usize>()?, part.parse::<usize>()?),
+        };
+        anyhow::ensure!(a <= b && b < 1024, "bad CPU range {part:?}");
+        out.extend(a..=b);
+    }
+    anyhow::ensure!(!out.is_empty(), "empty CPU list {list:?}");
+    Ok(out)
+}
+
+/// Restrict this process to `cpus` (threads started later inherit it).
+pub fn pin(list: &str) -> anyhow::Result<()> {
+    let cpus = parse_cpus(list)?;
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it for indices
+        // below CPU_SETSIZE (checked above: < 1024); sched_setaffinity reads it.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            for &c in &cpus {
+                libc::CPU_SET(c, &mut set);
+            }
+            anyhow::ensure!(
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0,
+                "cannot pin to CPUs {list}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cpus;
+    Ok(())
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +101,9 @@ async fn bind(addr: &str) -> anyhow::Result<Option<tokio::net::TcpListener>> {
 }
 
 pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
+    if let Some(cpus) = &args.cpus {
+        pin(cpus)?;
+    }
     let engine = args.model.load_with(|c| {
         c.kv_tokens = args.kv_tokens;
         c.max_batch_tokens = args.max_batch_tokens;
@@ -68,6 +117,7 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
         let role_name = match role {
             Role::Prefill => "prefill",
             Role::Decode => "decode",
+            Role::Colocated => "colocated",
         };
         let addr = grpc.local_addr()?;
         let name = args.name.clone().unwrap_or_else(|| format!("{role_name}@{addr}"));
@@ -87,7 +137,7 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
             kv_timeout: Duration::from_millis(args.kv_timeout_ms),
         };
         let (ready, _ready_rx) = tokio::sync::watch::channel(false);
-        let engine = ferry_worker::EngineHandle::start(role, engine, &cfg.model);
+        let engine = ferry_worker::EngineHandle::start(role, engine, &cfg.model, args.chunked_prefill);
         ferry_worker::serve(cfg, engine, Listeners { grpc, data, metrics }, shutdown_signal(), ready).await?;
         Ok(())
     })

@@ -25,7 +25,11 @@ pub fn model_path() -> PathBuf {
         PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferry")
     };
     let p = cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(p.is_file(), "the default model is needed at {} (run `ferry fetch`, or set FERRY_SMOLLM2_GGUF)", p.display());
+    assert!(
+        p.is_file(),
+        "the default model is needed at {} (run `ferry fetch`, or set FERRY_SMOLLM2_GGUF)",
+        p.display()
+    );
     p
 }
 
@@ -51,7 +55,11 @@ impl TestRouter {
         let task = tokio::spawn(ferry_router::serve(cfg, l, metrics, async move {
             let _ = rx.await;
         }));
-        TestRouter { addr, stop: Some(stop), task: Some(task) }
+        TestRouter {
+            addr,
+            stop: Some(stop),
+            task: Some(task),
+        }
     }
 
     pub async fn shutdown(mut self) {
@@ -85,18 +93,27 @@ impl TestRouter {
     pub async fn mock(&self, role: WorkerRole, cfg: MockConfig) -> MockWorker {
         self.channel().await;
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        MockWorker::start(role, l, &self.addr, cfg).await.expect("mock worker registers")
+        MockWorker::start(role, l, &self.addr, cfg)
+            .await
+            .expect("mock worker registers")
     }
 }
 
 /// Mock tokens that spell `text` after the first one.
 pub fn scripted(text: &str) -> MockConfig {
     let ids = self::text().encode_prompt(text).unwrap();
-    MockConfig { first_token: ids[0], tokens: ids[1..].to_vec(), ..Default::default() }
+    MockConfig {
+        first_token: ids[0],
+        tokens: ids[1..].to_vec(),
+        ..Default::default()
+    }
 }
 
 pub fn prompt(p: &str) -> v1::GenerateRequest {
-    v1::GenerateRequest { input: Some(v1::generate_request::Input::Prompt(p.into())), ..Default::default() }
+    v1::GenerateRequest {
+        input: Some(v1::generate_request::Input::Prompt(p.into())),
+        ..Default::default()
+    }
 }
 
 pub struct Collected {
@@ -106,7 +123,10 @@ pub struct Collected {
     pub fin: v1::GenerateFinal,
 }
 
-pub async fn generate(c: &mut v1::ferry_client::FerryClient<Channel>, req: v1::GenerateRequest) -> Result<Collected, tonic::Status> {
+pub async fn generate(
+    c: &mut v1::ferry_client::FerryClient<Channel>,
+    req: v1::GenerateRequest,
+) -> Result<Collected, tonic::Status> {
     let mut s = c.generate(req).await?.into_inner();
     let (mut text, mut deltas, mut ids) = (String::new(), 0, Vec::new());
     while let Some(m) = s.message().await? {
@@ -118,7 +138,12 @@ pub async fn generate(c: &mut v1::ferry_client::FerryClient<Channel>, req: v1::G
             }
             v1::generate_response::Event::Final(fin) => {
                 assert!(s.message().await?.is_none(), "nothing after final");
-                return Ok(Collected { text, deltas, ids, fin });
+                return Ok(Collected {
+                    text,
+                    deltas,
+                    ids,
+                    fin,
+                });
             }
         }
     }

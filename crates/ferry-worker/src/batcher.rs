@@ -1,0 +1,385 @@
+//! The continuous-batching engine loop of decode and colocated workers (Orca, OSDI '22): one
+//! engine thread steps every running sequence each iteration, and sequences join and leave
+//! between steps.
+//!
+//! A decode worker's sequences arrive as imported KV. A colocated worker (the baseline that
+//! disaggregation is measured against) also takes prompts and prefills them in the same loop, in
+//! one of two ways:
+//! - **prefill first** (`chunk_tokens: None`, vLLM's classic scheduler): a step that has prompts
+//!   to prefill runs only them, whole (up to the step budget); running decodes wait that step;
+//! - **chunked prefill** (`chunk_tokens: Some(B)`, Sarathi-Serve, arXiv:2403.02310): every step
+//!   carries all running decodes plus prompt chunks filling the rest of a budget of B tokens, so
+//!   a long prompt never stalls decodes for more than one bounded step.
+
+use crate::load::{LoadGauge, Reservation};
+use crate::prefill::ModelFacts;
+use crate::{Result, WorkerError};
+use ferry_core::SamplingParams;
+use ferry_engine::sampler::Sampler;
+use ferry_engine::{Engine, FinishReason, Logits, SeqId, StepItem};
+use ferry_proto::v1::KvEnd;
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::{mpsc, oneshot};
+use tonic::Status;
+
+pub enum DecodeEvent {
+    Token(u32),
+    Finished { reason: FinishReason, completion_tokens: u32 },
+    Failed(String),
+}
+
+/// Where an admitted sequence's KV comes from.
+pub enum Source {
+    /// Shipped by a prefill worker: import it; `imported` gets the outcome and the buffer back.
+    Kv { payload: Vec<u8>, end: KvEnd, imported: oneshot::Sender<(std::result::Result<(), Status>, Vec<u8>)> },
+    /// Colocated: prefill the prompt here.
+    Prompt(Vec<u32>),
+}
+
+/// A request handed to the engine thread.
+pub struct Admission {
+    pub request_id: String,
+    pub source: Source,
+    pub params: SamplingParams,
+    pub prompt_tokens: usize,
+    pub events: mpsc::UnboundedSender<DecodeEvent>,
+    pub reservation: Reservation,
+}
+
+/// How a worker schedules its steps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Scheduling {
+    /// Takes prompts (a colocated worker).
+    pub accept_prompts: bool,
+    /// Chunked prefill with this token budget per step; None: prefill first, whole prompts.
+    pub chunk_tokens: Option<usize>,
+}
+
+struct Running {
+    seq: SeqId,
+    sampler: Sampler,
+    stop_ids: Vec<u32>,
+    count: usize,
+    last: u32,
+    prompt_tokens: usize,
+    max_tokens: usize,
+    events: mpsc::UnboundedSender<DecodeEvent>,
+    _reservation: Reservation,
+}
+
+struct Prefilling {
+    request_id: String,
+    seq: SeqId,
+    prompt: Vec<u32>,
+    done: usize,
+    params: SamplingParams,
+    events: mpsc::UnboundedSender<DecodeEvent>,
+    reservation: Reservation,
+}
+
+#[derive(Clone)]
+pub struct DecodeHandle {
+    tx: std_mpsc::Sender<Admission>,
+    pub load: Arc<LoadGauge>,
+    pub facts: ModelFacts,
+    pub scheduling: Scheduling,
+}
+
+impl DecodeHandle {
+    pub fn admit(&self, a: Admission) -> Result<()> {
+        self.tx.send(a).map_err(|_| WorkerError::ShuttingDown)
+    }
+}
+
+pub fn spawn(engine: Engine, model: String, scheduling: Scheduling) -> DecodeHandle {
+    let (tx, rx) = std_mpsc::channel();
+    let load = Arc::new(LoadGauge::default());
+    load.blocks_total.store(engine.total_blocks() as u64, Relaxed);
+    load.blocks_free.store(engine.free_blocks() as u64, Relaxed);
+    load.block_size.store(engine.kv_layout().block_size as u64, Relaxed);
+    let facts = ModelFacts::of(&engine, model);
+    let handle = DecodeHandle { tx, load: load.clone(), facts, scheduling };
+    let role = if scheduling.accept_prompts { "colocated" } else { "decode" };
+    std::thread::Builder::new()
+        .name(format!("ferry-{role}"))
+        .spawn(move || Loop { engine, running: Vec::new(), prefilling: VecDeque::new(), load, scheduling, role }.run(rx))
+        .expect("spawn the engine thread");
+    handle
+}
+
+struct Loop {
+    engine: Engine,
+    running: Vec<Running>,
+    prefilling: VecDeque<Prefilling>,
+    load: Arc<LoadGauge>,
+    scheduling: Scheduling,
+    role: &'static str,
+}
+
+/// One row group of a step.
+enum Part {
+    Decode(usize),
+    Prefill(usize, std::ops::Range<usize>),
+}
+
+impl Loop {
+    fn run(mut self, rx: std_mpsc::Receiver<Admission>) {
+        let mut rotate = 0usize;
+        loop {
+            self.publish();
+            if self.running.is_empty() && self.prefilling.is_empty() {
+                match rx.recv() {
+                    Ok(a) => self.admit(a),
+                    Err(_) => return,
+                }
+            }
+            while let Ok(a) = rx.try_recv() {
+                self.admit(a);
+            }
+            self.drop_cancelled();
+            if self.running.is_empty() && self.prefilling.is_empty() {
+                continue;
+            }
+            let parts = self.plan(&mut rotate);
+            self.step(parts);
+        }
+    }
+
+    fn publish(&self) {
+        self.load.blocks_free.store(self.engine.free_blocks() as u64, Relaxed);
+        self.load.active_sequences.store((self.running.len() + self.prefilling.len()) as u64, Relaxed);
+        let queued: usize = self.prefilling.iter().map(|p| p.prompt.len() - p.done).sum();
+        self.load.queued_prefill_tokens.store(queued as u64, Relaxed);
+        self.load.queued_requests.store(self.prefilling.len() as u64, Relaxed);
+        self.load.export(self.role);
+    }
+
+    /// Requests whose stream was dropped leave now, freeing their blocks.
+    fn drop_cancelled(&mut self) {
+        let engine = &mut self.engine;
+        self.running.retain(|r| {
+            let keep = !r.events.is_closed();
+            if !keep {
+                let _ = engine.release(r.seq);
+            }
+            keep
+        });
+        self.prefilling.retain(|p| {
+            let keep = !p.events.is_closed();
+            if !keep {
+                let _ = engine.release(p.seq);
+            }
+            keep
+        });
+    }
+
+    /// Which rows the next step carries (see the module doc).
+    fn plan(&self, rotate: &mut usize) -> Vec<Part> {
+        let cap = self.engine.max_batch_tokens().max(1);
+        let prefill_first = self.scheduling.chunk_tokens.is_none() && !self.prefilling.is_empty();
+        let budget = self.scheduling.chunk_tokens.unwrap_or(cap).min(cap).max(1);
+        let mut parts = Vec::new();
+        let mut left = budget;
+        if !prefill_first {
+            // Every running sequence decodes, unless they exceed the budget; then rotate.
+            let n = self.running.len().min(left);
+            let start = if n < self.running.len() { *rotate % self.running.len() } else { 0 };
+            *rotate = rotate.wrapping_add(n);
+            parts.extend((0..n).map(|k| Part::Decode((start + k) % self.running.len())));
+            left -= n;
+        }
+        for (j, p) in self.prefilling.iter().enumerate() {
+            if left == 0 {
+                break;
+            }
+            let n = (p.prompt.len() - p.done).min(left);
+            parts.push(Part::Prefill(j, p.done..p.done + n));
+            left -= n;
+        }
+        parts
+    }
+
+    fn step(&mut self, parts: Vec<Part>) {
+        let toks: Vec<[u32; 1]> = parts
+            .iter()
+            .map(|p| match p {
+                Part::Decode(i) => [self.running[*i].last],
+                Part::Prefill(..) => [0],
+            })
+            .collect();
+        let items: Vec<StepItem> = parts
+            .iter()
+            .zip(&toks)
+            .map(|(p, t)| match p {
+                Part::Decode(i) => StepItem { seq: self.running[*i].seq, tokens: t, logits: Logits::Last },
+                Part::Prefill(j, r) => {
+                    let p = &self.prefilling[*j];
+                    let logits = if r.end == p.prompt.len() { Logits::Last } else { Logits::None };
+                    StepItem { seq: p.seq, tokens: &p.prompt[r.clone()], logits }
+                }
+            })
+            .collect();
+        let t0 = Instant::now();
+        let result = self.engine.step(&items, &mut |_, _| {});
+        drop(items);
+        metrics::histogram!("ferry_worker_step_seconds", "role" => self.role).record(t0.elapsed().as_secs_f64());
+        let decodes = parts.iter().filter(|p| matches!(p, Part::Decode(_))).count();
+        metrics::histogram!("ferry_worker_decode_batch").record(decodes as f64);
+        let logits = match result {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!("step failed: {e}");
+                for r in self.running.drain(..) {
+                    let _ = self.engine.release(r.seq);
+                    let _ = r.events.send(DecodeEvent::Failed(format!("step failed: {e}")));
+                }
+                for p in self.prefilling.drain(..) {
+                    let _ = self.engine.release(p.seq);
+                    let _ = p.events.send(DecodeEvent::Failed(format!("step failed: {e}")));
+                }
+                return;
+            }
+        };
+        let ctx = self.engine.config().max_position;
+        let mut finished = Vec::new();
+        let mut prefilled = Vec::new();
+        for (part, logits) in parts.iter().zip(logits) {
+            match part {
+                Part::Decode(i) => {
+                    let r = &mut self.running[*i];
+                    let tok = r.sampler.sample(&logits);
+                    if let Some(reason) = advance(r, tok, ctx) {
+                        finished.push((*i, reason));
+                    }
+                }
+                Part::Prefill(j, range) => {
+                    let p = &mut self.prefilling[*j];
+                    p.done = range.end;
+                    if p.done == p.prompt.len() {
+                        prefilled.push((*j, logits));
+                    }
+                }
+            }
+        }
+        finished.sort_by_key(|f| std::cmp::Reverse(f.0));
+        for (i, reason) in finished {
+            let r = self.running.swap_remove(i);
+            let _ = self.engine.release(r.seq);
+            let _ = r.events.send(DecodeEvent::Finished { reason, completion_tokens: r.count as u32 });
+        }
+        // Prompts done: sample their first token here and join the running batch.
+        prefilled.sort_by_key(|f| std::cmp::Reverse(f.0));
+        for (j, logits) in prefilled {
+            let p = self.prefilling.remove(j).expect("index from this step");
+            let mut sampler = Sampler::new(&p.params);
+            let first = sampler.sample(&logits);
+            let first_is_stop = self.engine.stop_ids(&p.params).contains(&first);
+            if !first_is_stop {
+                let _ = p.events.send(DecodeEvent::Token(first));
+            }
+            let (seq, prompt_tokens) = (p.seq, p.prompt.len());
+            self.start(&p.request_id, seq, first, first_is_stop, sampler, &p.params, prompt_tokens, p.events, p.reservation);
+        }
+    }
+
+    fn admit(&mut self, a: Admission) {
+        match a.source {
+            Source::Kv { payload, end, imported } => {
+                let seq = match self.engine.import_kv(&payload) {
+                    Ok(seq) => seq,
+                    Err(e) => {
+                        let _ = imported.send((Err(Status::from(WorkerError::from(e))), payload));
+                        return;
+                    }
+                };
+                if imported.send((Ok(()), payload)).is_err() {
+                    let _ = self.engine.release(seq);
+                    return;
+                }
+                let sampler = Sampler::resume(&a.params, end.sampler_state);
+                // The router already streamed the first token (it came with prefill's answer).
+                self.start(&a.request_id, seq, end.first_token, end.first_is_stop, sampler, &a.params, a.prompt_tokens, a.events, a.reservation);
+            }
+            Source::Prompt(prompt) => {
+                let seq = self.engine.new_sequence();
+                self.prefilling.push_back(Prefilling {
+                    request_id: a.request_id,
+                    seq,
+                    prompt,
+                    done: 0,
+                    params: a.params,
+                    events: a.events,
+                    reservation: a.reservation,
+                });
+            }
+        }
+    }
+
+    /// A sequence whose first token is known joins the running batch, unless that token already
+    /// finishes it.
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        &mut self,
+        request_id: &str,
+        seq: SeqId,
+        first: u32,
+        first_is_stop: bool,
+        sampler: Sampler,
+        params: &SamplingParams,
+        prompt_tokens: usize,
+        events: mpsc::UnboundedSender<DecodeEvent>,
+        reservation: Reservation,
+    ) {
+        let count = usize::from(!first_is_stop);
+        let finish = if first_is_stop {
+            Some(FinishReason::StopToken(first))
+        } else if count >= params.max_tokens {
+            Some(FinishReason::Length)
+        } else if prompt_tokens + count >= self.engine.config().max_position {
+            Some(FinishReason::ContextFull)
+        } else {
+            None
+        };
+        match finish {
+            Some(reason) => {
+                let _ = self.engine.release(seq);
+                let _ = events.send(DecodeEvent::Finished { reason, completion_tokens: count as u32 });
+            }
+            None => {
+                tracing::debug!(request_id, "joined the running batch");
+                self.running.push(Running {
+                    seq,
+                    sampler,
+                    stop_ids: self.engine.stop_ids(params),
+                    count,
+                    last: first,
+                    prompt_tokens,
+                    max_tokens: params.max_tokens,
+                    events,
+                    _reservation: reservation,
+                });
+            }
+        }
+    }
+}
+
+/// Account for a newly sampled token; Some(reason) when the sequence is finished.
+fn advance(r: &mut Running, tok: u32, ctx: usize) -> Option<FinishReason> {
+    if r.stop_ids.contains(&tok) {
+        return Some(FinishReason::StopToken(tok));
+    }
+    r.count += 1;
+    r.last = tok;
+    let _ = r.events.send(DecodeEvent::Token(tok));
+    if r.count >= r.max_tokens {
+        Some(FinishReason::Length)
+    } else if r.prompt_tokens + r.count >= ctx {
+        Some(FinishReason::ContextFull)
+    } else {
+        None
+    }
+}
