@@ -10,6 +10,7 @@
 
 pub mod block_pool;
 pub mod kv_payload;
+pub mod loadgen;
 pub mod routing;
 pub mod sampling;
 pub mod stop;

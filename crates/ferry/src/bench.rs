@@ -15,6 +15,8 @@ pub enum BenchCommand {
     Router(crate::bench_cluster::RouterBenchArgs),
     /// TTFT through a `ferry up` cluster vs single-process prefill, with the KV transfer's cost.
     Disagg(crate::bench_cluster::DisaggBenchArgs),
+    /// Open-loop load against a router: latency percentiles, throughput and goodput over a sweep of rates.
+    Serve(crate::bench_serve::ServeBenchArgs),
     /// The receiving process of `bench kv` (started by it).
     #[command(hide = true)]
     KvSink(crate::bench_kv::KvSinkArgs),
@@ -37,6 +39,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Engine(a) => engine(a),
         BenchCommand::Kv(a) => crate::bench_kv::run(a),
+        BenchCommand::Serve(a) => crate::bench_serve::run(a),
         BenchCommand::Router(a) => crate::bench_cluster::router(a),
         BenchCommand::Disagg(a) => crate::bench_cluster::disagg(a),
         BenchCommand::KvSink(a) => crate::bench_kv::sink(a),

@@ -3,7 +3,9 @@
 mod bench;
 mod bench_cluster;
 mod bench_kv;
+mod bench_serve;
 mod generate;
+mod plot;
 mod pool_cmd;
 mod remote;
 mod router_cmd;

@@ -1,0 +1,265 @@
+//! `ferry bench serve`: an open-loop load generator against any Ferry router (disaggregated or
+//! colocated workers behind it): Poisson arrivals at each rate of a sweep, prompt and output
+//! lengths from a fixed value, a uniform range or a JSONL file, and per rate the TTFT, TPOT and
+//! end-to-end percentiles, throughput and SLO attainment; then goodput, the largest rate at which
+//! at least 90% of requests met both latency targets. The arithmetic is `ferry_core::loadgen`.
+//!
+//! JSONL workload format: one object per line, `{"prompt": "text", "max_tokens": 128}`; the
+//! requests cycle through the lines.
+
+use anyhow::Context;
+use ferry_core::loadgen::{self, LenDist, Sample, Slo};
+use ferry_proto::v1::ferry_client::FerryClient;
+use ferry_proto::v1::{generate_request, generate_response, GenerateRequest, ModelInfoRequest, StopConditions, TokenInput};
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug)]
+pub struct ServeBenchArgs {
+    /// The router (host:port).
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    pub router: String,
+    /// Offered request rates (requests/s), comma-separated: one run each.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub rates: Vec<f64>,
+    /// Requests per rate.
+    #[arg(long, default_value_t = 50)]
+    pub requests: usize,
+    /// Prompt length in tokens: `N` or `LO..HI` (uniform). Ignored with --dataset.
+    #[arg(long, default_value = "64..1024")]
+    pub prompt_len: String,
+    /// Output length in tokens (EOS ignored, so each request generates exactly this many).
+    #[arg(long, default_value = "64..256")]
+    pub output_len: String,
+    /// A JSONL file of `{"prompt": ..., "max_tokens": ...}` instead of synthetic prompts.
+    #[arg(long)]
+    pub dataset: Option<PathBuf>,
+    /// Seed for lengths, prompts and arrival times: the same seed gives the same workload.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// TTFT target (ms).
+    #[arg(long, default_value_t = 5000.0)]
+    pub slo_ttft_ms: f64,
+    /// TPOT target (ms).
+    #[arg(long, default_value_t = 100.0)]
+    pub slo_tpot_ms: f64,
+    /// Fraction of requests that must meet both targets for a rate to count toward goodput.
+    #[arg(long, default_value_t = 0.9)]
+    pub slo_target: f64,
+    /// A name for this configuration in the output and the plot.
+    #[arg(long, default_value = "ferry")]
+    pub label: String,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Write an SVG plot of TTFT p99 and TPOT p99 against the rate here.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Earlier results (JSON from --out) to draw in the same plot.
+    #[arg(long, value_delimiter = ',')]
+    pub compare: Vec<PathBuf>,
+}
+
+/// SplitMix64 uniforms in [0, 1).
+fn uniforms(seed: u64) -> impl FnMut() -> f64 {
+    let mut s = seed;
+    move || {
+        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+enum Input {
+    Ids(Vec<u32>),
+    Text(String),
+}
+
+struct Planned {
+    at: f64,
+    input: Input,
+    max_tokens: usize,
+}
+
+fn workload(a: &ServeBenchArgs, rate: f64, vocab: u32) -> anyhow::Result<Vec<Planned>> {
+    let mut u = uniforms(a.seed);
+    let arrivals = loadgen::poisson_arrivals(rate, a.requests, &mut u);
+    if let Some(path) = &a.dataset {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut rows = Vec::new();
+        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            let v: serde_json::Value = serde_json::from_str(line).with_context(|| format!("{}:{}: not JSON", path.display(), i + 1))?;
+            let prompt = v["prompt"].as_str().with_context(|| format!("{}:{}: no string \"prompt\"", path.display(), i + 1))?;
+            let max = v["max_tokens"].as_u64().with_context(|| format!("{}:{}: no integer \"max_tokens\"", path.display(), i + 1))?;
+            anyhow::ensure!(max >= 1, "{}:{}: max_tokens must be at least 1", path.display(), i + 1);
+            rows.push((prompt.to_string(), max as usize));
+        }
+        anyhow::ensure!(!rows.is_empty(), "{} has no requests", path.display());
+        return Ok(arrivals
+            .into_iter()
+            .enumerate()
+            .map(|(i, at)| Planned { at, input: Input::Text(rows[i % rows.len()].0.clone()), max_tokens: rows[i % rows.len()].1 })
+            .collect());
+    }
+    let (pl, ol) = (LenDist::parse(&a.prompt_len).map_err(anyhow::Error::msg)?, LenDist::parse(&a.output_len).map_err(anyhow::Error::msg)?);
+    Ok(arrivals
+        .into_iter()
+        .map(|at| {
+            let n = pl.sample(&mut u);
+            // Ordinary vocabulary ids (the low ids of byte-level BPE vocabularies are special).
+            let ids = (0..n).map(|_| 256 + (u() * (vocab.saturating_sub(256).max(1)) as f64) as u32).collect();
+            Planned { at, input: Input::Ids(ids), max_tokens: ol.sample(&mut u) }
+        })
+        .collect())
+}
+
+async fn one(mut client: FerryClient<tonic::transport::Channel>, p: Planned) -> Sample {
+    let input = match p.input {
+        Input::Ids(ids) => generate_request::Input::Tokens(TokenInput { ids }),
+        Input::Text(t) => generate_request::Input::Prompt(t),
+    };
+    let req = GenerateRequest {
+        input: Some(input),
+        stop: Some(StopConditions { max_tokens: p.max_tokens as u32, ignore_eos: true, ..Default::default() }),
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    let failed = |t0: Instant| Sample { ok: false, ttft_ms: f64::INFINITY, tpot_ms: f64::INFINITY, e2e_ms: t0.elapsed().as_secs_f64() * 1e3, output_tokens: 0 };
+    let Ok(resp) = client.generate(req).await else { return failed(t0) };
+    let mut s = resp.into_inner();
+    let (mut first, mut last, mut n) = (None, Duration::ZERO, 0usize);
+    loop {
+        match s.message().await {
+            Ok(Some(m)) => match m.event {
+                Some(generate_response::Event::Delta(d)) if !d.token_ids.is_empty() => {
+                    last = t0.elapsed();
+                    first.get_or_insert(last);
+                    n += d.token_ids.len();
+                }
+                Some(generate_response::Event::Final(_)) => break,
+                _ => {}
+            },
+            Ok(None) => break,
+            Err(_) => return failed(t0),
+        }
+    }
+    let Some(first) = first else { return failed(t0) };
+    let tpot = if n >= 2 { (last - first).as_secs_f64() * 1e3 / (n - 1) as f64 } else { 0.0 };
+    Sample { ok: true, ttft_ms: first.as_secs_f64() * 1e3, tpot_ms: tpot, e2e_ms: t0.elapsed().as_secs_f64() * 1e3, output_tokens: n }
+}
+
+fn summary(rate: f64, samples: &[Sample], wall: f64, slo: &Slo) -> serde_json::Value {
+    let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok).collect();
+    let pct = |f: &dyn Fn(&Sample) -> f64| {
+        let v: Vec<f64> = ok.iter().map(|s| f(s)).collect();
+        json!({ "p50": loadgen::percentile(&v, 50.0), "p90": loadgen::percentile(&v, 90.0), "p99": loadgen::percentile(&v, 99.0) })
+    };
+    let tokens: usize = ok.iter().map(|s| s.output_tokens).sum();
+    json!({
+        "rate": rate,
+        "requests": samples.len(),
+        "completed": ok.len(),
+        "wall_s": wall,
+        "throughput_rps": ok.len() as f64 / wall,
+        "output_tok_per_s": tokens as f64 / wall,
+        "ttft_ms": pct(&|s| s.ttft_ms),
+        "tpot_ms": pct(&|s| s.tpot_ms),
+        "e2e_ms": pct(&|s| s.e2e_ms),
+        "slo_attainment": loadgen::attainment(samples, slo),
+    })
+}
+
+pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(a.requests >= 1, "--requests must be at least 1");
+    anyhow::ensure!(a.rates.iter().all(|r| r.is_finite() && *r > 0.0), "--rates must be positive numbers");
+    let slo = Slo { ttft_ms: a.slo_ttft_ms, tpot_ms: a.slo_tpot_ms };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let runs = rt.block_on(async {
+        let uri = format!("http://{}", a.router);
+        let channel = tonic::transport::Endpoint::from_shared(uri.clone())?.connect().await.with_context(|| format!("cannot reach the router at {uri}"))?;
+        let mut client = FerryClient::new(channel);
+        let vocab = client.model_info(ModelInfoRequest {}).await?.into_inner().vocab_size;
+        let bar = indicatif::ProgressBar::new((a.requests * a.rates.len()) as u64);
+        bar.set_style(indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} requests  {msg}").expect("valid template"));
+        let mut runs = Vec::new();
+        for &rate in &a.rates {
+            bar.set_message(format!("rate {rate}/s"));
+            let plan = workload(&a, rate, vocab)?;
+            let start = tokio::time::Instant::now();
+            let mut tasks = Vec::new();
+            for p in plan {
+                let c = client.clone();
+                let bar = bar.clone();
+                tasks.push(tokio::spawn(async move {
+                    tokio::time::sleep_until(start + Duration::from_secs_f64(p.at)).await;
+                    let s = one(c, p).await;
+                    bar.inc(1);
+                    s
+                }));
+            }
+            let mut samples = Vec::new();
+            for t in tasks {
+                samples.push(t.await?);
+            }
+            let wall = start.elapsed().as_secs_f64();
+            runs.push((rate, samples, wall));
+        }
+        bar.finish_and_clear();
+        anyhow::Ok(runs)
+    })?;
+    let summaries: Vec<serde_json::Value> = runs.iter().map(|(r, s, w)| summary(*r, s, *w, &slo)).collect();
+    let att: Vec<(f64, f64)> = runs.iter().map(|(r, s, _)| (*r, loadgen::attainment(s, &slo))).collect();
+    let goodput = loadgen::goodput(&att, a.slo_target);
+    println!("{}: SLO TTFT <= {} ms and TPOT <= {} ms for {:.0}% of requests", a.label, a.slo_ttft_ms, a.slo_tpot_ms, a.slo_target * 100.0);
+    println!("{:>7} {:>9} {:>7} {:>8} | {:>23} | {:>20} | {:>23} | {:>6}", "rate", "completed", "req/s", "tok/s", "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99", "E2E ms p50/p90/p99", "SLO %");
+    for s in &summaries {
+        let t = |k: &str, q: &str| s[k][q].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "{:>7.3} {:>5}/{:<3} {:>7.3} {:>8.1} | {:>7.0} {:>7.0} {:>7.0} | {:>6.1} {:>6.1} {:>6.1} | {:>7.0} {:>7.0} {:>7.0} | {:>6.1}",
+            s["rate"].as_f64().unwrap_or(0.0),
+            s["completed"],
+            s["requests"],
+            s["throughput_rps"].as_f64().unwrap_or(0.0),
+            s["output_tok_per_s"].as_f64().unwrap_or(0.0),
+            t("ttft_ms", "p50"),
+            t("ttft_ms", "p90"),
+            t("ttft_ms", "p99"),
+            t("tpot_ms", "p50"),
+            t("tpot_ms", "p90"),
+            t("tpot_ms", "p99"),
+            t("e2e_ms", "p50"),
+            t("e2e_ms", "p90"),
+            t("e2e_ms", "p99"),
+            s["slo_attainment"].as_f64().unwrap_or(0.0) * 100.0
+        );
+    }
+    match goodput {
+        Some(g) => println!("goodput: {g} requests/s"),
+        None => println!("goodput: no rate met the SLO for {:.0}% of requests", a.slo_target * 100.0),
+    }
+    let result = json!({
+        "bench": "serve",
+        "label": a.label,
+        "router": a.router,
+        "slo": { "ttft_ms": a.slo_ttft_ms, "tpot_ms": a.slo_tpot_ms, "target": a.slo_target },
+        "workload": { "requests_per_rate": a.requests, "prompt_len": a.prompt_len, "output_len": a.output_len,
+                      "dataset": a.dataset.as_ref().map(|p| p.display().to_string()), "seed": a.seed },
+        "runs": summaries,
+        "goodput_rps": goodput,
+    });
+    if let Some(out) = &a.out {
+        std::fs::write(out, serde_json::to_string_pretty(&result)?).with_context(|| format!("writing {}", out.display()))?;
+    }
+    if let Some(plot) = &a.plot {
+        let mut all = vec![result];
+        for c in &a.compare {
+            let text = std::fs::read_to_string(c).with_context(|| format!("reading {}", c.display()))?;
+            all.push(serde_json::from_str(&text).with_context(|| format!("{}: not a `bench serve` result", c.display()))?);
+        }
+        std::fs::write(plot, crate::plot::latency_vs_rate(&all)).with_context(|| format!("writing {}", plot.display()))?;
+    }
+    Ok(())
+}
