@@ -17,6 +17,8 @@ pub enum BenchCommand {
     Disagg(crate::bench_cluster::DisaggBenchArgs),
     /// Open-loop load against a router: latency percentiles, throughput and goodput over a sweep of rates.
     Serve(crate::bench_serve::ServeBenchArgs),
+    /// Draw `bench serve` results (JSON from --out) in one SVG: p99 TTFT and TPOT against the rate.
+    Plot(PlotArgs),
     /// The receiving process of `bench kv` (started by it).
     #[command(hide = true)]
     KvSink(crate::bench_kv::KvSinkArgs),
@@ -35,11 +37,35 @@ pub struct EngineBenchArgs {
     pub repeats: usize,
 }
 
+#[derive(clap::Args, Debug)]
+pub struct PlotArgs {
+    /// `bench serve` result files.
+    #[arg(required = true)]
+    pub results: Vec<std::path::PathBuf>,
+    /// The SVG to write.
+    #[arg(long)]
+    pub out: std::path::PathBuf,
+}
+
+fn plot(a: PlotArgs) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let mut all = Vec::new();
+    for p in &a.results {
+        let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+        let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", p.display()))?;
+        anyhow::ensure!(v["bench"] == "serve", "{}: not a `ferry bench serve` result", p.display());
+        all.push(v);
+    }
+    std::fs::write(&a.out, crate::plot::latency_vs_rate(&all)).with_context(|| format!("writing {}", a.out.display()))?;
+    Ok(())
+}
+
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Engine(a) => engine(a),
         BenchCommand::Kv(a) => crate::bench_kv::run(a),
         BenchCommand::Serve(a) => crate::bench_serve::run(a),
+        BenchCommand::Plot(a) => plot(a),
         BenchCommand::Router(a) => crate::bench_cluster::router(a),
         BenchCommand::Disagg(a) => crate::bench_cluster::disagg(a),
         BenchCommand::KvSink(a) => crate::bench_kv::sink(a),
