@@ -2,6 +2,19 @@
 //! Poisson arrivals, request lengths, latency percentiles, SLO attainment and goodput. Pure
 //! functions; randomness is passed in as a source of uniforms in [0, 1).
 
+/// A deterministic source of uniforms in [0, 1) (SplitMix64, Steele et al.): the same seed gives
+/// the same workload.
+pub fn uniforms(seed: u64) -> impl FnMut() -> f64 {
+    let mut s = seed;
+    move || {
+        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
 /// Seconds after the start at which each of `n` requests is sent: exponential inter-arrival times
 /// of mean `1 / rate` (a Poisson process), the first one after one such gap.
 pub fn poisson_arrivals(rate: f64, n: usize, uniform: &mut dyn FnMut() -> f64) -> Vec<f64> {
@@ -104,18 +117,6 @@ pub fn goodput(runs: &[(f64, f64)], target: f64) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A deterministic uniform source (SplitMix64).
-    fn uniforms(seed: u64) -> impl FnMut() -> f64 {
-        let mut s = seed;
-        move || {
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-        }
-    }
 
     #[test]
     fn percentiles_interpolate_like_numpy() {

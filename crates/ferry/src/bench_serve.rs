@@ -61,18 +61,6 @@ pub struct ServeBenchArgs {
     pub compare: Vec<PathBuf>,
 }
 
-/// SplitMix64 uniforms in [0, 1).
-fn uniforms(seed: u64) -> impl FnMut() -> f64 {
-    let mut s = seed;
-    move || {
-        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 enum Input {
     Ids(Vec<u32>),
     Text(String),
@@ -85,7 +73,7 @@ struct Planned {
 }
 
 fn workload(a: &ServeBenchArgs, rate: f64, vocab: u32) -> anyhow::Result<Vec<Planned>> {
-    let mut u = uniforms(a.seed);
+    let mut u = loadgen::uniforms(a.seed);
     let arrivals = loadgen::poisson_arrivals(rate, a.requests, &mut u);
     if let Some(path) = &a.dataset {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
