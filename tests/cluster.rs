@@ -211,3 +211,91 @@ async fn colocated_and_chunked_prefill_equal_the_single_process_engine() {
         cluster.assert_no_leaks().await;
     }
 }
+
+/// Whether a process still exists (`ferry up` reaps its children, so an exited worker vanishes).
+fn alive(pid: u32) -> bool {
+    // SAFETY: kill(2) with signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid as libc::pid_t, 0) == 0 }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_drains_a_prefill_and_a_decode_worker_under_load_without_losing_a_request() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::{Arc, Mutex};
+    let model = smollm2();
+    let cluster = Cluster::up(&model, 2, 2, &[]);
+    let mut single = engine(&model);
+    let text = "A lighthouse keeper writes in the log every night: the weather, the ships, the lamp. ";
+    let base: Vec<u32> = single.encode(&text.repeat(20)).unwrap();
+    let prompts: Vec<Vec<u32>> = (0..6usize).map(|i| base[i..i + 40 + i * 30].to_vec()).collect();
+    let wants: Vec<Vec<u32>> = prompts.iter().map(|p| reference(&mut single, p, 24)).collect();
+    drop(single);
+
+    // 36 requests from 8 concurrent clients.
+    let queue = Arc::new(Mutex::new((0..36usize).collect::<Vec<_>>()));
+    let done = Arc::new(AtomicUsize::new(0));
+    let results = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (queue, done, results, prompts) = (queue.clone(), done.clone(), results.clone(), prompts.clone());
+        let mut client = cluster.client().await;
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let Some(i) = queue.lock().unwrap().pop() else { return };
+                let r = run(&mut client, token_request(&prompts[i % prompts.len()], 24)).await;
+                results.lock().unwrap().push((i, r.map(|o| (o.ids, o.fin, Instant::now()))));
+                done.fetch_add(1, SeqCst);
+            }
+        }));
+    }
+
+    // Once the load is running, SIGTERM one decode worker with requests in flight, and a prefill.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (decode_victim, prefill_victim) = loop {
+        assert!(Instant::now() < deadline, "no decode worker ever had requests in flight");
+        let ws = cluster.workers().await;
+        let busy = ws.iter().find(|w| w.role == ferry_proto::v1::WorkerRole::Decode as i32 && w.inflight >= 2);
+        if let (Some(d), true) = (busy, done.load(SeqCst) >= 2) {
+            let p = ws.iter().filter(|w| w.role == ferry_proto::v1::WorkerRole::Prefill as i32).max_by_key(|w| w.inflight).unwrap();
+            break (d.clone(), p.clone());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let proc_of = |w: &ferry_proto::v1::WorkerInfo| cluster.workers.iter().find(|p| p.grpc == w.grpc_addr).expect("its process").pid;
+    let (dpid, ppid) = (proc_of(&decode_victim), proc_of(&prefill_victim));
+    let signalled = Instant::now();
+    signal(dpid, libc::SIGTERM);
+    signal(ppid, libc::SIGTERM);
+
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let results = std::mem::take(&mut *results.lock().unwrap());
+    assert_eq!(results.len(), 36);
+    let mut finished_on_victim_after_signal = 0;
+    for (i, r) in &results {
+        let (ids, fin, at) = r.as_ref().unwrap_or_else(|e| panic!("request {i} failed during the drain: {e:?}"));
+        assert_eq!(ids, &wants[i % prompts.len()], "request {i}");
+        if fin.decode_worker == decode_victim.worker_id && *at > signalled {
+            finished_on_victim_after_signal += 1;
+        }
+    }
+    assert!(finished_on_victim_after_signal >= 1, "the draining decode worker finished its in-flight requests");
+    // Nothing was routed to a leaving worker: no retries, no worker marked dead.
+    assert_eq!(cluster.router_counter("ferry_router_retries_total").await, 0.0, "{}", cluster.router_metrics().await);
+    assert_eq!(cluster.router_counter("ferry_router_workers_marked_dead_total").await, 0.0, "{}", cluster.router_metrics().await);
+
+    // Both victims exit on their own (drained, not killed) and leave the router's pool.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while alive(dpid) || alive(ppid) {
+        assert!(Instant::now() < deadline, "a drained worker did not exit (decode alive: {}, prefill alive: {})", alive(dpid), alive(ppid));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ids: Vec<String> = cluster.workers().await.into_iter().map(|w| w.worker_id).collect();
+    assert!(!ids.contains(&decode_victim.worker_id) && !ids.contains(&prefill_victim.worker_id), "deregistered: {ids:?}");
+    // The rest keep serving, with nothing leaked.
+    let mut client = cluster.client().await;
+    let out = run(&mut client, token_request(&prompts[0], 24)).await.unwrap();
+    assert_eq!(out.ids, wants[0]);
+    cluster.assert_no_leaks().await;
+}

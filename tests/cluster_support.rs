@@ -32,6 +32,8 @@ pub struct WorkerProc {
 pub struct Cluster {
     child: Child,
     pub router: String,
+    /// The router's Prometheus `/metrics` address.
+    pub router_metrics: String,
     pub workers: Vec<WorkerProc>,
 }
 
@@ -58,12 +60,16 @@ impl Cluster {
             .expect("start ferry up");
         let out = BufReader::new(child.stdout.take().unwrap());
         let mut workers = Vec::new();
+        let mut router_metrics = String::new();
         let mut lines = out.lines();
         let router = loop {
             let line = match lines.next() {
                 Some(Ok(l)) => l,
                 _ => panic!("ferry up exited before it was ready: {:?}", child.wait()),
             };
+            if line.starts_with("router ") {
+                router_metrics = field(&line, "metrics=");
+            }
             if line.starts_with("worker ") {
                 workers.push(WorkerProc { role: field(&line, "role="), name: field(&line, "name="), pid: field(&line, "pid=").parse().unwrap(), grpc: field(&line, "grpc=") });
             }
@@ -73,11 +79,31 @@ impl Cluster {
         };
         // Keep draining its stdout so it never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        Cluster { child, router, workers }
+        Cluster { child, router, router_metrics, workers }
     }
 
     pub async fn client(&self) -> FerryClient<Channel> {
         FerryClient::connect(format!("http://{}", self.router)).await.expect("connect to the router")
+    }
+
+    /// The router's `/metrics` text.
+    pub async fn router_metrics(&self) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(&self.router_metrics).await.expect("connect to the router's /metrics");
+        s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {}\r\n\r\n", self.router_metrics).as_bytes()).await.unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).await.unwrap();
+        body
+    }
+
+    /// The sum of a counter's samples in the router's `/metrics` (0 when absent).
+    pub async fn router_counter(&self, name: &str) -> f64 {
+        self.router_metrics()
+            .await
+            .lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     }
 
     pub async fn workers(&self) -> Vec<WorkerInfo> {

@@ -35,6 +35,15 @@ impl v1::registry_server::Registry for RegistryService {
             state: state_to_wire(state) as i32,
         }))
     }
+
+    async fn deregister(
+        &self,
+        req: Request<v1::WorkerRef>,
+    ) -> Result<Response<v1::DeregisterResponse>, Status> {
+        self.registry.deregister(&req.get_ref().worker_id);
+        crate::metrics::set_worker_gauges(&self.registry);
+        Ok(Response::new(v1::DeregisterResponse {}))
+    }
 }
 
 #[derive(Clone)]

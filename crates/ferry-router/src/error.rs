@@ -29,6 +29,8 @@ pub enum RouterError {
     },
     #[error("unknown worker {0:?} (register again)")]
     UnknownWorker(String),
+    #[error("worker {0:?} is shutting down (draining to exit) and cannot be undrained")]
+    ShuttingDown(String),
     #[error("invalid registration: {0}")]
     BadRegistration(String),
     /// A worker failed the request at the transport level (down, unreachable, reset).
@@ -96,7 +98,9 @@ impl From<RouterError> for Status {
             | RouterError::WorkerUnavailable { .. }
             | RouterError::Protocol { .. } => Code::Unavailable,
             RouterError::DecodeExhausted { .. } => Code::ResourceExhausted,
-            RouterError::FingerprintMismatch { .. } => Code::FailedPrecondition,
+            RouterError::FingerprintMismatch { .. } | RouterError::ShuttingDown(_) => {
+                Code::FailedPrecondition
+            }
             RouterError::WorkerFailed { code, .. } => *code,
             RouterError::BadAddress { .. } => Code::InvalidArgument,
             RouterError::LoadModel { .. }

@@ -122,6 +122,7 @@ impl MockWorker {
             fingerprint: cfg.fingerprint.clone(),
             max_context: cfg.max_context,
             load: Some(load),
+            draining: false,
         };
         let r = client
             .register(reg.clone())
@@ -177,6 +178,7 @@ async fn heartbeat_loop(
             .heartbeat(v1::HeartbeatRequest {
                 worker_id,
                 load: reg.load,
+                draining: false,
             })
             .await
         {

@@ -53,6 +53,14 @@ fn is_transport(s: &Status) -> bool {
     s.code() == Code::Unavailable
 }
 
+/// A worker's refusal because it is draining (UNAVAILABLE with `ferry-refusal: draining`): it is
+/// alive, just leaving. Another worker takes the request; this one is not marked dead.
+fn is_draining(s: &Status) -> bool {
+    s.metadata()
+        .get("ferry-refusal")
+        .is_some_and(|v| v.as_bytes() == b"draining")
+}
+
 /// Whether something still accepts TCP connections at `addr` (a quick liveness probe).
 async fn reachable(addr: &str) -> bool {
     let addr = addr
@@ -105,6 +113,7 @@ pub async fn run(shared: Arc<Shared>, job: Job, tx: Tx) {
         match attempt_once(&shared, &job, &tx, &mut avoid).await {
             Err(f) if f.retry && attempt < shared.cfg.max_retries => {
                 tracing::warn!(error = %f.error, attempt, "retrying on other workers");
+                metrics::counter!("ferry_router_retries_total").increment(1);
                 attempt += 1;
             }
             Err(f) => break Err(f.error),
@@ -217,6 +226,10 @@ async fn attempt_once(
                 break;
             }
             Err(s) if s.code() == Code::ResourceExhausted => refused += 1,
+            Err(s) if is_draining(&s) => {
+                reg.mark_draining(&w.id);
+                refused += 1;
+            }
             Err(s) if gone(&s, &w.grpc_addr).await => {
                 reg.mark_dead(&w.id, s.message());
                 unavailable += 1;
@@ -242,79 +255,87 @@ async fn attempt_once(
     let (prefill_worker, pre) = if colocated {
         (dw.id.clone(), None)
     } else {
-        let mut pcands = reg.prefill_candidates();
-        for c in pcands.iter_mut().filter(|c| avoid.contains(&c.id)) {
-            c.state = WorkerState::Dead;
-        }
-        let pw = pick_prefill(&pcands).and_then(|i| reg.get(&pcands[i].id));
-        let Some(pw) = pw else {
-            return Err(RouterError::NoWorker {
-                role: WorkerRole::Prefill,
+        // A draining prefill worker refuses; the next one is tried (each at most once).
+        loop {
+            let mut pcands = reg.prefill_candidates();
+            for c in pcands.iter_mut().filter(|c| avoid.contains(&c.id)) {
+                c.state = WorkerState::Dead;
             }
-            .into());
-        };
-        let preq = v1::PrefillRequest {
-            request_id: rid.clone(),
-            prompt: job.prompt.clone(),
-            sampling: Some(sampling.clone()),
-            stop: Some(stop),
-            target: Some(v1::KvTarget {
-                decode_worker: dw.id.clone(),
-                grpc_addr: dw.grpc_addr.clone(),
-                data_addr: adm.data_addr.clone(),
-                transfer_id: adm.transfer_id,
-                transfer_token: adm.transfer_token.clone(),
-            }),
-        };
-        let mut client = v1::prefill_client::PrefillClient::new(pw.channel.clone())
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        let prefill_guard = InflightGuard::new(reg, &pw.id, job.prompt.len() as u64);
-        let Some(r) = worker_wait(tx, &mut waited, client.prefill(preq)).await else {
-            return Ok(Outcome::ClientGone);
-        };
-        drop(prefill_guard);
-        let pre = match r {
-            Ok(r) => r.into_inner(),
-            // Nothing has reached the client yet, so any failure of the worker or its link is retried
-            // elsewhere. ABORTED: the prefill worker could not deliver the KV to the decode worker.
-            Err(s)
-                if matches!(
-                    s.code(),
-                    Code::Aborted
-                        | Code::Unavailable
-                        | Code::Unknown
-                        | Code::Internal
-                        | Code::Cancelled
-                ) =>
-            {
-                let (role, worker) = if s.code() == Code::Aborted {
-                    if !reachable(&dw.grpc_addr).await {
-                        reg.mark_dead(&dw.id, s.message());
-                    }
-                    avoid.push(dw.id.clone());
-                    (WorkerRole::Decode, dw.id.clone())
-                } else {
-                    // A worker being killed may still accept connections for a moment: the lease
-                    // catches it then, if this probe does not.
-                    if gone(&s, &pw.grpc_addr).await {
-                        reg.mark_dead(&pw.id, s.message());
-                    }
+            let pw = pick_prefill(&pcands).and_then(|i| reg.get(&pcands[i].id));
+            let Some(pw) = pw else {
+                return Err(RouterError::NoWorker {
+                    role: WorkerRole::Prefill,
+                }
+                .into());
+            };
+            let preq = v1::PrefillRequest {
+                request_id: rid.clone(),
+                prompt: job.prompt.clone(),
+                sampling: Some(sampling.clone()),
+                stop: Some(stop.clone()),
+                target: Some(v1::KvTarget {
+                    decode_worker: dw.id.clone(),
+                    grpc_addr: dw.grpc_addr.clone(),
+                    data_addr: adm.data_addr.clone(),
+                    transfer_id: adm.transfer_id,
+                    transfer_token: adm.transfer_token.clone(),
+                }),
+            };
+            let mut client = v1::prefill_client::PrefillClient::new(pw.channel.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES);
+            let prefill_guard = InflightGuard::new(reg, &pw.id, job.prompt.len() as u64);
+            let Some(r) = worker_wait(tx, &mut waited, client.prefill(preq)).await else {
+                return Ok(Outcome::ClientGone);
+            };
+            drop(prefill_guard);
+            let pre = match r {
+                Ok(r) => r.into_inner(),
+                Err(s) if is_draining(&s) => {
+                    reg.mark_draining(&pw.id);
                     avoid.push(pw.id.clone());
-                    (WorkerRole::Prefill, pw.id.clone())
-                };
-                // Nothing reached the client: drop the decode stream (freeing its reservation) and retry.
-                let error = RouterError::WorkerUnavailable {
-                    role,
-                    worker,
-                    request_id: rid.clone(),
-                    message: s.message().to_owned(),
-                };
-                return Err(Failed { error, retry: true });
-            }
-            Err(s) => return Err(worker_failed(WorkerRole::Prefill, &pw.id, rid, s).into()),
-        };
-        (pw.id.clone(), Some(pre))
+                    continue;
+                }
+                // Nothing has reached the client yet, so any failure of the worker or its link is retried
+                // elsewhere. ABORTED: the prefill worker could not deliver the KV to the decode worker.
+                Err(s)
+                    if matches!(
+                        s.code(),
+                        Code::Aborted
+                            | Code::Unavailable
+                            | Code::Unknown
+                            | Code::Internal
+                            | Code::Cancelled
+                    ) =>
+                {
+                    let (role, worker) = if s.code() == Code::Aborted {
+                        if !reachable(&dw.grpc_addr).await {
+                            reg.mark_dead(&dw.id, s.message());
+                        }
+                        avoid.push(dw.id.clone());
+                        (WorkerRole::Decode, dw.id.clone())
+                    } else {
+                        // A worker being killed may still accept connections for a moment: the lease
+                        // catches it then, if this probe does not.
+                        if gone(&s, &pw.grpc_addr).await {
+                            reg.mark_dead(&pw.id, s.message());
+                        }
+                        avoid.push(pw.id.clone());
+                        (WorkerRole::Prefill, pw.id.clone())
+                    };
+                    // Nothing reached the client: drop the decode stream (freeing its reservation) and retry.
+                    let error = RouterError::WorkerUnavailable {
+                        role,
+                        worker,
+                        request_id: rid.clone(),
+                        message: s.message().to_owned(),
+                    };
+                    return Err(Failed { error, retry: true });
+                }
+                Err(s) => return Err(worker_failed(WorkerRole::Prefill, &pw.id, rid, s).into()),
+            };
+            break (pw.id.clone(), Some(pre));
+        }
     };
     let mut ttft = pre.as_ref().map(|_| job.start.elapsed());
 

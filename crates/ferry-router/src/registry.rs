@@ -38,6 +38,8 @@ pub struct Worker {
     pub outstanding_prefill_tokens: u64,
     /// Decode workers: KV blocks the requests in flight there were admitted for.
     pub promised_blocks: u64,
+    /// The worker itself is draining to exit (SIGTERM): admins cannot undrain it.
+    pub shutting_down: bool,
     /// Lazily connected; cached for the worker's life.
     pub channel: Channel,
 }
@@ -55,6 +57,7 @@ impl Worker {
             inflight: self.inflight,
             outstanding_prefill_tokens: self.outstanding_prefill_tokens,
             promised_kv_blocks: self.promised_blocks,
+            shutting_down: self.shutting_down,
             since_heartbeat_ms: now
                 .saturating_duration_since(self.last_heartbeat)
                 .as_secs_f64()
@@ -126,7 +129,11 @@ impl Registry {
             id: id.clone(),
             name: req.name.clone(),
             role,
-            state: WorkerState::Ready,
+            state: if req.draining {
+                WorkerState::Draining
+            } else {
+                WorkerState::Ready
+            },
             grpc_addr: req.grpc_addr.clone(),
             data_addr: req.data_addr.clone(),
             model: req.model.clone(),
@@ -136,6 +143,7 @@ impl Registry {
             inflight: 0,
             outstanding_prefill_tokens: 0,
             promised_blocks: 0,
+            shutting_down: req.draining,
             channel,
         };
         inner.workers.insert(id.clone(), worker);
@@ -166,6 +174,11 @@ impl Registry {
         if let Some(load) = req.load {
             w.load = load;
         }
+        if req.draining && !w.shutting_down {
+            w.shutting_down = true;
+            w.state = WorkerState::Draining;
+            tracing::info!(worker = %w.id, "worker is draining to shut down: no new requests go to it");
+        }
         Ok(w.state)
     }
 
@@ -182,6 +195,8 @@ impl Registry {
         }
         for id in &expired {
             tracing::warn!(worker = %id, "lease expired: worker marked dead");
+            metrics::counter!("ferry_router_workers_marked_dead_total", "cause" => "lease_expired")
+                .increment(1);
         }
         expired
     }
@@ -194,6 +209,27 @@ impl Registry {
         {
             w.state = WorkerState::Dead;
             tracing::warn!(worker = %id, reason = why, "worker marked dead");
+            metrics::counter!("ferry_router_workers_marked_dead_total", "cause" => "call_failed")
+                .increment(1);
+        }
+    }
+
+    /// A worker refused a request because it is draining (it may not have told us yet): stop
+    /// routing to it. Its own heartbeat confirms the drain.
+    pub fn mark_draining(&self, id: &str) {
+        if let Some(w) = self.lock().workers.get_mut(id)
+            && w.state == WorkerState::Ready
+        {
+            w.state = WorkerState::Draining;
+            w.shutting_down = true;
+            tracing::info!(worker = %id, "worker refused a request while draining: no new requests go to it");
+        }
+    }
+
+    /// A worker that finished draining leaves (idempotent: unknown ids are fine).
+    pub fn deregister(&self, id: &str) {
+        if self.lock().workers.remove(id).is_some() {
+            tracing::info!(worker = %id, "worker drained and deregistered");
         }
     }
 
@@ -206,11 +242,18 @@ impl Registry {
     }
 
     pub fn undrain(&self, id: &str) -> Result<v1::WorkerInfo, RouterError> {
-        self.update(id, |w| {
-            if w.state == WorkerState::Draining {
-                w.state = WorkerState::Ready;
-            }
-        })
+        let mut inner = self.lock();
+        let w = inner
+            .workers
+            .get_mut(id)
+            .ok_or_else(|| RouterError::UnknownWorker(id.into()))?;
+        if w.shutting_down {
+            return Err(RouterError::ShuttingDown(id.into()));
+        }
+        if w.state == WorkerState::Draining {
+            w.state = WorkerState::Ready;
+        }
+        Ok(w.info(Instant::now()))
     }
 
     pub fn remove(&self, id: &str) -> Result<v1::WorkerInfo, RouterError> {
@@ -469,6 +512,7 @@ mod tests {
                 &v1::HeartbeatRequest {
                     worker_id: id.into(),
                     load: None,
+                    draining: false,
                 },
                 at,
             )

@@ -27,6 +27,8 @@ pub struct DecodeService {
     pub data_addr: String,
     pub kv_timeout: Duration,
     pub name: String,
+    /// Held by every admitted request until its stream ends.
+    pub drain: Arc<crate::drain::Drain>,
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = std::result::Result<DecodeResponse, Status>> + Send>>;
@@ -141,7 +143,10 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
     async fn decode(&self, req: Request<DecodeRequest>) -> std::result::Result<Response<EventStream>, Status> {
         let req = req.into_inner();
         let role = if self.engine.scheduling.accept_prompts { "colocated" } else { "decode" };
-        let (params, reservation, timeout) = self.admit(&req).map_err(|e| {
+        let (params, reservation, timeout, work) = self.drain.begin().and_then(|w| {
+            let (p, r, t) = self.admit(&req)?;
+            Ok((p, r, t, w))
+        }).map_err(|e| {
             metrics::counter!("ferry_worker_requests_total", "role" => role, "outcome" => "refused").increment(1);
             tracing::info!(request_id = %req.request_id, worker = %self.name, "refused: {e}");
             Status::from(e)
@@ -165,6 +170,7 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
         };
         let prompt = req.prompt;
         tokio::spawn(async move {
+            let _work = work;
             let t0 = Instant::now();
             let mut ev_rx = match ticket {
                 Some(ticket) => match receive_kv(&engine, &receiver, ticket, timeout, &tx, admission).await {

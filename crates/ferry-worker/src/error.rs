@@ -34,6 +34,9 @@ pub enum WorkerError {
     Cancelled,
     #[error("worker is shutting down")]
     ShuttingDown,
+    /// This worker is draining (shutting down gracefully): another one should take the request.
+    #[error("worker {worker} is draining and takes no new requests")]
+    Draining { worker: String },
     #[error(transparent)]
     Engine(#[from] ferry_engine::EngineError),
     #[error("{0}")]
@@ -58,6 +61,9 @@ impl WorkerError {
             WorkerError::PeerRefused { status, .. } => status.code(),
             WorkerError::Cancelled => Code::Cancelled,
             WorkerError::ShuttingDown => Code::Unavailable,
+            // UNAVAILABLE with the `ferry-refusal: draining` metadata: the router tries another
+            // worker and marks this one draining, not dead.
+            WorkerError::Draining { .. } => Code::Unavailable,
             WorkerError::Engine(e) => {
                 use ferry_engine::EngineError as E;
                 match e {
@@ -89,7 +95,13 @@ impl WorkerError {
 
 impl From<WorkerError> for Status {
     fn from(e: WorkerError) -> Status {
-        Status::new(e.code(), e.to_string())
+        let mut status = Status::new(e.code(), e.to_string());
+        if matches!(e, WorkerError::Draining { .. }) {
+            status
+                .metadata_mut()
+                .insert(crate::drain::REFUSAL_KEY, tonic::metadata::MetadataValue::from_static(crate::drain::REFUSAL_DRAINING));
+        }
+        status
     }
 }
 

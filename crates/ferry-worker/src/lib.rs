@@ -4,10 +4,11 @@
 //!
 //! - [`prefill`], [`decode`]: the engine loops and their services;
 //! - [`kv`]: the transfer between them (assembler, receiver, transports: gRPC and TCP);
-//! - [`registration`]: register and heartbeat; [`metrics`]: `/metrics`.
+//! - [`registration`]: register and heartbeat; [`drain`]: graceful shutdown; [`metrics`]: `/metrics`.
 
 pub mod batcher;
 pub mod decode;
+pub mod drain;
 pub mod error;
 pub mod kv;
 pub mod load;
@@ -69,6 +70,9 @@ pub struct WorkerConfig {
     pub transport: TransportChoice,
     /// How long a decode worker waits for an admitted request's KV.
     pub kv_timeout: Duration,
+    /// On shutdown, how long to wait for in-flight requests (and, on a prefill worker, for the
+    /// acknowledgement of every KV sent) before exiting anyway.
+    pub drain_timeout: Duration,
 }
 
 /// The sockets a worker serves on, bound by the caller (tests bind port 0).
@@ -108,8 +112,9 @@ impl EngineHandle {
     }
 }
 
-/// Run a worker until `shutdown` resolves. `ready` turns true once registered with the router
-/// (immediately when there is no router).
+/// Run a worker until `shutdown` resolves, then drain: refuse new requests, tell the router, wait
+/// for the in-flight ones (at most `drain_timeout`), deregister, exit. `ready` turns true once
+/// registered with the router (immediately when there is no router).
 pub async fn serve(
     cfg: WorkerConfig,
     engine: EngineHandle,
@@ -118,6 +123,7 @@ pub async fn serve(
     ready: watch::Sender<bool>,
 ) -> Result<()> {
     let _ = metrics::handle();
+    let drain = drain::Drain::new(cfg.name.clone());
     let grpc_addr = listeners.grpc.local_addr().map_err(|e| WorkerError::Internal(e.to_string()))?;
     let advertise = cfg.advertise.clone().unwrap_or_else(|| grpc_addr.to_string());
     let data_addr = match &listeners.data {
@@ -144,6 +150,7 @@ pub async fn serve(
                 grpc: Arc::new(GrpcTransport::default()),
                 prefer_tcp: cfg.transport == TransportChoice::Tcp,
                 name: cfg.name.clone(),
+                drain: drain.clone(),
             };
             let router = server.add_service(reflection).add_service(
                 PrefillServer::new(svc).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES),
@@ -162,6 +169,7 @@ pub async fn serve(
                 data_addr: data_addr.clone(),
                 kv_timeout: cfg.kv_timeout,
                 name: cfg.name.clone(),
+                drain: drain.clone(),
             };
             let router = server
                 .add_service(reflection)
@@ -174,6 +182,7 @@ pub async fn serve(
             (load, facts, router)
         }
     };
+    let worker_id = registration::WorkerId::default();
     let registration = match &cfg.router {
         Some(r) => {
             let req = RegisterRequest {
@@ -185,8 +194,9 @@ pub async fn serve(
                 fingerprint: facts.fingerprint.clone(),
                 max_context: facts.max_context as u32,
                 load: None,
+                draining: false,
             };
-            Some(tokio::spawn(registration::keep_registered(r.clone(), req, load, ready)))
+            Some(tokio::spawn(registration::keep_registered(r.clone(), req, load, ready, drain.subscribe(), worker_id.clone())))
         }
         None => {
             let _ = ready.send(true);
@@ -194,6 +204,25 @@ pub async fn serve(
         }
     };
     tracing::info!(role = ?cfg.role, name = %cfg.name, addr = %advertise, "worker serving");
+    let abort = registration.as_ref().map(|r| r.abort_handle());
+    let (timeout, router_addr) = (cfg.drain_timeout, cfg.router.clone());
+    let shutdown = async move {
+        shutdown.await;
+        ::metrics::gauge!("ferry_worker_draining").set(1.0);
+        tracing::info!(inflight = drain.inflight(), timeout_s = timeout.as_secs_f64(), "draining: refusing new requests, waiting for in-flight ones");
+        match drain.drain(timeout).await {
+            drain::DrainOutcome::Idle => tracing::info!("drained: every request finished"),
+            drain::DrainOutcome::TimedOut { left } => {
+                tracing::warn!(left, "drain timed out after {} s: exiting with requests in flight", timeout.as_secs_f64())
+            }
+        }
+        if let Some(a) = abort {
+            a.abort();
+        }
+        if let Some(r) = router_addr {
+            registration::deregister(&r, &worker_id).await;
+        }
+    };
     let result = router
         // Nagle off on accepted connections (the builder's tcp_nodelay does not reach a passed-in
         // listener): small stream messages must not wait for delayed ACKs.

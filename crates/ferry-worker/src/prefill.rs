@@ -287,6 +287,8 @@ pub struct PrefillService {
     /// Use the TCP data path when the decode worker offers one.
     pub prefer_tcp: bool,
     pub name: String,
+    /// Held from the request's arrival until the decode worker acknowledged its KV.
+    pub drain: Arc<crate::drain::Drain>,
 }
 
 /// Sets the job's cancel flag when the RPC is dropped (client gone) before it finished.
@@ -300,6 +302,9 @@ impl Drop for CancelOnDrop {
 
 impl PrefillService {
     async fn run(&self, req: PrefillRequest) -> Result<PrefillResponse> {
+        // Held until `push` returns, i.e. after the decode worker's acknowledgement: a draining
+        // prefill worker exits only when every KV it produced has been taken.
+        let _work = self.drain.begin()?;
         let facts = &self.engine.facts;
         facts.check_prompt(&req.prompt)?;
         let params = ferry_proto::sampling_from_wire(req.sampling.as_ref(), req.stop.as_ref());

@@ -43,6 +43,7 @@ async fn start(role: Role, path: &Path, kv_tokens: Option<usize>, transport: Tra
         advertise: None,
         transport,
         kv_timeout: Duration::from_secs(5),
+        drain_timeout: Duration::from_secs(5),
     };
     let engine = ferry_worker::EngineHandle::start(role, engine(path, kv_tokens), "test", None);
     let load = engine.load();

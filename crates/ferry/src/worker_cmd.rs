@@ -46,6 +46,11 @@ pub struct WorkerArgs {
     /// Pin this process (and its compute threads) to these CPUs, e.g. `0` or `0,2-3`.
     #[arg(long)]
     pub cpus: Option<String>,
+    /// On SIGTERM/Ctrl-C: seconds to wait for in-flight requests (and, on a prefill worker, for
+    /// the decode worker's acknowledgement of every KV sent) before exiting anyway. Keep it below
+    /// Kubernetes' terminationGracePeriodSeconds.
+    #[arg(long, default_value_t = 60)]
+    pub drain_timeout: u64,
 }
 
 /// Parse a CPU list (`0,2-3`).
@@ -135,6 +140,7 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
                 KvTransportArg::Grpc => TransportChoice::Grpc,
             },
             kv_timeout: Duration::from_millis(args.kv_timeout_ms),
+            drain_timeout: Duration::from_secs(args.drain_timeout),
         };
         let (ready, _ready_rx) = tokio::sync::watch::channel(false);
         let engine = ferry_worker::EngineHandle::start(role, engine, &cfg.model, args.chunked_prefill);
