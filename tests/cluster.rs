@@ -299,3 +299,53 @@ async fn sigterm_drains_a_prefill_and_a_decode_worker_under_load_without_losing_
     assert_eq!(out.ids, wants[0]);
     cluster.assert_no_leaks().await;
 }
+
+/// `ferry pool scale` under `ferry up`: grows a pool with a new worker process, and shrinks it by
+/// draining the newest worker while it serves, losing no request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pool_scale_under_ferry_up_starts_and_drains_workers() {
+    let model = smollm2();
+    let cluster = Cluster::up(&model, 1, 1, &[]);
+    let pool = |args: Vec<String>| {
+        let router = cluster.router.clone();
+        tokio::task::spawn_blocking(move || {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferry")).arg("pool").args(&args).args(["--router", &router]).output().unwrap();
+            (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+        })
+    };
+    let (ok, out) = pool(vec!["scale".into(), "decode".into(), "2".into()]).await.unwrap();
+    assert!(ok, "{out}");
+    assert!(out.contains("decode pool: 1 -> 2") && out.contains("started  decode-1"), "{out}");
+    let decode_ready = |ws: &[ferry_proto::v1::WorkerInfo]| ws.iter().filter(|w| w.role == ferry_proto::v1::WorkerRole::Decode as i32 && w.state == ferry_proto::v1::WorkerState::Ready as i32).count();
+    assert_eq!(decode_ready(&cluster.workers().await), 2);
+
+    // Load on both decode workers, then shrink the pool while it runs.
+    let mut tasks = Vec::new();
+    for i in 0..6u32 {
+        let mut client = cluster.client().await;
+        tasks.push(tokio::spawn(async move { run(&mut client, token_request(&[1, 504 + i % 2, 3575, 28], 40)).await }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !cluster.workers().await.iter().any(|w| w.name == "decode-1" && w.inflight > 0) {
+        assert!(Instant::now() < deadline, "the new decode worker never got work");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (ok, out) = pool(vec!["scale".into(), "decode".into(), "1".into()]).await.unwrap();
+    assert!(ok, "{out}");
+    assert!(out.contains("decode pool: 2 -> 1") && out.contains("draining decode worker 1"), "{out}");
+    let mut by_prompt: std::collections::HashMap<u32, Vec<u32>> = Default::default();
+    for (i, t) in tasks.into_iter().enumerate() {
+        let o = t.await.unwrap().unwrap_or_else(|e| panic!("request {i} failed while the pool shrank: {e:?}"));
+        assert_eq!(o.ids.len(), 40);
+        let first = by_prompt.entry(i as u32 % 2).or_insert(o.ids.clone());
+        assert_eq!(&o.ids, first, "same prompt, same greedy output on either worker");
+    }
+    let ws = cluster.workers().await;
+    assert_eq!(decode_ready(&ws), 1, "{ws:?}");
+    assert!(ws.iter().all(|w| w.name != "decode-1"), "the drained worker left: {ws:?}");
+    assert_eq!(cluster.router_counter("ferry_router_retries_total").await, 0.0);
+    // A bad pool size is refused with a clear message.
+    let (ok, out) = pool(vec!["scale".into(), "decode".into(), "100000".into(), "--no-wait".into()]).await.unwrap();
+    assert!(!ok && out.contains("100000"), "{out}");
+    cluster.assert_no_leaks().await;
+}

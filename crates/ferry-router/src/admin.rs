@@ -8,7 +8,8 @@ use ferry_proto::v1;
 use tonic::{Request, Response, Status};
 
 use crate::registry::Registry;
-use crate::wire::state_to_wire;
+use crate::RouterError;
+use crate::wire::{role_from_wire, state_to_wire};
 
 #[derive(Clone)]
 pub struct RegistryService {
@@ -49,6 +50,7 @@ impl v1::registry_server::Registry for RegistryService {
 #[derive(Clone)]
 pub struct AdminService {
     pub registry: Arc<Registry>,
+    pub scaler: Option<crate::scale::Scaler>,
 }
 
 #[tonic::async_trait]
@@ -75,6 +77,18 @@ impl v1::admin_server::Admin for AdminService {
         let info = self.registry.undrain(&req.get_ref().worker_id)?;
         crate::metrics::set_worker_gauges(&self.registry);
         Ok(Response::new(info))
+    }
+
+    async fn scale(
+        &self,
+        req: Request<v1::ScaleRequest>,
+    ) -> Result<Response<v1::ScaleResponse>, Status> {
+        let r = req.get_ref();
+        let role = role_from_wire(r.role).ok_or_else(|| {
+            RouterError::InvalidRequest("scale: the role is unspecified".into())
+        })?;
+        let resp = crate::scale::scale(self.scaler.as_ref(), role, r.replicas).await?;
+        Ok(Response::new(resp))
     }
 
     async fn remove(

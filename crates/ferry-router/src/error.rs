@@ -31,6 +31,12 @@ pub enum RouterError {
     UnknownWorker(String),
     #[error("worker {0:?} is shutting down (draining to exit) and cannot be undrained")]
     ShuttingDown(String),
+    #[error(
+        "this router has no scaler: start it with --kube-scale (Kubernetes) or run it under `ferry up`"
+    )]
+    NoScaler,
+    #[error("scaling through {backend}: {message}")]
+    ScaleFailed { backend: String, message: String },
     #[error("invalid registration: {0}")]
     BadRegistration(String),
     /// A worker failed the request at the transport level (down, unreachable, reset).
@@ -98,9 +104,10 @@ impl From<RouterError> for Status {
             | RouterError::WorkerUnavailable { .. }
             | RouterError::Protocol { .. } => Code::Unavailable,
             RouterError::DecodeExhausted { .. } => Code::ResourceExhausted,
-            RouterError::FingerprintMismatch { .. } | RouterError::ShuttingDown(_) => {
-                Code::FailedPrecondition
-            }
+            RouterError::FingerprintMismatch { .. }
+            | RouterError::ShuttingDown(_)
+            | RouterError::NoScaler => Code::FailedPrecondition,
+            RouterError::ScaleFailed { .. } => Code::Unavailable,
             RouterError::WorkerFailed { code, .. } => *code,
             RouterError::BadAddress { .. } => Code::InvalidArgument,
             RouterError::LoadModel { .. }

@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod mock;
 pub mod orchestrate;
 pub mod registry;
+pub mod scale;
 pub mod service;
 mod wire;
 
@@ -26,6 +27,7 @@ use ferry_proto::v1;
 
 pub use error::RouterError;
 pub use mock::{MockConfig, MockWorker, OverheadStats, router_overhead};
+pub use scale::{KubeScale, Scaler};
 
 use crate::registry::{MAX_MESSAGE_BYTES, Registry, WINDOW_BYTES};
 
@@ -44,6 +46,8 @@ pub struct RouterConfig {
     pub connect_timeout: Duration,
     /// How long a decode worker waits for the KV after admission (zero: the worker's default).
     pub kv_timeout: Duration,
+    /// Where `Admin.Scale` goes (None: scaling is refused with a clear error).
+    pub scaler: Option<Scaler>,
 }
 
 impl RouterConfig {
@@ -55,6 +59,7 @@ impl RouterConfig {
             max_retries: 1,
             connect_timeout: Duration::from_secs(1),
             kv_timeout: Duration::ZERO,
+            scaler: None,
         }
     }
 }
@@ -107,7 +112,10 @@ pub async fn serve(
     let reg = v1::registry_server::RegistryServer::new(admin::RegistryService {
         registry: registry.clone(),
     });
-    let adm = v1::admin_server::AdminServer::new(admin::AdminService { registry });
+    let adm = v1::admin_server::AdminServer::new(admin::AdminService {
+        registry,
+        scaler: cfg.scaler.clone(),
+    });
     let result = tonic::transport::Server::builder()
         .initial_stream_window_size(Some(WINDOW_BYTES))
         .initial_connection_window_size(Some(WINDOW_BYTES))

@@ -10,6 +10,7 @@ mod pool_cmd;
 mod remote;
 mod router_cmd;
 mod score;
+mod supervisor;
 mod up;
 mod worker_cmd;
 

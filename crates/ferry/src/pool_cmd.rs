@@ -1,4 +1,4 @@
-//! `ferry pool list|drain|undrain|remove`: the router's admin API from the command line.
+//! `ferry pool list|drain|undrain|remove|scale`: the router's admin API from the command line.
 
 use ferry_proto::v1;
 
@@ -20,6 +20,31 @@ pub enum PoolCommand {
     Undrain(PoolWorker),
     /// Forget a worker (it may register again).
     Remove(PoolWorker),
+    /// Set a pool's size: under Kubernetes the router patches the pool's Deployment; under
+    /// `ferry up` workers are started, or the newest are drained and stopped (no request lost).
+    Scale(PoolScale),
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolRole {
+    Prefill,
+    Decode,
+    Colocated,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PoolScale {
+    #[command(flatten)]
+    pub opts: PoolOpts,
+    pub role: PoolRole,
+    pub replicas: u32,
+    /// Return once the scaler accepted, without waiting for the pool to reach its size.
+    #[arg(long)]
+    pub no_wait: bool,
+    /// Seconds to wait for the router to see the pool at its new size (workers loaded and
+    /// registered; drained ones gone).
+    #[arg(long, default_value_t = 300)]
+    pub wait_timeout: u64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -41,7 +66,10 @@ pub struct PoolWorker {
 }
 
 pub fn run(a: PoolArgs) -> anyhow::Result<()> {
-    let (opts, workers) = call(a.command)?;
+    let (opts, workers) = match a.command {
+        PoolCommand::Scale(s) => return scale(s),
+        cmd => call(cmd)?,
+    };
     let mut out = String::new();
     if opts.json {
         out = serde_json::to_string_pretty(&workers.iter().map(to_json).collect::<Vec<_>>())?;
@@ -58,13 +86,9 @@ fn call(cmd: PoolCommand) -> anyhow::Result<(PoolOpts, Vec<v1::WorkerInfo>)> {
         let router = match &cmd {
             PoolCommand::List(o) => &o.router,
             PoolCommand::Drain(w) | PoolCommand::Undrain(w) | PoolCommand::Remove(w) => &w.opts.router,
+            PoolCommand::Scale(s) => &s.opts.router,
         };
-        let uri = if router.contains("://") { router.clone() } else { format!("http://{router}") };
-        let channel = tonic::transport::Endpoint::from_shared(uri.clone())?
-            .connect()
-            .await
-            .map_err(|e| anyhow::anyhow!("Unavailable: cannot connect to the router at {uri}: {e}"))?;
-        let mut c = v1::admin_client::AdminClient::new(channel);
+        let mut c = admin(router).await?;
         let one = |w: &PoolWorker| v1::WorkerRef { worker_id: w.worker_id.clone() };
         Ok(match cmd {
             PoolCommand::List(o) => (o, c.list_workers(v1::ListWorkersRequest {}).await.map_err(status_error)?.into_inner().workers),
@@ -80,8 +104,78 @@ fn call(cmd: PoolCommand) -> anyhow::Result<(PoolOpts, Vec<v1::WorkerInfo>)> {
                 let info = c.remove(one(&w)).await.map_err(status_error)?.into_inner();
                 (w.opts, vec![info])
             }
+            PoolCommand::Scale(_) => unreachable!("handled by `scale`"),
         })
     })
+}
+
+async fn admin(router: &str) -> anyhow::Result<v1::admin_client::AdminClient<tonic::transport::Channel>> {
+    let uri = if router.contains("://") { router.to_string() } else { format!("http://{router}") };
+    let channel = tonic::transport::Endpoint::from_shared(uri.clone())?
+        .connect()
+        .await
+        .map_err(|e| anyhow::anyhow!("Unavailable: cannot connect to the router at {uri}: {e}"))?;
+    Ok(v1::admin_client::AdminClient::new(channel))
+}
+
+fn scale(s: PoolScale) -> anyhow::Result<()> {
+    let role = match s.role {
+        PoolRole::Prefill => v1::WorkerRole::Prefill,
+        PoolRole::Decode => v1::WorkerRole::Decode,
+        PoolRole::Colocated => v1::WorkerRole::Colocated,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let mut c = admin(&s.opts.router).await?;
+        let resp = c.scale(v1::ScaleRequest { role: role as i32, replicas: s.replicas }).await.map_err(status_error)?.into_inner();
+        if !s.opts.json {
+            println!("{role} pool: {} -> {} ({})", resp.previous, resp.replicas, resp.backend);
+            for w in &resp.started {
+                println!("  started  {w}");
+            }
+            for w in &resp.stopping {
+                println!("  draining {w} (it stops when its in-flight requests are done)");
+            }
+        }
+        let mut workers = Vec::new();
+        if !s.no_wait {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(s.wait_timeout);
+            loop {
+                workers = c.list_workers(v1::ListWorkersRequest {}).await.map_err(status_error)?.into_inner().workers;
+                if settled(&workers, role, s.replicas) {
+                    break;
+                }
+                anyhow::ensure!(
+                    std::time::Instant::now() < deadline,
+                    "the {role} pool did not reach {} ready workers within {} s:\n{}",
+                    s.replicas,
+                    s.wait_timeout,
+                    table(&workers)
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        }
+        if s.opts.json {
+            let v = serde_json::json!({
+                "role": role.to_string(), "previous": resp.previous, "replicas": resp.replicas,
+                "backend": resp.backend, "started": resp.started, "stopping": resp.stopping,
+                "workers": workers.iter().map(to_json).collect::<Vec<_>>(),
+            });
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        } else if !s.no_wait {
+            print!("{}", table(&workers));
+        }
+        Ok(())
+    })
+}
+
+/// Whether the router sees exactly `replicas` ready workers of `role` and none still draining
+/// to exit.
+pub fn settled(workers: &[v1::WorkerInfo], role: v1::WorkerRole, replicas: u32) -> bool {
+    let of_role = workers.iter().filter(|w| w.role == role as i32);
+    let ready = of_role.clone().filter(|w| w.state == v1::WorkerState::Ready as i32).count();
+    let leaving = of_role.filter(|w| w.shutting_down && w.state != v1::WorkerState::Dead as i32).count();
+    ready == replicas as usize && leaving == 0
 }
 
 fn role(w: &v1::WorkerInfo) -> String {
@@ -89,7 +183,12 @@ fn role(w: &v1::WorkerInfo) -> String {
 }
 
 fn state(w: &v1::WorkerInfo) -> String {
-    v1::WorkerState::try_from(w.state).unwrap_or(v1::WorkerState::Unspecified).to_string()
+    let s = v1::WorkerState::try_from(w.state).unwrap_or(v1::WorkerState::Unspecified).to_string();
+    if w.shutting_down {
+        format!("{s} (exiting)")
+    } else {
+        s
+    }
 }
 
 pub fn to_json(w: &v1::WorkerInfo) -> serde_json::Value {
@@ -98,6 +197,7 @@ pub fn to_json(w: &v1::WorkerInfo) -> serde_json::Value {
         "worker_id": w.worker_id, "name": w.name, "role": role(w), "state": state(w),
         "grpc_addr": w.grpc_addr, "data_addr": w.data_addr,
         "inflight": w.inflight, "outstanding_prefill_tokens": w.outstanding_prefill_tokens,
+        "shutting_down": w.shutting_down,
         "since_heartbeat_ms": w.since_heartbeat_ms,
         "load": {
             "kv_blocks_total": load.kv_blocks_total, "kv_blocks_free": load.kv_blocks_free,

@@ -23,11 +23,43 @@ pub struct RouterArgs {
     /// How often workers heartbeat.
     #[arg(long, default_value_t = 1000)]
     pub heartbeat_ms: u64,
+    /// `ferry pool scale` patches the pools' Deployments (in-cluster service account, or the
+    /// kubeconfig when run outside a cluster).
+    #[arg(long)]
+    pub kube_scale: bool,
+    /// The Deployments' namespace (default: the service account's or the kubeconfig context's).
+    #[arg(long, requires = "kube_scale")]
+    pub kube_namespace: Option<String>,
+    #[arg(long, default_value = "ferry-prefill")]
+    pub kube_prefill_deployment: String,
+    #[arg(long, default_value = "ferry-decode")]
+    pub kube_decode_deployment: String,
+    #[arg(long, default_value = "ferry-colocated")]
+    pub kube_colocated_deployment: String,
+    /// Talk to the Kubernetes API at this URL without credentials (e.g. `kubectl proxy`'s
+    /// http://127.0.0.1:8001) instead of inferring the config.
+    #[arg(long, requires = "kube_scale")]
+    pub kube_api_url: Option<String>,
+    /// `ferry up`'s supervisor serving `ferry.v1.Scaler` (set by `ferry up`).
+    #[arg(long, hide = true, conflicts_with = "kube_scale")]
+    pub local_scaler: Option<String>,
 }
 
 pub fn run(args: RouterArgs) -> anyhow::Result<()> {
     let path = ferry_engine::fetch::resolve_model(Some(&args.model))?;
+    let scaler = if args.kube_scale {
+        Some(ferry_router::Scaler::Kubernetes(ferry_router::KubeScale {
+            namespace: args.kube_namespace.clone(),
+            prefill_deployment: args.kube_prefill_deployment.clone(),
+            decode_deployment: args.kube_decode_deployment.clone(),
+            colocated_deployment: args.kube_colocated_deployment.clone(),
+            api_url: args.kube_api_url.clone(),
+        }))
+    } else {
+        args.local_scaler.clone().map(ferry_router::Scaler::Local)
+    };
     let cfg = ferry_router::RouterConfig {
+        scaler,
         lease: Duration::from_millis(args.lease_ms),
         heartbeat: Duration::from_millis(args.heartbeat_ms),
         ..ferry_router::RouterConfig::new(path)

@@ -1,14 +1,15 @@
 //! `ferry up`: the whole system on one machine. A router, N prefill and M decode workers run as
 //! separate `ferry` processes on loopback; this process supervises them: it waits until every
 //! worker has registered, prints the endpoints, and on Ctrl-C (or if the router dies) stops them
-//! all (SIGTERM, then SIGKILL after a grace period).
+//! all (SIGTERM, then SIGKILL after a grace period). `ferry pool scale` reaches it through the
+//! router ([`crate::supervisor`]).
 
+use crate::supervisor::{field, LocalScaler, Supervisor, WorkerTemplate};
 use anyhow::{bail, Context};
+use ferry_proto::v1;
 use ferry_proto::v1::ferry_client::FerryClient;
 use ferry_proto::v1::HealthRequest;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug)]
@@ -48,75 +49,9 @@ pub struct UpArgs {
     /// Seconds to wait for every worker to load and register.
     #[arg(long, default_value_t = 300)]
     pub ready_timeout: u64,
-}
-
-struct Proc {
-    what: String,
-    child: Child,
-}
-
-/// Children, stopped when this is dropped (whatever path leaves `run`).
-struct Procs(Vec<Proc>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        // The router first (so no new work reaches the workers and nothing waits on their
-        // leases), then the workers, each given a grace period to finish in-flight requests.
-        for p in &mut self.0 {
-            terminate(p.child.id());
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = p.child.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            if let Ok(None) = p.child.try_wait() {
-                let _ = p.child.kill();
-            }
-            let _ = p.child.wait();
-        }
-    }
-}
-
-fn terminate(pid: u32) {
-    // SAFETY: kill(2) with a pid this process spawned and SIGTERM; no memory is involved.
-    #[cfg(unix)]
-    unsafe {
-        libc::kill(pid as libc::pid_t, libc::SIGTERM);
-    }
-    #[cfg(not(unix))]
-    let _ = pid;
-}
-
-/// Spawn `ferry ARGS`, wait for its `ready` line on stdout, and return it; the rest of its
-/// stdout is forwarded to `lines` (so the pipe never fills).
-fn spawn(procs: &mut Procs, what: String, args: &[String], timeout: Duration) -> anyhow::Result<String> {
-    let exe = std::env::current_exe()?;
-    let mut child = Command::new(exe).args(args).stdout(Stdio::piped()).stdin(Stdio::null()).spawn().with_context(|| format!("starting {what}"))?;
-    let stdout = child.stdout.take().context("child stdout")?;
-    let pid = child.id();
-    procs.0.push(Proc { what: what.clone(), child });
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut first = true;
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if first && line.contains(" ready ") {
-                first = false;
-                let _ = tx.send(line);
-            } else {
-                println!("{line}");
-            }
-        }
-    });
-    match rx.recv_timeout(timeout) {
-        Ok(line) => Ok(format!("{line} pid={pid}")),
-        Err(_) => bail!("{what} did not become ready within {} s (see its log above)", timeout.as_secs()),
-    }
-}
-
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    line.split_whitespace().find_map(|f| f.strip_prefix(key))
+    /// Seconds a worker stopped by `ferry pool scale` may take to drain (its `--drain-timeout`).
+    #[arg(long, default_value_t = 60)]
+    pub drain_timeout: u64,
 }
 
 pub fn run(a: UpArgs) -> anyhow::Result<()> {
@@ -131,50 +66,47 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     let workers = a.prefill + a.decode + a.colocated;
     let threads = if a.threads > 0 { a.threads } else { (cores / workers).max(1) };
     let timeout = Duration::from_secs(a.ready_timeout);
-    let mut procs = Procs(Vec::new());
-    let r = spawn(
-        &mut procs,
-        "router".into(),
-        &["router", "--listen", &a.listen, "--metrics-listen", "127.0.0.1:0", "--model", &model].map(String::from),
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    // The local scaler the router forwards `ferry pool scale` to (loopback only).
+    let scaler_listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).context("binding the local scaler")?;
+    let scaler_addr = scaler_listener.local_addr()?.to_string();
+    let template = WorkerTemplate {
+        common: Vec::new(),
+        chunked_prefill: a.chunked_prefill,
+        pin: a.pin,
+        threads,
+        cores,
         timeout,
+        drain_timeout: a.drain_timeout,
+    };
+    let sup = Arc::new(Mutex::new(Supervisor::new(template)));
+    let lock = || sup.lock().unwrap_or_else(|p| p.into_inner());
+    let r = lock().spawn(
+        "router".into(),
+        None,
+        &["router", "--listen", &a.listen, "--metrics-listen", "127.0.0.1:0", "--model", &model, "--local-scaler", &scaler_addr].map(String::from),
     )?;
     let router = field(&r, "grpc=").context("router ready line")?.to_string();
     println!("router   grpc={router} metrics={}", field(&r, "metrics=").unwrap_or("-"));
-    let mut common = vec!["--router".to_string(), router.clone(), "--model".into(), model.clone(), "--threads".into(), threads.to_string()];
-    common.extend(["--kv-transport".into(), format!("{:?}", a.kv_transport).to_lowercase()]);
-    if let Some(k) = a.kv_tokens {
-        common.extend(["--kv-tokens".into(), k.to_string()]);
-    }
-    let mut next_cpu = 0;
-    for (role, n) in [("prefill", a.prefill), ("decode", a.decode), ("colocated", a.colocated)] {
-        for i in 0..n {
-            let mut args = vec![role.to_string(), "--name".into(), format!("{role}-{i}")];
-            args.extend(common.iter().cloned());
-            if let Some(c) = a.chunked_prefill {
-                match role {
-                    "colocated" => args.extend(["--chunked-prefill".into(), c.to_string()]),
-                    "prefill" => args.extend(["--max-batch-tokens".into(), c.to_string()]),
-                    _ => {}
-                }
-            }
-            if a.pin {
-                let first = next_cpu % cores;
-                let cpus: Vec<String> = (0..threads).map(|k| ((first + k) % cores).to_string()).collect();
-                next_cpu += threads;
-                args.extend(["--cpus".into(), cpus.join(",")]);
-            }
-            let line = spawn(&mut procs, format!("{role} worker {i}"), &args, timeout)?;
-            println!(
-                "worker   role={role} name={role}-{i} pid={} grpc={} data={} metrics={}",
-                field(&line, "pid=").unwrap_or("-"),
-                field(&line, "grpc=").unwrap_or("-"),
-                field(&line, "data=").unwrap_or("-"),
-                field(&line, "metrics=").unwrap_or("-")
-            );
+    {
+        let mut s = lock();
+        let common = &mut s.template_mut().common;
+        common.extend(["--router".to_string(), router.clone(), "--model".into(), model.clone(), "--threads".into(), threads.to_string()]);
+        common.extend(["--kv-transport".into(), format!("{:?}", a.kv_transport).to_lowercase()]);
+        if let Some(k) = a.kv_tokens {
+            common.extend(["--kv-tokens".into(), k.to_string()]);
         }
     }
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    rt.block_on(async {
+    for (role, n) in [("prefill", a.prefill), ("decode", a.decode), ("colocated", a.colocated)] {
+        for _ in 0..n {
+            lock().start_worker(role)?;
+        }
+    }
+    let scaler = tonic::transport::Server::builder()
+        .add_service(v1::scaler_server::ScalerServer::new(LocalScaler(sup.clone())))
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(scaler_listener));
+    let scaler_task = rt.spawn(scaler);
+    let result = rt.block_on(async {
         // Ready when the router sees every worker registered.
         let deadline = Instant::now() + timeout;
         let mut client = loop {
@@ -198,7 +130,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             "ready router={router} ({} prefill, {} decode, {} colocated, {threads} threads each); try: ferry generate --router {router} --chat \"Hello\"",
             a.prefill, a.decode, a.colocated
         );
-        // Serve until Ctrl-C / SIGTERM, or until a child exits on its own.
+        // Serve until Ctrl-C / SIGTERM, or until the router exits.
         let mut tick = tokio::time::interval(Duration::from_millis(200));
         let signal = crate::worker_cmd::shutdown_signal();
         tokio::pin!(signal);
@@ -209,21 +141,17 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                     return Ok(());
                 }
                 _ = tick.tick() => {
-                    // The router is essential; a worker that dies is routed around (the router
-                    // drops it when its lease expires), so the rest keep serving.
-                    for (i, p) in procs.0.iter_mut().enumerate() {
-                        if let Ok(Some(status)) = p.child.try_wait() {
-                            if i == 0 {
-                                bail!("the router exited ({status}); stopping the workers");
-                            }
-                            if !p.what.ends_with("(exited)") {
-                                eprintln!("ferry up: {} exited ({status}); the others keep serving", p.what);
-                                p.what.push_str(" (exited)");
-                            }
-                        }
+                    // Skipped while a scale-up holds the supervisor (loading a worker).
+                    if let Ok(mut s) = sup.try_lock() {
+                        s.reap()?;
                     }
                 }
             }
         }
-    })
+    });
+    scaler_task.abort();
+    drop(rt);
+    // The supervisor stops every process when the last reference goes.
+    drop(sup);
+    result
 }
