@@ -102,6 +102,19 @@ async fn thirty_two_concurrent_requests_through_two_by_two() {
     assert_eq!(prefill_used.len(), 2, "both prefill workers serve: {prefill_used:?}");
     assert_eq!(decode_used.len(), 2, "both decode workers serve: {decode_used:?}");
     cluster.assert_no_leaks().await;
+    // The router's /metrics explains its routing per worker: each prefill worker's measured rate
+    // (which turns queued tokens into the queue-time estimate) and each decode worker's KV.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = cluster.router_metrics().await;
+        let rated = m.lines().filter(|l| l.starts_with("ferry_router_worker_prefill_tokens_per_second{")).filter(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v > 0.0)).count();
+        let kv = m.lines().filter(|l| l.starts_with("ferry_router_worker_kv_blocks_total{")).count();
+        if rated == 2 && kv == 2 && m.contains("ferry_router_worker_estimated_queue_seconds{") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "per-worker routing gauges missing from the router's /metrics:\n{m}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -63,7 +63,7 @@ impl std::fmt::Display for WorkerState {
 }
 
 /// What the prefill policy needs to know about one worker.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct PrefillCandidate {
     pub id: String,
     pub state: WorkerState,
@@ -73,6 +73,21 @@ pub struct PrefillCandidate {
     pub outstanding_tokens: u64,
     /// Prompt tokens the worker reported queued at its last heartbeat.
     pub reported_queue_tokens: u64,
+    /// The worker's measured prefill throughput (tokens/s; 0 until it has run a step).
+    pub tokens_per_s: f64,
+}
+
+impl PrefillCandidate {
+    /// Prompt tokens ahead of a new request there.
+    pub fn queued_tokens(&self) -> u64 {
+        self.outstanding_tokens.saturating_add(self.reported_queue_tokens)
+    }
+
+    /// Expected seconds until a new prompt of `prompt_tokens` finishes prefill there: the queue
+    /// ahead of it plus itself, at the worker's measured rate. None until the rate is known.
+    pub fn expected_seconds(&self, prompt_tokens: usize) -> Option<f64> {
+        (self.tokens_per_s > 0.0).then(|| (self.queued_tokens() as f64 + prompt_tokens as f64) / self.tokens_per_s)
+    }
 }
 
 /// What the decode policy needs to know about one worker.
@@ -106,17 +121,24 @@ impl DecodeCandidate {
     }
 }
 
-/// The prefill worker for the next prompt: among `Ready` workers, the fewest outstanding prompt
-/// tokens (the router's own count plus the worker's reported queue), then the fewest in-flight
+/// The prefill worker for a prompt of `prompt_tokens`: among `Ready` workers, the one expected to
+/// finish it first — prompt tokens queued ahead (the router's own count plus the worker's
+/// reported queue) plus the prompt, over the worker's measured throughput — so a slower or
+/// busier worker gets less (DistServe §4 routes on the same queueing estimate). While any ready
+/// worker's rate is still unknown, the fewest queued tokens instead. Ties: fewest in-flight
 /// requests, then the smallest id. `None` when no worker is ready.
-pub fn pick_prefill(candidates: &[PrefillCandidate]) -> Option<usize> {
-    candidates
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| c.state == WorkerState::Ready)
+pub fn pick_prefill(candidates: &[PrefillCandidate], prompt_tokens: usize) -> Option<usize> {
+    let ready = || candidates.iter().enumerate().filter(|(_, c)| c.state == WorkerState::Ready);
+    let by_time = ready().all(|(_, c)| c.tokens_per_s > 0.0);
+    ready()
         .min_by(|(_, a), (_, b)| {
-            let load = |c: &PrefillCandidate| c.outstanding_tokens.saturating_add(c.reported_queue_tokens);
-            load(a).cmp(&load(b)).then(a.inflight.cmp(&b.inflight)).then_with(|| a.id.cmp(&b.id))
+            let first = if by_time {
+                let t = |c: &PrefillCandidate| c.expected_seconds(prompt_tokens).unwrap_or(f64::INFINITY);
+                t(a).total_cmp(&t(b))
+            } else {
+                a.queued_tokens().cmp(&b.queued_tokens())
+            };
+            first.then(a.inflight.cmp(&b.inflight)).then_with(|| a.id.cmp(&b.id))
         })
         .map(|(i, _)| i)
 }
@@ -158,7 +180,12 @@ mod tests {
     use WorkerState::*;
 
     fn p(id: &str, state: WorkerState, inflight: u32, outstanding: u64, queue: u64) -> PrefillCandidate {
-        PrefillCandidate { id: id.into(), state, inflight, outstanding_tokens: outstanding, reported_queue_tokens: queue }
+        PrefillCandidate { id: id.into(), state, inflight, outstanding_tokens: outstanding, reported_queue_tokens: queue, tokens_per_s: 0.0 }
+    }
+
+    fn rated(mut c: PrefillCandidate, tokens_per_s: f64) -> PrefillCandidate {
+        c.tokens_per_s = tokens_per_s;
+        c
     }
 
     fn d(id: &str, state: WorkerState, free: u32, reserved: u32, active: u32) -> DecodeCandidate {
@@ -194,8 +221,31 @@ mod tests {
             ("skips draining", vec![p("a", Draining, 0, 0, 0), p("b", Ready, 1, 1, 0)], Some(1)),
         ];
         for (name, cands, want) in cases {
-            assert_eq!(pick_prefill(&cands), want, "{name}");
+            assert_eq!(pick_prefill(&cands, 100), want, "{name}");
         }
+    }
+
+    #[test]
+    fn pick_prefill_by_expected_time_once_rates_are_known() {
+        let cases: Vec<(&str, Vec<PrefillCandidate>, usize, Option<usize>)> = vec![
+            // A fast worker with a longer queue beats a slow idle-ish one: 1100/4000 s < 300/400 s.
+            ("fast but busier wins", vec![rated(p("a", Ready, 2, 1000, 0), 4000.0), rated(p("b", Ready, 0, 200, 0), 400.0)], 100, Some(0)),
+            // Equal rates: the same choice as by tokens.
+            ("equal rates = fewest tokens", vec![rated(p("a", Ready, 0, 600, 0), 1000.0), rated(p("b", Ready, 0, 100, 50), 1000.0)], 100, Some(1)),
+            // The prompt's own size counts: a long prompt goes where it finishes first.
+            ("long prompt to the fast one", vec![rated(p("a", Ready, 0, 0, 0), 300.0), rated(p("b", Ready, 0, 400, 0), 3000.0)], 2000, Some(1)),
+            ("short prompt to the idle one", vec![rated(p("a", Ready, 0, 0, 0), 300.0), rated(p("b", Ready, 0, 400, 0), 3000.0)], 10, Some(0)),
+            // One rate unknown (a fresh worker): by tokens, so the new worker is not starved.
+            ("unknown rate falls back to tokens", vec![rated(p("a", Ready, 0, 500, 0), 5000.0), p("b", Ready, 0, 100, 0)], 100, Some(1)),
+            // A draining worker's rate does not matter.
+            ("not-ready rates ignored", vec![p("a", Draining, 0, 0, 0), rated(p("b", Ready, 0, 900, 0), 10.0), rated(p("c", Ready, 0, 100, 0), 10.0)], 1, Some(2)),
+        ];
+        for (name, cands, prompt, want) in cases {
+            assert_eq!(pick_prefill(&cands, prompt), want, "{name}");
+        }
+        let c = rated(p("a", Ready, 0, 300, 100), 1000.0);
+        assert_eq!(c.expected_seconds(600), Some(1.0));
+        assert_eq!(p("a", Ready, 0, 0, 0).expected_seconds(1), None);
     }
 
     #[test]

@@ -131,4 +131,35 @@ pub fn set_worker_gauges(registry: &Registry) {
         metrics::gauge!("ferry_router_workers", "role" => role.as_str(), "state" => state.as_str())
             .set(n as f64);
     }
+    // Per worker, what routing decided on: a run can be explained afterwards. (A removed
+    // worker's series keep their last value; filter on `ferry_router_workers` states.)
+    for w in registry.list() {
+        let role = crate::wire::role_from_wire(w.role).map_or("unspecified", |r| r.as_str());
+        let load = w.load.unwrap_or_default();
+        let labels = [("worker", w.worker_id.clone()), ("role", role.to_string())];
+        metrics::gauge!("ferry_router_worker_inflight", &labels).set(w.inflight as f64);
+        match crate::wire::role_from_wire(w.role) {
+            Some(ferry_core::WorkerRole::Prefill) => {
+                let queued = w.outstanding_prefill_tokens + load.queued_prefill_tokens;
+                metrics::gauge!("ferry_router_worker_outstanding_prefill_tokens", &labels)
+                    .set(w.outstanding_prefill_tokens as f64);
+                metrics::gauge!("ferry_router_worker_queued_prefill_tokens", &labels)
+                    .set(queued as f64);
+                metrics::gauge!("ferry_router_worker_prefill_tokens_per_second", &labels)
+                    .set(load.prefill_tokens_per_s);
+                if load.prefill_tokens_per_s > 0.0 {
+                    metrics::gauge!("ferry_router_worker_estimated_queue_seconds", &labels)
+                        .set(queued as f64 / load.prefill_tokens_per_s);
+                }
+            }
+            Some(ferry_core::WorkerRole::Decode | ferry_core::WorkerRole::Colocated) | None => {
+                metrics::gauge!("ferry_router_worker_kv_blocks_free", &labels)
+                    .set(load.kv_blocks_free as f64);
+                metrics::gauge!("ferry_router_worker_kv_blocks_total", &labels)
+                    .set(load.kv_blocks_total as f64);
+                metrics::gauge!("ferry_router_worker_promised_kv_blocks", &labels)
+                    .set(w.promised_kv_blocks as f64);
+            }
+        }
+    }
 }

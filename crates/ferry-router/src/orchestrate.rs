@@ -261,7 +261,7 @@ async fn attempt_once(
             for c in pcands.iter_mut().filter(|c| avoid.contains(&c.id)) {
                 c.state = WorkerState::Dead;
             }
-            let pw = pick_prefill(&pcands).and_then(|i| reg.get(&pcands[i].id));
+            let pw = pick_prefill(&pcands, job.prompt.len()).and_then(|i| reg.get(&pcands[i].id));
             let Some(pw) = pw else {
                 return Err(RouterError::NoWorker {
                     role: WorkerRole::Prefill,

@@ -348,6 +348,7 @@ impl Registry {
                 inflight: w.inflight,
                 outstanding_tokens: w.outstanding_prefill_tokens,
                 reported_queue_tokens: w.load.queued_prefill_tokens,
+                tokens_per_s: w.load.prefill_tokens_per_s,
             })
             .collect()
     }

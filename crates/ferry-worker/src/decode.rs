@@ -110,6 +110,7 @@ async fn receive_kv(
         Ok(Err(_)) => return fail(Status::aborted("the KV transfer was abandoned by its sender")).await,
         Err(_) => {
             let e = WorkerError::Timeout { id: ticket.id, ms: timeout.as_millis() as u64, what: "the KV" };
+            tracing::warn!(transfer = ticket.id, "{e}: the request's KV reservation is released");
             return fail(e.into()).await;
         }
     };

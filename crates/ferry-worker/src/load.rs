@@ -27,6 +27,10 @@ pub struct LoadGauge {
     pub queued_requests: AtomicU64,
     pub queued_prefill_tokens: AtomicU64,
     pub block_size: AtomicU64,
+    /// Prefill throughput (tokens/s, f64 bits): an exponential moving average over steps.
+    pub prefill_rate_bits: AtomicU64,
+    /// Age of the oldest request waiting to start, in microseconds.
+    pub queue_oldest_us: AtomicU64,
 }
 
 impl LoadGauge {
@@ -39,7 +43,24 @@ impl LoadGauge {
             active_sequences: g(&self.active_sequences) as u32,
             queued_prefill_tokens: g(&self.queued_prefill_tokens),
             block_size: g(&self.block_size) as u32,
+            prefill_tokens_per_s: self.prefill_rate(),
+            queue_oldest_ms: g(&self.queue_oldest_us) as f64 / 1e3,
         }
+    }
+
+    pub fn prefill_rate(&self) -> f64 {
+        f64::from_bits(self.prefill_rate_bits.load(Relaxed))
+    }
+
+    /// Fold one step's throughput into the moving average (weight 0.3 for the newest).
+    pub fn record_prefill_step(&self, tokens: usize, seconds: f64) {
+        if tokens == 0 || seconds <= 0.0 {
+            return;
+        }
+        let now = tokens as f64 / seconds;
+        let old = self.prefill_rate();
+        let avg = if old > 0.0 { 0.7 * old + 0.3 * now } else { now };
+        self.prefill_rate_bits.store(avg.to_bits(), Relaxed);
     }
 
     /// Committed blocks not yet allocated in the pool (what the free count does not show yet).
@@ -67,6 +88,10 @@ impl LoadGauge {
         metrics::gauge!("ferry_worker_active_sequences", "role" => role).set(s.active_sequences as f64);
         metrics::gauge!("ferry_worker_queue_depth", "role" => role).set(self.queued_requests.load(Relaxed) as f64);
         metrics::gauge!("ferry_worker_queued_prefill_tokens", "role" => role).set(s.queued_prefill_tokens as f64);
+        if role == "prefill" {
+            metrics::gauge!("ferry_worker_prefill_tokens_per_second").set(s.prefill_tokens_per_s);
+            metrics::gauge!("ferry_worker_queue_oldest_seconds", "role" => role).set(s.queue_oldest_ms / 1e3);
+        }
     }
 }
 
@@ -89,5 +114,17 @@ mod tests {
         drop(b);
         assert_eq!(g.blocks_committed.load(Relaxed), 0);
         assert!(g.try_reserve(10).is_some());
+    }
+
+    #[test]
+    fn prefill_rate_is_a_moving_average() {
+        let g = LoadGauge::default();
+        assert_eq!(g.snapshot().prefill_tokens_per_s, 0.0);
+        g.record_prefill_step(1000, 1.0);
+        assert_eq!(g.prefill_rate(), 1000.0);
+        g.record_prefill_step(2000, 1.0);
+        assert!((g.prefill_rate() - 1300.0).abs() < 1e-9);
+        g.record_prefill_step(0, 1.0);
+        assert!((g.snapshot().prefill_tokens_per_s - 1300.0).abs() < 1e-9);
     }
 }

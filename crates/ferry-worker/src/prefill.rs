@@ -183,7 +183,7 @@ fn run(mut engine: Engine, rx: std_mpsc::Receiver<Cmd>, tx: std_mpsc::Sender<Cmd
             }
             continue;
         }
-        step(&mut engine, &mut active, budget, &tx);
+        step(&mut engine, &mut active, budget, &tx, &load);
     }
 }
 
@@ -197,11 +197,13 @@ fn publish(engine: &Engine, load: &LoadGauge, queue: &VecDeque<PrefillJob>, acti
     load.active_sequences.store(engine.active_sequences() as u64, Relaxed);
     load.queued_prefill_tokens.store(queued as u64, Relaxed);
     load.queued_requests.store((queue.len() + active.len()) as u64, Relaxed);
+    let oldest = queue.front().map(|j| j.enqueued.elapsed().as_micros() as u64).unwrap_or(0);
+    load.queue_oldest_us.store(oldest, Relaxed);
     load.export("prefill");
 }
 
 /// One forward pass over the active prompts' next chunks (FIFO, up to the token budget).
-fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_mpsc::Sender<Cmd>) {
+fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_mpsc::Sender<Cmd>, load: &LoadGauge) {
     let mut plan = Vec::new(); // (index, range)
     let mut left = budget;
     for (i, a) in active.iter().enumerate() {
@@ -238,6 +240,9 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
     });
     drop(items);
     metrics::histogram!("ferry_worker_step_seconds", "role" => "prefill").record(t0.elapsed().as_secs_f64());
+    if result.is_ok() {
+        load.record_prefill_step(plan.iter().map(|(_, r)| r.len()).sum(), t0.elapsed().as_secs_f64());
+    }
     let logits = match result {
         Ok(l) => l,
         Err(e) => {

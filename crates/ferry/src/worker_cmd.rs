@@ -36,8 +36,10 @@ pub struct WorkerArgs {
     /// Most tokens per forward step (prefill batches and chunks long prompts to this).
     #[arg(long, default_value_t = 2048)]
     pub max_batch_tokens: usize,
-    /// Decode workers: how long an admitted request may wait for its KV.
-    #[arg(long, default_value_t = 30_000)]
+    /// Decode workers: how long an admitted request may wait for its KV. The wait includes the
+    /// prompt's time in the prefill queue, so this is a last resort against lost transfers (a
+    /// failed prefill worker is noticed by the router at once), sized for an overloaded pool.
+    #[arg(long, default_value_t = 120_000)]
     pub kv_timeout_ms: u64,
     /// Colocated workers: chunked prefill (Sarathi-Serve) with this many tokens per step, decodes
     /// included; without it, prompts are prefilled whole before the running decodes continue.
