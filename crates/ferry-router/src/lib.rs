@@ -59,8 +59,8 @@ impl RouterConfig {
     }
 }
 
-/// Serves the router's gRPC API (Ferry, Registry, Admin, reflection) on `grpc`, and `/metrics` on
-/// `metrics` when given, until `shutdown` completes.
+/// Serves the router's gRPC API (Ferry, Registry, Admin, reflection) on `grpc`, and `/metrics`,
+/// `/livez` and `/readyz` on `metrics` when given, until `shutdown` completes.
 pub async fn serve(
     cfg: RouterConfig,
     grpc: tokio::net::TcpListener,
@@ -87,13 +87,14 @@ pub async fn serve(
     crate::metrics::handle()?;
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (serving_tx, serving_rx) = tokio::sync::watch::channel(false);
     let sweeper = tokio::spawn(sweep(
         registry.clone(),
         (cfg.lease / 4).max(Duration::from_millis(10)),
     ));
     let metrics_task = metrics.map(|l| {
         let mut rx = stop_rx.clone();
-        tokio::spawn(crate::metrics::serve(l, async move {
+        tokio::spawn(crate::metrics::serve(l, serving_rx.clone(), async move {
             let _ = rx.wait_for(|s| *s).await;
         }))
     });
@@ -108,6 +109,9 @@ pub async fn serve(
         registry: registry.clone(),
     });
     let adm = v1::admin_server::AdminServer::new(admin::AdminService { registry });
+    // Ready from here: the listener is bound (connections wait in its backlog) and the server
+    // below accepts as soon as it is polled.
+    serving_tx.send_replace(true);
     let result = tonic::transport::Server::builder()
         .initial_stream_window_size(Some(WINDOW_BYTES))
         .initial_connection_window_size(Some(WINDOW_BYTES))
@@ -118,6 +122,7 @@ pub async fn serve(
         .add_service(adm)
         .serve_with_incoming_shutdown(incoming(grpc), shutdown)
         .await;
+    serving_tx.send_replace(false);
     sweeper.abort();
     let _ = stop_tx.send(true);
     if let Some(t) = metrics_task {

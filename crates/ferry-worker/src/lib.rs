@@ -4,11 +4,14 @@
 //!
 //! - [`prefill`], [`decode`]: the engine loops and their services;
 //! - [`kv`]: the transfer between them (assembler, receiver, transports: gRPC and TCP);
-//! - [`registration`]: register and heartbeat; [`metrics`]: `/metrics`.
+//! - [`registration`]: register and heartbeat; [`metrics`]: `/metrics`; [`health`]: `/livez`
+//!   and `/readyz`; [`advertise`]: the addresses told to the router and peers.
 
+pub mod advertise;
 pub mod batcher;
 pub mod decode;
 pub mod error;
+pub mod health;
 pub mod kv;
 pub mod load;
 pub mod metrics;
@@ -44,6 +47,15 @@ impl Role {
             Role::Colocated => WorkerRole::Colocated,
         }
     }
+
+    /// The role's name in logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+            Role::Colocated => "colocated",
+        }
+    }
 }
 
 /// Which transport a prefill worker uses for KV when the decode worker offers both.
@@ -66,6 +78,8 @@ pub struct WorkerConfig {
     pub router: Option<String>,
     /// The address peers should use (default: the gRPC listener's address).
     pub advertise: Option<String>,
+    /// The host peers should use with the bound ports (e.g. a pod's IP); see [`advertise`].
+    pub advertise_host: Option<String>,
     pub transport: TransportChoice,
     /// How long a decode worker waits for an admitted request's KV.
     pub kv_timeout: Duration,
@@ -76,6 +90,8 @@ pub struct Listeners {
     pub grpc: TcpListener,
     /// Decode workers: the TCP data path for KV (None: gRPC only).
     pub data: Option<TcpListener>,
+    /// `/metrics`, `/livez`, `/readyz` (None: not served here, e.g. the caller already serves
+    /// them with its own [`health::Health`] so that probes answer while the model loads).
     pub metrics: Option<TcpListener>,
 }
 
@@ -109,7 +125,8 @@ impl EngineHandle {
 }
 
 /// Run a worker until `shutdown` resolves. `ready` turns true once registered with the router
-/// (immediately when there is no router).
+/// (immediately when there is no router), false while the lease is not current (heartbeats
+/// unanswered for a lease, or the router forgot us), and true again once re-registered.
 pub async fn serve(
     cfg: WorkerConfig,
     engine: EngineHandle,
@@ -119,13 +136,16 @@ pub async fn serve(
 ) -> Result<()> {
     let _ = metrics::handle();
     let grpc_addr = listeners.grpc.local_addr().map_err(|e| WorkerError::Internal(e.to_string()))?;
-    let advertise = cfg.advertise.clone().unwrap_or_else(|| grpc_addr.to_string());
-    let data_addr = match &listeners.data {
-        Some(l) => l.local_addr().map_err(|e| WorkerError::Internal(e.to_string()))?.to_string(),
-        None => String::new(),
+    let data_bound = match &listeners.data {
+        Some(l) => Some(l.local_addr().map_err(|e| WorkerError::Internal(e.to_string()))?),
+        None => None,
     };
+    let opts = advertise::AdvertiseOptions { addr: cfg.advertise.clone(), host: cfg.advertise_host.clone() };
+    let advertise::Advertised { grpc: advertise, data: data_addr } = advertise::advertised(grpc_addr, data_bound, &opts);
     if let Some(m) = listeners.metrics {
-        tokio::spawn(metrics::serve(m));
+        let health = health::Health::new(cfg.router.clone(), ready.subscribe());
+        health.engine_started(health::EngineView { load: engine.load(), role: cfg.role });
+        tokio::spawn(metrics::serve(m, health));
     }
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(ferry_proto::v1::FILE_DESCRIPTOR_SET)
@@ -189,7 +209,7 @@ pub async fn serve(
             Some(tokio::spawn(registration::keep_registered(r.clone(), req, load, ready)))
         }
         None => {
-            let _ = ready.send(true);
+            ready.send_replace(true);
             None
         }
     };
