@@ -64,8 +64,8 @@ impl RouterConfig {
     }
 }
 
-/// Serves the router's gRPC API (Ferry, Registry, Admin, reflection) on `grpc`, and `/metrics` on
-/// `metrics` when given, until `shutdown` completes.
+/// Serves the router's gRPC API (Ferry, Registry, Admin, reflection) on `grpc`, and `/metrics`,
+/// `/livez` and `/readyz` on `metrics` when given, until `shutdown` completes.
 pub async fn serve(
     cfg: RouterConfig,
     grpc: tokio::net::TcpListener,
@@ -92,13 +92,14 @@ pub async fn serve(
     crate::metrics::handle()?;
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (serving_tx, serving_rx) = tokio::sync::watch::channel(false);
     let sweeper = tokio::spawn(sweep(
         registry.clone(),
         (cfg.lease / 4).max(Duration::from_millis(10)),
     ));
     let metrics_task = metrics.map(|l| {
         let mut rx = stop_rx.clone();
-        tokio::spawn(crate::metrics::serve(l, async move {
+        tokio::spawn(crate::metrics::serve(l, serving_rx.clone(), async move {
             let _ = rx.wait_for(|s| *s).await;
         }))
     });
@@ -116,6 +117,9 @@ pub async fn serve(
         registry,
         scaler: cfg.scaler.clone(),
     });
+    // Ready from here: the listener is bound (connections wait in its backlog) and the server
+    // below accepts as soon as it is polled.
+    serving_tx.send_replace(true);
     let result = tonic::transport::Server::builder()
         .initial_stream_window_size(Some(WINDOW_BYTES))
         .initial_connection_window_size(Some(WINDOW_BYTES))
@@ -126,6 +130,7 @@ pub async fn serve(
         .add_service(adm)
         .serve_with_incoming_shutdown(incoming(grpc), shutdown)
         .await;
+    serving_tx.send_replace(false);
     sweeper.abort();
     let _ = stop_tx.send(true);
     if let Some(t) = metrics_task {

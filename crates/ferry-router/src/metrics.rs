@@ -1,12 +1,16 @@
 //! Router metrics: recorded with the `metrics` facade into one process-wide Prometheus recorder
 //! (installed once; a second router in the same process shares it), served as text on
-//! `GET /metrics` by a small axum server on its own listener.
+//! `GET /metrics` by a small axum server on its own listener, with the `/livez` and `/readyz`
+//! probes beside it.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use axum::http::StatusCode;
+use axum::routing::get;
 use ferry_proto::v1;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio::sync::watch;
 use tonic::Code;
 
 use crate::RouterError;
@@ -41,16 +45,33 @@ pub fn handle() -> Result<PrometheusHandle, RouterError> {
     Ok(h.clone())
 }
 
-/// Serves `GET /metrics` on `listener` until `shutdown`.
+/// What the router's `/readyz` says: 200 while its gRPC server serves, whatever the number of
+/// workers (workers reach the router through whatever routes to a ready router, so gating it on
+/// workers would keep both sides waiting on each other).
+pub fn readiness(grpc_serving: bool) -> (StatusCode, &'static str) {
+    if grpc_serving {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "the gRPC server is not serving\n")
+    }
+}
+
+/// Serves `GET /metrics`, `GET /livez` (200 whenever this answers) and `GET /readyz` (see
+/// [`readiness`]; `grpc_serving` says whether the gRPC server runs) on `listener` until
+/// `shutdown`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
+    grpc_serving: watch::Receiver<bool>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RouterError> {
     let h = handle()?;
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || std::future::ready(h.render())),
-    );
+    let app = axum::Router::new()
+        .route("/metrics", get(move || std::future::ready(h.render())))
+        .route("/livez", get(|| std::future::ready("live\n")))
+        .route(
+            "/readyz",
+            get(move || std::future::ready(readiness(*grpc_serving.borrow()))),
+        );
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await

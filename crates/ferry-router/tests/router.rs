@@ -443,3 +443,46 @@ async fn router_overhead_reports_percentiles() {
     assert_eq!(s.requests, 50);
     assert!(s.p50_ms > 0.0 && s.p50_ms <= s.p99_ms && s.p99_ms <= s.max_ms);
 }
+
+/// `GET path` on `addr` over HTTP/1.1: (status, body).
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).await.unwrap();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[tokio::test]
+async fn probes_say_ready_with_no_workers() {
+    let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics_addr = metrics.local_addr().unwrap();
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let r = TestRouter::on(cfg(), grpc, Some(metrics)).await;
+    // Serving gRPC (the health call answers) with no worker registered.
+    let h = r
+        .client()
+        .await
+        .health(v1::HealthRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!h.serving && h.prefill_workers == 0 && h.decode_workers == 0);
+    assert_eq!(http_get(metrics_addr, "/livez").await.0, 200);
+    let (status, body) = http_get(metrics_addr, "/readyz").await;
+    assert_eq!((status, body.trim()), (200, "ready"));
+    assert_eq!(http_get(metrics_addr, "/nope").await.0, 404);
+    r.shutdown().await;
+}

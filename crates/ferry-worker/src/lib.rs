@@ -4,12 +4,16 @@
 //!
 //! - [`prefill`], [`decode`]: the engine loops and their services;
 //! - [`kv`]: the transfer between them (assembler, receiver, transports: gRPC and TCP);
-//! - [`registration`]: register and heartbeat; [`drain`]: graceful shutdown; [`metrics`]: `/metrics`.
+//! - [`registration`]: register and heartbeat; [`drain`]: graceful shutdown; [`metrics`]:
+//!   `/metrics`; [`health`]: `/livez` and `/readyz`; [`advertise`]: the addresses told to the
+//!   router and peers.
 
+pub mod advertise;
 pub mod batcher;
 pub mod decode;
 pub mod drain;
 pub mod error;
+pub mod health;
 pub mod kv;
 pub mod load;
 pub mod metrics;
@@ -45,6 +49,15 @@ impl Role {
             Role::Colocated => WorkerRole::Colocated,
         }
     }
+
+    /// The role's name in logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+            Role::Colocated => "colocated",
+        }
+    }
 }
 
 /// Which transport a prefill worker uses for KV when the decode worker offers both.
@@ -67,6 +80,8 @@ pub struct WorkerConfig {
     pub router: Option<String>,
     /// The address peers should use (default: the gRPC listener's address).
     pub advertise: Option<String>,
+    /// The host peers should use with the bound ports (e.g. a pod's IP); see [`advertise`].
+    pub advertise_host: Option<String>,
     pub transport: TransportChoice,
     /// How long a decode worker waits for an admitted request's KV.
     pub kv_timeout: Duration,
@@ -80,6 +95,8 @@ pub struct Listeners {
     pub grpc: TcpListener,
     /// Decode workers: the TCP data path for KV (None: gRPC only).
     pub data: Option<TcpListener>,
+    /// `/metrics`, `/livez`, `/readyz` (None: not served here, e.g. the caller already serves
+    /// them with its own [`health::Health`] so that probes answer while the model loads).
     pub metrics: Option<TcpListener>,
 }
 
@@ -114,7 +131,9 @@ impl EngineHandle {
 
 /// Run a worker until `shutdown` resolves, then drain: refuse new requests, tell the router, wait
 /// for the in-flight ones (at most `drain_timeout`), deregister, exit. `ready` turns true once
-/// registered with the router (immediately when there is no router).
+/// registered with the router (immediately when there is no router), false while the lease is not
+/// current (heartbeats unanswered for a lease, or the router forgot us), and true again once
+/// re-registered.
 pub async fn serve(
     cfg: WorkerConfig,
     engine: EngineHandle,
@@ -125,13 +144,16 @@ pub async fn serve(
     let _ = metrics::handle();
     let drain = drain::Drain::new(cfg.name.clone());
     let grpc_addr = listeners.grpc.local_addr().map_err(|e| WorkerError::Internal(e.to_string()))?;
-    let advertise = cfg.advertise.clone().unwrap_or_else(|| grpc_addr.to_string());
-    let data_addr = match &listeners.data {
-        Some(l) => l.local_addr().map_err(|e| WorkerError::Internal(e.to_string()))?.to_string(),
-        None => String::new(),
+    let data_bound = match &listeners.data {
+        Some(l) => Some(l.local_addr().map_err(|e| WorkerError::Internal(e.to_string()))?),
+        None => None,
     };
+    let opts = advertise::AdvertiseOptions { addr: cfg.advertise.clone(), host: cfg.advertise_host.clone() };
+    let advertise::Advertised { grpc: advertise, data: data_addr } = advertise::advertised(grpc_addr, data_bound, &opts);
     if let Some(m) = listeners.metrics {
-        tokio::spawn(metrics::serve(m));
+        let health = health::Health::new(cfg.router.clone(), ready.subscribe());
+        health.engine_started(health::EngineView { load: engine.load(), role: cfg.role });
+        tokio::spawn(metrics::serve(m, health));
     }
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(ferry_proto::v1::FILE_DESCRIPTOR_SET)
@@ -199,7 +221,7 @@ pub async fn serve(
             Some(tokio::spawn(registration::keep_registered(r.clone(), req, load, ready, drain.subscribe(), worker_id.clone())))
         }
         None => {
-            let _ = ready.send(true);
+            ready.send_replace(true);
             None
         }
     };

@@ -3,7 +3,14 @@
 
 use ferry_proto::v1::WorkerLoad;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The instant queue timestamps are measured from (so they fit an atomic).
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
 
 /// Blocks promised to one admitted request; returned when dropped.
 pub struct Reservation {
@@ -29,8 +36,9 @@ pub struct LoadGauge {
     pub block_size: AtomicU64,
     /// Prefill throughput (tokens/s, f64 bits): an exponential moving average over steps.
     pub prefill_rate_bits: AtomicU64,
-    /// Age of the oldest request waiting to start, in microseconds.
-    pub queue_oldest_us: AtomicU64,
+    /// When the oldest prompt still waiting to start was queued: microseconds since [`epoch`]
+    /// plus one; 0 when none waits.
+    oldest_queued_us: AtomicU64,
 }
 
 impl LoadGauge {
@@ -44,7 +52,7 @@ impl LoadGauge {
             queued_prefill_tokens: g(&self.queued_prefill_tokens),
             block_size: g(&self.block_size) as u32,
             prefill_tokens_per_s: self.prefill_rate(),
-            queue_oldest_ms: g(&self.queue_oldest_us) as f64 / 1e3,
+            queue_oldest_ms: self.oldest_queued_age(Instant::now()).as_secs_f64() * 1e3,
         }
     }
 
@@ -78,6 +86,27 @@ impl LoadGauge {
             .map(|_| Reservation { gauge: self.clone(), blocks })
     }
 
+    /// Record when the oldest waiting prompt was queued (None: nothing waits).
+    pub fn set_oldest_queued(&self, enqueued: Option<Instant>) {
+        let v = enqueued.map_or(0, |t| t.saturating_duration_since(epoch()).as_micros().min(u64::MAX as u128 - 1) as u64 + 1);
+        self.oldest_queued_us.store(v, Relaxed);
+    }
+
+    /// How long the oldest waiting prompt has waited at `now` (zero when none waits).
+    pub fn oldest_queued_age(&self, now: Instant) -> Duration {
+        match self.oldest_queued_us.load(Relaxed) {
+            0 => Duration::ZERO,
+            v => now.saturating_duration_since(epoch() + Duration::from_micros(v - 1)),
+        }
+    }
+
+    /// KV blocks used or promised, as a fraction of the pool (0 when there is no pool yet).
+    pub fn kv_utilization(&self) -> f64 {
+        let s = self.snapshot();
+        let used = s.kv_blocks_total.saturating_sub(s.kv_blocks_free) as f64;
+        if s.kv_blocks_total == 0 { 0.0 } else { ((used + s.kv_blocks_reserved as f64) / s.kv_blocks_total as f64).min(1.0) }
+    }
+
     /// Publish to the Prometheus gauges too.
     pub fn export(&self, role: &'static str) {
         let s = self.snapshot();
@@ -90,8 +119,9 @@ impl LoadGauge {
         metrics::gauge!("ferry_worker_queued_prefill_tokens", "role" => role).set(s.queued_prefill_tokens as f64);
         if role == "prefill" {
             metrics::gauge!("ferry_worker_prefill_tokens_per_second").set(s.prefill_tokens_per_s);
-            metrics::gauge!("ferry_worker_queue_oldest_seconds", "role" => role).set(s.queue_oldest_ms / 1e3);
         }
+        metrics::gauge!("ferry_worker_kv_utilization", "role" => role).set(self.kv_utilization());
+        metrics::gauge!("ferry_worker_queue_oldest_seconds", "role" => role).set(self.oldest_queued_age(Instant::now()).as_secs_f64());
     }
 }
 
@@ -126,5 +156,32 @@ mod tests {
         assert!((g.prefill_rate() - 1300.0).abs() < 1e-9);
         g.record_prefill_step(0, 1.0);
         assert!((g.snapshot().prefill_tokens_per_s - 1300.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn kv_utilization_counts_used_and_promised_blocks() {
+        let g = Arc::new(LoadGauge::default());
+        assert_eq!(g.kv_utilization(), 0.0);
+        g.blocks_total.store(10, Relaxed);
+        g.blocks_free.store(10, Relaxed);
+        assert_eq!(g.kv_utilization(), 0.0);
+        let _r = g.try_reserve(4).expect("fits");
+        assert_eq!(g.kv_utilization(), 0.4);
+        g.blocks_free.store(8, Relaxed); // 2 of the 4 promised now allocated
+        assert_eq!(g.kv_utilization(), 0.4);
+        g.blocks_free.store(3, Relaxed); // more allocated than promised (prefill pools do not reserve)
+        assert_eq!(g.kv_utilization(), 0.7);
+    }
+
+    #[test]
+    fn oldest_queued_age_grows_until_the_queue_empties() {
+        let g = LoadGauge::default();
+        let t0 = Instant::now();
+        assert_eq!(g.oldest_queued_age(t0), Duration::ZERO);
+        g.set_oldest_queued(Some(t0));
+        let age = g.oldest_queued_age(t0 + Duration::from_millis(1500));
+        assert!(age >= Duration::from_millis(1499) && age <= Duration::from_millis(1500), "{age:?}");
+        g.set_oldest_queued(None);
+        assert_eq!(g.oldest_queued_age(t0 + Duration::from_secs(9)), Duration::ZERO);
     }
 }

@@ -1,5 +1,9 @@
-//! Prometheus `/metrics` for a worker process, on its own HTTP listener.
+//! Prometheus `/metrics` for a worker process, on its own HTTP listener, with the `/livez` and
+//! `/readyz` probes beside it.
 
+use crate::health::Health;
+use axum::http::StatusCode;
+use axum::routing::get;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::sync::OnceLock;
 
@@ -26,10 +30,36 @@ pub fn handle() -> PrometheusHandle {
         .clone()
 }
 
-/// Serve `GET /metrics` until the listener fails.
-pub async fn serve(listener: tokio::net::TcpListener) {
+/// Serve `GET /metrics`, `GET /livez` and `GET /readyz` until the listener fails.
+///
+/// `/livez` is 200 whenever this answers. `/readyz` is 200 `ready` when [`Health::readiness`]
+/// holds, else 503 with the reason on one line. The load gauges are refreshed from the engine's
+/// atomics on every scrape, so an idle engine thread (blocked waiting for work or for KV to come
+/// back) does not leave stale values, and the oldest queued prompt's age keeps growing.
+pub async fn serve(listener: tokio::net::TcpListener, health: Health) {
     let h = handle();
-    let app = axum::Router::new().route("/metrics", axum::routing::get(move || std::future::ready(h.render())));
+    let scrape = health.clone();
+    let ready = health;
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                if let Some(e) = scrape.engine() {
+                    e.load.export(e.role.as_str());
+                }
+                std::future::ready(h.render())
+            }),
+        )
+        .route("/livez", get(|| std::future::ready("live\n")))
+        .route(
+            "/readyz",
+            get(move || {
+                std::future::ready(match ready.readiness() {
+                    Ok(()) => (StatusCode::OK, "ready\n".to_string()),
+                    Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+                })
+            }),
+        );
     if let Err(e) = axum::serve(listener, app).await {
         tracing::warn!("metrics server: {e}");
     }

@@ -5,7 +5,7 @@
 use crate::kv::transport::{self, KvTransport};
 use crate::kv::Outbound;
 use crate::load::LoadGauge;
-use crate::{Result, WorkerError};
+use crate::{Result, Role, WorkerError};
 use bytes::Bytes;
 use ferry_core::kv_payload::KvPayloadHeader;
 use ferry_core::{BlockTable, SamplingParams};
@@ -197,9 +197,9 @@ fn publish(engine: &Engine, load: &LoadGauge, queue: &VecDeque<PrefillJob>, acti
     load.active_sequences.store(engine.active_sequences() as u64, Relaxed);
     load.queued_prefill_tokens.store(queued as u64, Relaxed);
     load.queued_requests.store((queue.len() + active.len()) as u64, Relaxed);
-    let oldest = queue.front().map(|j| j.enqueued.elapsed().as_micros() as u64).unwrap_or(0);
-    load.queue_oldest_us.store(oldest, Relaxed);
-    load.export("prefill");
+    // The queue is FIFO: its front has waited longest (the gauge's age is taken at scrape time).
+    load.set_oldest_queued(queue.front().map(|j| j.enqueued));
+    load.export(Role::Prefill.as_str());
 }
 
 /// One forward pass over the active prompts' next chunks (FIFO, up to the token budget).

@@ -1,21 +1,43 @@
 //! Keeping a worker registered with the router: register at start, renew the lease by heartbeat
 //! (reporting load), and register again whenever the router does not know us (it restarted or
-//! dropped us). Readiness turns true once registered. When the worker starts draining, the router
-//! hears it at once (not at the next heartbeat), and once drained the worker deregisters.
+//! dropped us). Readiness turns true once registered, false once no heartbeat has been
+//! acknowledged for a whole lease (the router is gone or unreachable: it has dropped us by now),
+//! and true again when heartbeats are acknowledged or we register anew. When the worker starts
+//! draining, the router hears it at once (not at the next heartbeat), and once drained the worker
+//! deregisters.
 
 use crate::kv::transport::Channels;
 use crate::load::LoadGauge;
 use ferry_proto::v1::registry_client::RegistryClient;
 use ferry_proto::v1::{HeartbeatRequest, RegisterRequest, WorkerRef};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
+
+/// Longest wait for one Register call (a router that accepts but does not answer).
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The id the router gave at the latest registration (None before the first).
 pub type WorkerId = Arc<Mutex<Option<String>>>;
 
 fn set_id(id: &WorkerId, value: Option<String>) {
     *id.lock().unwrap_or_else(|p| p.into_inner()) = value;
+}
+
+/// Whether a lease last renewed at `last_ok` still holds at `now`.
+pub fn lease_current(last_ok: Instant, now: Instant, lease: Duration) -> bool {
+    now.saturating_duration_since(last_ok) < lease
+}
+
+/// Set the ready flag, logging the change (receivers may all be gone: the value is kept anyway).
+fn set_ready(ready: &watch::Sender<bool>, value: bool, router: &str) {
+    if ready.send_replace(value) != value {
+        if value {
+            tracing::info!(%router, "ready: the lease with the router is current");
+        } else {
+            tracing::warn!(%router, "not ready: no lease with the router");
+        }
+    }
 }
 
 pub async fn keep_registered(
@@ -37,9 +59,9 @@ pub async fn keep_registered(
             }
         };
         let req = RegisterRequest { load: Some(load.snapshot()), draining: *draining.borrow(), ..template.clone() };
-        let resp = match client.register(req).await {
-            Ok(r) => r.into_inner(),
-            Err(status) => {
+        let resp = match tokio::time::timeout(REGISTER_TIMEOUT, client.register(req)).await {
+            Ok(Ok(r)) => r.into_inner(),
+            Ok(Err(status)) => {
                 if status.code() == tonic::Code::FailedPrecondition {
                     tracing::error!("the router refused registration: {}", status.message());
                 } else {
@@ -49,12 +71,21 @@ pub async fn keep_registered(
                 backoff = (backoff * 2).min(Duration::from_secs(2));
                 continue;
             }
+            Err(_) => {
+                tracing::debug!("registering with {router}: no answer within {REGISTER_TIMEOUT:?}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                continue;
+            }
         };
         backoff = Duration::from_millis(100);
         tracing::info!(worker_id = %resp.worker_id, %router, "registered");
         set_id(&id, Some(resp.worker_id.clone()));
-        let _ = ready.send(true);
+        let mut last_ok = Instant::now();
+        set_ready(&ready, true, &router);
         let every = Duration::from_millis(resp.heartbeat_ms.max(50) as u64);
+        // A router too old to say its lease: assume three heartbeats.
+        let lease = if resp.lease_ms > 0 { Duration::from_millis(resp.lease_ms as u64) } else { every * 3 };
         loop {
             // A drain starting is reported at once.
             tokio::select! {
@@ -67,15 +98,23 @@ pub async fn keep_registered(
                 }
             }
             let hb = HeartbeatRequest { worker_id: resp.worker_id.clone(), load: Some(load.snapshot()), draining: *draining.borrow() };
-            match client.heartbeat(hb).await {
-                Ok(_) => {}
-                Err(status) if status.code() == tonic::Code::NotFound => {
+            // No call may outlast the lease: an unanswered heartbeat is a failed one.
+            match tokio::time::timeout(lease, client.heartbeat(hb)).await {
+                Ok(Ok(_)) => {
+                    last_ok = Instant::now();
+                    set_ready(&ready, true, &router);
+                }
+                Ok(Err(status)) if status.code() == tonic::Code::NotFound => {
                     tracing::warn!("the router no longer knows {}: registering again", resp.worker_id);
                     set_id(&id, None);
-                    let _ = ready.send(false);
+                    set_ready(&ready, false, &router);
                     break;
                 }
-                Err(status) => tracing::debug!("heartbeat to {router}: {}", status.message()),
+                Ok(Err(status)) => tracing::debug!("heartbeat to {router}: {}", status.message()),
+                Err(_) => tracing::debug!("heartbeat to {router}: no answer within the lease ({lease:?})"),
+            }
+            if !lease_current(last_ok, Instant::now(), lease) {
+                set_ready(&ready, false, &router);
             }
         }
     }
@@ -95,5 +134,21 @@ pub async fn deregister(router: &str, id: &WorkerId) {
         Ok(Ok(_)) => tracing::info!(%worker_id, "deregistered from the router"),
         Ok(Err(s)) => tracing::warn!(%worker_id, "deregistering: {}", s.message()),
         Err(_) => tracing::warn!(%worker_id, "deregistering: the router did not answer within 2 s"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_holds_for_less_than_its_length() {
+        let t = Instant::now();
+        let lease = Duration::from_millis(3000);
+        assert!(lease_current(t, t, lease));
+        assert!(lease_current(t, t + Duration::from_millis(2999), lease));
+        assert!(!lease_current(t, t + lease, lease));
+        // A clock read before the renewal counts as current.
+        assert!(lease_current(t + Duration::from_secs(1), t, lease));
     }
 }

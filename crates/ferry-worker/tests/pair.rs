@@ -41,6 +41,7 @@ async fn start(role: Role, path: &Path, kv_tokens: Option<usize>, transport: Tra
         model: "test".into(),
         router: None,
         advertise: None,
+        advertise_host: None,
         transport,
         kv_timeout: Duration::from_secs(5),
         drain_timeout: Duration::from_secs(5),

@@ -18,10 +18,15 @@ pub struct WorkerArgs {
     /// Address to advertise to the router and peers (default: the bound gRPC address).
     #[arg(long)]
     pub advertise: Option<String>,
+    /// Host to advertise with the bound ports, for the gRPC address and the KV data path (e.g. a
+    /// pod's IP; default: the host of --advertise, else the bound IP).
+    #[arg(long, env = "FERRY_ADVERTISE_HOST")]
+    pub advertise_host: Option<String>,
     /// Decode workers: the TCP data path for KV (`none` turns it off: KV then travels over gRPC).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub data_listen: String,
-    /// Prometheus `/metrics` address (`none` turns it off).
+    /// HTTP address for Prometheus `/metrics` and the `/livez` and `/readyz` probes (`none`
+    /// turns it off). It answers while the model loads (`/readyz`: 503).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub metrics_listen: String,
     /// A name for logs and `ferry pool list`.
@@ -111,32 +116,36 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
     if let Some(cpus) = &args.cpus {
         pin(cpus)?;
     }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    // The probes answer from the start: live at once, ready once loaded and registered.
+    let (ready, registered) = tokio::sync::watch::channel(false);
+    let health = ferry_worker::health::Health::new(args.router.clone(), registered);
+    let metrics = rt.block_on(bind(&args.metrics_listen))?;
+    let metrics_addr = metrics.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or("-".into());
+    if let Some(l) = metrics {
+        rt.spawn(ferry_worker::metrics::serve(l, health.clone()));
+    }
     let engine = args.model.load_with(|c| {
         c.kv_tokens = args.kv_tokens;
         c.max_batch_tokens = args.max_batch_tokens;
     })?;
     let model = std::path::Path::new(&args.model.model).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let grpc = bind(&args.listen).await?.context("--listen cannot be none")?;
         let data = if role == Role::Decode { bind(&args.data_listen).await? } else { None };
-        let metrics = bind(&args.metrics_listen).await?;
-        let role_name = match role {
-            Role::Prefill => "prefill",
-            Role::Decode => "decode",
-            Role::Colocated => "colocated",
-        };
+        let role_name = role.as_str();
         let addr = grpc.local_addr()?;
         let name = args.name.clone().unwrap_or_else(|| format!("{role_name}@{addr}"));
         // One machine-readable line on stdout: `ferry up` and the tests wait for it.
         let show = |l: &Option<tokio::net::TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or("-".into());
-        println!("ferry {role_name} ready grpc={addr} data={} metrics={} name={name}", show(&data), show(&metrics));
+        println!("ferry {role_name} ready grpc={addr} data={} metrics={metrics_addr} name={name}", show(&data));
         let cfg = WorkerConfig {
             role,
             name,
             model: if model.is_empty() { "default".into() } else { model },
             router: args.router.clone(),
             advertise: args.advertise.clone(),
+            advertise_host: args.advertise_host.clone(),
             transport: match args.kv_transport {
                 KvTransportArg::Tcp => TransportChoice::Tcp,
                 KvTransportArg::Grpc => TransportChoice::Grpc,
@@ -144,9 +153,9 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
             kv_timeout: Duration::from_millis(args.kv_timeout_ms),
             drain_timeout: Duration::from_secs(args.drain_timeout),
         };
-        let (ready, _ready_rx) = tokio::sync::watch::channel(false);
         let engine = ferry_worker::EngineHandle::start(role, engine, &cfg.model, args.chunked_prefill);
-        ferry_worker::serve(cfg, engine, Listeners { grpc, data, metrics }, shutdown_signal(), ready).await?;
+        health.engine_started(ferry_worker::health::EngineView { load: engine.load(), role });
+        ferry_worker::serve(cfg, engine, Listeners { grpc, data, metrics: None }, shutdown_signal(), ready).await?;
         Ok(())
     })
 }

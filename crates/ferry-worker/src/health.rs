@@ -1,0 +1,82 @@
+//! What a worker's `/livez` and `/readyz` report (for Kubernetes probes and load balancers).
+//!
+//! Live: the process serves HTTP. Ready: the model is loaded, and, when the worker has a router,
+//! it is registered and its lease is current (a heartbeat was acknowledged within the lease).
+//! [`registration`](crate::registration) flips the registered flag both ways; the HTTP listener
+//! may start before the model loads, so a probe sees "loading the model" rather than a refused
+//! connection.
+
+use crate::load::LoadGauge;
+use crate::Role;
+use std::sync::{Arc, OnceLock};
+use tokio::sync::watch;
+
+/// The engine as the HTTP handlers see it once it is up: its load gauge and role.
+#[derive(Clone)]
+pub struct EngineView {
+    pub load: Arc<LoadGauge>,
+    pub role: Role,
+}
+
+/// A worker's health, shared by the process and its HTTP listener (cheap to clone).
+#[derive(Clone)]
+pub struct Health {
+    router: Option<String>,
+    registered: watch::Receiver<bool>,
+    engine: Arc<OnceLock<EngineView>>,
+}
+
+impl Health {
+    /// `registered` is the receiving side of the flag given to [`crate::serve`].
+    pub fn new(router: Option<String>, registered: watch::Receiver<bool>) -> Health {
+        Health { router, registered, engine: Arc::new(OnceLock::new()) }
+    }
+
+    /// The model is loaded and the engine thread runs.
+    pub fn engine_started(&self, view: EngineView) {
+        let _ = self.engine.set(view);
+    }
+
+    pub fn engine(&self) -> Option<&EngineView> {
+        self.engine.get()
+    }
+
+    /// Ok when ready, else the one-line reason.
+    pub fn readiness(&self) -> Result<(), String> {
+        readiness(self.engine.get().is_some(), *self.registered.borrow(), self.router.as_deref())
+    }
+}
+
+/// The readiness decision, apart from where its inputs come from.
+pub fn readiness(model_loaded: bool, registered: bool, router: Option<&str>) -> Result<(), String> {
+    if !model_loaded {
+        return Err("loading the model".into());
+    }
+    match (registered, router) {
+        (true, _) => Ok(()),
+        (false, Some(r)) => Err(format!("not registered with the router at {r} (registering, or its lease lapsed)")),
+        (false, None) => Err("not serving yet".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readiness_needs_the_model_and_a_current_registration() {
+        let r = Some("router:7700");
+        let cases: &[(bool, bool, Option<&str>, Result<(), &str>)] = &[
+            (false, false, r, Err("loading the model")),
+            (false, true, r, Err("loading the model")),
+            (true, false, r, Err("not registered with the router at router:7700 (registering, or its lease lapsed)")),
+            (true, true, r, Ok(())),
+            (true, true, None, Ok(())),
+            (true, false, None, Err("not serving yet")),
+        ];
+        for (loaded, registered, router, want) in cases {
+            let got = readiness(*loaded, *registered, *router);
+            assert_eq!(got.as_ref().map_err(String::as_str), want.as_ref().map_err(|s| *s), "{loaded} {registered} {router:?}");
+        }
+    }
+}
