@@ -90,7 +90,8 @@ async fn completions_and_chat_whole_answers() {
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], model());
     assert_eq!(v["data"][0]["object"], "model");
-    let v = http::get(&addr, &format!("/v1/models/{}", model())).await.json();
+    // The default model's name has spaces: percent-encoded in the path.
+    let v = http::get(&addr, &format!("/v1/models/{}", model().replace(' ', "%20"))).await.json();
     assert_eq!(v["id"], model());
     let e = http::get(&addr, "/v1/models/gpt-17").await.error(404);
     assert_eq!(e["code"], "model_not_found");

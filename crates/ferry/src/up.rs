@@ -4,7 +4,6 @@
 //! all (SIGTERM, then SIGKILL after a grace period).
 
 use anyhow::{bail, Context};
-use ferry_proto::v1::ferry_client::FerryClient;
 use ferry_proto::v1::HealthRequest;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -19,6 +18,9 @@ pub struct UpArgs {
     /// The router's gRPC address (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:7700")]
     pub listen: String,
+    /// The router's OpenAI-compatible HTTP address (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    pub http: String,
     /// Prefill workers.
     #[arg(long, default_value_t = 1)]
     pub prefill: usize,
@@ -48,6 +50,9 @@ pub struct UpArgs {
     /// Seconds to wait for every worker to load and register.
     #[arg(long, default_value_t = 300)]
     pub ready_timeout: u64,
+    /// API keys the router's client APIs require (passed to it through its environment).
+    #[command(flatten)]
+    pub keys: crate::router_cmd::ApiKeyArgs,
 }
 
 struct Proc {
@@ -89,11 +94,13 @@ fn terminate(pid: u32) {
     let _ = pid;
 }
 
-/// Spawn `ferry ARGS`, wait for its `ready` line on stdout, and return it; the rest of its
-/// stdout is forwarded to `lines` (so the pipe never fills).
-fn spawn(procs: &mut Procs, what: String, args: &[String], timeout: Duration) -> anyhow::Result<String> {
+/// Spawn `ferry ARGS` (with `env` added to its environment), wait for its `ready` line on
+/// stdout, and return it; the rest of its stdout is forwarded to ours (so the pipe never fills).
+fn spawn(procs: &mut Procs, what: String, args: &[String], env: &[(&str, String)], timeout: Duration) -> anyhow::Result<String> {
     let exe = std::env::current_exe()?;
-    let mut child = Command::new(exe).args(args).stdout(Stdio::piped()).stdin(Stdio::null()).spawn().with_context(|| format!("starting {what}"))?;
+    let mut cmd = Command::new(exe);
+    cmd.args(args).envs(env.iter().map(|(k, v)| (k, v))).stdout(Stdio::piped()).stdin(Stdio::null());
+    let mut child = cmd.spawn().with_context(|| format!("starting {what}"))?;
     let stdout = child.stdout.take().context("child stdout")?;
     let pid = child.id();
     procs.0.push(Proc { what: what.clone(), child });
@@ -131,15 +138,20 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     let workers = a.prefill + a.decode + a.colocated;
     let threads = if a.threads > 0 { a.threads } else { (cores / workers).max(1) };
     let timeout = Duration::from_secs(a.ready_timeout);
+    // The keys go to the router in its environment, not on its command line (visible in `ps`).
+    let keys = a.keys.collect()?;
+    let router_env = if keys.is_empty() { vec![] } else { vec![("FERRY_API_KEYS", keys.join(","))] };
     let mut procs = Procs(Vec::new());
     let r = spawn(
         &mut procs,
         "router".into(),
-        &["router", "--listen", &a.listen, "--metrics-listen", "127.0.0.1:0", "--model", &model].map(String::from),
+        &["router", "--listen", &a.listen, "--http-listen", &a.http, "--metrics-listen", "127.0.0.1:0", "--model", &model].map(String::from),
+        &router_env,
         timeout,
     )?;
     let router = field(&r, "grpc=").context("router ready line")?.to_string();
-    println!("router   grpc={router} metrics={}", field(&r, "metrics=").unwrap_or("-"));
+    let http = field(&r, "http=").unwrap_or("-").to_string();
+    println!("router   grpc={router} http={http} metrics={}", field(&r, "metrics=").unwrap_or("-"));
     let mut common = vec!["--router".to_string(), router.clone(), "--model".into(), model.clone(), "--threads".into(), threads.to_string()];
     common.extend(["--kv-transport".into(), format!("{:?}", a.kv_transport).to_lowercase()]);
     if let Some(k) = a.kv_tokens {
@@ -163,7 +175,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                 next_cpu += threads;
                 args.extend(["--cpus".into(), cpus.join(",")]);
             }
-            let line = spawn(&mut procs, format!("{role} worker {i}"), &args, timeout)?;
+            let line = spawn(&mut procs, format!("{role} worker {i}"), &args, &[], timeout)?;
             println!(
                 "worker   role={role} name={role}-{i} pid={} grpc={} data={} metrics={}",
                 field(&line, "pid=").unwrap_or("-"),
@@ -177,9 +189,11 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     rt.block_on(async {
         // Ready when the router sees every worker registered.
         let deadline = Instant::now() + timeout;
+        // Our own health checks carry a key when the router needs one.
+        let bearer = crate::remote::Bearer::new(keys.first().map(String::as_str))?;
         let mut client = loop {
-            match FerryClient::connect(format!("http://{router}")).await {
-                Ok(c) => break c,
+            match tonic::transport::Endpoint::from_shared(format!("http://{router}"))?.connect().await {
+                Ok(ch) => break crate::remote::client(ch, bearer.clone()),
                 Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
                 Err(e) => bail!("cannot reach the router at {router}: {e}"),
             }
@@ -195,7 +209,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         println!(
-            "ready router={router} ({} prefill, {} decode, {} colocated, {threads} threads each); try: ferry generate --router {router} --chat \"Hello\"",
+            "ready router={router} http={http} ({} prefill, {} decode, {} colocated, {threads} threads each); try: ferry generate --router {router} --chat \"Hello\"",
             a.prefill, a.decode, a.colocated
         );
         // Serve until Ctrl-C / SIGTERM, or until a child exits on its own.
