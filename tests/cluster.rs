@@ -218,17 +218,16 @@ const OPENAI_PIN: &str = "3.57.0";
 /// A Python that has the `openai` package: `$FERRY_OPENAI_PYTHON`, else a venv under `target/`
 /// made once with `python3 -m venv` and `pip install openai==OPENAI_PIN` (reused after that).
 fn openai_python() -> Result<std::path::PathBuf, String> {
+    let imports = |python: &std::path::Path, check: &str| {
+        std::process::Command::new(python).args(["-c", &format!("import openai, sys; {check}")]).output().is_ok_and(|o| o.status.success())
+    };
     if let Some(p) = std::env::var_os("FERRY_OPENAI_PYTHON") {
-        return Ok(p.into());
+        let p = std::path::PathBuf::from(p);
+        return if imports(&p, "") { Ok(p) } else { Err(format!("FERRY_OPENAI_PYTHON={} cannot import openai", p.display())) };
     }
     let venv = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("../py-openai");
     let python = venv.join("bin/python");
-    let has_openai = |python: &std::path::Path| {
-        std::process::Command::new(python)
-            .args(["-c", &format!("import openai, sys; sys.exit(openai.__version__ != {OPENAI_PIN:?})")])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
+    let has_openai = |python: &std::path::Path| imports(python, &format!("sys.exit(openai.__version__ != {OPENAI_PIN:?})"));
     if has_openai(&python) {
         return Ok(python);
     }
