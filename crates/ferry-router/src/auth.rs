@@ -30,9 +30,7 @@ pub enum AuthFailure {
 impl AuthFailure {
     pub fn message(self) -> &'static str {
         match self {
-            AuthFailure::Missing => {
-                "missing API key: send the header `Authorization: Bearer KEY`"
-            }
+            AuthFailure::Missing => "missing API key: send the header `Authorization: Bearer KEY`",
             AuthFailure::Wrong => "invalid API key",
         }
     }

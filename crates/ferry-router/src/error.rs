@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
-use ferry_core::WorkerRole;
 use axum::http::StatusCode;
+use ferry_core::WorkerRole;
 use tonic::{Code, Status};
 
 #[derive(Debug, thiserror::Error)]

@@ -1,7 +1,8 @@
-//! Ferry's router: the client APIs (`Ferry` over gRPC, OpenAI-compatible HTTP), the worker registry with leases and health, the
-//! pairing of a prefill and a decode worker per request and the request's orchestration, the
-//! operators' admin API, and Prometheus metrics. It tokenizes with the model's tokenizer
-//! ([`ferry_tokenizer::ModelText`]) but never loads weights or links the engine.
+//! Ferry's router: the client APIs (`Ferry` over gRPC, OpenAI-compatible HTTP), the worker
+//! registry with leases and health, the pairing of a prefill and a decode worker per request and
+//! the request's orchestration, the operators' admin API, and Prometheus metrics. It tokenizes
+//! with the model's tokenizer ([`ferry_tokenizer::ModelText`]) but never loads weights or links
+//! the engine.
 //!
 //! - [`registry`]: workers, leases, in-flight accounting.
 //! - [`service`] / [`orchestrate`]: validation, then one request's lifecycle (`worker.proto`).

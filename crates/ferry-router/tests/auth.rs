@@ -74,12 +74,21 @@ async fn keys_guard_the_client_apis_only() {
             let e = a.error(401);
             assert_eq!(e["type"], "authentication_error", "{path}: {e}");
             assert_eq!(e["code"], "invalid_api_key");
-            assert!(!a.body.contains("key-one"), "no key in the answer: {}", a.body);
+            assert!(
+                !a.body.contains("key-one"),
+                "no key in the answer: {}",
+                a.body
+            );
         }
     }
     // A header that is not `Bearer KEY`.
     let a = request(&addr, "GET", "/v1/models", None, None).await;
-    assert!(a.error(401)["message"].as_str().unwrap().contains("Authorization"));
+    assert!(
+        a.error(401)["message"]
+            .as_str()
+            .unwrap()
+            .contains("Authorization")
+    );
 
     // Nothing ran.
     assert_eq!(p.stats.prefill_calls.load(Ordering::Relaxed), 0);
@@ -133,7 +142,14 @@ async fn without_keys_everything_is_open() {
     let a = http::get(&addr, "/v1/models").await;
     assert_eq!(a.status, 200, "{}", a.body);
     let req = json!({"model": common::text().name, "prompt": "Hi"}).to_string();
-    let a = request(&addr, "POST", "/v1/completions", Some("whatever"), Some(&req)).await;
+    let a = request(
+        &addr,
+        "POST",
+        "/v1/completions",
+        Some("whatever"),
+        Some(&req),
+    )
+    .await;
     assert_eq!(a.status, 200, "{}", a.body);
     r.shutdown().await;
 }

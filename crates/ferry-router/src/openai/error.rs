@@ -130,7 +130,11 @@ mod tests {
     #[test]
     fn router_errors_keep_their_status_and_say_why() {
         let cases = [
-            (RouterError::InvalidRequest("x".into()), 400, "invalid_request_error"),
+            (
+                RouterError::InvalidRequest("x".into()),
+                400,
+                "invalid_request_error",
+            ),
             (
                 RouterError::UnknownModel {
                     requested: "gpt-17".into(),

@@ -147,7 +147,11 @@ async fn generate(h: &Http, kind: Kind, body: Result<Bytes, BytesRejection>) -> 
     }
 }
 
-async fn run(h: &Http, kind: Kind, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn run(
+    h: &Http,
+    kind: Kind,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let body = body.map_err(|r| ApiError {
         status: r.status(),
         message: r.body_text(),
@@ -209,7 +213,9 @@ async fn collect(
             None => {}
         }
     }
-    Err(ApiError::server("the request ended without a final message"))
+    Err(ApiError::server(
+        "the request ended without a final message",
+    ))
 }
 
 /// The SSE bytes for one event of the request (empty for a delta without text). The final

@@ -42,8 +42,7 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
             None,
         ));
     };
-    let model: String =
-        field(&obj, "model")?.ok_or_else(|| required("model"))?;
+    let model: String = field(&obj, "model")?.ok_or_else(|| required("model"))?;
     if let Some(n) = field::<u64>(&obj, "n")?
         && n != 1
     {
@@ -232,7 +231,10 @@ fn messages(v: Option<&Value>) -> Result<Vec<v1::ChatMessage>, ApiError> {
             Some(Value::String(r)) => r.as_str(),
             None | Some(Value::Null) => return Err(bad(i, "`role` is required".into())),
             Some(other) => {
-                return Err(bad(i, format!("`role` must be a string, not {}", type_name(other))));
+                return Err(bad(
+                    i,
+                    format!("`role` must be a string, not {}", type_name(other)),
+                ));
             }
         };
         // OpenAI's newer name for the system message.
@@ -251,7 +253,9 @@ fn messages(v: Option<&Value>) -> Result<Vec<v1::ChatMessage>, ApiError> {
                         (Some(t), _) => {
                             return Err(bad(
                                 i,
-                                format!("content part {j} is of type {t:?}; only \"text\" parts are supported"),
+                                format!(
+                                    "content part {j} is of type {t:?}; only \"text\" parts are supported"
+                                ),
                             ));
                         }
                         (None, _) => {
@@ -286,7 +290,10 @@ fn stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::String(s)) => Ok(vec![s.clone()]),
         Some(Value::Array(a)) if a.len() > MAX_STOP => Err(ApiError::invalid(
-            format!("`stop` has {} strings; at most {MAX_STOP} are allowed", a.len()),
+            format!(
+                "`stop` has {} strings; at most {MAX_STOP} are allowed",
+                a.len()
+            ),
             Some("stop"),
         )),
         Some(Value::Array(a)) => a
@@ -331,14 +338,20 @@ mod tests {
                "seed": 7, "stop": ["a", "b"], "n": 1, "stream": true,
                "stream_options": {"include_usage": true}, "user": "extra", "presence_penalty": 0}"#,
         );
-        assert_eq!((p.model.as_str(), p.stream, p.include_usage), ("m", true, true));
+        assert_eq!(
+            (p.model.as_str(), p.stream, p.include_usage),
+            ("m", true, true)
+        );
         let r = &p.request;
         assert_eq!(r.model, "m");
         assert_eq!(r.input, Some(Input::Prompt("Hi".into())));
         let s = r.sampling.unwrap();
         assert_eq!((s.temperature, s.top_p, s.seed), (0.0, Some(0.5), Some(7)));
         let stop = r.stop.clone().unwrap();
-        assert_eq!((stop.max_tokens, stop.stop), (5, vec!["a".to_string(), "b".into()]));
+        assert_eq!(
+            (stop.max_tokens, stop.stop),
+            (5, vec!["a".to_string(), "b".into()])
+        );
         // Defaults: OpenAI's temperature 1, Ferry's max_tokens, no stream.
         let p = ok(Kind::Completion, r#"{"model": "m", "prompt": "Hi"}"#);
         assert_eq!(p.request.sampling.unwrap().temperature, 1.0);
@@ -351,10 +364,19 @@ mod tests {
         for (prompt, want) in [
             (r#""Hi""#, Input::Prompt("Hi".into())),
             (r#"["Hi"]"#, Input::Prompt("Hi".into())),
-            ("[1, 2, 3]", Input::Tokens(v1::TokenInput { ids: vec![1, 2, 3] })),
-            ("[[4, 5]]", Input::Tokens(v1::TokenInput { ids: vec![4, 5] })),
+            (
+                "[1, 2, 3]",
+                Input::Tokens(v1::TokenInput { ids: vec![1, 2, 3] }),
+            ),
+            (
+                "[[4, 5]]",
+                Input::Tokens(v1::TokenInput { ids: vec![4, 5] }),
+            ),
         ] {
-            let p = ok(Kind::Completion, &format!(r#"{{"model": "m", "prompt": {prompt}}}"#));
+            let p = ok(
+                Kind::Completion,
+                &format!(r#"{{"model": "m", "prompt": {prompt}}}"#),
+            );
             assert_eq!(p.request.input, Some(want), "{prompt}");
         }
         for (prompt, needle) in [
@@ -367,8 +389,15 @@ mod tests {
             ("7", "not a number"),
             ("null", "required"),
         ] {
-            let e = err(Kind::Completion, &format!(r#"{{"model": "m", "prompt": {prompt}}}"#));
-            assert_eq!((e.status.as_u16(), e.param), (400, Some("prompt")), "{prompt}: {e:?}");
+            let e = err(
+                Kind::Completion,
+                &format!(r#"{{"model": "m", "prompt": {prompt}}}"#),
+            );
+            assert_eq!(
+                (e.status.as_u16(), e.param),
+                (400, Some("prompt")),
+                "{prompt}: {e:?}"
+            );
             assert!(e.message.contains(needle), "{prompt}: {}", e.message);
         }
     }
@@ -386,22 +415,52 @@ mod tests {
         let Some(Input::Chat(c)) = p.request.input else {
             panic!("chat input")
         };
-        let got: Vec<(&str, &str)> =
-            c.messages.iter().map(|m| (m.role.as_str(), m.content.as_str())).collect();
-        assert_eq!(got, [("system", "Be brief."), ("user", "Hi there"), ("assistant", "")]);
-        assert_eq!(p.request.stop.unwrap().max_tokens, 3, "max_completion_tokens wins");
+        let got: Vec<(&str, &str)> = c
+            .messages
+            .iter()
+            .map(|m| (m.role.as_str(), m.content.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("system", "Be brief."),
+                ("user", "Hi there"),
+                ("assistant", "")
+            ]
+        );
+        assert_eq!(
+            p.request.stop.unwrap().max_tokens,
+            3,
+            "max_completion_tokens wins"
+        );
         for (messages, needle) in [
             ("[]", "empty"),
             (r#""hi""#, "must be an array"),
             ("[1]", "must be an object"),
             (r#"[{"content": "x"}]"#, "`role` is required"),
-            (r#"[{"role": 1, "content": "x"}]"#, "`role` must be a string"),
+            (
+                r#"[{"role": 1, "content": "x"}]"#,
+                "`role` must be a string",
+            ),
             (r#"[{"role": "user", "content": 5}]"#, "`content` must be"),
-            (r#"[{"role": "user", "content": [{"type": "image_url"}]}]"#, "only \"text\""),
-            (r#"[{"role": "user", "content": [{"type": "text"}]}]"#, "no `text`"),
+            (
+                r#"[{"role": "user", "content": [{"type": "image_url"}]}]"#,
+                "only \"text\"",
+            ),
+            (
+                r#"[{"role": "user", "content": [{"type": "text"}]}]"#,
+                "no `text`",
+            ),
         ] {
-            let e = err(Kind::Chat, &format!(r#"{{"model": "m", "messages": {messages}}}"#));
-            assert_eq!((e.status.as_u16(), e.param), (400, Some("messages")), "{messages}");
+            let e = err(
+                Kind::Chat,
+                &format!(r#"{{"model": "m", "messages": {messages}}}"#),
+            );
+            assert_eq!(
+                (e.status.as_u16(), e.param),
+                (400, Some("messages")),
+                "{messages}"
+            );
             assert!(e.message.contains(needle), "{messages}: {}", e.message);
         }
         let e = err(Kind::Chat, r#"{"model": "m"}"#);
@@ -420,7 +479,11 @@ mod tests {
             (r#""temperature": "hot""#, "temperature", "invalid type"),
             (r#""stream": 1"#, "stream", "invalid type"),
             (r#""stream_options": 1"#, "stream_options", "an object"),
-            (r#""stream_options": {"include_usage": "yes"}"#, "stream_options", "invalid type"),
+            (
+                r#""stream_options": {"include_usage": "yes"}"#,
+                "stream_options",
+                "invalid type",
+            ),
             (r#""stop": 5"#, "stop", "a string or an array"),
             (r#""stop": [1]"#, "stop", "a string or an array"),
             (r#""stop": ["a", "b", "c", "d", "e"]"#, "stop", "at most 4"),
@@ -431,7 +494,11 @@ mod tests {
             (r#""best_of": 3"#, "best_of", "not supported"),
         ] {
             let e = err(Kind::Completion, &format!("{{{base}, {extra}}}"));
-            assert_eq!((e.status.as_u16(), e.param), (400, Some(param)), "{extra}: {e:?}");
+            assert_eq!(
+                (e.status.as_u16(), e.param),
+                (400, Some(param)),
+                "{extra}: {e:?}"
+            );
             assert!(e.message.contains(needle), "{extra}: {}", e.message);
         }
         let e = err(Kind::Completion, r#"{"prompt": "Hi"}"#);
@@ -448,7 +515,11 @@ mod tests {
         for body in ["", "{", "not json", r#"{"model": "m",}"#, "\u{0}"] {
             let e = err(Kind::Completion, body);
             assert_eq!(e.status.as_u16(), 400, "{body:?}");
-            assert!(e.message.starts_with("malformed JSON body"), "{body:?}: {}", e.message);
+            assert!(
+                e.message.starts_with("malformed JSON body"),
+                "{body:?}: {}",
+                e.message
+            );
         }
         for body in ["[]", "1", r#""x""#, "null"] {
             let e = err(Kind::Chat, body);

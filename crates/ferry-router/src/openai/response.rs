@@ -22,7 +22,13 @@ pub struct Meta {
 
 impl Meta {
     /// `request_id` is Ferry's (it is in the router's logs); the answer's id is built on it.
-    pub fn new(kind: Kind, request_id: &str, created: u64, model: String, include_usage: bool) -> Meta {
+    pub fn new(
+        kind: Kind,
+        request_id: &str,
+        created: u64,
+        model: String,
+        include_usage: bool,
+    ) -> Meta {
         let prefix = match kind {
             Kind::Completion => "cmpl",
             Kind::Chat => "chatcmpl",
@@ -69,7 +75,9 @@ pub fn finish_reason(f: v1::FinishReason) -> Option<&'static str> {
 }
 
 fn finish_of(fin: &v1::GenerateFinal) -> Option<&'static str> {
-    finish_reason(v1::FinishReason::try_from(fin.finish_reason).unwrap_or(v1::FinishReason::Unspecified))
+    finish_reason(
+        v1::FinishReason::try_from(fin.finish_reason).unwrap_or(v1::FinishReason::Unspecified),
+    )
 }
 
 pub fn usage(fin: &v1::GenerateFinal) -> Value {
@@ -185,15 +193,24 @@ mod tests {
         let v = complete(&m, "Hi", &fin(v1::FinishReason::Length));
         assert_eq!(v["id"], "cmpl-ab12");
         assert_eq!(v["object"], "text_completion");
-        assert_eq!((v["created"].as_u64(), v["model"].as_str()), (Some(99), Some("m")));
+        assert_eq!(
+            (v["created"].as_u64(), v["model"].as_str()),
+            (Some(99), Some("m"))
+        );
         assert_eq!(v["choices"][0]["text"], "Hi");
         assert_eq!(v["choices"][0]["finish_reason"], "length");
-        assert_eq!(v["usage"], json!({"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}));
+        assert_eq!(
+            v["usage"],
+            json!({"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10})
+        );
         let m = Meta::new(Kind::Chat, "ab12", 99, "m".into(), false);
         let v = complete(&m, "Hi", &fin(v1::FinishReason::StopToken));
         assert_eq!(v["id"], "chatcmpl-ab12");
         assert_eq!(v["object"], "chat.completion");
-        assert_eq!(v["choices"][0]["message"], json!({"role": "assistant", "content": "Hi"}));
+        assert_eq!(
+            v["choices"][0]["message"],
+            json!({"role": "assistant", "content": "Hi"})
+        );
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
     }
 
@@ -202,7 +219,10 @@ mod tests {
         let m = Meta::new(Kind::Chat, "1", 5, "m".into(), true);
         let r = role_chunk(&m).unwrap();
         assert_eq!(r["object"], "chat.completion.chunk");
-        assert_eq!(r["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
+        assert_eq!(
+            r["choices"][0]["delta"],
+            json!({"role": "assistant", "content": ""})
+        );
         assert_eq!(r["usage"], Value::Null);
         assert!(r.as_object().unwrap().contains_key("usage"));
         let t = text_chunk(&m, "Hel");
@@ -227,6 +247,9 @@ mod tests {
         let f = final_chunks(&m, &fin(v1::FinishReason::Length));
         assert_eq!(f.len(), 1);
         assert_eq!(f[0]["choices"][0]["finish_reason"], "length");
-        assert_eq!(sse(&json!({"a": 1})), Bytes::from_static(b"data: {\"a\":1}\n\n"));
+        assert_eq!(
+            sse(&json!({"a": 1})),
+            Bytes::from_static(b"data: {\"a\":1}\n\n")
+        );
     }
 }

@@ -52,7 +52,10 @@ impl Open {
         loop {
             if let Some(i) = self.buf.find("\n\n") {
                 let ev: String = self.buf.drain(..i + 2).collect();
-                let data = ev.trim_end().strip_prefix("data: ").unwrap_or_else(|| panic!("not an SSE data line: {ev:?}"));
+                let data = ev
+                    .trim_end()
+                    .strip_prefix("data: ")
+                    .unwrap_or_else(|| panic!("not an SSE data line: {ev:?}"));
                 return Some(data.to_owned());
             }
             match self.body.frame().await {
@@ -63,7 +66,11 @@ impl Open {
                 }
                 Some(Err(e)) => panic!("reading the body: {e}"),
                 None => {
-                    assert!(self.buf.is_empty(), "a partial event at the end: {:?}", self.buf);
+                    assert!(
+                        self.buf.is_empty(),
+                        "a partial event at the end: {:?}",
+                        self.buf
+                    );
                     return None;
                 }
             }
@@ -91,29 +98,64 @@ impl Open {
 }
 
 /// Sends one request to `addr` (host:port) and returns the open response.
-pub async fn open(addr: &str, method: &str, path: &str, key: Option<&str>, body: Option<&str>) -> Open {
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect to the HTTP API");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.expect("HTTP handshake");
+pub async fn open(
+    addr: &str,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    body: Option<&str>,
+) -> Open {
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to the HTTP API");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .expect("HTTP handshake");
     let conn = tokio::spawn(async move {
         let _ = conn.await;
     });
-    let mut req = hyper::Request::builder().method(method).uri(path).header("host", addr);
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr);
     if let Some(k) = key {
         req = req.header("authorization", format!("Bearer {k}"));
     }
     if body.is_some() {
         req = req.header("content-type", "application/json");
     }
-    let req = req.body(Full::new(Bytes::from(body.unwrap_or("").to_owned()))).unwrap();
+    let req = req
+        .body(Full::new(Bytes::from(body.unwrap_or("").to_owned())))
+        .unwrap();
     let resp = sender.send_request(req).await.expect("HTTP request");
-    let content_type = resp.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
-    Open { status: resp.status().as_u16(), content_type, body: resp.into_body(), conn, buf: String::new() }
+    let content_type = resp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    Open {
+        status: resp.status().as_u16(),
+        content_type,
+        body: resp.into_body(),
+        conn,
+        buf: String::new(),
+    }
 }
 
-pub async fn request(addr: &str, method: &str, path: &str, key: Option<&str>, body: Option<&str>) -> Answer {
+pub async fn request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    body: Option<&str>,
+) -> Answer {
     let o = open(addr, method, path, key, body).await;
     let (status, content_type) = (o.status, o.content_type.clone());
-    Answer { status, content_type, body: o.text().await }
+    Answer {
+        status,
+        content_type,
+        body: o.text().await,
+    }
 }
 
 pub async fn post(addr: &str, path: &str, body: &str) -> Answer {
