@@ -13,7 +13,7 @@ load=(--requests "${REQUESTS:-12}" --prompt-len "${PROMPT_LEN:-32..512}" --outpu
 
 run() {
     local label="$1"; shift
-    "$ferry" up --listen 127.0.0.1:0 --threads 1 --pin "$@" > "$out/$label.up.log" 2>&1 &
+    "$ferry" up --listen 127.0.0.1:0 --http 127.0.0.1:0 --threads 1 --pin "$@" > "$out/$label.up.log" 2>&1 &
     local up=$!
     local router=""
     for _ in $(seq 1 600); do

@@ -362,3 +362,127 @@ async fn pool_scale_under_ferry_up_starts_and_drains_workers() {
     assert!(!ok && out.contains("100000"), "{out}");
     cluster.assert_no_leaks().await;
 }
+
+/// The `openai` Python package version the client test installs.
+const OPENAI_PIN: &str = "3.57.0";
+
+/// A Python that has the `openai` package: `$FERRY_OPENAI_PYTHON`, else a venv under `target/`
+/// made once with `python3 -m venv` and `pip install openai==OPENAI_PIN` (reused after that).
+fn openai_python() -> Result<std::path::PathBuf, String> {
+    let imports = |python: &std::path::Path, check: &str| {
+        std::process::Command::new(python).args(["-c", &format!("import openai, sys; {check}")]).output().is_ok_and(|o| o.status.success())
+    };
+    if let Some(p) = std::env::var_os("FERRY_OPENAI_PYTHON") {
+        let p = std::path::PathBuf::from(p);
+        return if imports(&p, "") { Ok(p) } else { Err(format!("FERRY_OPENAI_PYTHON={} cannot import openai", p.display())) };
+    }
+    let venv = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("../py-openai");
+    let python = venv.join("bin/python");
+    let has_openai = |python: &std::path::Path| imports(python, &format!("sys.exit(openai.__version__ != {OPENAI_PIN:?})"));
+    if has_openai(&python) {
+        return Ok(python);
+    }
+    let step = |what: &str, cmd: &mut std::process::Command| -> Result<(), String> {
+        let o = cmd.output().map_err(|e| format!("{what}: {e}"))?;
+        if o.status.success() {
+            Ok(())
+        } else {
+            Err(format!("{what} failed: {}", String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("")))
+        }
+    };
+    step("python3 -m venv", std::process::Command::new("python3").args(["-m", "venv", "--clear"]).arg(&venv))?;
+    let pip = step(
+        "pip install openai",
+        std::process::Command::new(&python).args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", &format!("openai=={OPENAI_PIN}")]),
+    );
+    if let Err(e) = pip {
+        let _ = std::fs::remove_dir_all(&venv);
+        return Err(e);
+    }
+    if has_openai(&python) { Ok(python) } else { Err(format!("{} cannot import openai {OPENAI_PIN}", python.display())) }
+}
+
+/// Text, ids and final message of one gRPC generation.
+async fn collect(mut s: tonic::Streaming<ferry_proto::v1::GenerateResponse>) -> (String, ferry_proto::v1::GenerateFinal) {
+    let mut text = String::new();
+    while let Some(m) = s.message().await.expect("the gRPC stream") {
+        match m.event {
+            Some(ferry_proto::v1::generate_response::Event::Delta(d)) => text.push_str(&d.text),
+            Some(ferry_proto::v1::generate_response::Event::Final(f)) => return (text, f),
+            None => {}
+        }
+    }
+    panic!("no final message");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_python_client_against_ferry_up() {
+    let python = match openai_python() {
+        Ok(p) => p,
+        Err(why) if std::env::var("FERRY_REQUIRE_OPENAI").as_deref() == Ok("1") => {
+            panic!("FERRY_REQUIRE_OPENAI=1 but no Python with the openai package: {why}")
+        }
+        Err(why) => {
+            use std::io::Write;
+            // Straight to stderr, past the test harness's capture, so the skip is seen.
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n*** SKIPPED: openai_python_client_against_ferry_up: {why}\n*** (set FERRY_OPENAI_PYTHON to a Python with openai=={OPENAI_PIN}; FERRY_REQUIRE_OPENAI=1 makes this a failure)\n"
+            );
+            return;
+        }
+    };
+    let model = smollm2();
+    let key = "ferry-test-key";
+    let cluster = Cluster::up(&model, 1, 1, &["--api-key", key]);
+
+    // `ferry up` passed the key on: the gRPC client API refuses calls without it.
+    let err = cluster.client().await.health(ferry_proto::v1::HealthRequest {}).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", cluster.router)).unwrap().connect().await.unwrap();
+    let bearer: tonic::metadata::AsciiMetadataValue = format!("Bearer {key}").parse().unwrap();
+    let mut client = ferry_proto::v1::ferry_client::FerryClient::with_interceptor(channel, move |mut r: tonic::Request<()>| {
+        r.metadata_mut().insert("authorization", bearer.clone());
+        Ok(r)
+    });
+    let name = client.model_info(ferry_proto::v1::ModelInfoRequest {}).await.unwrap().into_inner().model;
+
+    // What Ferry's own API answers greedily, for the Python client to match.
+    let (prompt, max_tokens, chat) = ("The capital of France is", 12u32, "What is the capital of France?");
+    let stop = Some(StopConditions { max_tokens, ..Default::default() });
+    let req = GenerateRequest { input: Some(generate_request::Input::Prompt(prompt.into())), stop: stop.clone(), ..Default::default() };
+    let (text, fin) = collect(client.generate(req).await.unwrap().into_inner()).await;
+    let messages = vec![ChatMessage { role: "user".into(), content: chat.into() }];
+    let req = GenerateRequest { input: Some(generate_request::Input::Chat(ChatInput { messages })), stop, ..Default::default() };
+    let (chat_text, _) = collect(client.generate(req).await.unwrap().into_inner()).await;
+    let words: Vec<&str> = text.split_whitespace().collect();
+    assert!(words.len() >= 3, "a greedy answer of a few words: {text:?}");
+    let finish = match FinishReason::try_from(fin.finish_reason).unwrap() {
+        FinishReason::Length | FinishReason::ContextFull => "length",
+        FinishReason::StopToken | FinishReason::StopString => "stop",
+        FinishReason::Unspecified => panic!("no finish reason"),
+    };
+    let args = serde_json::json!({
+        "base_url": format!("http://{}/v1", cluster.http),
+        "api_key": key,
+        "model": name,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "expect_text": text,
+        "expect_prompt_tokens": fin.prompt_tokens,
+        "expect_completion_tokens": fin.completion_tokens,
+        "expect_finish": finish,
+        "stop": words[words.len() / 2],
+        "chat": chat,
+        "expect_chat": chat_text,
+    });
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/openai_client.py");
+    let out = tokio::task::spawn_blocking(move || std::process::Command::new(&python).arg(&script).arg(args.to_string()).output())
+        .await
+        .unwrap()
+        .expect("run the openai client script");
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && log.contains("all checks passed"), "tests/openai_client.py failed:\n{log}");
+    eprintln!("{log}");
+    cluster.assert_no_leaks().await;
+}

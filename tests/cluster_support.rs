@@ -34,7 +34,13 @@ pub struct Cluster {
     pub router: String,
     /// The router's Prometheus `/metrics` address.
     pub router_metrics: String,
+    /// The router's OpenAI-compatible HTTP address.
+    pub http: String,
     pub workers: Vec<WorkerProc>,
+}
+
+fn bound_loopback(addr: &str) -> bool {
+    addr.parse::<std::net::SocketAddr>().is_ok_and(|a| a.ip().is_loopback() && a.port() != 0)
 }
 
 fn field(line: &str, key: &str) -> String {
@@ -51,7 +57,7 @@ pub fn signal(pid: u32, sig: i32) {
 impl Cluster {
     pub fn up(model: &std::path::Path, prefill: usize, decode: usize, extra: &[&str]) -> Cluster {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
-            .args(["up", "--listen", "127.0.0.1:0", "--threads", "1", "--ready-timeout", "240"])
+            .args(["up", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", "1", "--ready-timeout", "240"])
             .args(["--prefill", &prefill.to_string(), "--decode", &decode.to_string(), "--model"])
             .arg(model)
             .args(extra)
@@ -62,7 +68,7 @@ impl Cluster {
         let mut workers = Vec::new();
         let mut router_metrics = String::new();
         let mut lines = out.lines();
-        let router = loop {
+        let (router, http) = loop {
             let line = match lines.next() {
                 Some(Ok(l)) => l,
                 _ => panic!("ferry up exited before it was ready: {:?}", child.wait()),
@@ -74,12 +80,13 @@ impl Cluster {
                 workers.push(WorkerProc { role: field(&line, "role="), name: field(&line, "name="), pid: field(&line, "pid=").parse().unwrap(), grpc: field(&line, "grpc=") });
             }
             if line.starts_with("ready ") {
-                break field(&line, "router=");
+                break (field(&line, "router="), field(&line, "http="));
             }
         };
         // Keep draining its stdout so it never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        Cluster { child, router, router_metrics, workers }
+        assert!(bound_loopback(&router) && bound_loopback(&http), "router={router} http={http}");
+        Cluster { child, router, router_metrics, http, workers }
     }
 
     pub async fn client(&self) -> FerryClient<Channel> {

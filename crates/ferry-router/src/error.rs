@@ -1,8 +1,10 @@
-//! The router's one error type, and its exhaustive mapping to gRPC status codes. Each variant says
-//! whether another worker might succeed (`retryable`): only worker-side unavailability is.
+//! The router's one error type, and its exhaustive mappings to gRPC status codes and to HTTP
+//! statuses (the OpenAI-compatible API). Each variant says whether another worker might succeed
+//! (`retryable`): only worker-side unavailability is.
 
 use std::path::PathBuf;
 
+use axum::http::StatusCode;
 use ferry_core::WorkerRole;
 use tonic::{Code, Status};
 
@@ -117,5 +119,53 @@ impl From<RouterError> for Status {
             | RouterError::Metrics(_) => Code::Internal,
         };
         Status::new(code, e.to_string())
+    }
+}
+
+impl RouterError {
+    /// The HTTP status this error answers with on the OpenAI-compatible API.
+    pub fn http_status(&self) -> StatusCode {
+        match self {
+            RouterError::InvalidRequest(_)
+            | RouterError::Tokenize(_)
+            | RouterError::BadRegistration(_)
+            | RouterError::BadAddress { .. } => StatusCode::BAD_REQUEST,
+            RouterError::UnknownModel { .. } | RouterError::UnknownWorker(_) => {
+                StatusCode::NOT_FOUND
+            }
+            RouterError::NoWorker { .. }
+            | RouterError::WorkerUnavailable { .. }
+            | RouterError::Protocol { .. }
+            | RouterError::DecodeExhausted { .. }
+            | RouterError::ScaleFailed { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            RouterError::ShuttingDown(_) | RouterError::NoScaler => StatusCode::CONFLICT,
+            RouterError::FingerprintMismatch { .. }
+            | RouterError::LoadModel { .. }
+            | RouterError::Serve(_)
+            | RouterError::Reflection(_)
+            | RouterError::Io { .. }
+            | RouterError::Metrics(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            RouterError::WorkerFailed { code, .. } => http_status_of(*code),
+        }
+    }
+}
+
+/// The HTTP status for a gRPC code (an error that reached the client stream as a `Status`).
+pub fn http_status_of(code: Code) -> StatusCode {
+    match code {
+        Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => {
+            StatusCode::BAD_REQUEST
+        }
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
+        Code::ResourceExhausted | Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+        Code::Ok | Code::Unknown | Code::Internal | Code::DataLoss => {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
     }
 }

@@ -1,18 +1,23 @@
-//! Ferry's router: the client API (`Ferry`), the worker registry with leases and health, the
-//! pairing of a prefill and a decode worker per request and the request's orchestration, the
-//! operators' admin API, and Prometheus metrics. It tokenizes with the model's tokenizer
-//! ([`ferry_tokenizer::ModelText`]) but never loads weights or links the engine.
+//! Ferry's router: the client APIs (`Ferry` over gRPC, OpenAI-compatible HTTP), the worker
+//! registry with leases and health, the pairing of a prefill and a decode worker per request and
+//! the request's orchestration, the operators' admin API, and Prometheus metrics. It tokenizes
+//! with the model's tokenizer ([`ferry_tokenizer::ModelText`]) but never loads weights or links
+//! the engine.
 //!
 //! - [`registry`]: workers, leases, in-flight accounting.
 //! - [`service`] / [`orchestrate`]: validation, then one request's lifecycle (`worker.proto`).
+//! - [`openai`]: the OpenAI-compatible HTTP API over the same path.
+//! - [`auth`]: API keys for the client APIs.
 //! - [`admin`]: the `Registry` and `Admin` services.
 //! - [`metrics`]: the Prometheus recorder and `/metrics` server.
 //! - [`mock`]: fast mock workers for tests and `ferry bench router`.
 
 pub mod admin;
+pub mod auth;
 mod error;
 pub mod metrics;
 pub mod mock;
+pub mod openai;
 pub mod orchestrate;
 pub mod registry;
 pub mod scale;
@@ -25,7 +30,8 @@ use std::time::{Duration, Instant};
 
 use ferry_proto::v1;
 
-pub use error::RouterError;
+pub use auth::ApiKeys;
+pub use error::{RouterError, http_status_of};
 pub use mock::{MockConfig, MockWorker, OverheadStats, router_overhead};
 pub use scale::{KubeScale, Scaler};
 
@@ -48,6 +54,8 @@ pub struct RouterConfig {
     pub kv_timeout: Duration,
     /// Where `Admin.Scale` goes (None: scaling is refused with a clear error).
     pub scaler: Option<Scaler>,
+    /// Keys the client APIs (gRPC `Ferry`, HTTP `/v1/*`) require; empty: open.
+    pub api_keys: ApiKeys,
 }
 
 impl RouterConfig {
@@ -60,18 +68,45 @@ impl RouterConfig {
             connect_timeout: Duration::from_secs(1),
             kv_timeout: Duration::ZERO,
             scaler: None,
+            api_keys: ApiKeys::default(),
         }
     }
 }
 
-/// Serves the router's gRPC API (Ferry, Registry, Admin, reflection) on `grpc`, and `/metrics`,
-/// `/livez` and `/readyz` on `metrics` when given, until `shutdown` completes.
+/// The router's listeners, bound by the caller (tests bind port 0 and pass them in).
+#[derive(Debug)]
+pub struct Listeners {
+    /// gRPC: the client API (`Ferry`), `Registry`, `Admin` and reflection.
+    pub grpc: tokio::net::TcpListener,
+    /// The OpenAI-compatible HTTP API.
+    pub http: Option<tokio::net::TcpListener>,
+    /// Prometheus `GET /metrics`.
+    pub metrics: Option<tokio::net::TcpListener>,
+}
+
+impl Listeners {
+    /// gRPC only.
+    pub fn grpc(grpc: tokio::net::TcpListener) -> Listeners {
+        Listeners {
+            grpc,
+            http: None,
+            metrics: None,
+        }
+    }
+}
+
+/// Serves the router's gRPC API (Ferry, Registry, Admin, reflection), and the HTTP API and
+/// `/metrics`, `/livez`, `/readyz` on their listeners when given, until `shutdown` completes.
 pub async fn serve(
     cfg: RouterConfig,
-    grpc: tokio::net::TcpListener,
-    metrics: Option<tokio::net::TcpListener>,
+    listeners: Listeners,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RouterError> {
+    let Listeners {
+        grpc,
+        http,
+        metrics,
+    } = listeners;
     let path = cfg.model_path.clone();
     let text = tokio::task::spawn_blocking(move || ferry_tokenizer::ModelText::open(&path))
         .await
@@ -104,12 +139,26 @@ pub async fn serve(
         }))
     });
 
+    let http_task = http.map(|l| {
+        let mut rx = stop_rx.clone();
+        tokio::spawn(crate::openai::serve(
+            l,
+            shared.clone(),
+            cfg.api_keys.clone(),
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            },
+        ))
+    });
+
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(v1::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     let ferry = v1::ferry_server::FerryServer::new(service::FerryService { shared })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    // API keys guard the client API only; workers and operators use Registry and Admin.
+    let ferry = tonic::service::interceptor::InterceptedService::new(ferry, cfg.api_keys.clone());
     let reg = v1::registry_server::RegistryServer::new(admin::RegistryService {
         registry: registry.clone(),
     });
@@ -135,6 +184,14 @@ pub async fn serve(
     let _ = stop_tx.send(true);
     if let Some(t) = metrics_task {
         let _ = t.await;
+    }
+    if let Some(t) = http_task {
+        // An HTTP listener that failed is reported after the gRPC server's own result.
+        result?;
+        return t.await.map_err(|e| RouterError::Io {
+            what: "the HTTP API task",
+            source: std::io::Error::other(e),
+        })?;
     }
     Ok(result?)
 }

@@ -184,3 +184,8 @@ pub fn set_worker_gauges(registry: &Registry) {
         }
     }
 }
+
+/// `ferry_router_auth_failures_total{api}`: requests refused for a missing or wrong API key.
+pub fn auth_failure(api: &'static str) {
+    metrics::counter!("ferry_router_auth_failures_total", "api" => api).increment(1);
+}

@@ -326,8 +326,7 @@ pub async fn router_overhead(
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let router = tokio::spawn(crate::serve(
         RouterConfig::new(model),
-        listener,
-        None,
+        crate::Listeners::grpc(listener),
         async move {
             let _ = stopped.await;
         },

@@ -111,6 +111,50 @@ pub fn prepare(
     Ok((ids, params))
 }
 
+/// A request that passed validation and now runs in its own task.
+pub struct Started {
+    pub request_id: String,
+    pub prompt_tokens: usize,
+    /// Deltas, then one final message or one error status. Dropping it cancels the request.
+    pub events: mpsc::Receiver<Result<v1::GenerateResponse, Status>>,
+}
+
+/// The one entry point of the client APIs (gRPC and HTTP): validates and tokenizes `req`, checks
+/// that workers are ready, and spawns [`orchestrate::run`] for it. Refusals are counted in the
+/// request metrics.
+pub fn start(shared: &Arc<Shared>, req: v1::GenerateRequest) -> Result<Started, RouterError> {
+    let start = Instant::now();
+    let id = request_id(&req.request_id);
+    let span = tracing::info_span!("generate", request_id = %id);
+    let (prompt, params) = span.in_scope(|| prepare(shared, &req)).inspect_err(|_| {
+        crate::metrics::request_outcome("invalid");
+    })?;
+    let (p, d, c) = shared.registry.ready_counts();
+    if (p == 0 || d == 0) && c == 0 {
+        crate::metrics::request_outcome("unavailable");
+        let role = if p == 0 {
+            ferry_core::WorkerRole::Prefill
+        } else {
+            ferry_core::WorkerRole::Decode
+        };
+        return Err(RouterError::NoWorker { role });
+    }
+    let (tx, rx) = mpsc::channel(64);
+    let prompt_tokens = prompt.len();
+    let job = Job {
+        request_id: id.clone(),
+        prompt,
+        params,
+        start,
+    };
+    tokio::spawn(orchestrate::run(shared.clone(), job, tx).instrument(span));
+    Ok(Started {
+        request_id: id,
+        prompt_tokens,
+        events: rx,
+    })
+}
+
 #[tonic::async_trait]
 impl v1::ferry_server::Ferry for FerryService {
     type GenerateStream = ReceiverStream<Result<v1::GenerateResponse, Status>>;
@@ -119,34 +163,8 @@ impl v1::ferry_server::Ferry for FerryService {
         &self,
         request: Request<v1::GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
-        let start = Instant::now();
-        let req = request.into_inner();
-        let id = request_id(&req.request_id);
-        let span = tracing::info_span!("generate", request_id = %id);
-        let (prompt, params) = span
-            .in_scope(|| prepare(&self.shared, &req))
-            .inspect_err(|_| {
-                crate::metrics::request_outcome("invalid");
-            })?;
-        let (p, d, c) = self.shared.registry.ready_counts();
-        if (p == 0 || d == 0) && c == 0 {
-            crate::metrics::request_outcome("unavailable");
-            let role = if p == 0 {
-                ferry_core::WorkerRole::Prefill
-            } else {
-                ferry_core::WorkerRole::Decode
-            };
-            return Err(RouterError::NoWorker { role }.into());
-        }
-        let (tx, rx) = mpsc::channel(64);
-        let job = Job {
-            request_id: id,
-            prompt,
-            params,
-            start,
-        };
-        tokio::spawn(orchestrate::run(self.shared.clone(), job, tx).instrument(span));
-        Ok(Response::new(ReceiverStream::new(rx)))
+        let started = start(&self.shared, request.into_inner())?;
+        Ok(Response::new(ReceiverStream::new(started.events)))
     }
 
     async fn health(

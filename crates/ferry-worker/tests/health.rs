@@ -48,7 +48,7 @@ fn start_router(listener: std::net::TcpListener) -> Router {
     let cfg = RouterConfig { lease: Duration::from_millis(400), heartbeat: Duration::from_millis(50), ..RouterConfig::new(fixture()) };
     let (stop, rx) = tokio::sync::oneshot::channel::<()>();
     let l = tokio::net::TcpListener::from_std(listener).unwrap();
-    let task = tokio::spawn(ferry_router::serve(cfg, l, None, async move {
+    let task = tokio::spawn(ferry_router::serve(cfg, ferry_router::Listeners::grpc(l), async move {
         let _ = rx.await;
     }));
     Router { stop, task }

@@ -9,7 +9,6 @@
 
 use anyhow::Context;
 use ferry_core::loadgen::{self, LenDist, Sample, Slo};
-use ferry_proto::v1::ferry_client::FerryClient;
 use ferry_proto::v1::{generate_request, generate_response, GenerateRequest, ModelInfoRequest, StopConditions, TokenInput};
 use serde_json::json;
 use std::path::PathBuf;
@@ -20,6 +19,9 @@ pub struct ServeBenchArgs {
     /// The router (host:port).
     #[arg(long, default_value = "127.0.0.1:7700")]
     pub router: String,
+    /// API key for a router that requires one.
+    #[arg(long, env = "FERRY_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
     /// Offered request rates (requests/s), comma-separated: one run each.
     #[arg(long, value_delimiter = ',', required = true)]
     pub rates: Vec<f64>,
@@ -104,7 +106,7 @@ fn workload(a: &ServeBenchArgs, rate: f64, vocab: u32) -> anyhow::Result<Vec<Pla
         .collect())
 }
 
-async fn one(mut client: FerryClient<tonic::transport::Channel>, p: Planned) -> Sample {
+async fn one(mut client: crate::remote::Client, p: Planned) -> Sample {
     let input = match p.input {
         Input::Ids(ids) => generate_request::Input::Tokens(TokenInput { ids }),
         Input::Text(t) => generate_request::Input::Prompt(t),
@@ -166,9 +168,10 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
     let slo = Slo { ttft_ms: a.slo_ttft_ms, tpot_ms: a.slo_tpot_ms };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let runs = rt.block_on(async {
+        let bearer = crate::remote::Bearer::new(a.api_key.as_deref())?;
         let uri = format!("http://{}", a.router);
         let channel = tonic::transport::Endpoint::from_shared(uri.clone())?.connect().await.with_context(|| format!("cannot reach the router at {uri}"))?;
-        let mut client = FerryClient::new(channel);
+        let mut client = crate::remote::client(channel, bearer);
         let vocab = client.model_info(ModelInfoRequest {}).await?.into_inner().vocab_size;
         let bar = indicatif::ProgressBar::new((a.requests * a.rates.len()) as u64);
         bar.set_style(indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} requests  {msg}").expect("valid template"));

@@ -20,6 +20,9 @@ pub struct GenerateArgs {
     /// Send the request to a Ferry router (host:port) instead of running the model here.
     #[arg(long)]
     pub router: Option<String>,
+    /// API key for a router that requires one (with --router).
+    #[arg(long, env = "FERRY_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
     /// The prompt.
     pub prompt: String,
 }
@@ -72,6 +75,7 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
             chat: a.chat,
             system: a.system.clone(),
             params,
+            api_key: a.api_key.clone(),
         });
     }
     params.validate()?;

@@ -18,6 +18,40 @@ pub struct RemoteGenerate {
     /// System message for `chat`.
     pub system: Option<String>,
     pub params: SamplingParams,
+    /// Sent as `authorization: Bearer KEY` when the router requires API keys.
+    pub api_key: Option<String>,
+}
+
+/// Adds `authorization: Bearer KEY` to every call when a key is given.
+#[derive(Clone, Debug, Default)]
+pub struct Bearer(Option<tonic::metadata::AsciiMetadataValue>);
+
+impl Bearer {
+    pub fn new(key: Option<&str>) -> anyhow::Result<Bearer> {
+        match key.map(str::trim).filter(|k| !k.is_empty()) {
+            None => Ok(Bearer(None)),
+            Some(k) => {
+                let v = format!("Bearer {k}").parse().map_err(|_| anyhow::anyhow!("the API key is not a valid header value (printable ASCII only)"))?;
+                Ok(Bearer(Some(v)))
+            }
+        }
+    }
+}
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// A client of the router's `Ferry` API that sends the API key, if any.
+pub type Client = v1::ferry_client::FerryClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>>;
+
+pub fn client(channel: tonic::transport::Channel, bearer: Bearer) -> Client {
+    v1::ferry_client::FerryClient::with_interceptor(channel, bearer)
 }
 
 /// Streams the generation to stdout and prints the stats line; gRPC errors come back as
@@ -51,6 +85,7 @@ pub fn generate_to(req: &RemoteGenerate, out: &mut dyn Write) -> anyhow::Result<
         v1::generate_request::Input::Prompt(req.prompt.clone())
     };
     let request = v1::GenerateRequest { input: Some(input), sampling: Some(sampling), stop: Some(stop), ..Default::default() };
+    let bearer = Bearer::new(req.api_key.as_deref())?;
     let uri = if req.router.contains("://") { req.router.clone() } else { format!("http://{}", req.router) };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async move {
@@ -58,7 +93,7 @@ pub fn generate_to(req: &RemoteGenerate, out: &mut dyn Write) -> anyhow::Result<
             .connect()
             .await
             .map_err(|e| anyhow::anyhow!("Unavailable: cannot connect to the router at {uri}: {e}"))?;
-        let mut client = v1::ferry_client::FerryClient::new(channel);
+        let mut client = client(channel, bearer);
         let mut stream = client.generate(request).await.map_err(status_error)?.into_inner();
         while let Some(m) = stream.message().await.map_err(status_error)? {
             match m.event {

@@ -1,5 +1,5 @@
-//! `ferry router`: serve the client API, the worker registry and the admin API (and, optionally,
-//! Prometheus metrics) until Ctrl-C.
+//! `ferry router`: serve the client APIs (gRPC, and optionally the OpenAI-compatible HTTP API),
+//! the worker registry and the admin API (and, optionally, Prometheus metrics) until Ctrl-C.
 
 use std::time::Duration;
 
@@ -10,6 +10,10 @@ pub struct RouterArgs {
     /// gRPC address (client, registry and admin APIs).
     #[arg(long, default_value = "127.0.0.1:7700")]
     pub listen: String,
+    /// Serve the OpenAI-compatible HTTP API (`/v1/completions`, `/v1/chat/completions`,
+    /// `/v1/models`) at this address.
+    #[arg(long)]
+    pub http_listen: Option<String>,
     /// Serve Prometheus metrics on `GET /metrics` at this address.
     #[arg(long)]
     pub metrics_listen: Option<String>,
@@ -43,6 +47,43 @@ pub struct RouterArgs {
     /// `ferry up`'s supervisor serving `ferry.v1.Scaler` (set by `ferry up`).
     #[arg(long, hide = true, conflicts_with = "kube_scale")]
     pub local_scaler: Option<String>,
+    #[command(flatten)]
+    pub keys: ApiKeyArgs,
+}
+
+/// API keys for the client APIs (gRPC `ferry.v1.Ferry` and HTTP `/v1/*`). With any key set,
+/// clients must send `authorization: Bearer KEY`; workers and `ferry pool` are not affected.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ApiKeyArgs {
+    /// An accepted API key (repeatable; or the comma-separated env FERRY_API_KEYS).
+    #[arg(long = "api-key", value_name = "KEY")]
+    pub api_key: Vec<String>,
+    /// A file of accepted API keys: one per line, `#` starts a comment.
+    #[arg(long, value_name = "PATH")]
+    pub api_keys_file: Option<std::path::PathBuf>,
+}
+
+impl ApiKeyArgs {
+    /// Every key from the options, the file and `FERRY_API_KEYS`.
+    pub fn keys(&self) -> anyhow::Result<ferry_router::ApiKeys> {
+        Ok(ferry_router::ApiKeys::new(self.collect()?))
+    }
+
+    /// The keys as given (blank ones dropped).
+    pub fn collect(&self) -> anyhow::Result<Vec<String>> {
+        let mut keys = self.api_key.clone();
+        if let Some(path) = &self.api_keys_file {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading --api-keys-file {}", path.display()))?;
+            let from_file = ferry_router::ApiKeys::parse_file(&text);
+            anyhow::ensure!(!from_file.is_empty(), "--api-keys-file {} has no keys", path.display());
+            keys.extend(from_file);
+        }
+        if let Ok(list) = std::env::var("FERRY_API_KEYS") {
+            keys.extend(ferry_router::ApiKeys::parse_list(&list));
+        }
+        keys.retain(|k| !k.trim().is_empty());
+        Ok(keys)
+    }
 }
 
 pub fn run(args: RouterArgs) -> anyhow::Result<()> {
@@ -62,20 +103,29 @@ pub fn run(args: RouterArgs) -> anyhow::Result<()> {
         scaler,
         lease: Duration::from_millis(args.lease_ms),
         heartbeat: Duration::from_millis(args.heartbeat_ms),
+        api_keys: args.keys.keys()?,
         ..ferry_router::RouterConfig::new(path)
     };
     anyhow::ensure!(cfg.heartbeat < cfg.lease, "--heartbeat-ms ({}) must be shorter than --lease-ms ({})", args.heartbeat_ms, args.lease_ms);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
-        let grpc = tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("binding --listen {}", args.listen))?;
-        let metrics = match &args.metrics_listen {
-            Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding --metrics-listen {addr}"))?),
-            None => None,
+        let bind = |flag: &'static str, addr: Option<String>| async move {
+            match addr {
+                Some(addr) => tokio::net::TcpListener::bind(&addr).await.map(Some).with_context(|| format!("binding {flag} {addr}")),
+                None => Ok(None),
+            }
         };
-        let maddr = metrics.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or("-".into());
+        let grpc = bind("--listen", Some(args.listen.clone())).await?.context("the gRPC listener")?;
+        let http = bind("--http-listen", args.http_listen.clone()).await?;
+        let metrics = bind("--metrics-listen", args.metrics_listen.clone()).await?;
+        let addr = |l: &Option<tokio::net::TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or("-".into());
+        if !cfg.api_keys.is_empty() {
+            eprintln!("ferry router: the client APIs require one of {} API keys", cfg.api_keys.len());
+        }
         // One machine-readable line on stdout: `ferry up` and the tests wait for it.
-        println!("ferry router ready grpc={} metrics={maddr}", grpc.local_addr()?);
-        ferry_router::serve(cfg, grpc, metrics, crate::worker_cmd::shutdown_signal()).await?;
+        println!("ferry router ready grpc={} http={} metrics={}", grpc.local_addr()?, addr(&http), addr(&metrics));
+        let listeners = ferry_router::Listeners { grpc, http, metrics };
+        ferry_router::serve(cfg, listeners, crate::worker_cmd::shutdown_signal()).await?;
         Ok(())
     })
 }

@@ -96,11 +96,13 @@ impl Supervisor {
         &mut self.template
     }
 
-    /// Spawn `ferry ARGS`, wait for its `ready` line on stdout, and return it with ` pid=N`
+    /// Spawn `ferry ARGS` (with `env` added to its environment), wait for its `ready` line on stdout, and return it with ` pid=N`
     /// added; the rest of its stdout is forwarded to ours (so the pipe never fills).
-    pub fn spawn(&mut self, what: String, role: Option<&'static str>, args: &[String]) -> anyhow::Result<String> {
+    pub fn spawn(&mut self, what: String, role: Option<&'static str>, args: &[String], env: &[(&str, String)]) -> anyhow::Result<String> {
         let exe = std::env::current_exe()?;
-        let mut child = Command::new(exe).args(args).stdout(Stdio::piped()).stdin(Stdio::null()).spawn().with_context(|| format!("starting {what}"))?;
+        let mut cmd = Command::new(exe);
+        cmd.args(args).envs(env.iter().map(|(k, v)| (k, v))).stdout(Stdio::piped()).stdin(Stdio::null());
+        let mut child = cmd.spawn().with_context(|| format!("starting {what}"))?;
         let stdout = child.stdout.take().context("child stdout")?;
         let pid = child.id();
         self.procs.push(Proc { what: what.clone(), role, stopping: false, exited: false, child });
@@ -144,7 +146,7 @@ impl Supervisor {
             self.next_cpu += t.threads;
             args.extend(["--cpus".into(), cpus.join(",")]);
         }
-        let line = self.spawn(format!("{role} worker {i}"), Some(role), &args)?;
+        let line = self.spawn(format!("{role} worker {i}"), Some(role), &args, &[])?;
         println!(
             "worker   role={role} name={name} pid={} grpc={} data={} metrics={}",
             field(&line, "pid=").unwrap_or("-"),

@@ -7,7 +7,6 @@
 use crate::supervisor::{field, LocalScaler, Supervisor, WorkerTemplate};
 use anyhow::{bail, Context};
 use ferry_proto::v1;
-use ferry_proto::v1::ferry_client::FerryClient;
 use ferry_proto::v1::HealthRequest;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,6 +19,9 @@ pub struct UpArgs {
     /// The router's gRPC address (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:7700")]
     pub listen: String,
+    /// The router's OpenAI-compatible HTTP address (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    pub http: String,
     /// Prefill workers.
     #[arg(long, default_value_t = 1)]
     pub prefill: usize,
@@ -52,6 +54,9 @@ pub struct UpArgs {
     /// Seconds a worker stopped by `ferry pool scale` may take to drain (its `--drain-timeout`).
     #[arg(long, default_value_t = 60)]
     pub drain_timeout: u64,
+    /// API keys the router's client APIs require (passed to it through its environment).
+    #[command(flatten)]
+    pub keys: crate::router_cmd::ApiKeyArgs,
 }
 
 pub fn run(a: UpArgs) -> anyhow::Result<()> {
@@ -79,15 +84,21 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         timeout,
         drain_timeout: a.drain_timeout,
     };
+    // The keys go to the router in its environment, not on its command line (visible in `ps`).
+    let keys = a.keys.collect()?;
+    let router_env = if keys.is_empty() { vec![] } else { vec![("FERRY_API_KEYS", keys.join(","))] };
     let sup = Arc::new(Mutex::new(Supervisor::new(template)));
     let lock = || sup.lock().unwrap_or_else(|p| p.into_inner());
     let r = lock().spawn(
         "router".into(),
         None,
-        &["router", "--listen", &a.listen, "--metrics-listen", "127.0.0.1:0", "--model", &model, "--local-scaler", &scaler_addr].map(String::from),
+        &["router", "--listen", &a.listen, "--http-listen", &a.http, "--metrics-listen", "127.0.0.1:0", "--model", &model, "--local-scaler", &scaler_addr]
+            .map(String::from),
+        &router_env,
     )?;
     let router = field(&r, "grpc=").context("router ready line")?.to_string();
-    println!("router   grpc={router} metrics={}", field(&r, "metrics=").unwrap_or("-"));
+    let http = field(&r, "http=").unwrap_or("-").to_string();
+    println!("router   grpc={router} http={http} metrics={}", field(&r, "metrics=").unwrap_or("-"));
     {
         let mut s = lock();
         let common = &mut s.template_mut().common;
@@ -109,9 +120,11 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     let result = rt.block_on(async {
         // Ready when the router sees every worker registered.
         let deadline = Instant::now() + timeout;
+        // Our own health checks carry a key when the router needs one.
+        let bearer = crate::remote::Bearer::new(keys.first().map(String::as_str))?;
         let mut client = loop {
-            match FerryClient::connect(format!("http://{router}")).await {
-                Ok(c) => break c,
+            match tonic::transport::Endpoint::from_shared(format!("http://{router}"))?.connect().await {
+                Ok(ch) => break crate::remote::client(ch, bearer.clone()),
                 Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
                 Err(e) => bail!("cannot reach the router at {router}: {e}"),
             }
@@ -127,7 +140,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         println!(
-            "ready router={router} ({} prefill, {} decode, {} colocated, {threads} threads each); try: ferry generate --router {router} --chat \"Hello\"",
+            "ready router={router} http={http} ({} prefill, {} decode, {} colocated, {threads} threads each); try: ferry generate --router {router} --chat \"Hello\"",
             a.prefill, a.decode, a.colocated
         );
         // Serve until Ctrl-C / SIGTERM, or until the router exits.

@@ -20,10 +20,10 @@ fn remote_generate_and_pool_commands() {
     let l = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
     let addr = l.local_addr().unwrap().to_string();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let router = rt.spawn(ferry_router::serve(RouterConfig::new(model()), l, None, async move {
+    let router = rt.spawn(ferry_router::serve(RouterConfig::new(model()), ferry_router::Listeners::grpc(l), async move {
         let _ = stopped.await;
     }));
-    let req = remote::RemoteGenerate { router: addr.clone(), prompt: "Hi".into(), chat: true, system: Some("Be brief.".into()), params: SamplingParams::greedy(8) };
+    let req = remote::RemoteGenerate { router: addr.clone(), prompt: "Hi".into(), chat: true, system: Some("Be brief.".into()), params: SamplingParams::greedy(8), api_key: None };
 
     // The router answers (readiness) but has no workers: UNAVAILABLE, as `<code>: <message>`.
     let mut err = None;
@@ -65,6 +65,48 @@ fn remote_generate_and_pool_commands() {
     assert!(e.to_string().starts_with("NotFound: "), "{e}");
     assert!(remote::generate_to(&req, &mut Vec::new()).unwrap_err().to_string().starts_with("Unavailable: "));
 
+    let _ = stop.send(());
+    rt.block_on(router).unwrap().unwrap();
+}
+
+#[test]
+fn remote_generate_sends_the_api_key() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let l = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let cfg = RouterConfig { api_keys: ferry_router::ApiKeys::new(["sesame"]), ..RouterConfig::new(model()) };
+    let router = rt.spawn(ferry_router::serve(cfg, ferry_router::Listeners::grpc(l), async move {
+        let _ = stopped.await;
+    }));
+    let text = ferry_tokenizer::ModelText::open(&model()).unwrap();
+    let ids = text.encode_prompt(" Open.").unwrap();
+    let mock = MockConfig { first_token: ids[0], tokens: ids[1..].to_vec(), ..Default::default() };
+    // Workers register without a key (the registry is not guarded by the client keys).
+    let _workers: Vec<MockWorker> = [WorkerRole::Prefill, WorkerRole::Decode]
+        .into_iter()
+        .map(|role| {
+            rt.block_on(async {
+                let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                MockWorker::start(role, l, &addr, mock.clone()).await.unwrap()
+            })
+        })
+        .collect();
+    let req = |key: Option<&str>| remote::RemoteGenerate {
+        router: addr.clone(),
+        prompt: "Hi".into(),
+        chat: false,
+        system: None,
+        params: SamplingParams::greedy(8),
+        api_key: key.map(Into::into),
+    };
+    for bad in [None, Some("wrong")] {
+        let e = remote::generate_to(&req(bad), &mut Vec::new()).unwrap_err();
+        assert!(e.to_string().starts_with("Unauthenticated: "), "{bad:?}: {e}");
+    }
+    let mut out = Vec::new();
+    remote::generate_to(&req(Some("sesame")), &mut out).unwrap();
+    assert_eq!(String::from_utf8(out).unwrap(), " Open.");
     let _ = stop.send(());
     rt.block_on(router).unwrap().unwrap();
 }

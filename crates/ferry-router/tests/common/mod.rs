@@ -2,6 +2,8 @@
 //! client that collects one generation.
 #![allow(dead_code)]
 
+pub mod http;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -50,9 +52,19 @@ impl TestRouter {
     }
 
     pub async fn on(cfg: RouterConfig, l: TcpListener, metrics: Option<TcpListener>) -> TestRouter {
-        let addr = l.local_addr().unwrap().to_string();
+        let listeners = ferry_router::Listeners {
+            grpc: l,
+            http: None,
+            metrics,
+        };
+        Self::with(cfg, listeners).await
+    }
+
+    /// A router on the given listeners.
+    pub async fn with(cfg: RouterConfig, listeners: ferry_router::Listeners) -> TestRouter {
+        let addr = listeners.grpc.local_addr().unwrap().to_string();
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(ferry_router::serve(cfg, l, metrics, async move {
+        let task = tokio::spawn(ferry_router::serve(cfg, listeners, async move {
             let _ = rx.await;
         }));
         TestRouter {
@@ -73,8 +85,11 @@ impl TestRouter {
         let ch = ep.connect_lazy();
         let mut c = v1::ferry_client::FerryClient::new(ch.clone());
         for _ in 0..500 {
-            if c.health(v1::HealthRequest {}).await.is_ok() {
-                return ch;
+            match c.health(v1::HealthRequest {}).await {
+                // A router that requires API keys answers too.
+                Ok(_) => return ch,
+                Err(s) if s.code() == tonic::Code::Unauthenticated => return ch,
+                Err(_) => {}
             }
             tokio::task::yield_now().await;
             tokio::time::sleep(Duration::from_millis(10)).await;

@@ -1,0 +1,183 @@
+//! API keys for the client APIs (`ferry.v1.Ferry` over gRPC and the OpenAI-compatible HTTP
+//! routes). With no key configured both are open; with any, a request must carry
+//! `authorization: Bearer KEY` naming one of them. The worker-facing `Registry` and `Admin`
+//! services are not covered here.
+//!
+//! Keys are compared in constant time (for a given key length) and are never logged: `Debug`
+//! prints only how many there are.
+
+use std::sync::Arc;
+
+/// The configured keys; empty means no authentication.
+#[derive(Clone, Default)]
+pub struct ApiKeys(Arc<[Vec<u8>]>);
+
+impl std::fmt::Debug for ApiKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ApiKeys({} configured)", self.0.len())
+    }
+}
+
+/// Why a request was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthFailure {
+    /// No `authorization` header, or not of the form `Bearer KEY`.
+    Missing,
+    /// A key that is not one of the configured ones.
+    Wrong,
+}
+
+impl AuthFailure {
+    pub fn message(self) -> &'static str {
+        match self {
+            AuthFailure::Missing => "missing API key: send the header `Authorization: Bearer KEY`",
+            AuthFailure::Wrong => "invalid API key",
+        }
+    }
+}
+
+impl ApiKeys {
+    /// Keys as given; blank ones (after trimming) are dropped.
+    pub fn new<I, S>(keys: I) -> ApiKeys
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let keys: Vec<Vec<u8>> = keys
+            .into_iter()
+            .map(|k| k.as_ref().trim().as_bytes().to_vec())
+            .filter(|k| !k.is_empty())
+            .collect();
+        ApiKeys(keys.into())
+    }
+
+    /// Keys from a file's text: one per line; blank lines and `#` comments are skipped.
+    pub fn parse_file(text: &str) -> Vec<String> {
+        text.lines()
+            .map(|l| l.split('#').next().unwrap_or("").trim())
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Keys from a comma-separated list (the `FERRY_API_KEYS` variable).
+    pub fn parse_list(list: &str) -> Vec<String> {
+        list.split(',')
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Checks an `authorization` header value (`None` when absent).
+    pub fn check(&self, header: Option<&[u8]>) -> Result<(), AuthFailure> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        let key = header.and_then(bearer).ok_or(AuthFailure::Missing)?;
+        // Every configured key is compared, so the time does not say which one matched.
+        let mut ok = false;
+        for k in self.0.iter() {
+            ok |= ct_eq(k, key);
+        }
+        if ok { Ok(()) } else { Err(AuthFailure::Wrong) }
+    }
+}
+
+/// The gRPC side: applied to the `Ferry` service only; refuses with UNAUTHENTICATED before the
+/// call reaches the service.
+impl tonic::service::Interceptor for ApiKeys {
+    fn call(&mut self, req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        let header = req.metadata().get("authorization").map(|v| v.as_bytes());
+        match self.check(header) {
+            Ok(()) => Ok(req),
+            Err(f) => {
+                crate::metrics::auth_failure("grpc");
+                Err(tonic::Status::unauthenticated(f.message()))
+            }
+        }
+    }
+}
+
+/// The key in `Bearer KEY` (the scheme is case-insensitive).
+fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let value = value.trim_ascii();
+    let (scheme, rest) = value.split_at_checked(6)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer") || !rest.first()?.is_ascii_whitespace() {
+        return None;
+    }
+    let key = rest.trim_ascii();
+    (!key.is_empty()).then_some(key)
+}
+
+/// Equality whose time depends only on the lengths, not on where the bytes differ.
+fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() != b.len()) as u8;
+    // Walk `a` whatever `b` is, so a length mismatch costs the same as a content mismatch.
+    for (i, &x) in a.iter().enumerate() {
+        let y = b.get(i).copied().unwrap_or(!x);
+        diff |= x ^ y;
+    }
+    std::hint::black_box(diff) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_equality() {
+        for (a, b, eq) in [
+            (&b"secret"[..], &b"secret"[..], true),
+            (b"secret", b"secreT", false),
+            (b"secret", b"secre", false),
+            (b"secret", b"secrets", false),
+            (b"", b"", true),
+            (b"a", b"", false),
+        ] {
+            assert_eq!(ct_eq(a, b), eq, "{a:?} vs {b:?}");
+        }
+    }
+
+    #[test]
+    fn bearer_values() {
+        assert_eq!(bearer(b"Bearer k1"), Some(&b"k1"[..]));
+        assert_eq!(bearer(b"bearer   k1  "), Some(&b"k1"[..]));
+        assert_eq!(bearer(b"BEARER\tk1"), Some(&b"k1"[..]));
+        assert_eq!(bearer(b"Bearerk1"), None);
+        assert_eq!(bearer(b"Basic k1"), None);
+        assert_eq!(bearer(b"Bearer "), None);
+        assert_eq!(bearer(b"k1"), None);
+        assert_eq!(bearer(b""), None);
+    }
+
+    #[test]
+    fn checks_against_every_key() {
+        let open = ApiKeys::default();
+        assert_eq!(open.check(None), Ok(()));
+        let keys = ApiKeys::new(["k1", " k2 ", ""]);
+        assert_eq!(keys.len(), 2);
+        assert_eq!(keys.check(Some(b"Bearer k1")), Ok(()));
+        assert_eq!(keys.check(Some(b"Bearer k2")), Ok(()));
+        assert_eq!(keys.check(Some(b"Bearer k3")), Err(AuthFailure::Wrong));
+        assert_eq!(keys.check(Some(b"k1")), Err(AuthFailure::Missing));
+        assert_eq!(keys.check(None), Err(AuthFailure::Missing));
+        assert_eq!(format!("{keys:?}"), "ApiKeys(2 configured)");
+    }
+
+    #[test]
+    fn parses_files_and_lists() {
+        let f = "# keys\nk1\n\n  k2  # the second\n#k3\n";
+        assert_eq!(ApiKeys::parse_file(f), ["k1", "k2"]);
+        assert_eq!(ApiKeys::parse_list(" a, b,,c "), ["a", "b", "c"]);
+        assert!(ApiKeys::parse_list("").is_empty());
+    }
+}

@@ -1,0 +1,180 @@
+//! Errors in OpenAI's JSON shape, `{"error": {"message", "type", "param", "code"}}`, with the
+//! matching HTTP status. Router errors keep the status [`RouterError::http_status`] gives them.
+
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::RouterError;
+use crate::auth::AuthFailure;
+
+/// One error answer of the HTTP API.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    /// The request field at fault, if one is.
+    pub param: Option<&'static str>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    /// 400 `invalid_request_error`.
+    pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            param,
+            code: None,
+        }
+    }
+
+    /// 401 `authentication_error`.
+    pub fn auth(f: AuthFailure) -> ApiError {
+        ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            message: f.message().into(),
+            param: None,
+            code: Some("invalid_api_key"),
+        }
+    }
+
+    /// 404 for a model this router does not serve.
+    pub fn model_not_found(requested: &str) -> ApiError {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!("the model `{requested}` does not exist"),
+            param: Some("model"),
+            code: Some("model_not_found"),
+        }
+    }
+
+    /// 500 `server_error`.
+    pub fn server(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+            param: None,
+            code: None,
+        }
+    }
+
+    /// An error status that reached the request's event stream.
+    pub fn from_status(s: &tonic::Status) -> ApiError {
+        ApiError {
+            status: crate::error::http_status_of(s.code()),
+            message: s.message().to_owned(),
+            param: None,
+            code: None,
+        }
+    }
+
+    /// OpenAI's `type` for the status (OpenAI says `invalid_request_error` for an unknown model).
+    pub fn kind(&self) -> &'static str {
+        match self.status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            429 => "rate_limit_error",
+            s if s >= 500 => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// The `{"error": {...}}` body.
+    pub fn body(&self) -> serde_json::Value {
+        json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind(),
+                "param": self.param,
+                "code": self.code,
+            }
+        })
+    }
+}
+
+impl From<RouterError> for ApiError {
+    fn from(e: RouterError) -> ApiError {
+        // The status is chosen exhaustively by `http_status`; these are only extra hints.
+        let (param, code) = match &e {
+            RouterError::UnknownModel { .. } => (Some("model"), Some("model_not_found")),
+            RouterError::NoWorker { .. } => (None, Some("no_ready_worker")),
+            _ => (None, None),
+        };
+        ApiError {
+            status: e.http_status(),
+            message: e.to_string(),
+            param,
+            code,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = self.body().to_string();
+        (
+            self.status,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_core::WorkerRole;
+
+    #[test]
+    fn router_errors_keep_their_status_and_say_why() {
+        let cases = [
+            (
+                RouterError::InvalidRequest("x".into()),
+                400,
+                "invalid_request_error",
+            ),
+            (
+                RouterError::UnknownModel {
+                    requested: "gpt-17".into(),
+                    served: "m".into(),
+                },
+                404,
+                "invalid_request_error",
+            ),
+            (
+                RouterError::NoWorker {
+                    role: WorkerRole::Decode,
+                },
+                503,
+                "server_error",
+            ),
+            (
+                RouterError::WorkerFailed {
+                    role: WorkerRole::Decode,
+                    worker: "d".into(),
+                    request_id: "r".into(),
+                    code: tonic::Code::InvalidArgument,
+                    message: "m".into(),
+                },
+                400,
+                "invalid_request_error",
+            ),
+            (RouterError::Metrics("m".into()), 500, "server_error"),
+        ];
+        for (e, status, kind) in cases {
+            let a = ApiError::from(e);
+            assert_eq!((a.status.as_u16(), a.kind()), (status, kind), "{a:?}");
+            assert_eq!(a.body()["error"]["type"], kind);
+        }
+        let a = ApiError::from(RouterError::UnknownModel {
+            requested: "gpt-17".into(),
+            served: "m".into(),
+        });
+        assert_eq!(a.body()["error"]["code"], "model_not_found");
+        assert!(a.message.contains("gpt-17"));
+        let a = ApiError::auth(AuthFailure::Wrong);
+        assert_eq!((a.status.as_u16(), a.kind()), (401, "authentication_error"));
+    }
+}

@@ -1,0 +1,529 @@
+//! OpenAI request bodies to Ferry's `GenerateRequest`: pure parsing, no I/O. Fields are read one
+//! by one from the JSON object so that a wrong type names its field; fields not read here are
+//! ignored (OpenAI clients send extras), and a few that would change the answer's shape
+//! (`n` > 1, `best_of` > 1, `echo`, `logprobs`) are refused rather than silently dropped.
+
+use ferry_proto::v1::{self, generate_request::Input};
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use super::error::ApiError;
+
+/// Which endpoint a request came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `POST /v1/completions`
+    Completion,
+    /// `POST /v1/chat/completions`
+    Chat,
+}
+
+/// At most this many stop strings, as OpenAI allows.
+pub const MAX_STOP: usize = 4;
+
+/// A parsed request: Ferry's request plus how to answer it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Parsed {
+    pub kind: Kind,
+    pub model: String,
+    pub stream: bool,
+    /// `stream_options.include_usage`: a last chunk with `usage`.
+    pub include_usage: bool,
+    pub request: v1::GenerateRequest,
+}
+
+/// Parses a request body for `kind`.
+pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("malformed JSON body: {e}"), None))?;
+    let Value::Object(obj) = value else {
+        return Err(ApiError::invalid(
+            "the request body must be a JSON object",
+            None,
+        ));
+    };
+    let model: String = field(&obj, "model")?.ok_or_else(|| required("model"))?;
+    if let Some(n) = field::<u64>(&obj, "n")?
+        && n != 1
+    {
+        return Err(ApiError::invalid(
+            format!("n = {n} is not supported: only one choice (n = 1) per request"),
+            Some("n"),
+        ));
+    }
+    if let Some(b) = field::<u64>(&obj, "best_of")?
+        && b != 1
+    {
+        return Err(ApiError::invalid(
+            "best_of is not supported (only 1)",
+            Some("best_of"),
+        ));
+    }
+    if field::<bool>(&obj, "echo")? == Some(true) {
+        return Err(ApiError::invalid("echo is not supported", Some("echo")));
+    }
+    match obj.get("logprobs") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "logprobs are not supported",
+                Some("logprobs"),
+            ));
+        }
+    }
+
+    let input = match kind {
+        Kind::Completion => prompt(obj.get("prompt"))?,
+        Kind::Chat => Input::Chat(v1::ChatInput {
+            messages: messages(obj.get("messages"))?,
+        }),
+    };
+
+    let max_tokens = match kind {
+        Kind::Chat => match field::<u32>(&obj, "max_completion_tokens")? {
+            Some(n) => Some((n, "max_completion_tokens")),
+            None => field::<u32>(&obj, "max_tokens")?.map(|n| (n, "max_tokens")),
+        },
+        Kind::Completion => field::<u32>(&obj, "max_tokens")?.map(|n| (n, "max_tokens")),
+    };
+    if let Some((0, name)) = max_tokens {
+        return Err(ApiError::invalid(
+            format!("{name} must be at least 1"),
+            Some(name),
+        ));
+    }
+    let sampling = v1::SamplingParams {
+        // OpenAI's default temperature is 1.
+        temperature: field::<f32>(&obj, "temperature")?.unwrap_or(1.0),
+        top_k: field::<u32>(&obj, "top_k")?.unwrap_or(0),
+        top_p: field::<f32>(&obj, "top_p")?,
+        seed: seed(obj.get("seed"))?,
+    };
+    let stop = v1::StopConditions {
+        max_tokens: max_tokens.map_or(0, |(n, _)| n),
+        stop: stop(obj.get("stop"))?,
+        stop_token_ids: Vec::new(),
+        ignore_eos: field::<bool>(&obj, "ignore_eos")?.unwrap_or(false),
+    };
+    let stream = field::<bool>(&obj, "stream")?.unwrap_or(false);
+    let include_usage = match obj.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => field::<bool>(o, "include_usage")
+            .map_err(|e| ApiError {
+                param: Some("stream_options"),
+                ..e
+            })?
+            .unwrap_or(false),
+        Some(other) => return Err(wrong_type("stream_options", "an object", other)),
+    };
+    Ok(Parsed {
+        kind,
+        model: model.clone(),
+        stream,
+        include_usage,
+        request: v1::GenerateRequest {
+            request_id: String::new(),
+            model,
+            input: Some(input),
+            sampling: Some(sampling),
+            stop: Some(stop),
+        },
+    })
+}
+
+/// `name` as a `T`; absent and `null` are `None`.
+fn field<T: DeserializeOwned>(
+    obj: &Map<String, Value>,
+    name: &'static str,
+) -> Result<Option<T>, ApiError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => T::deserialize(v)
+            .map(Some)
+            .map_err(|e| ApiError::invalid(format!("`{name}`: {e}"), Some(name))),
+    }
+}
+
+fn required(name: &'static str) -> ApiError {
+    ApiError::invalid(format!("`{name}` is required"), Some(name))
+}
+
+fn wrong_type(name: &'static str, want: &str, got: &Value) -> ApiError {
+    ApiError::invalid(
+        format!("`{name}` must be {want}, not {}", type_name(got)),
+        Some(name),
+    )
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Token ids from an array of numbers, or `None` if it is not one.
+fn token_ids(a: &[Value]) -> Option<Vec<u32>> {
+    a.iter()
+        .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
+        .collect()
+}
+
+/// `prompt`: a string, an array of exactly one string, token ids, or an array of one array of
+/// token ids.
+fn prompt(v: Option<&Value>) -> Result<Input, ApiError> {
+    const WANT: &str = "a string, an array of one string, or an array of token ids";
+    let batched = || {
+        ApiError::invalid(
+            "batched prompts are not supported: send one prompt per request",
+            Some("prompt"),
+        )
+    };
+    match v {
+        None | Some(Value::Null) => Err(required("prompt")),
+        Some(Value::String(s)) => Ok(Input::Prompt(s.clone())),
+        Some(Value::Array(a)) if a.is_empty() => {
+            Err(ApiError::invalid("`prompt` is empty", Some("prompt")))
+        }
+        Some(Value::Array(a)) => match a.as_slice() {
+            [Value::String(s)] => Ok(Input::Prompt(s.clone())),
+            [Value::Array(ids)] => token_ids(ids)
+                .map(|ids| Input::Tokens(v1::TokenInput { ids }))
+                .ok_or_else(|| wrong_type("prompt", WANT, &a[0])),
+            _ if a.iter().all(|x| x.is_string() || x.is_array()) => Err(batched()),
+            _ => token_ids(a)
+                .map(|ids| Input::Tokens(v1::TokenInput { ids }))
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        format!("`prompt` must be {WANT}; token ids are integers from 0 to 2^32-1"),
+                        Some("prompt"),
+                    )
+                }),
+        },
+        Some(other) => Err(wrong_type("prompt", WANT, other)),
+    }
+}
+
+/// `messages`: objects with a `role` and a `content` that is a string, an array of text parts, or
+/// null (an empty message).
+fn messages(v: Option<&Value>) -> Result<Vec<v1::ChatMessage>, ApiError> {
+    let list = match v {
+        None | Some(Value::Null) => return Err(required("messages")),
+        Some(Value::Array(a)) => a,
+        Some(other) => return Err(wrong_type("messages", "an array", other)),
+    };
+    if list.is_empty() {
+        return Err(ApiError::invalid("`messages` is empty", Some("messages")));
+    }
+    let bad = |i: usize, why: String| {
+        ApiError::invalid(format!("`messages[{i}]`: {why}"), Some("messages"))
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let Value::Object(m) = m else {
+            return Err(bad(i, format!("must be an object, not {}", type_name(m))));
+        };
+        let role = match m.get("role") {
+            Some(Value::String(r)) => r.as_str(),
+            None | Some(Value::Null) => return Err(bad(i, "`role` is required".into())),
+            Some(other) => {
+                return Err(bad(
+                    i,
+                    format!("`role` must be a string, not {}", type_name(other)),
+                ));
+            }
+        };
+        // OpenAI's newer name for the system message.
+        let role = if role == "developer" { "system" } else { role };
+        let content = match m.get("content") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => {
+                let mut text = String::new();
+                for (j, p) in parts.iter().enumerate() {
+                    match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                        (Some("text"), Some(Value::String(t))) => text.push_str(t),
+                        (Some("text"), _) => {
+                            return Err(bad(i, format!("content part {j} has no `text` string")));
+                        }
+                        (Some(t), _) => {
+                            return Err(bad(
+                                i,
+                                format!(
+                                    "content part {j} is of type {t:?}; only \"text\" parts are supported"
+                                ),
+                            ));
+                        }
+                        (None, _) => {
+                            return Err(bad(i, format!("content part {j} has no `type`")));
+                        }
+                    }
+                }
+                text
+            }
+            Some(other) => {
+                return Err(bad(
+                    i,
+                    format!(
+                        "`content` must be a string or an array of text parts, not {}",
+                        type_name(other)
+                    ),
+                ));
+            }
+        };
+        out.push(v1::ChatMessage {
+            role: role.to_owned(),
+            content,
+        });
+    }
+    Ok(out)
+}
+
+/// `stop`: a string or an array of at most [`MAX_STOP`] strings.
+fn stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
+    const WANT: &str = "a string or an array of strings";
+    match v {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![s.clone()]),
+        Some(Value::Array(a)) if a.len() > MAX_STOP => Err(ApiError::invalid(
+            format!(
+                "`stop` has {} strings; at most {MAX_STOP} are allowed",
+                a.len()
+            ),
+            Some("stop"),
+        )),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|s| s.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| ApiError::invalid(format!("`stop` must be {WANT}"), Some("stop"))),
+        Some(other) => Err(wrong_type("stop", WANT, other)),
+    }
+}
+
+/// `seed`: any 64-bit integer (negative ones are taken as their two's complement).
+fn seed(v: Option<&Value>) -> Result<Option<u64>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .or_else(|| n.as_i64().map(|i| i as u64))
+            .map(Some)
+            .ok_or_else(|| ApiError::invalid("`seed` must be an integer", Some("seed"))),
+        Some(other) => Err(wrong_type("seed", "an integer", other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(kind: Kind, body: &str) -> Parsed {
+        parse(kind, body.as_bytes()).unwrap_or_else(|e| panic!("{body}: {e:?}"))
+    }
+
+    fn err(kind: Kind, body: &str) -> ApiError {
+        parse(kind, body.as_bytes()).expect_err(body)
+    }
+
+    #[test]
+    fn completions_with_every_supported_field() {
+        let p = ok(
+            Kind::Completion,
+            r#"{"model": "m", "prompt": "Hi", "max_tokens": 5, "temperature": 0, "top_p": 0.5,
+               "seed": 7, "stop": ["a", "b"], "n": 1, "stream": true,
+               "stream_options": {"include_usage": true}, "user": "extra", "presence_penalty": 0}"#,
+        );
+        assert_eq!(
+            (p.model.as_str(), p.stream, p.include_usage),
+            ("m", true, true)
+        );
+        let r = &p.request;
+        assert_eq!(r.model, "m");
+        assert_eq!(r.input, Some(Input::Prompt("Hi".into())));
+        let s = r.sampling.unwrap();
+        assert_eq!((s.temperature, s.top_p, s.seed), (0.0, Some(0.5), Some(7)));
+        let stop = r.stop.clone().unwrap();
+        assert_eq!(
+            (stop.max_tokens, stop.stop),
+            (5, vec!["a".to_string(), "b".into()])
+        );
+        // Defaults: OpenAI's temperature 1, Ferry's max_tokens, no stream.
+        let p = ok(Kind::Completion, r#"{"model": "m", "prompt": "Hi"}"#);
+        assert_eq!(p.request.sampling.unwrap().temperature, 1.0);
+        assert_eq!(p.request.stop.unwrap().max_tokens, 0);
+        assert!(!p.stream && !p.include_usage);
+    }
+
+    #[test]
+    fn prompt_forms() {
+        for (prompt, want) in [
+            (r#""Hi""#, Input::Prompt("Hi".into())),
+            (r#"["Hi"]"#, Input::Prompt("Hi".into())),
+            (
+                "[1, 2, 3]",
+                Input::Tokens(v1::TokenInput { ids: vec![1, 2, 3] }),
+            ),
+            (
+                "[[4, 5]]",
+                Input::Tokens(v1::TokenInput { ids: vec![4, 5] }),
+            ),
+        ] {
+            let p = ok(
+                Kind::Completion,
+                &format!(r#"{{"model": "m", "prompt": {prompt}}}"#),
+            );
+            assert_eq!(p.request.input, Some(want), "{prompt}");
+        }
+        for (prompt, needle) in [
+            (r#"["a", "b"]"#, "batched"),
+            ("[[1], [2]]", "batched"),
+            ("[]", "empty"),
+            ("[1, -2]", "token ids"),
+            (r#"[1, "a"]"#, "token ids"),
+            ("[1.5]", "token ids"),
+            ("7", "not a number"),
+            ("null", "required"),
+        ] {
+            let e = err(
+                Kind::Completion,
+                &format!(r#"{{"model": "m", "prompt": {prompt}}}"#),
+            );
+            assert_eq!(
+                (e.status.as_u16(), e.param),
+                (400, Some("prompt")),
+                "{prompt}: {e:?}"
+            );
+            assert!(e.message.contains(needle), "{prompt}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn chat_messages() {
+        let p = ok(
+            Kind::Chat,
+            r#"{"model": "m", "messages": [
+                {"role": "developer", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
+                {"role": "assistant", "content": null, "name": "x"}],
+               "max_tokens": 9, "max_completion_tokens": 3}"#,
+        );
+        let Some(Input::Chat(c)) = p.request.input else {
+            panic!("chat input")
+        };
+        let got: Vec<(&str, &str)> = c
+            .messages
+            .iter()
+            .map(|m| (m.role.as_str(), m.content.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("system", "Be brief."),
+                ("user", "Hi there"),
+                ("assistant", "")
+            ]
+        );
+        assert_eq!(
+            p.request.stop.unwrap().max_tokens,
+            3,
+            "max_completion_tokens wins"
+        );
+        for (messages, needle) in [
+            ("[]", "empty"),
+            (r#""hi""#, "must be an array"),
+            ("[1]", "must be an object"),
+            (r#"[{"content": "x"}]"#, "`role` is required"),
+            (
+                r#"[{"role": 1, "content": "x"}]"#,
+                "`role` must be a string",
+            ),
+            (r#"[{"role": "user", "content": 5}]"#, "`content` must be"),
+            (
+                r#"[{"role": "user", "content": [{"type": "image_url"}]}]"#,
+                "only \"text\"",
+            ),
+            (
+                r#"[{"role": "user", "content": [{"type": "text"}]}]"#,
+                "no `text`",
+            ),
+        ] {
+            let e = err(
+                Kind::Chat,
+                &format!(r#"{{"model": "m", "messages": {messages}}}"#),
+            );
+            assert_eq!(
+                (e.status.as_u16(), e.param),
+                (400, Some("messages")),
+                "{messages}"
+            );
+            assert!(e.message.contains(needle), "{messages}: {}", e.message);
+        }
+        let e = err(Kind::Chat, r#"{"model": "m"}"#);
+        assert!(e.message.contains("required"), "{e:?}");
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        let base = r#""model": "m", "prompt": "Hi""#;
+        for (extra, param, needle) in [
+            (r#""n": 2"#, "n", "n = 2"),
+            (r#""n": "1""#, "n", "invalid type"),
+            (r#""max_tokens": "5""#, "max_tokens", "invalid type"),
+            (r#""max_tokens": 0"#, "max_tokens", "at least 1"),
+            (r#""max_tokens": -1"#, "max_tokens", "invalid value"),
+            (r#""temperature": "hot""#, "temperature", "invalid type"),
+            (r#""stream": 1"#, "stream", "invalid type"),
+            (r#""stream_options": 1"#, "stream_options", "an object"),
+            (
+                r#""stream_options": {"include_usage": "yes"}"#,
+                "stream_options",
+                "invalid type",
+            ),
+            (r#""stop": 5"#, "stop", "a string or an array"),
+            (r#""stop": [1]"#, "stop", "a string or an array"),
+            (r#""stop": ["a", "b", "c", "d", "e"]"#, "stop", "at most 4"),
+            (r#""seed": 1.5"#, "seed", "integer"),
+            (r#""seed": "1""#, "seed", "an integer"),
+            (r#""echo": true"#, "echo", "not supported"),
+            (r#""logprobs": 2"#, "logprobs", "not supported"),
+            (r#""best_of": 3"#, "best_of", "not supported"),
+        ] {
+            let e = err(Kind::Completion, &format!("{{{base}, {extra}}}"));
+            assert_eq!(
+                (e.status.as_u16(), e.param),
+                (400, Some(param)),
+                "{extra}: {e:?}"
+            );
+            assert!(e.message.contains(needle), "{extra}: {}", e.message);
+        }
+        let e = err(Kind::Completion, r#"{"prompt": "Hi"}"#);
+        assert_eq!(e.param, Some("model"));
+        let e = err(Kind::Completion, r#"{"model": 3, "prompt": "Hi"}"#);
+        assert_eq!(e.param, Some("model"));
+        // A negative seed is still a seed.
+        let p = ok(Kind::Completion, &format!(r#"{{{base}, "seed": -1}}"#));
+        assert_eq!(p.request.sampling.unwrap().seed, Some(u64::MAX));
+    }
+
+    #[test]
+    fn malformed_bodies() {
+        for body in ["", "{", "not json", r#"{"model": "m",}"#, "\u{0}"] {
+            let e = err(Kind::Completion, body);
+            assert_eq!(e.status.as_u16(), 400, "{body:?}");
+            assert!(
+                e.message.starts_with("malformed JSON body"),
+                "{body:?}: {}",
+                e.message
+            );
+        }
+        for body in ["[]", "1", r#""x""#, "null"] {
+            let e = err(Kind::Chat, body);
+            assert!(e.message.contains("JSON object"), "{body}: {}", e.message);
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! API keys on the client APIs: gRPC `Ferry` answers UNAUTHENTICATED and HTTP `/v1/*` answers 401
+//! without the right `Bearer` key, and nothing reaches a worker; the right key works; the worker
+//! and operator services stay open; with no keys configured everything is open.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+
+use common::http::{self, request};
+use common::{TestRouter, generate, prompt, scripted};
+use ferry_core::WorkerRole;
+use ferry_proto::v1;
+use ferry_router::{ApiKeys, Listeners, RouterConfig};
+use serde_json::json;
+use tonic::Code;
+
+const SCRIPT: &str = " Four.";
+
+async fn router(keys: ApiKeys) -> (TestRouter, String) {
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = http.local_addr().unwrap().to_string();
+    let cfg = RouterConfig {
+        api_keys: keys,
+        ..RouterConfig::new(common::model_path())
+    };
+    let listeners = Listeners {
+        grpc,
+        http: Some(http),
+        metrics: None,
+    };
+    (TestRouter::with(cfg, listeners).await, addr)
+}
+
+fn with_key<T>(mut req: tonic::Request<T>, key: &str) -> tonic::Request<T> {
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {key}").parse().unwrap());
+    req
+}
+
+#[tokio::test]
+async fn keys_guard_the_client_apis_only() {
+    let (r, addr) = router(ApiKeys::new(["key-one", "key-two"])).await;
+    // Workers register and heartbeat without a key (Registry is not guarded).
+    let p = r.mock(WorkerRole::Prefill, scripted(SCRIPT)).await;
+    let d = r.mock(WorkerRole::Decode, scripted(SCRIPT)).await;
+    let mut c = r.client().await;
+
+    // gRPC: missing or wrong key.
+    let err = generate(&mut c, prompt("Hi")).await.err().expect("refused");
+    assert_eq!(err.code(), Code::Unauthenticated, "{err}");
+    assert!(err.message().contains("missing"), "{err}");
+    for bad in ["key-three", "key-on", "key-one2", ""] {
+        let err = c
+            .generate(with_key(tonic::Request::new(prompt("Hi")), bad))
+            .await
+            .err()
+            .expect("refused");
+        assert_eq!(err.code(), Code::Unauthenticated, "{bad:?}: {err}");
+    }
+    let err = c.health(v1::HealthRequest {}).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+
+    // HTTP: missing or wrong key, on every route.
+    let req = json!({"model": common::text().name, "prompt": "Hi"}).to_string();
+    for key in [None, Some("nope"), Some("KEY-ONE")] {
+        for (method, path, body) in [
+            ("POST", "/v1/completions", Some(req.as_str())),
+            ("POST", "/v1/chat/completions", Some("{}")),
+            ("GET", "/v1/models", None),
+            ("GET", "/v1/nothing-here", None),
+        ] {
+            let a = request(&addr, method, path, key, body).await;
+            let e = a.error(401);
+            assert_eq!(e["type"], "authentication_error", "{path}: {e}");
+            assert_eq!(e["code"], "invalid_api_key");
+            assert!(
+                !a.body.contains("key-one"),
+                "no key in the answer: {}",
+                a.body
+            );
+        }
+    }
+    // A header that is not `Bearer KEY`.
+    let a = request(&addr, "GET", "/v1/models", None, None).await;
+    assert!(
+        a.error(401)["message"]
+            .as_str()
+            .unwrap()
+            .contains("Authorization")
+    );
+
+    // Nothing ran.
+    assert_eq!(p.stats.prefill_calls.load(Ordering::Relaxed), 0);
+    assert_eq!(d.stats.decode_calls.load(Ordering::Relaxed), 0);
+
+    // The right keys work, on both APIs.
+    for key in ["key-one", "key-two"] {
+        let mut s = c
+            .generate(with_key(tonic::Request::new(prompt("Hi")), key))
+            .await
+            .unwrap()
+            .into_inner();
+        let mut text = String::new();
+        while let Some(m) = s.message().await.unwrap() {
+            if let Some(v1::generate_response::Event::Delta(d)) = m.event {
+                text.push_str(&d.text);
+            }
+        }
+        assert_eq!(text, SCRIPT);
+        let a = request(&addr, "POST", "/v1/completions", Some(key), Some(&req)).await;
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert_eq!(a.json()["choices"][0]["text"], SCRIPT);
+    }
+    assert_eq!(d.stats.decode_calls.load(Ordering::Relaxed), 4);
+
+    // Operators' Admin service is not guarded by the client keys.
+    let ws = r
+        .admin()
+        .await
+        .list_workers(v1::ListWorkersRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .workers;
+    assert_eq!(ws.len(), 2);
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn without_keys_everything_is_open() {
+    let (r, addr) = router(ApiKeys::default()).await;
+    let _p = r.mock(WorkerRole::Prefill, scripted(SCRIPT)).await;
+    let _d = r.mock(WorkerRole::Decode, scripted(SCRIPT)).await;
+    let mut c = r.client().await;
+    assert_eq!(generate(&mut c, prompt("Hi")).await.unwrap().text, SCRIPT);
+    // A key sent anyway is ignored.
+    let out = c
+        .generate(with_key(tonic::Request::new(prompt("Hi")), "whatever"))
+        .await;
+    assert!(out.is_ok());
+    let a = http::get(&addr, "/v1/models").await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    let req = json!({"model": common::text().name, "prompt": "Hi"}).to_string();
+    let a = request(
+        &addr,
+        "POST",
+        "/v1/completions",
+        Some("whatever"),
+        Some(&req),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    r.shutdown().await;
+}

@@ -1,0 +1,113 @@
+"""Ferry's OpenAI-compatible HTTP API through the official `openai` Python client.
+
+Run by tests/cluster.rs against a running `ferry up`, with one JSON argument:
+  base_url, api_key, model   where and how to connect (base_url ends in /v1)
+  prompt, max_tokens         a completion request (greedy)
+  expect_text                what Ferry's gRPC API answered for it
+  expect_prompt_tokens, expect_completion_tokens, expect_finish
+  chat, expect_chat          a user message and the gRPC API's greedy answer to it
+  stop                       a string inside expect_text, to check `stop`
+Prints one line per check; any failure raises (non-zero exit).
+"""
+
+import json
+import sys
+
+import openai
+
+
+def check(name, cond, detail=""):
+    if not cond:
+        raise AssertionError(f"{name}: {detail}")
+    print(f"ok   {name}", flush=True)
+
+
+def main():
+    a = json.loads(sys.argv[1])
+    client = openai.OpenAI(base_url=a["base_url"], api_key=a["api_key"], max_retries=0, timeout=300)
+    model, prompt, n = a["model"], a["prompt"], a["max_tokens"]
+    print(f"openai {openai.__version__} against {a['base_url']}", flush=True)
+
+    models = client.models.list()
+    check("models.list names the served model", [m.id for m in models.data] == [model], models)
+
+    # Completions, whole.
+    r = client.completions.create(model=model, prompt=prompt, max_tokens=n, temperature=0)
+    c = r.choices[0]
+    check("completion text is non-empty", c.text != "", r)
+    check("completion equals the gRPC API's greedy text", c.text == a["expect_text"], f"{c.text!r} != {a['expect_text']!r}")
+    check("completion finish_reason", c.finish_reason == a["expect_finish"], c.finish_reason)
+    u = r.usage
+    check(
+        "completion usage",
+        (u.prompt_tokens, u.completion_tokens, u.total_tokens)
+        == (a["expect_prompt_tokens"], a["expect_completion_tokens"], a["expect_prompt_tokens"] + a["expect_completion_tokens"]),
+        u,
+    )
+    check("completion id and object", r.id.startswith("cmpl-") and r.object == "text_completion", r)
+
+    # Completions, streamed, with the usage chunk.
+    text, finish, usage, chunks = "", None, None, 0
+    for ch in client.completions.create(
+        model=model, prompt=prompt, max_tokens=n, temperature=0, stream=True, stream_options={"include_usage": True}
+    ):
+        chunks += 1
+        if ch.choices:
+            text += ch.choices[0].text
+            finish = ch.choices[0].finish_reason or finish
+        if ch.usage is not None:
+            usage = ch.usage
+    check("streamed completion arrives in pieces", chunks > 2, chunks)
+    check("streamed completion equals the whole one", text == a["expect_text"], f"{text!r}")
+    check("streamed completion finish_reason", finish == a["expect_finish"], finish)
+    check("streamed completion usage", usage is not None and usage.completion_tokens == a["expect_completion_tokens"], usage)
+
+    # A stop string ends the text before it and is not returned.
+    r = client.completions.create(model=model, prompt=prompt, max_tokens=n, temperature=0, stop=[a["stop"]])
+    want = a["expect_text"].split(a["stop"])[0]
+    check("stop is honoured", r.choices[0].text == want, f"{r.choices[0].text!r} != {want!r}")
+    check("stop gives finish_reason stop", r.choices[0].finish_reason == "stop", r.choices[0].finish_reason)
+
+    # Chat, whole and streamed.
+    messages = [{"role": "user", "content": a["chat"]}]
+    r = client.chat.completions.create(model=model, messages=messages, max_tokens=n, temperature=0)
+    m = r.choices[0].message
+    check("chat answer is non-empty", bool(m.content), r)
+    check("chat role", m.role == "assistant", m.role)
+    check("chat equals the gRPC API's greedy answer", m.content == a["expect_chat"], f"{m.content!r} != {a['expect_chat']!r}")
+    check("chat finish_reason", r.choices[0].finish_reason in ("stop", "length"), r.choices[0].finish_reason)
+    check("chat usage", r.usage.prompt_tokens > 0 and r.usage.completion_tokens > 0, r.usage)
+    check("chat id and object", r.id.startswith("chatcmpl-") and r.object == "chat.completion", r)
+
+    text, role, finish = "", None, None
+    for ch in client.chat.completions.create(model=model, messages=messages, max_tokens=n, temperature=0, stream=True):
+        d = ch.choices[0].delta
+        role = role or d.role
+        text += d.content or ""
+        finish = ch.choices[0].finish_reason or finish
+    check("streamed chat starts with the assistant role", role == "assistant", role)
+    check("streamed chat equals the whole one", text == a["expect_chat"], f"{text!r}")
+    check("streamed chat finish_reason", finish in ("stop", "length"), finish)
+
+    # Errors become the client's exceptions.
+    try:
+        client.completions.create(model="gpt-17", prompt=prompt, max_tokens=2)
+        raise AssertionError("an unknown model was accepted")
+    except openai.NotFoundError as e:
+        check("unknown model raises NotFoundError", e.status_code == 404 and "gpt-17" in str(e), e)
+    try:
+        client.completions.create(model=model, prompt=prompt, max_tokens=2, n=2)
+        raise AssertionError("n=2 was accepted")
+    except openai.BadRequestError as e:
+        check("n=2 raises BadRequestError", e.status_code == 400, e)
+    bad = openai.OpenAI(base_url=a["base_url"], api_key="not-the-key", max_retries=0)
+    try:
+        bad.models.list()
+        raise AssertionError("a wrong API key was accepted")
+    except openai.AuthenticationError as e:
+        check("a wrong key raises AuthenticationError", e.status_code == 401, e)
+    print("all checks passed", flush=True)
+
+
+if __name__ == "__main__":
+    main()
