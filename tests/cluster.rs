@@ -486,3 +486,31 @@ async fn openai_python_client_against_ferry_up() {
     eprintln!("{log}");
     cluster.assert_no_leaks().await;
 }
+
+/// `ferry up --admin-token`: workers register with it (the cluster comes up and serves), and the
+/// admin API refuses `ferry pool` without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_token_is_required_by_the_pool_cli_and_carried_by_workers() {
+    let model = smollm2();
+    let cluster = Cluster::up(&model, 1, 1, &["--admin-token", "op-t0ken"]);
+    let mut client = cluster.client().await;
+    let out = run(&mut client, token_request(&[1, 504, 3575], 4)).await.expect("served: the workers registered with the token");
+    assert_eq!(out.ids.len(), 4);
+    let pool = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(["pool", "list", "--json", "--router", &cluster.router])
+            .args(args)
+            .env_remove("FERRY_ADMIN_TOKEN")
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+    };
+    let (ok, out) = pool(&[]);
+    assert!(!ok && out.contains("Unauthenticated") && out.contains("admin token"), "{out}");
+    let (ok, out) = pool(&["--admin-token", "wrong"]);
+    assert!(!ok && out.contains("invalid admin token"), "{out}");
+    let (ok, out) = pool(&["--admin-token", "op-t0ken"]);
+    assert!(ok, "{out}");
+    let listed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed.as_array().map(Vec::len), Some(2), "{out}");
+}

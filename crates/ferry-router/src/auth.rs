@@ -1,7 +1,8 @@
 //! API keys for the client APIs (`ferry.v1.Ferry` over gRPC and the OpenAI-compatible HTTP
 //! routes). With no key configured both are open; with any, a request must carry
-//! `authorization: Bearer KEY` naming one of them. The worker-facing `Registry` and `Admin`
-//! services are not covered here.
+//! `authorization: Bearer KEY` naming one of them. The worker-facing `Registry` and the operators'
+//! `Admin` services take a separate admin token ([`AdminToken`]): a client key cannot register a
+//! worker, drain one or scale a pool.
 //!
 //! Keys are compared in constant time (for a given key length) and are never logged: `Debug`
 //! prints only how many there are.
@@ -179,5 +180,65 @@ mod tests {
         assert_eq!(ApiKeys::parse_file(f), ["k1", "k2"]);
         assert_eq!(ApiKeys::parse_list(" a, b,,c "), ["a", "b", "c"]);
         assert!(ApiKeys::parse_list("").is_empty());
+    }
+}
+
+/// The token the `Registry` (worker registration and heartbeats) and `Admin` (list, drain, scale)
+/// services require when set; workers and `ferry pool` send it as `authorization: Bearer TOKEN`.
+/// Unset: both are open (a cluster on a private network or loopback).
+#[derive(Clone, Default, Debug)]
+pub struct AdminToken(ApiKeys);
+
+impl AdminToken {
+    pub fn new(token: Option<&str>) -> AdminToken {
+        AdminToken(ApiKeys::new(token))
+    }
+
+    pub fn is_set(&self) -> bool {
+        !self.0.is_empty()
+    }
+}
+
+impl tonic::service::Interceptor for AdminToken {
+    fn call(&mut self, req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        let header = req.metadata().get("authorization").map(|v| v.as_bytes());
+        match self.0.check(header) {
+            Ok(()) => Ok(req),
+            Err(f) => {
+                crate::metrics::auth_failure("admin");
+                Err(tonic::Status::unauthenticated(match f {
+                    AuthFailure::Missing => {
+                        "missing admin token: send `authorization: Bearer TOKEN` (ferry pool and workers: --admin-token or FERRY_ADMIN_TOKEN)"
+                    }
+                    AuthFailure::Wrong => "invalid admin token",
+                }))
+            }
+        }
+    }
+}
+
+/// Adds `authorization: Bearer TOKEN` to every call of a client (no header without a token).
+#[derive(Clone, Debug, Default)]
+pub struct BearerToken(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl BearerToken {
+    /// Fails when the token cannot be a header value (control characters).
+    pub fn new(token: Option<&str>) -> Result<BearerToken, String> {
+        match token.map(str::trim).filter(|t| !t.is_empty()) {
+            None => Ok(BearerToken(None)),
+            Some(t) => format!("Bearer {t}")
+                .parse()
+                .map(|v| BearerToken(Some(v)))
+                .map_err(|_| "the token has characters a header cannot carry".to_string()),
+        }
+    }
+}
+
+impl tonic::service::Interceptor for BearerToken {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
     }
 }

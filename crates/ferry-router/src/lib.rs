@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use ferry_proto::v1;
 
-pub use auth::ApiKeys;
+pub use auth::{AdminToken, ApiKeys, BearerToken};
 pub use error::{RouterError, http_status_of};
 pub use mock::{MockConfig, MockWorker, OverheadStats, router_overhead};
 pub use scale::{KubeScale, Scaler};
@@ -56,6 +56,8 @@ pub struct RouterConfig {
     pub scaler: Option<Scaler>,
     /// Keys the client APIs (gRPC `Ferry`, HTTP `/v1/*`) require; empty: open.
     pub api_keys: ApiKeys,
+    /// The token `Registry` and `Admin` require (unset: open).
+    pub admin_token: AdminToken,
 }
 
 impl RouterConfig {
@@ -69,6 +71,7 @@ impl RouterConfig {
             kv_timeout: Duration::ZERO,
             scaler: None,
             api_keys: ApiKeys::default(),
+            admin_token: AdminToken::default(),
         }
     }
 }
@@ -159,13 +162,20 @@ pub async fn serve(
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     // API keys guard the client API only; workers and operators use Registry and Admin.
     let ferry = tonic::service::interceptor::InterceptedService::new(ferry, cfg.api_keys.clone());
-    let reg = v1::registry_server::RegistryServer::new(admin::RegistryService {
-        registry: registry.clone(),
-    });
-    let adm = v1::admin_server::AdminServer::new(admin::AdminService {
-        registry,
-        scaler: cfg.scaler.clone(),
-    });
+    // The admin token guards worker registration and the operators' API.
+    let reg = v1::registry_server::RegistryServer::with_interceptor(
+        admin::RegistryService {
+            registry: registry.clone(),
+        },
+        cfg.admin_token.clone(),
+    );
+    let adm = v1::admin_server::AdminServer::with_interceptor(
+        admin::AdminService {
+            registry,
+            scaler: cfg.scaler.clone(),
+        },
+        cfg.admin_token.clone(),
+    );
     // Ready from here: the listener is bound (connections wait in its backlog) and the server
     // below accepts as soon as it is polled.
     serving_tx.send_replace(true);

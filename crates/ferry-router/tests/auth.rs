@@ -153,3 +153,93 @@ async fn without_keys_everything_is_open() {
     assert_eq!(a.status, 200, "{}", a.body);
     r.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_admin_token_guards_registration_and_the_admin_api() {
+    let cfg = RouterConfig {
+        admin_token: ferry_router::AdminToken::new(Some("s3cret-admin")),
+        api_keys: ApiKeys::new(["client-key"]),
+        ..RouterConfig::new(common::model_path())
+    };
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let r = TestRouter::with(cfg, Listeners::grpc(grpc)).await;
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", r.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut reg = v1::registry_client::RegistryClient::new(ch.clone());
+    let mut adm = v1::admin_client::AdminClient::new(ch.clone());
+    let registration = || v1::RegisterRequest {
+        role: v1::WorkerRole::Decode as i32,
+        grpc_addr: "127.0.0.1:9".into(),
+        fingerprint: "fp".into(),
+        max_context: 2048,
+        ..Default::default()
+    };
+    // Without the token, or with a client API key, nothing registers and nothing is listed.
+    for key in [None, Some("client-key"), Some("wrong")] {
+        fn req<T>(r: T, key: Option<&str>) -> tonic::Request<T> {
+            match key {
+                Some(k) => with_key(tonic::Request::new(r), k),
+                None => tonic::Request::new(r),
+            }
+        }
+        let err = reg.register(req(registration(), key)).await.unwrap_err();
+        assert_eq!(err.code(), Code::Unauthenticated, "{key:?}: {err:?}");
+        assert!(err.message().contains("admin token"), "{}", err.message());
+        let err = adm
+            .list_workers(req(v1::ListWorkersRequest {}, key))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::Unauthenticated, "{key:?}: {err:?}");
+        let err = adm
+            .scale(req(
+                v1::ScaleRequest {
+                    role: v1::WorkerRole::Decode as i32,
+                    replicas: 3,
+                },
+                key,
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::Unauthenticated, "{key:?}: {err:?}");
+    }
+    // The token works, and what it registered is the only worker.
+    let id = reg
+        .register(with_key(tonic::Request::new(registration()), "s3cret-admin"))
+        .await
+        .unwrap()
+        .into_inner()
+        .worker_id;
+    let ws = adm
+        .list_workers(with_key(
+            tonic::Request::new(v1::ListWorkersRequest {}),
+            "s3cret-admin",
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .workers;
+    assert_eq!(
+        ws.iter().map(|w| w.worker_id.clone()).collect::<Vec<_>>(),
+        vec![id]
+    );
+    // Clients use their own key, not the admin token.
+    let mut c = v1::ferry_client::FerryClient::new(ch);
+    let err = c
+        .health(with_key(
+            tonic::Request::new(v1::HealthRequest {}),
+            "s3cret-admin",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    c.health(with_key(
+        tonic::Request::new(v1::HealthRequest {}),
+        "client-key",
+    ))
+    .await
+    .unwrap();
+    r.shutdown().await;
+}

@@ -88,6 +88,8 @@ pub struct WorkerConfig {
     /// On shutdown, how long to wait for in-flight requests (and, on a prefill worker, for the
     /// acknowledgement of every KV sent) before exiting anyway.
     pub drain_timeout: Duration,
+    /// The router's admin token, sent with registration, heartbeats and deregistration.
+    pub admin_token: Option<String>,
 }
 
 /// The sockets a worker serves on, bound by the caller (tests bind port 0).
@@ -205,6 +207,7 @@ pub async fn serve(
         }
     };
     let worker_id = registration::WorkerId::default();
+    let auth = registration::AdminAuth::new(cfg.admin_token.as_deref())?;
     let registration = match &cfg.router {
         Some(r) => {
             let req = RegisterRequest {
@@ -218,7 +221,7 @@ pub async fn serve(
                 load: None,
                 draining: false,
             };
-            Some(tokio::spawn(registration::keep_registered(r.clone(), req, load, ready, drain.subscribe(), worker_id.clone())))
+            Some(tokio::spawn(registration::keep_registered(r.clone(), req, load, ready, drain.subscribe(), worker_id.clone(), auth.clone())))
         }
         None => {
             ready.send_replace(true);
@@ -242,7 +245,7 @@ pub async fn serve(
             a.abort();
         }
         if let Some(r) = router_addr {
-            registration::deregister(&r, &worker_id).await;
+            registration::deregister(&r, &worker_id, auth).await;
         }
     };
     let result = router

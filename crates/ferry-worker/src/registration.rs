@@ -17,6 +17,31 @@ use tokio::sync::watch;
 /// Longest wait for one Register call (a router that accepts but does not answer).
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Sends the router's admin token (`authorization: Bearer TOKEN`) on every registry call.
+#[derive(Clone, Debug, Default)]
+pub struct AdminAuth(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl AdminAuth {
+    pub fn new(token: Option<&str>) -> crate::Result<AdminAuth> {
+        match token.map(str::trim).filter(|t| !t.is_empty()) {
+            None => Ok(AdminAuth(None)),
+            Some(t) => format!("Bearer {t}")
+                .parse()
+                .map(|v| AdminAuth(Some(v)))
+                .map_err(|_| crate::WorkerError::InvalidRequest("--admin-token has characters a header cannot carry".into())),
+        }
+    }
+}
+
+impl tonic::service::Interceptor for AdminAuth {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
 /// The id the router gave at the latest registration (None before the first).
 pub type WorkerId = Arc<Mutex<Option<String>>>;
 
@@ -47,12 +72,13 @@ pub async fn keep_registered(
     ready: watch::Sender<bool>,
     mut draining: watch::Receiver<bool>,
     id: WorkerId,
+    auth: AdminAuth,
 ) {
     let channels = Channels::default();
     let mut backoff = Duration::from_millis(100);
     loop {
         let mut client = match channels.get(&router) {
-            Ok(c) => RegistryClient::new(c),
+            Ok(c) => RegistryClient::with_interceptor(c, auth.clone()),
             Err(e) => {
                 tracing::error!("router address: {e}");
                 return;
@@ -62,7 +88,7 @@ pub async fn keep_registered(
         let resp = match tokio::time::timeout(REGISTER_TIMEOUT, client.register(req)).await {
             Ok(Ok(r)) => r.into_inner(),
             Ok(Err(status)) => {
-                if status.code() == tonic::Code::FailedPrecondition {
+                if matches!(status.code(), tonic::Code::FailedPrecondition | tonic::Code::Unauthenticated) {
                     tracing::error!("the router refused registration: {}", status.message());
                 } else {
                     tracing::debug!("registering with {router}: {}", status.message());
@@ -121,14 +147,14 @@ pub async fn keep_registered(
 }
 
 /// Leave the router's pool after a drain (best effort, bounded: the router may be gone).
-pub async fn deregister(router: &str, id: &WorkerId) {
+pub async fn deregister(router: &str, id: &WorkerId, auth: AdminAuth) {
     let Some(worker_id) = id.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
         return;
     };
     let Ok(channel) = Channels::default().get(router) else {
         return;
     };
-    let mut client = RegistryClient::new(channel);
+    let mut client = RegistryClient::with_interceptor(channel, auth);
     let call = client.deregister(WorkerRef { worker_id: worker_id.clone() });
     match tokio::time::timeout(Duration::from_secs(2), call).await {
         Ok(Ok(_)) => tracing::info!(%worker_id, "deregistered from the router"),

@@ -55,6 +55,9 @@ pub struct PoolOpts {
     /// JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// The router's admin token (its `--admin-token`).
+    #[arg(long, env = "FERRY_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -88,7 +91,12 @@ fn call(cmd: PoolCommand) -> anyhow::Result<(PoolOpts, Vec<v1::WorkerInfo>)> {
             PoolCommand::Drain(w) | PoolCommand::Undrain(w) | PoolCommand::Remove(w) => &w.opts.router,
             PoolCommand::Scale(s) => &s.opts.router,
         };
-        let mut c = admin(router).await?;
+        let token = match &cmd {
+            PoolCommand::List(o) => &o.admin_token,
+            PoolCommand::Drain(w) | PoolCommand::Undrain(w) | PoolCommand::Remove(w) => &w.opts.admin_token,
+            PoolCommand::Scale(s) => &s.opts.admin_token,
+        };
+        let mut c = admin(router, token.as_deref()).await?;
         let one = |w: &PoolWorker| v1::WorkerRef { worker_id: w.worker_id.clone() };
         Ok(match cmd {
             PoolCommand::List(o) => (o, c.list_workers(v1::ListWorkersRequest {}).await.map_err(status_error)?.into_inner().workers),
@@ -109,13 +117,16 @@ fn call(cmd: PoolCommand) -> anyhow::Result<(PoolOpts, Vec<v1::WorkerInfo>)> {
     })
 }
 
-async fn admin(router: &str) -> anyhow::Result<v1::admin_client::AdminClient<tonic::transport::Channel>> {
+type Admin = v1::admin_client::AdminClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, ferry_router::BearerToken>>;
+
+async fn admin(router: &str, token: Option<&str>) -> anyhow::Result<Admin> {
+    let auth = ferry_router::BearerToken::new(token).map_err(|e| anyhow::anyhow!("--admin-token: {e}"))?;
     let uri = if router.contains("://") { router.to_string() } else { format!("http://{router}") };
     let channel = tonic::transport::Endpoint::from_shared(uri.clone())?
         .connect()
         .await
         .map_err(|e| anyhow::anyhow!("Unavailable: cannot connect to the router at {uri}: {e}"))?;
-    Ok(v1::admin_client::AdminClient::new(channel))
+    Ok(v1::admin_client::AdminClient::with_interceptor(channel, auth))
 }
 
 fn scale(s: PoolScale) -> anyhow::Result<()> {
@@ -126,7 +137,7 @@ fn scale(s: PoolScale) -> anyhow::Result<()> {
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async move {
-        let mut c = admin(&s.opts.router).await?;
+        let mut c = admin(&s.opts.router, s.opts.admin_token.as_deref()).await?;
         let resp = c.scale(v1::ScaleRequest { role: role as i32, replicas: s.replicas }).await.map_err(status_error)?.into_inner();
         if !s.opts.json {
             println!("{role} pool: {} -> {} ({})", resp.previous, resp.replicas, resp.backend);

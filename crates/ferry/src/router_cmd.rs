@@ -49,6 +49,10 @@ pub struct RouterArgs {
     pub local_scaler: Option<String>,
     #[command(flatten)]
     pub keys: ApiKeyArgs,
+    /// The token worker registration and the admin API (`ferry pool`) require; workers and
+    /// `ferry pool` pass the same `--admin-token`. Unset: open.
+    #[arg(long, env = "FERRY_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
 }
 
 /// API keys for the client APIs (gRPC `ferry.v1.Ferry` and HTTP `/v1/*`). With any key set,
@@ -104,6 +108,7 @@ pub fn run(args: RouterArgs) -> anyhow::Result<()> {
         lease: Duration::from_millis(args.lease_ms),
         heartbeat: Duration::from_millis(args.heartbeat_ms),
         api_keys: args.keys.keys()?,
+        admin_token: ferry_router::AdminToken::new(args.admin_token.as_deref()),
         ..ferry_router::RouterConfig::new(path)
     };
     anyhow::ensure!(cfg.heartbeat < cfg.lease, "--heartbeat-ms ({}) must be shorter than --lease-ms ({})", args.heartbeat_ms, args.lease_ms);

@@ -33,6 +33,8 @@ pub struct WorkerTemplate {
     pub timeout: Duration,
     /// How long a scaled-down worker may drain (its `--drain-timeout`).
     pub drain_timeout: u64,
+    /// Added to every worker's environment (the admin token: not on the command line).
+    pub env: Vec<(&'static str, String)>,
 }
 
 /// The processes `ferry up` started; all stopped when this is dropped.
@@ -146,7 +148,8 @@ impl Supervisor {
             self.next_cpu += t.threads;
             args.extend(["--cpus".into(), cpus.join(",")]);
         }
-        let line = self.spawn(format!("{role} worker {i}"), Some(role), &args, &[])?;
+        let env = self.template.env.clone();
+        let line = self.spawn(format!("{role} worker {i}"), Some(role), &args, &env)?;
         println!(
             "worker   role={role} name={name} pid={} grpc={} data={} metrics={}",
             field(&line, "pid=").unwrap_or("-"),

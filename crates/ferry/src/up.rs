@@ -57,6 +57,10 @@ pub struct UpArgs {
     /// API keys the router's client APIs require (passed to it through its environment).
     #[command(flatten)]
     pub keys: crate::router_cmd::ApiKeyArgs,
+    /// An admin token for the router's Registry and Admin services; the workers get it too (all
+    /// through their environment). `ferry pool` then needs `--admin-token`.
+    #[arg(long, env = "FERRY_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
 }
 
 pub fn run(a: UpArgs) -> anyhow::Result<()> {
@@ -83,10 +87,12 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         cores,
         timeout,
         drain_timeout: a.drain_timeout,
+        env: a.admin_token.iter().map(|t| ("FERRY_ADMIN_TOKEN", t.clone())).collect(),
     };
     // The keys go to the router in its environment, not on its command line (visible in `ps`).
     let keys = a.keys.collect()?;
-    let router_env = if keys.is_empty() { vec![] } else { vec![("FERRY_API_KEYS", keys.join(","))] };
+    let mut router_env = if keys.is_empty() { vec![] } else { vec![("FERRY_API_KEYS", keys.join(","))] };
+    router_env.extend(a.admin_token.iter().map(|t| ("FERRY_ADMIN_TOKEN", t.clone())));
     let sup = Arc::new(Mutex::new(Supervisor::new(template)));
     let lock = || sup.lock().unwrap_or_else(|p| p.into_inner());
     let r = lock().spawn(

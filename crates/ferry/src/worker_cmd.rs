@@ -58,6 +58,9 @@ pub struct WorkerArgs {
     /// Kubernetes' terminationGracePeriodSeconds.
     #[arg(long, default_value_t = 60)]
     pub drain_timeout: u64,
+    /// The router's admin token (its `--admin-token`), sent when registering.
+    #[arg(long, env = "FERRY_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
 }
 
 /// Parse a CPU list (`0,2-3`).
@@ -152,6 +155,7 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
             },
             kv_timeout: Duration::from_millis(args.kv_timeout_ms),
             drain_timeout: Duration::from_secs(args.drain_timeout),
+            admin_token: args.admin_token.clone(),
         };
         let engine = ferry_worker::EngineHandle::start(role, engine, &cfg.model, args.chunked_prefill);
         health.engine_started(ferry_worker::health::EngineView { load: engine.load(), role });
