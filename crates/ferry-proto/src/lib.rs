@@ -10,6 +10,8 @@ pub mod v1 {
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("ferry_descriptor");
 }
 
+mod bearer;
 mod convert;
 
+pub use bearer::{Bearer, InvalidToken};
 pub use convert::*;

@@ -216,29 +216,3 @@ impl tonic::service::Interceptor for AdminToken {
         }
     }
 }
-
-/// Adds `authorization: Bearer TOKEN` to every call of a client (no header without a token).
-#[derive(Clone, Debug, Default)]
-pub struct BearerToken(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
-
-impl BearerToken {
-    /// Fails when the token cannot be a header value (control characters).
-    pub fn new(token: Option<&str>) -> Result<BearerToken, String> {
-        match token.map(str::trim).filter(|t| !t.is_empty()) {
-            None => Ok(BearerToken(None)),
-            Some(t) => format!("Bearer {t}")
-                .parse()
-                .map(|v| BearerToken(Some(v)))
-                .map_err(|_| "the token has characters a header cannot carry".to_string()),
-        }
-    }
-}
-
-impl tonic::service::Interceptor for BearerToken {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(v) = &self.0 {
-            req.metadata_mut().insert("authorization", v.clone());
-        }
-        Ok(req)
-    }
-}

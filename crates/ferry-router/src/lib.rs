@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use ferry_proto::v1;
 
-pub use auth::{AdminToken, ApiKeys, BearerToken};
+pub use auth::{AdminToken, ApiKeys};
 pub use error::{RouterError, http_status_of};
 pub use mock::{MockConfig, MockWorker, OverheadStats, router_overhead};
 pub use scale::{KubeScale, Scaler};

@@ -207,7 +207,8 @@ pub async fn serve(
         }
     };
     let worker_id = registration::WorkerId::default();
-    let auth = registration::AdminAuth::new(cfg.admin_token.as_deref())?;
+    let auth = ferry_proto::Bearer::new(cfg.admin_token.as_deref())
+        .map_err(|e| WorkerError::InvalidRequest(format!("--admin-token: {e}")))?;
     let registration = match &cfg.router {
         Some(r) => {
             let req = RegisterRequest {

@@ -10,37 +10,13 @@ use crate::kv::transport::Channels;
 use crate::load::LoadGauge;
 use ferry_proto::v1::registry_client::RegistryClient;
 use ferry_proto::v1::{HeartbeatRequest, RegisterRequest, WorkerRef};
+use ferry_proto::Bearer;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 /// Longest wait for one Register call (a router that accepts but does not answer).
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Sends the router's admin token (`authorization: Bearer TOKEN`) on every registry call.
-#[derive(Clone, Debug, Default)]
-pub struct AdminAuth(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
-
-impl AdminAuth {
-    pub fn new(token: Option<&str>) -> crate::Result<AdminAuth> {
-        match token.map(str::trim).filter(|t| !t.is_empty()) {
-            None => Ok(AdminAuth(None)),
-            Some(t) => format!("Bearer {t}")
-                .parse()
-                .map(|v| AdminAuth(Some(v)))
-                .map_err(|_| crate::WorkerError::InvalidRequest("--admin-token has characters a header cannot carry".into())),
-        }
-    }
-}
-
-impl tonic::service::Interceptor for AdminAuth {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(v) = &self.0 {
-            req.metadata_mut().insert("authorization", v.clone());
-        }
-        Ok(req)
-    }
-}
 
 /// The id the router gave at the latest registration (None before the first).
 pub type WorkerId = Arc<Mutex<Option<String>>>;
@@ -72,7 +48,7 @@ pub async fn keep_registered(
     ready: watch::Sender<bool>,
     mut draining: watch::Receiver<bool>,
     id: WorkerId,
-    auth: AdminAuth,
+    auth: Bearer,
 ) {
     let channels = Channels::default();
     let mut backoff = Duration::from_millis(100);
@@ -147,7 +123,7 @@ pub async fn keep_registered(
 }
 
 /// Leave the router's pool after a drain (best effort, bounded: the router may be gone).
-pub async fn deregister(router: &str, id: &WorkerId, auth: AdminAuth) {
+pub async fn deregister(router: &str, id: &WorkerId, auth: Bearer) {
     let Some(worker_id) = id.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
         return;
     };

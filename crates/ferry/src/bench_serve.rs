@@ -168,7 +168,7 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
     let slo = Slo { ttft_ms: a.slo_ttft_ms, tpot_ms: a.slo_tpot_ms };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let runs = rt.block_on(async {
-        let bearer = crate::remote::Bearer::new(a.api_key.as_deref())?;
+        let bearer = crate::remote::Bearer::new(a.api_key.as_deref()).map_err(|e| anyhow::anyhow!("--api-key: {e}"))?;
         let uri = format!("http://{}", a.router);
         let channel = tonic::transport::Endpoint::from_shared(uri.clone())?.connect().await.with_context(|| format!("cannot reach the router at {uri}"))?;
         let mut client = crate::remote::client(channel, bearer);

@@ -117,10 +117,10 @@ fn call(cmd: PoolCommand) -> anyhow::Result<(PoolOpts, Vec<v1::WorkerInfo>)> {
     })
 }
 
-type Admin = v1::admin_client::AdminClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, ferry_router::BearerToken>>;
+type Admin = v1::admin_client::AdminClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, ferry_proto::Bearer>>;
 
 async fn admin(router: &str, token: Option<&str>) -> anyhow::Result<Admin> {
-    let auth = ferry_router::BearerToken::new(token).map_err(|e| anyhow::anyhow!("--admin-token: {e}"))?;
+    let auth = ferry_proto::Bearer::new(token).map_err(|e| anyhow::anyhow!("--admin-token: {e}"))?;
     let uri = if router.contains("://") { router.to_string() } else { format!("http://{router}") };
     let channel = tonic::transport::Endpoint::from_shared(uri.clone())?
         .connect()

@@ -22,30 +22,7 @@ pub struct RemoteGenerate {
     pub api_key: Option<String>,
 }
 
-/// Adds `authorization: Bearer KEY` to every call when a key is given.
-#[derive(Clone, Debug, Default)]
-pub struct Bearer(Option<tonic::metadata::AsciiMetadataValue>);
-
-impl Bearer {
-    pub fn new(key: Option<&str>) -> anyhow::Result<Bearer> {
-        match key.map(str::trim).filter(|k| !k.is_empty()) {
-            None => Ok(Bearer(None)),
-            Some(k) => {
-                let v = format!("Bearer {k}").parse().map_err(|_| anyhow::anyhow!("the API key is not a valid header value (printable ASCII only)"))?;
-                Ok(Bearer(Some(v)))
-            }
-        }
-    }
-}
-
-impl tonic::service::Interceptor for Bearer {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(v) = &self.0 {
-            req.metadata_mut().insert("authorization", v.clone());
-        }
-        Ok(req)
-    }
-}
+pub use ferry_proto::Bearer;
 
 /// A client of the router's `Ferry` API that sends the API key, if any.
 pub type Client = v1::ferry_client::FerryClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>>;
@@ -85,7 +62,7 @@ pub fn generate_to(req: &RemoteGenerate, out: &mut dyn Write) -> anyhow::Result<
         v1::generate_request::Input::Prompt(req.prompt.clone())
     };
     let request = v1::GenerateRequest { input: Some(input), sampling: Some(sampling), stop: Some(stop), ..Default::default() };
-    let bearer = Bearer::new(req.api_key.as_deref())?;
+    let bearer = Bearer::new(req.api_key.as_deref()).map_err(|e| anyhow::anyhow!("the API key: {e}"))?;
     let uri = if req.router.contains("://") { req.router.clone() } else { format!("http://{}", req.router) };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async move {

@@ -127,7 +127,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         // Ready when the router sees every worker registered.
         let deadline = Instant::now() + timeout;
         // Our own health checks carry a key when the router needs one.
-        let bearer = crate::remote::Bearer::new(keys.first().map(String::as_str))?;
+        let bearer = crate::remote::Bearer::new(keys.first().map(String::as_str)).map_err(|e| anyhow::anyhow!("the API key: {e}"))?;
         let mut client = loop {
             match tonic::transport::Endpoint::from_shared(format!("http://{router}"))?.connect().await {
                 Ok(ch) => break crate::remote::client(ch, bearer.clone()),
