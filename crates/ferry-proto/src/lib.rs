@@ -15,3 +15,7 @@ mod convert;
 
 pub use bearer::{Bearer, InvalidToken};
 pub use convert::*;
+
+/// The shortest `DecodeRequest.transfer_token` a decode worker accepts. The router mints 32 hex
+/// characters (128 random bits) per request.
+pub const MIN_TRANSFER_TOKEN_LEN: usize = 16;

@@ -68,6 +68,10 @@ pub struct MockStats {
     pub decode_calls: AtomicU64,
     /// Decode streams the router dropped before `final`.
     pub decode_cancelled: AtomicU64,
+    /// The transfer token of every decode request, then of every prefill request's KV target,
+    /// in arrival order.
+    pub decode_tokens: std::sync::Mutex<Vec<String>>,
+    pub prefill_tokens: std::sync::Mutex<Vec<String>>,
 }
 
 pub struct MockWorker {
@@ -192,6 +196,10 @@ async fn heartbeat_loop(
     }
 }
 
+fn record(seen: &std::sync::Mutex<Vec<String>>, token: String) {
+    seen.lock().unwrap_or_else(|p| p.into_inner()).push(token);
+}
+
 #[derive(Clone)]
 struct MockService {
     cfg: Arc<MockConfig>,
@@ -202,9 +210,11 @@ struct MockService {
 impl v1::prefill_server::Prefill for MockService {
     async fn prefill(
         &self,
-        _: Request<v1::PrefillRequest>,
+        req: Request<v1::PrefillRequest>,
     ) -> Result<Response<v1::PrefillResponse>, Status> {
         self.stats.prefill_calls.fetch_add(1, Ordering::Relaxed);
+        let token = req.get_ref().target.as_ref().map(|t| t.transfer_token.clone());
+        record(&self.stats.prefill_tokens, token.unwrap_or_default());
         if let Some(code) = self.cfg.fail_prefill {
             return Err(Status::new(code, "mock prefill failure"));
         }
@@ -234,6 +244,7 @@ impl v1::decode_server::Decode for MockService {
         req: Request<v1::DecodeRequest>,
     ) -> Result<Response<Self::DecodeStream>, Status> {
         self.stats.decode_calls.fetch_add(1, Ordering::Relaxed);
+        record(&self.stats.decode_tokens, req.get_ref().transfer_token.clone());
         if self.cfg.refuse_decode {
             return Err(Status::resource_exhausted("mock: no room in the KV cache"));
         }
@@ -249,7 +260,6 @@ impl v1::decode_server::Decode for MockService {
             let msg = |event| Ok(v1::DecodeResponse { event: Some(event) });
             let admitted = v1::Admitted {
                 transfer_id: rand::random(),
-                transfer_token: "mock".into(),
                 data_addr: String::new(),
             };
             if tx.send(msg(Event::Admitted(admitted))).await.is_err() {

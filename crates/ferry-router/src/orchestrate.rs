@@ -200,6 +200,9 @@ async fn attempt_once(
     }
     let (mut refused, mut unavailable) = (0, 0);
     let mut admitted = None;
+    // The decode worker accepts this attempt's KV only from a sender presenting this token, which
+    // only the router and the chosen prefill worker ever see.
+    let transfer_token = if colocated { String::new() } else { mint_transfer_token() };
     for i in order {
         let Some(w) = reg.get(&cands[i].id) else {
             continue;
@@ -215,6 +218,7 @@ async fn attempt_once(
             } else {
                 Vec::new()
             },
+            transfer_token: transfer_token.clone(),
         };
         let guard = InflightGuard::decode(reg, &w.id, need as u64);
         let Some(r) = worker_wait(tx, &mut waited, open_decode(&w, req)).await else {
@@ -278,7 +282,7 @@ async fn attempt_once(
                     grpc_addr: dw.grpc_addr.clone(),
                     data_addr: adm.data_addr.clone(),
                     transfer_id: adm.transfer_id,
-                    transfer_token: adm.transfer_token.clone(),
+                    transfer_token: transfer_token.clone(),
                 }),
             };
             let mut client = v1::prefill_client::PrefillClient::new(pw.channel.clone())
@@ -517,4 +521,9 @@ impl Relay<'_> {
         }
         Ok(text)
     }
+}
+
+/// 128 random bits as 32 hex characters, from the thread-local CSPRNG (ChaCha, seeded by the OS).
+fn mint_transfer_token() -> String {
+    format!("{:032x}", rand::random::<u128>())
 }

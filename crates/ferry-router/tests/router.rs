@@ -486,3 +486,29 @@ async fn probes_say_ready_with_no_workers() {
     assert_eq!(http_get(metrics_addr, "/nope").await.0, 404);
     r.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_router_mints_a_transfer_token_per_request_and_gives_it_only_to_the_pair() {
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let r = TestRouter::on(cfg(), grpc, None).await;
+    let p = r.mock(WorkerRole::Prefill, scripted(SCRIPT)).await;
+    let d = r.mock(WorkerRole::Decode, scripted(SCRIPT)).await;
+    let mut c = r.client().await;
+    for _ in 0..3 {
+        generate(&mut c, prompt("Hi")).await.unwrap();
+    }
+    let decode = d.stats.decode_tokens.lock().unwrap().clone();
+    let prefill = p.stats.prefill_tokens.lock().unwrap().clone();
+    // The decode worker is told the token at admission, the prefill worker gets the same one in
+    // its KV target: the decode worker never has to hand a secret out.
+    assert_eq!(decode, prefill);
+    assert_eq!(decode.len(), 3);
+    for t in &decode {
+        assert_eq!(t.len(), 32, "128 bits in hex: {t:?}");
+        assert!(t.chars().all(|c| c.is_ascii_hexdigit()), "{t:?}");
+    }
+    let mut distinct = decode.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 3, "a fresh token per request: {decode:?}");
+}

@@ -9,6 +9,7 @@ use crate::{Result, WorkerError};
 use ferry_core::{BlockTable, SamplingParams};
 use ferry_engine::FinishReason;
 use ferry_proto::v1::{decode_response, Admitted, DecodeFinal, DecodeRequest, DecodeResponse, DecodeTokens};
+use ferry_proto::MIN_TRANSFER_TOKEN_LEN;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -48,6 +49,8 @@ pub fn finish_to_wire(r: FinishReason) -> ferry_proto::v1::FinishReason {
 }
 
 impl DecodeService {
+    /// Refuses `req` unless it can run here: the role, the prompt, the transfer token, sampling,
+    /// and room in the KV cache (reserved on success).
     fn admit(&self, req: &DecodeRequest) -> Result<(SamplingParams, Reservation, Duration)> {
         let facts = &self.engine.facts;
         if !req.prompt.is_empty() {
@@ -62,6 +65,12 @@ impl DecodeService {
                     req.prompt.len()
                 )));
             }
+        }
+        if req.prompt.is_empty() && req.transfer_token.len() < MIN_TRANSFER_TOKEN_LEN {
+            return Err(WorkerError::InvalidRequest(format!(
+                "a decode request without a prompt needs the router's transfer_token (at least {MIN_TRANSFER_TOKEN_LEN} characters; got {})",
+                req.transfer_token.len()
+            )));
         }
         let prompt = req.prompt_tokens as usize;
         if prompt == 0 || prompt >= facts.max_context {
@@ -161,8 +170,8 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
         let admission = Admission { request_id: request_id.clone(), source: Source::Prompt(Vec::new()), params, prompt_tokens, events: placeholder, reservation };
         // A prompt (colocated) is prefilled here; otherwise the KV comes from a prefill worker.
         let ticket = if req.prompt.is_empty() {
-            let ticket = self.receiver.expect(prompt_tokens);
-            let admitted = Admitted { transfer_id: ticket.id, transfer_token: ticket.token.clone(), data_addr: self.data_addr.clone() };
+            let ticket = self.receiver.expect(prompt_tokens, req.transfer_token.clone());
+            let admitted = Admitted { transfer_id: ticket.id, data_addr: self.data_addr.clone() };
             tx.try_send(Ok(event(decode_response::Event::Admitted(admitted)))).expect("fresh channel has room");
             Some(ticket)
         } else {

@@ -66,7 +66,8 @@ async fn channel(addr: &str) -> Channel {
 async fn generate(p: &Worker, d: &Worker, prompt: &[u32], params: &SamplingParams) -> Result<Vec<u32>, tonic::Status> {
     let (sampling, stop) = ferry_proto::sampling_to_wire(params);
     let mut dec = DecodeClient::new(channel(&d.addr).await);
-    let req = DecodeRequest { request_id: "t".into(), prompt_tokens: prompt.len() as u32, sampling: Some(sampling), stop: Some(stop.clone()), kv_timeout_ms: 0, prompt: vec![] };
+    let token = mint();
+    let req = DecodeRequest { request_id: "t".into(), prompt_tokens: prompt.len() as u32, sampling: Some(sampling), stop: Some(stop.clone()), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone() };
     let mut stream = dec.decode(req).await?.into_inner();
     let Some(decode_response::Event::Admitted(adm)) = stream.message().await?.and_then(|m| m.event) else { panic!("admitted first") };
     let target = KvTarget {
@@ -74,7 +75,7 @@ async fn generate(p: &Worker, d: &Worker, prompt: &[u32], params: &SamplingParam
         grpc_addr: d.addr.clone(),
         data_addr: adm.data_addr.clone(),
         transfer_id: adm.transfer_id,
-        transfer_token: adm.transfer_token.clone(),
+        transfer_token: token,
     };
     let mut pre = PrefillClient::new(channel(&p.addr).await);
     let r = pre
@@ -140,14 +141,23 @@ impl Worker {
     }
 }
 
+/// A transfer token as the router mints them (tests play the router).
+fn mint() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
 /// Admit a request on the decode worker and return its stream and transfer (id, token).
 async fn admit(d: &Worker, prompt_tokens: u32, max_tokens: u32) -> Result<(tonic::Streaming<ferry_proto::v1::DecodeResponse>, u64, String), tonic::Status> {
+    admit_with(d, prompt_tokens, max_tokens, mint()).await
+}
+
+async fn admit_with(d: &Worker, prompt_tokens: u32, max_tokens: u32, token: String) -> Result<(tonic::Streaming<ferry_proto::v1::DecodeResponse>, u64, String), tonic::Status> {
     let mut dec = DecodeClient::new(channel(&d.addr).await);
     let stop = ferry_proto::v1::StopConditions { max_tokens, ignore_eos: true, ..Default::default() };
-    let req = DecodeRequest { request_id: "bad".into(), prompt_tokens, sampling: None, stop: Some(stop), kv_timeout_ms: 0, prompt: vec![] };
+    let req = DecodeRequest { request_id: "bad".into(), prompt_tokens, sampling: None, stop: Some(stop), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone() };
     let mut stream = dec.decode(req).await?.into_inner();
     let Some(decode_response::Event::Admitted(a)) = stream.message().await?.and_then(|m| m.event) else { panic!("admitted first") };
-    Ok((stream, a.transfer_id, a.transfer_token))
+    Ok((stream, a.transfer_id, token))
 }
 
 async fn push(d: &Worker, chunks: Vec<KvChunk>) -> Result<ferry_proto::v1::KvAck, tonic::Status> {
@@ -200,8 +210,17 @@ async fn bad_kv_is_refused_and_the_worker_keeps_serving() {
     let err = push(&d, vec![begin(id, &token, &fingerprint, &header), data(id, half, crc32fast::hash(half)), end(id)]).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::DataLoss, "{err:?}");
 
-    // Wrong transfer token, and an unknown transfer.
+    // Without the router's token (or with a short one) nothing is admitted or reserved.
+    for weak in ["", "0123456789abcde"] {
+        let err = admit_with(&d, tokens as u32, 4, weak.into()).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+        assert!(err.message().contains("transfer_token"), "{}", err.message());
+    }
+    d.assert_pool_whole().await;
+
+    // Wrong transfer token (another request's, of the same length, or junk), and an unknown transfer.
     let (_s, id, _) = admit(&d, tokens as u32, 4).await.unwrap();
+    assert_eq!(push(&d, vec![begin(id, &mint(), &fingerprint, &header)]).await.unwrap_err().code(), tonic::Code::PermissionDenied);
     assert_eq!(push(&d, vec![begin(id, "nope", &fingerprint, &header)]).await.unwrap_err().code(), tonic::Code::PermissionDenied);
     assert_eq!(push(&d, vec![begin(9_999, "x", &fingerprint, &header)]).await.unwrap_err().code(), tonic::Code::NotFound);
     drop(_s);
@@ -257,10 +276,11 @@ async fn cancelling_mid_stream_frees_the_kv_on_both_workers() {
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(10_000) };
     let (sampling, stop) = ferry_proto::sampling_to_wire(&params);
     let mut dec = DecodeClient::new(channel(&d.addr).await);
-    let req = DecodeRequest { request_id: "c".into(), prompt_tokens: 30, sampling: Some(sampling), stop: Some(stop.clone()), kv_timeout_ms: 0, prompt: vec![] };
+    let token = mint();
+    let req = DecodeRequest { request_id: "c".into(), prompt_tokens: 30, sampling: Some(sampling), stop: Some(stop.clone()), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone() };
     let mut stream = dec.decode(req).await.unwrap().into_inner();
     let Some(decode_response::Event::Admitted(adm)) = stream.message().await.unwrap().and_then(|m| m.event) else { panic!() };
-    let target = KvTarget { decode_worker: "d".into(), grpc_addr: d.addr.clone(), data_addr: adm.data_addr, transfer_id: adm.transfer_id, transfer_token: adm.transfer_token };
+    let target = KvTarget { decode_worker: "d".into(), grpc_addr: d.addr.clone(), data_addr: adm.data_addr, transfer_id: adm.transfer_id, transfer_token: token };
     let mut pre = PrefillClient::new(channel(&p.addr).await);
     pre.prefill(PrefillRequest { request_id: "c".into(), prompt: prompt_ids(30), sampling: Some(sampling), stop: Some(stop), target: Some(target) })
         .await
@@ -276,7 +296,7 @@ async fn cancelling_mid_stream_frees_the_kv_on_both_workers() {
 
     // A request whose KV never comes is dropped at the timeout, and its reservation returns.
     let mut dec = DecodeClient::new(channel(&d.addr).await);
-    let req = DecodeRequest { request_id: "late".into(), prompt_tokens: 8, sampling: None, stop: None, kv_timeout_ms: 100, prompt: vec![] };
+    let req = DecodeRequest { request_id: "late".into(), prompt_tokens: 8, sampling: None, stop: None, kv_timeout_ms: 100, prompt: vec![], transfer_token: mint() };
     let mut stream = dec.decode(req).await.unwrap().into_inner();
     stream.message().await.unwrap();
     assert_eq!(stream.message().await.unwrap_err().code(), tonic::Code::DeadlineExceeded);

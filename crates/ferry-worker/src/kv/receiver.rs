@@ -72,7 +72,6 @@ pub struct KvReceiver {
 /// An admitted transfer: the receiving half of its delivery. Dropping it withdraws the transfer.
 pub struct Ticket {
     pub id: u64,
-    pub token: String,
     pub rx: oneshot::Receiver<Result<Delivery, Status>>,
     owner: Arc<KvReceiver>,
 }
@@ -139,14 +138,14 @@ impl KvReceiver {
         &self.fingerprint
     }
 
-    /// Admit a transfer of `prompt_tokens` tokens of KV.
-    pub fn expect(self: &Arc<Self>, prompt_tokens: usize) -> Ticket {
+    /// Admit a transfer of `prompt_tokens` tokens of KV, to be accepted only from a sender that
+    /// presents `token` (the router's, for this request).
+    pub fn expect(self: &Arc<Self>, prompt_tokens: usize, token: String) -> Ticket {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let token = format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>());
         let (tx, rx) = oneshot::channel();
-        let want = Expectation { transfer_token: token.clone(), fingerprint: self.fingerprint.clone(), layout: self.layout, prompt_tokens };
+        let want = Expectation { transfer_token: token, fingerprint: self.fingerprint.clone(), layout: self.layout, prompt_tokens };
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).insert(id, Pending { want, tx });
-        Ticket { id, token, rx, owner: self.clone() }
+        Ticket { id, rx, owner: self.clone() }
     }
 
     pub fn pending_count(&self) -> usize {
@@ -170,7 +169,7 @@ impl KvReceiver {
         let pending = {
             let mut map = self.pending.lock().unwrap_or_else(|p| p.into_inner());
             let p = map.get(&id).ok_or(WorkerError::UnknownTransfer(id))?;
-            if p.want.transfer_token != begin.transfer_token {
+            if !super::assembler::tokens_match(&p.want.transfer_token, &begin.transfer_token) {
                 return Err(WorkerError::BadTransferToken(id));
             }
             map.remove(&id).expect("present")
