@@ -58,6 +58,9 @@ pub struct RouterConfig {
     pub api_keys: ApiKeys,
     /// The token `Registry` and `Admin` require (unset: open).
     pub admin_token: AdminToken,
+    /// The names clients may ask for the model by (`model` in requests); the first is the one
+    /// reported. Empty: the model's own name (GGUF `general.name`, or the HF folder's name).
+    pub served_model_names: Vec<String>,
 }
 
 impl RouterConfig {
@@ -72,6 +75,7 @@ impl RouterConfig {
             scaler: None,
             api_keys: ApiKeys::default(),
             admin_token: AdminToken::default(),
+            served_model_names: Vec::new(),
         }
     }
 }
@@ -111,7 +115,7 @@ pub async fn serve(
         metrics,
     } = listeners;
     let path = cfg.model_path.clone();
-    let text = tokio::task::spawn_blocking(move || ferry_tokenizer::ModelText::open(&path))
+    let mut text = tokio::task::spawn_blocking(move || ferry_tokenizer::ModelText::open(&path))
         .await
         .map_err(|e| RouterError::Io {
             what: "opening the model's tokenizer",
@@ -121,6 +125,9 @@ pub async fn serve(
             path: cfg.model_path.clone(),
             source,
         })?;
+    if let Some(name) = cfg.served_model_names.first() {
+        text.name = name.clone();
+    }
     let registry = Arc::new(Registry::new(cfg.lease, cfg.heartbeat, cfg.connect_timeout));
     let shared = Arc::new(service::Shared {
         registry: registry.clone(),

@@ -19,8 +19,23 @@ use crate::{RouterConfig, RouterError};
 /// State shared by the router's services.
 pub struct Shared {
     pub registry: Arc<Registry>,
+    /// The model's tokenizer and chat template; `text.name` is the served name clients see.
     pub text: ModelText,
     pub cfg: RouterConfig,
+}
+
+impl Shared {
+    /// Every name the model is served under, the reported one first.
+    pub fn model_names(&self) -> Vec<&str> {
+        let mut names = vec![self.text.name.as_str()];
+        names.extend(self.cfg.served_model_names.iter().skip(1).map(String::as_str));
+        names
+    }
+
+    /// Whether a request's `model` names this router's model.
+    pub fn serves(&self, model: &str) -> bool {
+        self.model_names().contains(&model)
+    }
 }
 
 #[derive(Clone)]
@@ -43,10 +58,10 @@ pub fn prepare(
     req: &v1::GenerateRequest,
 ) -> Result<(Vec<u32>, SamplingParams), RouterError> {
     let text = &shared.text;
-    if !req.model.is_empty() && req.model != text.name {
+    if !req.model.is_empty() && !shared.serves(&req.model) {
         return Err(RouterError::UnknownModel {
             requested: req.model.clone(),
-            served: text.name.clone(),
+            served: shared.model_names().join(", "),
         });
     }
     let ids = match &req.input {

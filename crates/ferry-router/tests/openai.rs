@@ -474,3 +474,46 @@ async fn client_gone_mid_stream_cancels_the_request() {
     .await;
     r.shutdown().await;
 }
+
+#[tokio::test]
+async fn served_model_names_replace_the_model_name_and_add_aliases() {
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = http.local_addr().unwrap().to_string();
+    let cfg = RouterConfig {
+        served_model_names: vec!["smollm2".into(), "tiny".into()],
+        ..RouterConfig::new(common::model_path())
+    };
+    let listeners = Listeners {
+        grpc,
+        http: Some(http),
+        metrics: None,
+    };
+    let r = TestRouter::with(cfg, listeners).await;
+    let m = scripted(SCRIPT);
+    let _p = r.mock(WorkerRole::Prefill, m.clone()).await;
+    let _d = r.mock(WorkerRole::Decode, m.clone()).await;
+
+    let listed = http::get(&addr, "/v1/models").await.json();
+    let ids: Vec<&str> = listed["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["smollm2", "tiny"], "{listed}");
+    assert_eq!(http::get(&addr, "/v1/models/tiny").await.status, 200);
+    for name in ["smollm2", "tiny"] {
+        let a = post(&addr, "/v1/chat/completions", &body(json!({"model": name, "messages": [{"role": "user", "content": "Hi"}]}))).await;
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert_eq!(a.json()["model"], name);
+        assert_eq!(a.json()["choices"][0]["message"]["content"], SCRIPT);
+    }
+    // The file's own name is no longer served; the error lists what is.
+    let a = post(&addr, "/v1/chat/completions", &body(json!({"model": model(), "messages": [{"role": "user", "content": "Hi"}]}))).await;
+    assert_eq!(a.status, 404, "{}", a.body);
+    assert_eq!(a.json()["error"]["code"], "model_not_found");
+    let mut c = r.client().await;
+    let mut req = common::prompt("Hi");
+    req.model = model();
+    let Err(err) = common::generate(&mut c, req).await else { panic!("the file's own model name was served") };
+    assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
+    assert!(err.message().contains("smollm2, tiny"), "{}", err.message());
+    let info = c.model_info(v1::ModelInfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(info.model, "smollm2");
+}

@@ -47,6 +47,10 @@ pub struct RouterArgs {
     /// `ferry up`'s supervisor serving `ferry.v1.Scaler` (set by `ferry up`).
     #[arg(long, hide = true, conflicts_with = "kube_scale")]
     pub local_scaler: Option<String>,
+    /// A name clients may ask for the model by (the `model` of a request; repeatable). The
+    /// first is the one `/v1/models` and `ModelInfo` report. Default: the model's own name.
+    #[arg(long = "served-model-name", value_name = "NAME")]
+    pub served_model_name: Vec<String>,
     #[command(flatten)]
     pub keys: ApiKeyArgs,
     /// The token worker registration and the admin API (`ferry pool`) require; workers and
@@ -109,6 +113,7 @@ pub fn run(args: RouterArgs) -> anyhow::Result<()> {
         heartbeat: Duration::from_millis(args.heartbeat_ms),
         api_keys: args.keys.keys()?,
         admin_token: ferry_router::AdminToken::new(args.admin_token.as_deref()),
+        served_model_names: served_model_names(&args.served_model_name)?,
         ..ferry_router::RouterConfig::new(path)
     };
     anyhow::ensure!(cfg.heartbeat < cfg.lease, "--heartbeat-ms ({}) must be shorter than --lease-ms ({})", args.heartbeat_ms, args.lease_ms);
@@ -133,4 +138,16 @@ pub fn run(args: RouterArgs) -> anyhow::Result<()> {
         ferry_router::serve(cfg, listeners, crate::worker_cmd::shutdown_signal()).await?;
         Ok(())
     })
+}
+
+/// `--served-model-name` values, checked: not blank, no duplicates.
+pub fn served_model_names(given: &[String]) -> anyhow::Result<Vec<String>> {
+    let mut names: Vec<String> = Vec::new();
+    for n in given {
+        let n = n.trim();
+        anyhow::ensure!(!n.is_empty(), "--served-model-name must not be blank");
+        anyhow::ensure!(!names.iter().any(|m| m == n), "--served-model-name {n:?} is given twice");
+        names.push(n.to_string());
+    }
+    Ok(names)
 }

@@ -54,6 +54,9 @@ pub struct UpArgs {
     /// Seconds a worker stopped by `ferry pool scale` may take to drain (its `--drain-timeout`).
     #[arg(long, default_value_t = 60)]
     pub drain_timeout: u64,
+    /// A name clients may ask for the model by (repeatable; the router's `--served-model-name`).
+    #[arg(long = "served-model-name", value_name = "NAME")]
+    pub served_model_name: Vec<String>,
     /// API keys the router's client APIs require (passed to it through its environment).
     #[command(flatten)]
     pub keys: crate::router_cmd::ApiKeyArgs,
@@ -95,13 +98,14 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     router_env.extend(a.admin_token.iter().map(|t| ("FERRY_ADMIN_TOKEN", t.clone())));
     let sup = Arc::new(Mutex::new(Supervisor::new(template)));
     let lock = || sup.lock().unwrap_or_else(|p| p.into_inner());
-    let r = lock().spawn(
-        "router".into(),
-        None,
-        &["router", "--listen", &a.listen, "--http-listen", &a.http, "--metrics-listen", "127.0.0.1:0", "--model", &model, "--local-scaler", &scaler_addr]
-            .map(String::from),
-        &router_env,
-    )?;
+    let mut router_args: Vec<String> =
+        ["router", "--listen", &a.listen, "--http-listen", &a.http, "--metrics-listen", "127.0.0.1:0", "--model", &model, "--local-scaler", &scaler_addr]
+            .map(String::from)
+            .into();
+    for name in crate::router_cmd::served_model_names(&a.served_model_name)? {
+        router_args.extend(["--served-model-name".to_string(), name]);
+    }
+    let r = lock().spawn("router".into(), None, &router_args, &router_env)?;
     let router = field(&r, "grpc=").context("router ready line")?.to_string();
     let http = field(&r, "http=").unwrap_or("-").to_string();
     println!("router   grpc={router} http={http} metrics={}", field(&r, "metrics=").unwrap_or("-"));

@@ -107,9 +107,9 @@ async fn not_found(req: Request) -> ApiError {
     }
 }
 
-fn model_object(h: &Http) -> Value {
+fn model_object(h: &Http, id: &str) -> Value {
     json!({
-        "id": h.shared.text.name,
+        "id": id,
         "object": "model",
         "created": h.created,
         "owned_by": "ferry",
@@ -121,12 +121,13 @@ fn json_ok(v: &Value) -> Response {
 }
 
 async fn models(State(h): St) -> Response {
-    json_ok(&json!({"object": "list", "data": [model_object(&h)]}))
+    let data: Vec<Value> = h.shared.model_names().into_iter().map(|id| model_object(&h, id)).collect();
+    json_ok(&json!({"object": "list", "data": data}))
 }
 
 async fn model(State(h): St, Path(id): Path<String>) -> Response {
-    if id == h.shared.text.name {
-        json_ok(&model_object(&h))
+    if h.shared.serves(&id) {
+        json_ok(&model_object(&h, &id))
     } else {
         ApiError::model_not_found(&id).into_response()
     }
@@ -159,7 +160,7 @@ async fn run(
         code: None,
     })?;
     let parsed = request::parse(kind, &body)?;
-    if parsed.model != h.shared.text.name {
+    if !h.shared.serves(&parsed.model) {
         return Err(ApiError::model_not_found(&parsed.model));
     }
     let started = service::start(&h.shared, parsed.request)?;
