@@ -23,8 +23,13 @@ pub fn smollm2_path() -> PathBuf {
     ferry_engine::fetch::ensure_default_model().expect("the default model is needed: run `cargo run -p ferry -- fetch`")
 }
 
+/// The device engine tests run on: `FERRY_TEST_DEVICE` (`cpu`, `cuda`, `cuda:N`), else the CPU.
+pub fn test_device() -> ferry_engine::Device {
+    std::env::var("FERRY_TEST_DEVICE").map(|s| s.parse().expect("FERRY_TEST_DEVICE: cpu, cuda or cuda:N")).unwrap_or_default()
+}
+
 pub fn engine(path: &std::path::Path) -> Engine {
-    Engine::load(path, &EngineConfig { threads: 2, ..Default::default() }).expect("load model")
+    Engine::load(path, &EngineConfig { threads: 2, device: test_device(), ..Default::default() }).expect("load model")
 }
 
 /// A tensor from a safetensors file, converted to f64 for comparisons.
