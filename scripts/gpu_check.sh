@@ -4,13 +4,15 @@
 #
 # Build here (x86_64, no CUDA toolkit needed), then carry the binaries to the GPU machine:
 #   cargo build --release -p ferry --features cuda
-#   cargo test --release -p ferry-engine --features cuda --test cuda_kernels --no-run  # prints its path
-#   strip -o target/gpu/ferry target/release/ferry; cp <cuda_kernels binary> target/gpu/cuda_kernels
+#   cargo test --release -p ferry-engine --features cuda --test cuda_kernels --test cuda_engine --no-run
+#   strip -o target/gpu/ferry target/release/ferry; cp <the two test binaries it printed> target/gpu/
 # and on the GPU machine, from the repository root:
-#   FERRY_BIN=target/gpu/ferry KERNEL_TESTS=target/gpu/cuda_kernels OUT=$OUT bash scripts/gpu_check.sh
+#   FERRY_BIN=target/gpu/ferry KERNEL_TESTS="target/gpu/cuda_kernels-* target/gpu/cuda_engine-*" \
+#       OUT=$OUT bash scripts/gpu_check.sh
 #
 # Steps (each logged under $OUT; the script goes on after a failure and exits non-zero at the end):
-# 1. every kernel against its CPU oracle (the cuda_kernels test binary, FERRY_REQUIRE_GPU=1);
+# 1. every kernel against its CPU oracle, and the engine on cuda (the cuda_kernels and cuda_engine
+#    test binaries, FERRY_REQUIRE_GPU=1, fixtures from FERRY_FIXTURES=tests/fixtures);
 # 2. the golden fixtures through `ferry score --device cuda`: logits within 1e-3 of HF transformers
 #    (weights uploaded as f32 with FERRY_CUDA_F32_WEIGHTS=1; the bf16 fixture is also scored with
 #    bf16 GEMMs and its difference printed);
@@ -37,8 +39,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee 
 
 step "1. kernels vs CPU oracles"
 if [ -n "$KERNEL_TESTS" ]; then
-    FERRY_REQUIRE_GPU=1 "$KERNEL_TESTS" --nocapture --test-threads=1 2>&1 | tee "$OUT/kernels.log"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || fail "kernel tests"
+    for t in $KERNEL_TESTS; do
+        FERRY_REQUIRE_GPU=1 FERRY_FIXTURES="$PWD/tests/fixtures" "$t" --nocapture --test-threads=1 2>&1 | tee -a "$OUT/kernels.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || fail "$t"
+    done
 else
     echo "skipped: KERNEL_TESTS (the cuda_kernels test binary) not given"
 fi

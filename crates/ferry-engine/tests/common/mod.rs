@@ -7,8 +7,12 @@ use std::path::PathBuf;
 
 pub const GOLDEN_MODELS: [&str; 4] = ["llama-gqa", "llama3-ropescaled", "qwen2-bias-tied", "llama-bf16"];
 
+/// `tests/fixtures`, or `FERRY_FIXTURES` (a test binary carried to another machine).
 pub fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+    match std::env::var_os("FERRY_FIXTURES") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures"),
+    }
 }
 
 pub fn golden_dir(name: &str) -> PathBuf {
