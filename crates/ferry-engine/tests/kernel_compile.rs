@@ -7,7 +7,7 @@
 #![cfg(feature = "cuda")]
 
 use ferry_engine::backend::cuda::kernels::KERNELS;
-use ferry_engine::backend::cuda::nvrtc::{CompileOptions, compile_uncached, nvrtc_present, nvrtc_version};
+use ferry_engine::backend::cuda::nvrtc::{CompileOptions, compile, compile_uncached, nvrtc_present, nvrtc_version};
 
 #[test]
 #[ignore = "needs libnvrtc.so; run by scripts/check_kernels.sh"]
@@ -35,4 +35,17 @@ fn compile_every_kernel() {
         }
     }
     assert!(failures.is_empty(), "kernels that do not compile: {failures:?}");
+
+    // The backend's cached path: the PTX lands in <FERRY_CACHE>/kernels and is the same text.
+    let cache = std::env::temp_dir().join(format!("ferry-kernel-cache-{}", std::process::id()));
+    // SAFETY: this binary's only test runs on this thread; nothing else reads the environment now.
+    unsafe { std::env::set_var("FERRY_CACHE", &cache) };
+    let k = &KERNELS[0];
+    let cached = compile(k, &CompileOptions { disk_cache: true, ..opts.clone() }).expect("compile with the cache");
+    assert_eq!(cached, compile_uncached(k, &opts).unwrap(), "cached PTX differs");
+    let files: Vec<_> = std::fs::read_dir(cache.join("kernels")).expect("the kernel cache directory").filter_map(|e| e.ok()).collect();
+    assert_eq!(files.len(), 1, "one PTX file cached for {}", k.file);
+    assert_eq!(std::fs::read_to_string(files[0].path()).unwrap(), cached);
+    println!("cache  {} -> {}", k.file, files[0].path().display());
+    let _ = std::fs::remove_dir_all(cache);
 }
