@@ -6,7 +6,7 @@
 //! into another engine. [`Engine::generate`] is the single-sequence loop used by the CLI.
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{Backend, BatchPlan, SeqPlan};
+use crate::backend::{Backend, BatchPlan, Device, DeviceBackend, SeqPlan};
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::loader::{self, LoadedModel};
@@ -33,11 +33,24 @@ pub struct EngineConfig {
     pub max_batch_tokens: usize,
     /// CPU matmul precision for quantized weights (exact f32 by default).
     pub activations: crate::backend::cpu::Activations,
+    /// Where the model runs ([`Engine::load`]).
+    pub device: Device,
+    /// On a GPU, with `kv_tokens` unset: the fraction of the device memory still free after the
+    /// weights are loaded that the KV cache takes.
+    pub kv_memory_fraction: f32,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        Self { threads: 0, block_size: 16, kv_tokens: None, max_batch_tokens: 2048, activations: Default::default() }
+        Self {
+            threads: 0,
+            block_size: 16,
+            kv_tokens: None,
+            max_batch_tokens: 2048,
+            activations: Default::default(),
+            device: Device::Cpu,
+            kv_memory_fraction: 0.9,
+        }
     }
 }
 
@@ -101,12 +114,11 @@ impl<B: Backend> KvView<'_, B> {
     /// Append `layer`'s K then V for `seq` (token-contiguous) to `out`.
     pub fn export_layer(&self, seq: SeqId, layer: usize, out: &mut Vec<u8>) -> Result<()> {
         let t = self.seqs.get(&seq).ok_or(EngineError::UnknownSequence(seq.0))?;
-        self.be.kv_export_layer(self.kv, layer, &t.blocks, t.tokens, out);
-        Ok(())
+        self.be.kv_export_layer(self.kv, layer, &t.blocks, t.tokens, out)
     }
 }
 
-pub struct Engine<B: Backend = CpuBackend> {
+pub struct Engine<B: Backend = DeviceBackend> {
     be: B,
     model: Model<B>,
     kv: B::Kv,
@@ -122,12 +134,32 @@ pub struct Engine<B: Backend = CpuBackend> {
     pub add_special_tokens: bool,
 }
 
-impl Engine<CpuBackend> {
-    /// Load a model (GGUF file or HF folder) onto the CPU backend.
+impl Engine<DeviceBackend> {
+    /// Load a model (GGUF file or HF folder) onto `cfg.device`. The device is checked before the
+    /// model is read, so a missing GPU (or a build without CUDA) fails fast with a clear error.
     pub fn load(path: &Path, cfg: &EngineConfig) -> Result<Self> {
-        let mut loaded = loader::load(path)?;
-        crate::backend::cpu::pack_weights(&mut loaded.weights, loaded.config.n_layers)?;
-        Self::from_loaded(CpuBackend::with_activations(cfg.threads, cfg.activations)?, loaded, cfg)
+        match cfg.device {
+            Device::Cpu => {
+                let be = CpuBackend::with_activations(cfg.threads, cfg.activations)?;
+                let mut loaded = loader::load(path)?;
+                crate::backend::cpu::pack_weights(&mut loaded.weights, loaded.config.n_layers)?;
+                Self::from_loaded(DeviceBackend::Cpu(be), loaded, cfg)
+            }
+            Device::Cuda(ordinal) => Self::load_cuda(path, cfg, ordinal),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn load_cuda(path: &Path, cfg: &EngineConfig, ordinal: usize) -> Result<Self> {
+        let be = crate::backend::cuda::CudaBackend::new(ordinal)?;
+        let loaded = loader::load(path)?;
+        Self::from_loaded(DeviceBackend::Cuda(be), loaded, cfg)
+    }
+
+    /// A build without CUDA: [`CudaBackend::new`](crate::backend::cuda::CudaBackend::new) says so.
+    #[cfg(not(feature = "cuda"))]
+    fn load_cuda(_path: &Path, _cfg: &EngineConfig, ordinal: usize) -> Result<Self> {
+        match crate::backend::cuda::CudaBackend::new(ordinal)? {}
     }
 }
 
@@ -139,10 +171,19 @@ impl<B: Backend> Engine<B> {
         let c = &m.config;
         let layout = KvLayout { dtype: KvDtype::F32, block_size: cfg.block_size, n_layers: c.n_layers, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim };
         let per_token = layout.n_layers * layout.layer_bytes(1);
-        let kv_tokens = cfg.kv_tokens.unwrap_or_else(|| (4 * c.max_position).min((2usize << 30) / per_token).max(cfg.block_size));
+        // Weights first: on a GPU the KV cache takes a fraction of what they leave free.
+        let model = Model::new(&be, m.config, m.weights)?;
+        let c = &model.config;
+        let kv_tokens = match cfg.kv_tokens {
+            Some(t) => t,
+            None => match be.kv_budget_bytes(cfg.kv_memory_fraction)? {
+                Some(bytes) => (bytes / per_token).min(16 * c.max_position),
+                None => (4 * c.max_position).min((2usize << 30) / per_token),
+            }
+            .max(cfg.block_size),
+        };
         let num_blocks = BlockTable::blocks_for(kv_tokens, cfg.block_size);
         let kv = be.kv_alloc(&layout, num_blocks)?;
-        let model = Model::new(&be, m.config, m.weights)?;
         Ok(Self {
             be,
             model,
@@ -276,9 +317,23 @@ impl<B: Backend> Engine<B> {
             ranges.push(first..logit_rows.len());
         }
         let (be, seqs, model, kv) = (&self.be, &self.seqs, &self.model, &mut self.kv);
-        let logits = be.run(move || {
+        let run = be.run(move || {
             model.forward(be, kv, &tokens, &plan, &logit_rows, &mut |l, kv| on_layer(l, &KvView { be, kv, seqs }))
         });
+        let logits = match run {
+            Ok(l) => l,
+            Err(e) => {
+                // A device failure: put every table back as it was before this step.
+                for (it, &n) in items.iter().zip(&had) {
+                    let t = self.seqs.get_mut(&it.seq).expect("checked above");
+                    t.tokens -= it.tokens.len();
+                    for b in t.blocks.drain(n..) {
+                        self.pool.release(b)?;
+                    }
+                }
+                return Err(e);
+            }
+        };
         Ok(ranges.into_iter().map(|r| logits[r.start * vocab..r.end * vocab].to_vec()).collect())
     }
 
@@ -322,7 +377,7 @@ impl<B: Backend> Engine<B> {
         let mut out = Vec::with_capacity(HEADER_BYTES + header.body_bytes());
         out.extend_from_slice(&header.encode());
         for l in 0..self.layout.n_layers {
-            self.be.kv_export_layer(&self.kv, l, &t.blocks, t.tokens, &mut out);
+            self.be.kv_export_layer(&self.kv, l, &t.blocks, t.tokens, &mut out)?;
         }
         Ok(out)
     }
@@ -339,7 +394,10 @@ impl<B: Backend> Engine<B> {
         let per_layer = self.layout.layer_bytes(h.tokens);
         for l in 0..self.layout.n_layers {
             let section = &payload[HEADER_BYTES + l * per_layer..HEADER_BYTES + (l + 1) * per_layer];
-            self.be.kv_import_layer(&mut self.kv, l, &table.blocks, h.tokens, section);
+            if let Err(e) = self.be.kv_import_layer(&mut self.kv, l, &table.blocks, h.tokens, section) {
+                self.pool.release_table(&mut table)?;
+                return Err(e);
+            }
         }
         let id = SeqId(self.next_seq);
         self.next_seq += 1;

@@ -46,6 +46,14 @@ pub enum EngineError {
     Fetch(String),
     #[error("device {0} is not available: {1}")]
     DeviceUnavailable(String, String),
+    #[error("--device {0}: this ferry was built without CUDA support; rebuild with --features cuda")]
+    CudaNotBuilt(String),
+    #[error("invalid device {0:?}: expected cpu, cuda or cuda:N")]
+    BadDevice(String),
+    #[error("CUDA {op} failed: {reason}")]
+    Cuda { op: String, reason: String },
+    #[error("kernel {file}: NVRTC compilation failed: {log}")]
+    KernelCompile { file: String, log: String },
 }
 
 impl EngineError {

@@ -73,7 +73,8 @@ impl WorkerError {
                     E::Pool(_) => Code::ResourceExhausted,
                     E::KvPayload(_) => Code::FailedPrecondition,
                     E::UnknownSequence(_) => Code::NotFound,
-                    E::DeviceUnavailable(..) => Code::Unavailable,
+                    // A device fault mid-step: this worker cannot serve, another may.
+                    E::DeviceUnavailable(..) | E::Cuda { .. } => Code::Unavailable,
                     E::Io { .. }
                     | E::Json { .. }
                     | E::BadModel { .. }
@@ -85,7 +86,10 @@ impl WorkerError {
                     | E::TensorShape { .. }
                     | E::MissingTensor { .. }
                     | E::UnsupportedDtype { .. }
-                    | E::Fetch(_) => Code::Internal,
+                    | E::Fetch(_)
+                    | E::CudaNotBuilt(_)
+                    | E::BadDevice(_)
+                    | E::KernelCompile { .. } => Code::Internal,
                 }
             }
             WorkerError::Internal(_) => Code::Internal,

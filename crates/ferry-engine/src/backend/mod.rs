@@ -4,11 +4,19 @@
 //! One forward step runs a flat batch of token rows that may mix prefill chunks and decode tokens
 //! of many sequences (continuous batching, as in vLLM and Sarathi-Serve); [`BatchPlan`] says which
 //! rows belong to which sequence, where each row's K/V goes, and which cached tokens each attends to.
-//! The CPU backend lives in [`cpu`]; a CUDA backend implements the same trait (its own issue).
+//! The CPU backend lives in [`cpu`], the CUDA backend in [`cuda`] (feature `cuda`); [`device`]
+//! picks one at run time.
+//!
+//! Errors: operations inside a step do not return `Result` (a step makes hundreds of calls); a
+//! device backend records its first failure and reports it from [`Backend::run`], which wraps the
+//! whole step, and skips the remaining work of that step.
 
 pub mod cpu;
+pub mod cuda;
+pub mod device;
 mod rope;
 
+pub use device::{Device, DeviceBackend};
 pub use rope::RopeTable;
 
 use crate::error::Result;
@@ -48,8 +56,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn describe(&self) -> String;
     /// Run a whole forward step in the backend's execution context (the CPU backend runs it on
     /// its own thread pool, so the many parallel regions of a step start without cross-thread
-    /// hand-offs; a GPU backend binds its device and stream).
-    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R;
+    /// hand-offs; a GPU backend binds its device and stream, waits for the step's work, and
+    /// returns the first error any operation of the step met).
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> Result<R>;
     fn upload(&self, w: &HostWeight) -> Result<Self::Weight>;
     fn tensor(&self, rows: usize, cols: usize) -> Self::Tensor;
     fn rows(&self, t: &Self::Tensor) -> usize;
@@ -79,10 +88,14 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Copy a tensor to the host, row-major.
     fn to_host(&self, x: &Self::Tensor) -> Vec<f32>;
 
+    /// Bytes the KV cache may take when the backend has a fixed memory pool: `fraction` of the
+    /// device memory free now (after the weights are uploaded). `None` for host memory, where the
+    /// engine sizes the cache from the context length instead.
+    fn kv_budget_bytes(&self, fraction: f32) -> Result<Option<usize>>;
     fn kv_alloc(&self, layout: &KvLayout, num_blocks: usize) -> Result<Self::Kv>;
     /// Append one layer of a sequence's K then V, token-contiguous `[tokens, kv_heads, head_dim]`,
     /// to `out` (the export payload's per-layer section).
-    fn kv_export_layer(&self, kv: &Self::Kv, layer: usize, blocks: &[u32], tokens: usize, out: &mut Vec<u8>);
+    fn kv_export_layer(&self, kv: &Self::Kv, layer: usize, blocks: &[u32], tokens: usize, out: &mut Vec<u8>) -> Result<()>;
     /// The inverse of `kv_export_layer`: scatter `section` (K then V) into the given blocks.
-    fn kv_import_layer(&self, kv: &mut Self::Kv, layer: usize, blocks: &[u32], tokens: usize, section: &[u8]);
+    fn kv_import_layer(&self, kv: &mut Self::Kv, layer: usize, blocks: &[u32], tokens: usize, section: &[u8]) -> Result<()>;
 }

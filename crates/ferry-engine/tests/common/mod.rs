@@ -7,8 +7,12 @@ use std::path::PathBuf;
 
 pub const GOLDEN_MODELS: [&str; 4] = ["llama-gqa", "llama3-ropescaled", "qwen2-bias-tied", "llama-bf16"];
 
+/// `tests/fixtures`, or `FERRY_FIXTURES` (a test binary carried to another machine).
 pub fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+    match std::env::var_os("FERRY_FIXTURES") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures"),
+    }
 }
 
 pub fn golden_dir(name: &str) -> PathBuf {
@@ -23,8 +27,13 @@ pub fn smollm2_path() -> PathBuf {
     ferry_engine::fetch::ensure_default_model().expect("the default model is needed: run `cargo run -p ferry -- fetch`")
 }
 
+/// The device engine tests run on: `FERRY_TEST_DEVICE` (`cpu`, `cuda`, `cuda:N`), else the CPU.
+pub fn test_device() -> ferry_engine::Device {
+    std::env::var("FERRY_TEST_DEVICE").map(|s| s.parse().expect("FERRY_TEST_DEVICE: cpu, cuda or cuda:N")).unwrap_or_default()
+}
+
 pub fn engine(path: &std::path::Path) -> Engine {
-    Engine::load(path, &EngineConfig { threads: 2, ..Default::default() }).expect("load model")
+    Engine::load(path, &EngineConfig { threads: 2, device: test_device(), ..Default::default() }).expect("load model")
 }
 
 /// A tensor from a safetensors file, converted to f64 for comparisons.

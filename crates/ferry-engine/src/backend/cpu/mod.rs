@@ -32,6 +32,15 @@ pub struct CpuTensor {
     pub(crate) cols: usize,
 }
 
+impl CpuTensor {
+    /// A tensor holding `data` (`rows × cols`, row-major), truncated or zero-padded to that size.
+    pub fn from_data(rows: usize, cols: usize, data: Vec<f32>) -> Self {
+        let mut data = data;
+        data.resize(rows * cols, 0.0);
+        Self { data, rows, cols }
+    }
+}
+
 pub struct CpuWeight {
     pub(crate) ty: WeightType,
     pub(crate) rows: usize,
@@ -149,8 +158,8 @@ impl Backend for CpuBackend {
         format!("cpu ({} threads, {}, {act})", self.threads, ferry_quant::simd_level())
     }
 
-    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        self.pool.install(f)
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> Result<R> {
+        Ok(self.pool.install(f))
     }
 
     fn upload(&self, w: &HostWeight) -> Result<CpuWeight> {
@@ -264,6 +273,10 @@ impl Backend for CpuBackend {
         x.data.clone()
     }
 
+    fn kv_budget_bytes(&self, _fraction: f32) -> Result<Option<usize>> {
+        Ok(None)
+    }
+
     fn kv_alloc(&self, layout: &KvLayout, num_blocks: usize) -> Result<CpuKv> {
         if layout.dtype != KvDtype::F32 {
             return Err(EngineError::Config(format!("the CPU backend stores KV as f32, not {:?}", layout.dtype)));
@@ -273,7 +286,7 @@ impl Backend for CpuBackend {
         Ok(CpuKv { layout: *layout, k: (0..layout.n_layers).map(|_| vec![0.0; n]).collect(), v: (0..layout.n_layers).map(|_| vec![0.0; n]).collect() })
     }
 
-    fn kv_export_layer(&self, kv: &CpuKv, layer: usize, blocks: &[u32], tokens: usize, out: &mut Vec<u8>) {
+    fn kv_export_layer(&self, kv: &CpuKv, layer: usize, blocks: &[u32], tokens: usize, out: &mut Vec<u8>) -> Result<()> {
         let (hd, heads, bs) = (kv.layout.head_dim, kv.layout.n_kv_heads, kv.layout.block_size);
         for store in [&kv.k[layer], &kv.v[layer]] {
             for t in 0..tokens {
@@ -283,9 +296,10 @@ impl Backend for CpuBackend {
                 }
             }
         }
+        Ok(())
     }
 
-    fn kv_import_layer(&self, kv: &mut CpuKv, layer: usize, blocks: &[u32], tokens: usize, section: &[u8]) {
+    fn kv_import_layer(&self, kv: &mut CpuKv, layer: usize, blocks: &[u32], tokens: usize, section: &[u8]) -> Result<()> {
         let (hd, heads, bs) = (kv.layout.head_dim, kv.layout.n_kv_heads, kv.layout.block_size);
         let half = section.len() / 2;
         let offsets: Vec<usize> = (0..tokens).flat_map(|t| (0..heads).map(move |h| (t, h))).map(|(t, h)| kv.offset(blocks[t / bs], h, t % bs)).collect();
@@ -297,6 +311,7 @@ impl Backend for CpuBackend {
                 }
             }
         }
+        Ok(())
     }
 }
 

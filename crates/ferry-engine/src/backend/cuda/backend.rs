@@ -1,0 +1,246 @@
+//! The CUDA backend's state and values: one device context and stream, the kernels (NVRTC, loaded
+//! once), a cuBLAS handle, and the first error of the current step (operations inside a step
+//! record a failure instead of returning it; [`Backend::run`](crate::backend::Backend::run)
+//! reports it and later operations of the step do nothing).
+
+use super::driver::{self, describe};
+use super::nvrtc;
+use crate::error::{EngineError, Result};
+use crate::weights::HostWeight;
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use ferry_core::KvLayout;
+use ferry_quant::WeightType;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Threads per block of the elementwise (grid-stride) kernels.
+pub(crate) const BLOCK: u32 = 256;
+
+/// A dense f32 matrix `[rows, cols]` on the device. `buf` is `None` only when its allocation
+/// failed (the failure is recorded; the step reports it).
+pub struct CudaTensor {
+    pub(crate) buf: Option<CudaSlice<f32>>,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+}
+
+/// A weight on the device, in the type its GEMM reads.
+pub(crate) enum WeightData {
+    /// f32 (vectors always; f32 matrices, so f32 checkpoints keep the reference's precision).
+    F32(CudaSlice<f32>),
+    /// bf16 bits (bf16 checkpoints, and every quantized GGUF type dequantized at load).
+    Bf16(CudaSlice<u16>),
+    /// IEEE half bits (f16 checkpoints).
+    F16(CudaSlice<u16>),
+}
+
+pub struct CudaWeight {
+    pub(crate) data: WeightData,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+}
+
+/// Paged K/V: per layer, `[num_blocks, kv_heads, block_size, head_dim]` f32 (as the CPU backend).
+pub struct CudaKv {
+    pub(crate) layout: KvLayout,
+    pub(crate) num_blocks: usize,
+    pub(crate) k: Vec<CudaSlice<f32>>,
+    pub(crate) v: Vec<CudaSlice<f32>>,
+}
+
+/// A [`BatchPlan`](crate::backend::BatchPlan) on the device (`None` if its upload failed).
+pub struct CudaBatch {
+    pub(crate) rows: usize,
+    pub(crate) seqs: usize,
+    /// Every sequence contributes exactly one row (a pure decode batch).
+    pub(crate) decode_only: bool,
+    pub(crate) max_slot: u32,
+    pub(crate) max_block: u32,
+    pub(crate) bufs: Option<BatchBufs>,
+}
+
+pub(crate) struct BatchBufs {
+    pub(crate) slots: CudaSlice<u32>,
+    pub(crate) cos: CudaSlice<f32>,
+    pub(crate) sin: CudaSlice<f32>,
+    pub(crate) row_seq: CudaSlice<u32>,
+    pub(crate) q_start: CudaSlice<u32>,
+    pub(crate) q_len: CudaSlice<u32>,
+    pub(crate) ctx_len: CudaSlice<u32>,
+    pub(crate) block_start: CudaSlice<u32>,
+    pub(crate) blocks: CudaSlice<u32>,
+}
+
+pub struct CudaBackend {
+    pub(crate) ordinal: usize,
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) blas: CudaBlas,
+    fns: HashMap<&'static str, CudaFunction>,
+    name: String,
+    arch: String,
+    /// Upload every weight as f32 (`FERRY_CUDA_F32_WEIGHTS=1`): the reference's exact math for
+    /// bf16/f16/quantized checkpoints too, at twice to eight times the memory.
+    f32_weights: bool,
+    /// The first failure since the last [`CudaBackend::take_error`].
+    error: Mutex<Option<EngineError>>,
+}
+
+impl CudaBackend {
+    /// Open device `ordinal`, compile (or load from cache) every kernel for its architecture and
+    /// create a cuBLAS handle. Fails with a clear error, never a panic, when there is no driver,
+    /// no such device, no NVRTC or no cuBLAS.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        let ctx = driver::open(ordinal)?;
+        let dev = format!("cuda:{ordinal}");
+        let fail = |what: &str, e: String| EngineError::DeviceUnavailable(dev.clone(), format!("{what}: {e}"));
+        // SAFETY: this backend issues all its work on one stream, so cudarc's cross-stream event
+        // tracking is not needed (it would record an event per kernel argument).
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(|e| fail("cannot create a stream", describe(&e)))?;
+        let (major, minor) = ctx.compute_capability().map_err(|e| fail("cannot read the compute capability", describe(&e)))?;
+        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let arch = format!("compute_{major}{minor}");
+        let opts = nvrtc::CompileOptions::for_arch(arch.clone());
+        let mut fns = HashMap::new();
+        for (k, ptx) in nvrtc::compile_all(&opts)? {
+            let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(|e| fail(&format!("cannot load the PTX of {}", k.file), describe(&e)))?;
+            for &f in k.functions {
+                let func = module.load_function(f).map_err(|e| fail(&format!("kernel {f} of {}", k.file), describe(&e)))?;
+                fns.insert(f, func);
+            }
+        }
+        let blas = CudaBlas::new(stream.clone()).map_err(|e| fail("cannot create a cuBLAS handle", format!("{e:?}")))?;
+        let f32_weights = std::env::var("FERRY_CUDA_F32_WEIGHTS").is_ok_and(|v| v == "1");
+        Ok(Self { ordinal, ctx, stream, blas, fns, name, arch, f32_weights, error: Mutex::new(None) })
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    pub(crate) fn describe_device(&self) -> String {
+        let weights = if self.f32_weights { "f32 weights" } else { "f32/bf16/f16 weights" };
+        format!("cuda:{} ({}, {}, cuBLAS, {weights}, f32 activations)", self.ordinal, self.name, self.arch)
+    }
+
+    /// Record the first failure of this step.
+    pub(crate) fn fail(&self, op: &str, reason: impl std::fmt::Display) {
+        let mut e = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        if e.is_none() {
+            *e = Some(EngineError::Cuda { op: op.into(), reason: reason.to_string() });
+        }
+    }
+
+    /// Whether no failure is recorded (operations skip their work otherwise).
+    pub(crate) fn healthy(&self) -> bool {
+        self.error.lock().map(|e| e.is_none()).unwrap_or(false)
+    }
+
+    pub(crate) fn take_error(&self) -> Option<EngineError> {
+        self.error.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// `Ok(v)` → `Some(v)`; an error is recorded under `op` → `None`.
+    pub(crate) fn check<T, E: std::fmt::Debug>(&self, op: &str, r: std::result::Result<T, E>) -> Option<T> {
+        r.map_err(|e| self.fail(op, format!("{e:?}"))).ok()
+    }
+
+    pub(crate) fn func(&self, name: &str) -> Option<&CudaFunction> {
+        let f = self.fns.get(name);
+        if f.is_none() {
+            self.fail(name, "no such kernel was compiled");
+        }
+        f
+    }
+
+    /// A zeroed device buffer (an empty one for `n == 0`).
+    pub(crate) fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, op: &str, n: usize) -> Option<CudaSlice<T>> {
+        let r = if n == 0 { self.stream.null() } else { self.stream.alloc_zeros::<T>(n) };
+        r.map_err(|e| self.fail(op, format!("cannot allocate {} bytes: {}", n * std::mem::size_of::<T>(), describe(&e)))).ok()
+    }
+
+    /// Copy a host slice to a new device buffer.
+    pub(crate) fn upload_slice<T: DeviceRepr>(&self, op: &str, host: &[T]) -> Option<CudaSlice<T>> {
+        let r = if host.is_empty() { self.stream.null() } else { self.stream.clone_htod(host) };
+        r.map_err(|e| self.fail(op, format!("cannot copy {} bytes to the device: {}", std::mem::size_of_val(host), describe(&e)))).ok()
+    }
+
+    /// A launch configuration for a grid-stride loop over `n` elements.
+    pub(crate) fn grid(n: usize) -> LaunchConfig {
+        let blocks = n.div_ceil(BLOCK as usize).clamp(1, 1 << 20) as u32;
+        LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+    }
+
+    /// Upload a weight: f32 stays f32, bf16 stays bf16, f16 stays f16; Q8_0/Q4_0/Q4_1 are
+    /// dequantized to bf16 on the device, Q4_K/Q6_K on the host (ferry-quant) then converted.
+    pub(crate) fn upload_weight(&self, w: &HostWeight) -> Result<CudaWeight> {
+        let (rows, cols) = (w.rows(), w.cols());
+        let err = |reason: String| EngineError::Cuda { op: format!("upload {}", w.name), reason };
+        let data = if w.shape.len() == 1 || w.ty == WeightType::F32 || self.f32_weights {
+            WeightData::F32(self.stream.clone_htod(w.to_f32().as_slice()).map_err(|e| err(describe(&e)))?)
+        } else {
+            let bytes = w.bytes();
+            match w.ty {
+                WeightType::BF16 | WeightType::F16 => {
+                    let bits: Vec<u16> = bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
+                    let dev = self.stream.clone_htod(bits.as_slice()).map_err(|e| err(describe(&e)))?;
+                    if w.ty == WeightType::BF16 { WeightData::Bf16(dev) } else { WeightData::F16(dev) }
+                }
+                WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q4_1 => {
+                    let kernel = match w.ty {
+                        WeightType::Q8_0 => "dequant_q8_0_bf16",
+                        WeightType::Q4_0 => "dequant_q4_0_bf16",
+                        _ => "dequant_q4_1_bf16",
+                    };
+                    let src = self.stream.clone_htod(bytes).map_err(|e| err(describe(&e)))?;
+                    let mut dst = self.stream.alloc_zeros::<u16>(rows * cols).map_err(|e| err(describe(&e)))?;
+                    let n_blocks = rows * cols / 32;
+                    let f = self.func(kernel).ok_or_else(|| err(format!("kernel {kernel} missing")))?;
+                    let mut b = self.stream.launch_builder(f);
+                    b.arg(&src).arg(&mut dst).arg(&n_blocks);
+                    // SAFETY: src holds n_blocks whole blocks (HostWeight::check verified the byte
+                    // length for the shape) and dst rows*cols = 32*n_blocks elements; the kernel
+                    // reads and writes only within those.
+                    unsafe { b.launch(Self::grid(n_blocks)) }.map_err(|e| err(describe(&e)))?;
+                    WeightData::Bf16(dst)
+                }
+                WeightType::Q4_K | WeightType::Q6_K | WeightType::F32 => {
+                    let bits: Vec<u16> = w.to_f32().into_iter().map(|x| half::bf16::from_f32(x).to_bits()).collect();
+                    WeightData::Bf16(self.stream.clone_htod(bits.as_slice()).map_err(|e| err(describe(&e)))?)
+                }
+            }
+        };
+        Ok(CudaWeight { data, rows, cols })
+    }
+
+    /// The KV cache: `num_blocks` blocks per layer for K and for V.
+    pub(crate) fn alloc_kv(&self, layout: &KvLayout, num_blocks: usize) -> Result<CudaKv> {
+        if layout.dtype != ferry_core::KvDtype::F32 {
+            return Err(EngineError::Config(format!("the CUDA backend stores KV as f32, not {:?}", layout.dtype)));
+        }
+        let n = num_blocks * layout.n_kv_heads * layout.block_size * layout.head_dim;
+        let alloc = || {
+            self.stream.alloc_zeros::<f32>(n).map_err(|e| EngineError::Cuda {
+                op: "kv_alloc".into(),
+                reason: format!("cannot allocate {} bytes for {num_blocks} KV blocks of a layer: {}", n * 4, describe(&e)),
+            })
+        };
+        let (mut k, mut v) = (Vec::with_capacity(layout.n_layers), Vec::with_capacity(layout.n_layers));
+        for _ in 0..layout.n_layers {
+            k.push(alloc()?);
+            v.push(alloc()?);
+        }
+        Ok(CudaKv { layout: *layout, num_blocks, k, v })
+    }
+
+    /// Free device memory × `fraction`.
+    pub(crate) fn free_memory(&self, fraction: f32) -> Result<usize> {
+        if !(fraction > 0.0 && fraction <= 1.0) {
+            return Err(EngineError::Config(format!("the KV memory fraction must be in (0, 1], not {fraction}")));
+        }
+        let (free, _total) = self.ctx.mem_get_info().map_err(|e| EngineError::Cuda { op: "mem_get_info".into(), reason: describe(&e) })?;
+        Ok((free as f64 * fraction as f64) as usize)
+    }
+}

@@ -1,0 +1,42 @@
+//! The CUDA backend (feature `cuda`): cudarc with the driver, NVRTC and cuBLAS loaded at run time,
+//! so building it needs no CUDA toolkit and a machine without a driver gets an error, not a crash.
+//!
+//! - Kernels: `kernels/*.cu` ([`kernels::KERNELS`]), compiled with NVRTC for the device's
+//!   `compute_XY` on first use, cached per process and on disk by source hash ([`nvrtc`]).
+//! - Activations are dense f32 matrices; weights are f32 (kept exact, so the golden fixtures hold
+//!   to 1e-3) or bf16 (bf16/f16 files, and quantized GGUF types dequantized at load); GEMMs go
+//!   through cuBLAS with f32 accumulation.
+//! - The paged KV cache is f32, `[blocks, kv_heads, block_size, head_dim]` per layer like the CPU
+//!   backend's, sized from free device memory; export/import gather/scatter through a contiguous
+//!   device buffer in the payload layout.
+//!
+//! Without the feature, [`CudaBackend`] still exists (uninhabited) and [`CudaBackend::new`] says
+//! the build has no CUDA.
+
+pub mod kernels;
+
+#[cfg(feature = "cuda")]
+mod backend;
+#[cfg(feature = "cuda")]
+mod direct;
+#[cfg(feature = "cuda")]
+mod driver;
+#[cfg(feature = "cuda")]
+pub mod nvrtc;
+#[cfg(feature = "cuda")]
+mod ops;
+
+#[cfg(feature = "cuda")]
+pub use backend::{CudaBackend, CudaBatch, CudaKv, CudaTensor, CudaWeight};
+
+/// Stands in for the CUDA backend in a build without the `cuda` feature: it cannot be created.
+#[cfg(not(feature = "cuda"))]
+pub enum CudaBackend {}
+
+#[cfg(not(feature = "cuda"))]
+impl CudaBackend {
+    /// Always [`EngineError::CudaNotBuilt`](crate::EngineError::CudaNotBuilt) in this build.
+    pub fn new(ordinal: usize) -> crate::Result<Self> {
+        Err(crate::EngineError::CudaNotBuilt(format!("cuda:{ordinal}")))
+    }
+}

@@ -1,0 +1,491 @@
+//! [`Backend`] for [`CudaBackend`]: each operation checks shapes on the host, then launches its
+//! kernel (`kernels/*.cu`) or cuBLAS GEMM on the backend's stream. A failure is recorded, not
+//! returned, and the step's [`Backend::run`] reports it.
+
+use super::backend::{BLOCK, BatchBufs, CudaBackend, CudaBatch, CudaKv, CudaTensor, CudaWeight, WeightData};
+use super::driver::describe;
+use crate::backend::{Backend, BatchPlan, RopeTable};
+use crate::error::{EngineError, Result};
+use crate::weights::HostWeight;
+use cudarc::cublas::sys as blas;
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use ferry_core::KvLayout;
+use std::ffi::c_void;
+
+/// Threads per block of the attention kernels (ATT_WARPS warps in attention.cu).
+const ATT_THREADS: u32 = 128;
+/// Largest head_dim the attention kernels take (32 lanes × ATT_DIMS_PER_LANE).
+const ATT_MAX_HEAD_DIM: usize = 256;
+
+fn i32_of(op: &str, be: &CudaBackend, v: usize) -> Option<i32> {
+    i32::try_from(v).map_err(|_| be.fail(op, format!("size {v} does not fit the kernel's int argument"))).ok()
+}
+
+impl CudaBackend {
+    /// `out = x · wᵀ` (row-major), by cuBLAS with f32 accumulation; x is cast to the weight's
+    /// half type first when the weight is bf16/f16.
+    fn gemm(&self, x: &CudaSlice<f32>, m: usize, w: &CudaWeight, out: &mut CudaSlice<f32>) -> Option<()> {
+        let (n, k) = (w.rows, w.cols);
+        let op = "matmul";
+        let (mi, ni, ki) = (i32_of(op, self, m)?, i32_of(op, self, n)?, i32_of(op, self, k)?);
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // Column-major view: outᵀ[n, m] = W[k, n]ᵀ · xᵀ[k, m], so A = W (transposed), B = x.
+        let half_x;
+        let (a_ptr, a_ty, b_ptr, b_ty, _ga, _gb);
+        match &w.data {
+            WeightData::F32(wd) => {
+                let (pa, ga) = wd.device_ptr(&self.stream);
+                let (pb, gb) = x.device_ptr(&self.stream);
+                (a_ptr, a_ty, b_ptr, b_ty, _ga, _gb) = (pa, blas::cudaDataType::CUDA_R_32F, pb, blas::cudaDataType::CUDA_R_32F, ga, gb);
+            }
+            WeightData::Bf16(wd) | WeightData::F16(wd) => {
+                let (cast, ty) = match &w.data {
+                    WeightData::Bf16(_) => ("to_bf16_f32", blas::cudaDataType::CUDA_R_16BF),
+                    _ => ("to_f16_f32", blas::cudaDataType::CUDA_R_16F),
+                };
+                let mut h = self.zeros::<u16>(op, m * k)?;
+                let count = m * k;
+                let f = self.func(cast)?;
+                let mut b = self.stream.launch_builder(f);
+                b.arg(x).arg(&mut h).arg(&count);
+                // SAFETY: x holds m*k f32 (checked by the caller) and h m*k u16.
+                self.check(cast, unsafe { b.launch(Self::grid(count)) })?;
+                half_x = h;
+                let (pa, ga) = wd.device_ptr(&self.stream);
+                let (pb, gb) = half_x.device_ptr(&self.stream);
+                (a_ptr, a_ty, b_ptr, b_ty, _ga, _gb) = (pa, ty, pb, ty, ga, gb);
+            }
+        }
+        let (c_ptr, _gc) = out.device_ptr_mut(&self.stream);
+        // SAFETY: A is n×k (row-major weight, lda = k), B is m×k (row-major activations, ldb = k),
+        // C is m×n (row-major output, ldc = n), all on this handle's stream and alive until the
+        // guards drop after the call; alpha/beta are host f32 as CUBLAS_COMPUTE_32F expects.
+        let r = unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *self.blas.handle(),
+                blas::cublasOperation_t::CUBLAS_OP_T,
+                blas::cublasOperation_t::CUBLAS_OP_N,
+                ni,
+                mi,
+                ki,
+                &alpha as *const f32 as *const c_void,
+                a_ptr as *const c_void,
+                a_ty,
+                ki,
+                b_ptr as *const c_void,
+                b_ty,
+                ki,
+                &beta as *const f32 as *const c_void,
+                c_ptr as *mut c_void,
+                blas::cudaDataType::CUDA_R_32F,
+                ni,
+                blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
+            )
+        };
+        self.check("cublasGemmEx", r)
+    }
+
+    fn launch_rms_norm(&self, x: u64, w: &CudaSlice<f32>, out: u64, rows: usize, cols: usize, eps: f32) -> Option<()> {
+        let (r, c) = (i32_of("rms_norm", self, rows)?, i32_of("rms_norm", self, cols)?);
+        let f = self.func("rms_norm_f32")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&x).arg(w).arg(&out).arg(&r).arg(&c).arg(&eps);
+        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: x and out address rows*cols f32 (possibly the same buffer: each element is read
+        // before it is written by the same thread), w holds cols f32.
+        self.check("rms_norm_f32", unsafe { b.launch(cfg) }).map(drop)
+    }
+
+    fn export(&self, kv: &CudaKv, layer: usize, blocks: &[u32], tokens: usize) -> Option<Vec<f32>> {
+        let l = kv.layout;
+        let per = tokens * l.n_kv_heads * l.head_dim;
+        let op = "kv_export_layer";
+        let table = self.upload_slice(op, blocks)?;
+        let mut out = self.zeros::<f32>(op, 2 * per)?;
+        let ints = [tokens, l.n_kv_heads, l.head_dim, l.block_size].map(|v| i32_of(op, self, v));
+        let [t, h, d, bs] = [ints[0]?, ints[1]?, ints[2]?, ints[3]?];
+        let f = self.func("kv_gather_f32")?;
+        for (i, cache) in [&kv.k[layer], &kv.v[layer]].into_iter().enumerate() {
+            let mut dst = out.slice_mut(i * per..(i + 1) * per);
+            let mut b = self.stream.launch_builder(f);
+            b.arg(cache).arg(&table).arg(&mut dst).arg(&t).arg(&h).arg(&d).arg(&bs);
+            // SAFETY: the caller checked that blocks cover `tokens` and are < num_blocks; dst holds
+            // tokens*kv_heads*head_dim f32.
+            self.check("kv_gather_f32", unsafe { b.launch(Self::grid(per)) })?;
+        }
+        self.check(op, self.stream.clone_dtoh(&out))
+    }
+
+    fn import(&self, kv: &mut CudaKv, layer: usize, blocks: &[u32], tokens: usize, section: &[u8]) -> Option<()> {
+        let l = kv.layout;
+        let per = tokens * l.n_kv_heads * l.head_dim;
+        let op = "kv_import_layer";
+        let host: Vec<f32> = section.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let src = self.upload_slice(op, &host)?;
+        let table = self.upload_slice(op, blocks)?;
+        let ints = [tokens, l.n_kv_heads, l.head_dim, l.block_size].map(|v| i32_of(op, self, v));
+        let [t, h, d, bs] = [ints[0]?, ints[1]?, ints[2]?, ints[3]?];
+        let f = self.func("kv_scatter_f32")?;
+        let (k, v) = (&mut kv.k[layer], &mut kv.v[layer]);
+        for (i, cache) in [k, v].into_iter().enumerate() {
+            let part = src.slice(i * per..(i + 1) * per);
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&part).arg(&table).arg(cache).arg(&t).arg(&h).arg(&d).arg(&bs);
+            // SAFETY: as in export: blocks are checked, part holds tokens*kv_heads*head_dim f32.
+            self.check("kv_scatter_f32", unsafe { b.launch(Self::grid(per)) })?;
+        }
+        Some(())
+    }
+
+    /// Checks shared by export and import: the layer exists and the blocks cover the tokens.
+    fn check_kv_range(kv: &CudaKv, layer: usize, blocks: &[u32], tokens: usize) -> Result<()> {
+        let bs = kv.layout.block_size;
+        if layer >= kv.k.len() || blocks.len() < tokens.div_ceil(bs) || blocks.iter().any(|&b| b as usize >= kv.num_blocks) {
+            return Err(EngineError::Cuda {
+                op: "kv transfer".into(),
+                reason: format!("layer {layer} of {}, {} blocks for {tokens} tokens (block size {bs}, cache of {} blocks)", kv.k.len(), blocks.len(), kv.num_blocks),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Backend for CudaBackend {
+    type Tensor = CudaTensor;
+    type Weight = CudaWeight;
+    type Kv = CudaKv;
+    type Batch = CudaBatch;
+
+    fn describe(&self) -> String {
+        self.describe_device()
+    }
+
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> Result<R> {
+        self.ctx.bind_to_thread().map_err(|e| EngineError::Cuda { op: "bind the context".into(), reason: describe(&e) })?;
+        let _ = self.take_error();
+        let r = f();
+        if let Err(e) = self.stream.synchronize() {
+            self.fail("the step (stream synchronize)", describe(&e));
+        }
+        match self.take_error() {
+            Some(e) => Err(e),
+            None => Ok(r),
+        }
+    }
+
+    fn upload(&self, w: &HostWeight) -> Result<CudaWeight> {
+        self.upload_weight(w)
+    }
+
+    fn tensor(&self, rows: usize, cols: usize) -> CudaTensor {
+        CudaTensor { buf: self.zeros("tensor", rows * cols), rows, cols }
+    }
+
+    fn rows(&self, t: &CudaTensor) -> usize {
+        t.rows
+    }
+
+    fn prepare(&self, plan: &BatchPlan, rope: &RopeTable) -> CudaBatch {
+        let (cos, sin) = rope.angles(&plan.positions);
+        let mut row_seq = vec![0u32; plan.positions.len()];
+        let (mut q_start, mut q_len, mut ctx_len, mut block_start, mut blocks) = (vec![], vec![], vec![], vec![], vec![]);
+        for (i, s) in plan.seqs.iter().enumerate() {
+            for r in row_seq.iter_mut().skip(s.q_start).take(s.q_len) {
+                *r = i as u32;
+            }
+            q_start.push(s.q_start as u32);
+            q_len.push(s.q_len as u32);
+            ctx_len.push(s.ctx_len as u32);
+            block_start.push(blocks.len() as u32);
+            blocks.extend_from_slice(&s.blocks);
+        }
+        let op = "prepare";
+        let bufs = (|| {
+            Some(BatchBufs {
+                slots: self.upload_slice(op, &plan.slots)?,
+                cos: self.upload_slice(op, &cos)?,
+                sin: self.upload_slice(op, &sin)?,
+                row_seq: self.upload_slice(op, &row_seq)?,
+                q_start: self.upload_slice(op, &q_start)?,
+                q_len: self.upload_slice(op, &q_len)?,
+                ctx_len: self.upload_slice(op, &ctx_len)?,
+                block_start: self.upload_slice(op, &block_start)?,
+                blocks: self.upload_slice(op, &blocks)?,
+            })
+        })();
+        CudaBatch {
+            rows: plan.positions.len(),
+            seqs: plan.seqs.len(),
+            decode_only: plan.seqs.iter().all(|s| s.q_len == 1),
+            max_slot: plan.slots.iter().copied().max().unwrap_or(0),
+            max_block: blocks.iter().copied().max().unwrap_or(0),
+            bufs,
+        }
+    }
+
+    fn embed(&self, table: &CudaWeight, ids: &[u32], out: &mut CudaTensor) {
+        if !self.healthy() || ids.is_empty() {
+            return;
+        }
+        if out.rows != ids.len() || out.cols != table.cols {
+            return self.fail("embed", format!("{} ids of width {} into a {}x{} tensor", ids.len(), table.cols, out.rows, out.cols));
+        }
+        let Some(ids_dev) = self.upload_slice("embed", ids) else { return };
+        let (Some(o), Some(n), Some(c), Some(v)) = (out.buf.as_mut(), i32_of("embed", self, ids.len()), i32_of("embed", self, table.cols), i32_of("embed", self, table.rows)) else { return };
+        let total = ids.len() * table.cols;
+        let name = match &table.data {
+            WeightData::F32(_) => "embedding_f32",
+            WeightData::Bf16(_) => "embedding_bf16",
+            WeightData::F16(_) => "embedding_f16",
+        };
+        let Some(f) = self.func(name) else { return };
+        let mut b = self.stream.launch_builder(f);
+        match &table.data {
+            WeightData::F32(t) => b.arg(t),
+            WeightData::Bf16(t) | WeightData::F16(t) => b.arg(t),
+        };
+        b.arg(&ids_dev).arg(o).arg(&n).arg(&c).arg(&v);
+        // SAFETY: the table is vocab×cols, out ids.len()×cols; ids ≥ vocab write zeros.
+        self.check(name, unsafe { b.launch(Self::grid(total)) });
+    }
+
+    fn rms_norm(&self, x: &CudaTensor, w: &CudaWeight, eps: f32, out: &mut CudaTensor) {
+        if !self.healthy() || x.rows == 0 {
+            return;
+        }
+        let WeightData::F32(wv) = &w.data else { return self.fail("rms_norm", "norm weights must be f32 vectors") };
+        if (out.rows, out.cols) != (x.rows, x.cols) || wv.len() != x.cols {
+            return self.fail("rms_norm", format!("x {}x{}, weight {}, out {}x{}", x.rows, x.cols, wv.len(), out.rows, out.cols));
+        }
+        let (Some(xb), Some(ob)) = (x.buf.as_ref(), out.buf.as_mut()) else { return };
+        let (xp, _gx) = xb.device_ptr(&self.stream);
+        let (op, _go) = ob.device_ptr_mut(&self.stream);
+        self.launch_rms_norm(xp, wv, op, x.rows, x.cols, eps);
+    }
+
+    fn head_rms_norm(&self, x: &mut CudaTensor, w: &CudaWeight, head_dim: usize, eps: f32) {
+        if !self.healthy() || x.rows == 0 {
+            return;
+        }
+        let WeightData::F32(wv) = &w.data else { return self.fail("head_rms_norm", "norm weights must be f32 vectors") };
+        if head_dim == 0 || x.cols % head_dim != 0 || wv.len() != head_dim {
+            return self.fail("head_rms_norm", format!("{} columns, head_dim {head_dim}, weight {}", x.cols, wv.len()));
+        }
+        let (rows, cols) = (x.rows * (x.cols / head_dim), head_dim);
+        let Some(xb) = x.buf.as_mut() else { return };
+        let (xp, _g) = xb.device_ptr_mut(&self.stream);
+        self.launch_rms_norm(xp, wv, xp, rows, cols, eps);
+    }
+
+    fn add(&self, x: &mut CudaTensor, y: &CudaTensor) {
+        if !self.healthy() || x.rows == 0 {
+            return;
+        }
+        if (x.rows, x.cols) != (y.rows, y.cols) {
+            return self.fail("add", format!("{}x{} += {}x{}", x.rows, x.cols, y.rows, y.cols));
+        }
+        let n = x.rows * x.cols;
+        let (Some(xb), Some(yb), Some(f)) = (x.buf.as_mut(), y.buf.as_ref(), self.func("add_f32")) else { return };
+        let mut b = self.stream.launch_builder(f);
+        b.arg(xb).arg(yb).arg(&n);
+        // SAFETY: both hold n f32.
+        self.check("add_f32", unsafe { b.launch(Self::grid(n)) });
+    }
+
+    fn matmul(&self, x: &CudaTensor, ws: &[(&CudaWeight, Option<&CudaWeight>)], outs: &mut [&mut CudaTensor]) {
+        if !self.healthy() || x.rows == 0 {
+            return;
+        }
+        if ws.len() != outs.len() {
+            return self.fail("matmul", format!("{} weights for {} outputs", ws.len(), outs.len()));
+        }
+        let Some(xb) = x.buf.as_ref() else { return };
+        for ((w, bias), out) in ws.iter().zip(outs.iter_mut()) {
+            if w.cols != x.cols || (out.rows, out.cols) != (x.rows, w.rows) {
+                return self.fail("matmul", format!("x {}x{} · w {}x{}ᵀ into {}x{}", x.rows, x.cols, w.rows, w.cols, out.rows, out.cols));
+            }
+            let Some(ob) = out.buf.as_mut() else { return };
+            if self.gemm(xb, x.rows, w, ob).is_none() {
+                return;
+            }
+            if let Some(bias) = bias {
+                let WeightData::F32(bv) = &bias.data else { return self.fail("matmul", "biases must be f32 vectors") };
+                if bv.len() != w.rows {
+                    return self.fail("matmul", format!("bias of {} for {} outputs", bv.len(), w.rows));
+                }
+                let (Some(r), Some(c), Some(f)) = (i32_of("add_bias", self, x.rows), i32_of("add_bias", self, w.rows), self.func("add_bias_f32")) else { return };
+                let mut b = self.stream.launch_builder(f);
+                b.arg(&mut *ob).arg(bv).arg(&r).arg(&c);
+                // SAFETY: out is rows×cols, bias cols.
+                if self.check("add_bias_f32", unsafe { b.launch(Self::grid(x.rows * w.rows)) }).is_none() {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn rope(&self, x: &mut CudaTensor, batch: &CudaBatch, head_dim: usize) {
+        if !self.healthy() || x.rows == 0 {
+            return;
+        }
+        if head_dim == 0 || head_dim % 2 != 0 || x.cols % head_dim != 0 || x.rows != batch.rows {
+            return self.fail("rope", format!("{}x{} with head_dim {head_dim} for a batch of {} rows", x.rows, x.cols, batch.rows));
+        }
+        let (Some(bb), Some(xb)) = (batch.bufs.as_ref(), x.buf.as_mut()) else { return };
+        let (Some(r), Some(c), Some(h), Some(f)) = (i32_of("rope", self, x.rows), i32_of("rope", self, x.cols), i32_of("rope", self, head_dim), self.func("rope_f32")) else { return };
+        let mut b = self.stream.launch_builder(f);
+        b.arg(xb).arg(&bb.cos).arg(&bb.sin).arg(&r).arg(&c).arg(&h);
+        // SAFETY: x is rows×cols; cos/sin hold rows×head_dim/2 (from the same plan's positions,
+        // and the rope table has head_dim/2 frequencies: the model builds both from its config).
+        self.check("rope_f32", unsafe { b.launch(Self::grid(x.rows * x.cols / 2)) });
+    }
+
+    fn silu_mul(&self, gate: &mut CudaTensor, up: &CudaTensor) {
+        if !self.healthy() || gate.rows == 0 {
+            return;
+        }
+        if (gate.rows, gate.cols) != (up.rows, up.cols) {
+            return self.fail("silu_mul", format!("gate {}x{}, up {}x{}", gate.rows, gate.cols, up.rows, up.cols));
+        }
+        let n = gate.rows * gate.cols;
+        let (Some(g), Some(u), Some(f)) = (gate.buf.as_mut(), up.buf.as_ref(), self.func("silu_mul_f32")) else { return };
+        let mut b = self.stream.launch_builder(f);
+        b.arg(g).arg(u).arg(&n);
+        // SAFETY: both hold n f32.
+        self.check("silu_mul_f32", unsafe { b.launch(Self::grid(n)) });
+    }
+
+    fn kv_write(&self, kv: &mut CudaKv, layer: usize, k: &CudaTensor, v: &CudaTensor, batch: &CudaBatch) {
+        if !self.healthy() || k.rows == 0 {
+            return;
+        }
+        let l = kv.layout;
+        let row = l.n_kv_heads * l.head_dim;
+        let cap = (kv.num_blocks * l.block_size) as u64;
+        if layer >= kv.k.len() || (k.rows, k.cols) != (batch.rows, row) || (v.rows, v.cols) != (batch.rows, row) || batch.max_slot as u64 >= cap {
+            return self.fail("kv_write", format!("layer {layer}, k {}x{}, v {}x{}, batch of {} rows, slot {} of {cap}", k.rows, k.cols, v.rows, v.cols, batch.rows, batch.max_slot));
+        }
+        let (Some(bb), Some(kb), Some(vb)) = (batch.bufs.as_ref(), k.buf.as_ref(), v.buf.as_ref()) else { return };
+        let ints = [k.rows, l.n_kv_heads, l.head_dim, l.block_size].map(|x| i32_of("kv_write", self, x));
+        let (Some(r), Some(h), Some(d), Some(bs)) = (ints[0], ints[1], ints[2], ints[3]) else { return };
+        let Some(f) = self.func("kv_write_f32") else { return };
+        let (kc, vc) = (&mut kv.k[layer], &mut kv.v[layer]);
+        let mut b = self.stream.launch_builder(f);
+        b.arg(kb).arg(vb).arg(kc).arg(vc).arg(&bb.slots).arg(&r).arg(&h).arg(&d).arg(&bs);
+        // SAFETY: every slot is below the cache's capacity (checked), k/v are rows×kv_heads·head_dim.
+        self.check("kv_write_f32", unsafe { b.launch(Self::grid(k.rows * row)) });
+    }
+
+    fn attention(&self, q: &CudaTensor, kv: &CudaKv, layer: usize, batch: &CudaBatch, out: &mut CudaTensor) {
+        if !self.healthy() || q.rows == 0 {
+            return;
+        }
+        let l = kv.layout;
+        if l.head_dim == 0 || l.head_dim > ATT_MAX_HEAD_DIM || l.n_kv_heads == 0 || q.cols % l.head_dim != 0 {
+            return self.fail("attention", format!("head_dim {} (at most {ATT_MAX_HEAD_DIM}), {} KV heads, q width {}", l.head_dim, l.n_kv_heads, q.cols));
+        }
+        let n_heads = q.cols / l.head_dim;
+        if n_heads % l.n_kv_heads != 0 || layer >= kv.k.len() || q.rows != batch.rows || (out.rows, out.cols) != (q.rows, q.cols) || (batch.seqs > 0 && batch.max_block as usize >= kv.num_blocks) {
+            return self.fail("attention", format!("{n_heads} heads over {} KV heads, layer {layer}, q {}x{}, out {}x{}, batch of {} rows", l.n_kv_heads, q.rows, q.cols, out.rows, out.cols, batch.rows));
+        }
+        let (Some(bb), Some(qb), Some(ob)) = (batch.bufs.as_ref(), q.buf.as_ref(), out.buf.as_mut()) else { return };
+        let ints = [q.rows, n_heads, l.n_kv_heads, l.head_dim, l.block_size, batch.seqs].map(|x| i32_of("attention", self, x));
+        let [Some(rows), Some(nh), Some(kvh), Some(hd), Some(bs), Some(seqs)] = ints else { return };
+        let scale = 1.0 / (l.head_dim as f32).sqrt();
+        let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
+        let block = (ATT_THREADS, 1, 1);
+        if batch.decode_only {
+            let Some(f) = self.func("paged_attention_decode_f32") else { return };
+            let mut b = self.stream.launch_builder(f);
+            b.arg(qb).arg(kc).arg(vc).arg(ob).arg(&bb.q_start).arg(&bb.ctx_len).arg(&bb.block_start).arg(&bb.blocks);
+            b.arg(&seqs).arg(&nh).arg(&kvh).arg(&hd).arg(&bs).arg(&scale);
+            let cfg = LaunchConfig { grid_dim: (batch.seqs as u32, n_heads as u32, 1), block_dim: block, shared_mem_bytes: 0 };
+            // SAFETY: the plan's block tables cover each sequence's ctx_len tokens (the engine
+            // reserves them before the step) and every block is below num_blocks (checked).
+            self.check("paged_attention_decode_f32", unsafe { b.launch(cfg) });
+        } else {
+            let Some(f) = self.func("paged_attention_prefill_f32") else { return };
+            let mut b = self.stream.launch_builder(f);
+            b.arg(qb).arg(kc).arg(vc).arg(ob).arg(&bb.row_seq).arg(&bb.q_start).arg(&bb.q_len).arg(&bb.ctx_len).arg(&bb.block_start).arg(&bb.blocks);
+            b.arg(&rows).arg(&nh).arg(&kvh).arg(&hd).arg(&bs).arg(&scale);
+            let cfg = LaunchConfig { grid_dim: (q.rows as u32, n_heads as u32, 1), block_dim: block, shared_mem_bytes: 0 };
+            // SAFETY: as for decode; every row maps to its sequence through row_seq.
+            self.check("paged_attention_prefill_f32", unsafe { b.launch(cfg) });
+        }
+    }
+
+    fn gather_rows(&self, x: &CudaTensor, rows: &[usize]) -> CudaTensor {
+        let mut out = self.tensor(rows.len(), x.cols);
+        if !self.healthy() || rows.is_empty() {
+            return out;
+        }
+        if let Some(&r) = rows.iter().find(|&&r| r >= x.rows) {
+            self.fail("gather_rows", format!("row {r} of a {}-row tensor", x.rows));
+            return out;
+        }
+        let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        let (Some(dev_idx), Some(xb), Some(n), Some(c), Some(f)) = (self.upload_slice("gather_rows", &idx), x.buf.as_ref(), i32_of("gather_rows", self, rows.len()), i32_of("gather_rows", self, x.cols), self.func("gather_rows_f32")) else { return out };
+        let Some(ob) = out.buf.as_mut() else { return out };
+        let mut b = self.stream.launch_builder(f);
+        b.arg(xb).arg(&dev_idx).arg(ob).arg(&n).arg(&c);
+        // SAFETY: every index is below x.rows (checked); out is rows.len()×cols.
+        self.check("gather_rows_f32", unsafe { b.launch(Self::grid(rows.len() * x.cols)) });
+        out
+    }
+
+    fn to_host(&self, x: &CudaTensor) -> Vec<f32> {
+        let n = x.rows * x.cols;
+        if !self.healthy() || n == 0 {
+            return vec![0.0; n];
+        }
+        let Some(buf) = x.buf.as_ref() else { return vec![0.0; n] };
+        self.check("to_host", self.stream.clone_dtoh(buf)).unwrap_or_else(|| vec![0.0; n])
+    }
+
+    fn kv_budget_bytes(&self, fraction: f32) -> Result<Option<usize>> {
+        self.free_memory(fraction).map(Some)
+    }
+
+    fn kv_alloc(&self, layout: &KvLayout, num_blocks: usize) -> Result<CudaKv> {
+        self.alloc_kv(layout, num_blocks)
+    }
+
+    fn kv_export_layer(&self, kv: &CudaKv, layer: usize, blocks: &[u32], tokens: usize, out: &mut Vec<u8>) -> Result<()> {
+        Self::check_kv_range(kv, layer, blocks, tokens)?;
+        if tokens == 0 {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(|e| EngineError::Cuda { op: "bind the context".into(), reason: describe(&e) })?;
+        let r = self.export(kv, layer, blocks, tokens);
+        match (r, self.take_error()) {
+            (Some(v), None) => {
+                out.extend_from_slice(bytemuck::cast_slice(&v));
+                Ok(())
+            }
+            (_, Some(e)) => Err(e),
+            (None, None) => Err(EngineError::Cuda { op: "kv_export_layer".into(), reason: "failed".into() }),
+        }
+    }
+
+    fn kv_import_layer(&self, kv: &mut CudaKv, layer: usize, blocks: &[u32], tokens: usize, section: &[u8]) -> Result<()> {
+        Self::check_kv_range(kv, layer, blocks, tokens)?;
+        let want = kv.layout.layer_bytes(tokens);
+        if section.len() != want {
+            return Err(EngineError::Cuda { op: "kv_import_layer".into(), reason: format!("a section of {} bytes for {tokens} tokens (expected {want})", section.len()) });
+        }
+        if tokens == 0 {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(|e| EngineError::Cuda { op: "bind the context".into(), reason: describe(&e) })?;
+        let r = self.import(kv, layer, blocks, tokens, section);
+        if let Err(e) = self.stream.synchronize() {
+            self.fail("kv_import_layer", describe(&e));
+        }
+        match (r, self.take_error()) {
+            (Some(()), None) => Ok(()),
+            (_, Some(e)) => Err(e),
+            (None, None) => Err(EngineError::Cuda { op: "kv_import_layer".into(), reason: "failed".into() }),
+        }
+    }
+}

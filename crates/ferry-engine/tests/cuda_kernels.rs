@@ -1,0 +1,327 @@
+//! Every CUDA kernel against its CPU oracle, through the `Backend` trait (the CPU backend is the
+//! oracle) on random inputs, plus the device-only operations (sampling, fused add+norm) against
+//! host reference code. Needs a GPU: without one each test prints why it skipped and passes, so
+//! the suite runs everywhere; `FERRY_REQUIRE_GPU=1` turns a skip into a failure (GPU sessions).
+#![cfg(feature = "cuda")]
+
+use ferry_core::{KvDtype, KvLayout};
+use ferry_engine::backend::cuda::CudaBackend;
+use ferry_engine::backend::{Backend, BatchPlan, RopeTable, SeqPlan};
+use ferry_engine::config::{FreqDtype, RopeConfig};
+use ferry_engine::weights::{HostWeight, Storage};
+use ferry_engine::backend::cpu::CpuTensor;
+use ferry_engine::{CpuBackend, sampler::Rng};
+use ferry_quant::WeightType;
+use std::sync::Arc;
+
+fn gpu() -> Option<CudaBackend> {
+    match CudaBackend::new(0) {
+        Ok(be) => Some(be),
+        Err(e) => {
+            assert!(std::env::var_os("FERRY_REQUIRE_GPU").is_none(), "FERRY_REQUIRE_GPU is set but: {e}");
+            println!("skipped: no usable CUDA device ({e})");
+            None
+        }
+    }
+}
+
+fn cpu() -> CpuBackend {
+    CpuBackend::new(2).expect("cpu backend")
+}
+
+fn random(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| ((rng.uniform() * 2.0 - 1.0) as f32) * scale).collect()
+}
+
+fn weight(name: &str, ty: WeightType, shape: &[usize], bytes: Vec<u8>) -> HostWeight {
+    HostWeight { name: name.into(), ty, shape: shape.to_vec(), storage: Storage::Owned(Arc::new(bytes)) }
+}
+
+fn f32_weight(name: &str, shape: &[usize], v: &[f32]) -> HostWeight {
+    weight(name, WeightType::F32, shape, bytemuck::cast_slice(v).to_vec())
+}
+
+/// Q8_0 / Q4_0 / Q4_1 blocks with random scales and quants (valid f16 scales).
+fn quant_bytes(rng: &mut Rng, ty: WeightType, n_blocks: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    for _ in 0..n_blocks {
+        let d = half::f16::from_f32(0.01 + rng.uniform() as f32 * 0.05).to_le_bytes();
+        out.extend_from_slice(&d);
+        let qbytes = match ty {
+            WeightType::Q8_0 => 32,
+            WeightType::Q4_1 => {
+                out.extend_from_slice(&half::f16::from_f32(-(rng.uniform() as f32) * 0.2).to_le_bytes());
+                16
+            }
+            _ => 16,
+        };
+        out.extend((0..qbytes).map(|_| (rng.next_u64() & 0xff) as u8));
+    }
+    out
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "lengths");
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Upload `data` as a tensor on both backends.
+macro_rules! both {
+    ($g:expr, $c:expr, $rows:expr, $cols:expr, $data:expr) => {{
+        let d: &[f32] = &$data;
+        ($g.tensor_from($rows, $cols, d).expect("upload"), CpuTensor::from_data($rows, $cols, d.to_vec()))
+    }};
+}
+
+#[test]
+fn elementwise_norm_rope_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut rng = Rng::new(1);
+    let (rows, hd, heads) = (7, 64, 4);
+    let cols = hd * heads;
+    let x = random(&mut rng, rows * cols, 2.0);
+    let y = random(&mut rng, rows * cols, 2.0);
+    let w = f32_weight("norm", &[cols], &random(&mut rng, cols, 1.0));
+    let hw = f32_weight("head_norm", &[hd], &random(&mut rng, hd, 1.0));
+    let (gw, cw, ghw, chw) = (g.upload(&w).unwrap(), c.upload(&w).unwrap(), g.upload(&hw).unwrap(), c.upload(&hw).unwrap());
+    g.run(|| {
+        let (gx, cx) = both!(g, c, rows, cols, x);
+        let (gy, cy) = both!(g, c, rows, cols, y);
+        // rms_norm
+        let (mut go, mut co) = (g.tensor(rows, cols), c.tensor(rows, cols));
+        g.rms_norm(&gx, &gw, 1e-5, &mut go);
+        c.rms_norm(&cx, &cw, 1e-5, &mut co);
+        let d = max_diff(&g.to_host(&go), &c.to_host(&co));
+        assert!(d < 1e-4, "rms_norm_f32: {d}");
+        // head_rms_norm (in place)
+        let (mut gh, mut ch) = both!(g, c, rows, cols, x);
+        g.head_rms_norm(&mut gh, &ghw, hd, 1e-6);
+        c.head_rms_norm(&mut ch, &chw, hd, 1e-6);
+        let d = max_diff(&g.to_host(&gh), &c.to_host(&ch));
+        assert!(d < 1e-4, "rms_norm_f32 per head: {d}");
+        // add, silu_mul
+        let (mut ga, mut ca) = both!(g, c, rows, cols, x);
+        g.add(&mut ga, &gy);
+        c.add(&mut ca, &cy);
+        assert!(max_diff(&g.to_host(&ga), &c.to_host(&ca)) == 0.0, "add_f32");
+        let (mut gs, mut cs) = both!(g, c, rows, cols, x);
+        g.silu_mul(&mut gs, &gy);
+        c.silu_mul(&mut cs, &cy);
+        let d = max_diff(&g.to_host(&gs), &c.to_host(&cs));
+        assert!(d < 1e-4, "silu_mul_f32: {d}");
+        // rope, from the same host table
+        let rope = RopeTable::new(&RopeConfig { theta: 10000.0, llama3: None, freq_factors: None, freq_dtype: FreqDtype::F32 }, hd);
+        let plan = BatchPlan { positions: (0..rows as u32).map(|p| p * 13 + 5).collect(), slots: vec![], seqs: vec![] };
+        let (gb, cb) = (g.prepare(&plan, &rope), c.prepare(&plan, &rope));
+        let (mut gr, mut cr) = both!(g, c, rows, cols, x);
+        g.rope(&mut gr, &gb, hd);
+        c.rope(&mut cr, &cb, hd);
+        let d = max_diff(&g.to_host(&gr), &c.to_host(&cr));
+        assert!(d < 1e-5, "rope_f32: {d}");
+        // gather_rows
+        let sel = [6, 0, 3];
+        let d = max_diff(&g.to_host(&g.gather_rows(&gx, &sel)), &c.to_host(&c.gather_rows(&cx, &sel)));
+        assert!(d == 0.0, "gather_rows_f32");
+        // fused add + norm (device only) against add then norm on the CPU
+        let (mut gx2, _) = both!(g, c, rows, cols, x);
+        let mut go2 = g.tensor(rows, cols);
+        g.add_rms_norm(&mut gx2, &gy, &gw, 1e-5, &mut go2).unwrap();
+        let mut cx2 = CpuTensor::from_data(rows, cols, x.clone());
+        c.add(&mut cx2, &cy);
+        let mut co2 = c.tensor(rows, cols);
+        c.rms_norm(&cx2, &cw, 1e-5, &mut co2);
+        let d = max_diff(&g.to_host(&go2), &c.to_host(&co2));
+        assert!(d < 1e-4, "add_rms_norm_f32: {d}");
+    })
+    .unwrap();
+}
+
+#[test]
+fn matmul_and_embedding_match_the_cpu_for_every_weight_type() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut rng = Rng::new(2);
+    let (m, n, k) = (5, 96, 128);
+    let x = random(&mut rng, m * k, 1.0);
+    for ty in [WeightType::F32, WeightType::BF16, WeightType::F16, WeightType::Q8_0, WeightType::Q4_0, WeightType::Q4_1] {
+        let bytes = match ty {
+            WeightType::F32 => bytemuck::cast_slice(&random(&mut rng, n * k, 0.1)).to_vec(),
+            WeightType::BF16 => random(&mut rng, n * k, 0.1).iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
+            WeightType::F16 => random(&mut rng, n * k, 0.1).iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
+            _ => quant_bytes(&mut rng, ty, n * k / 32),
+        };
+        let w = weight("w", ty, &[n, k], bytes);
+        let bias = f32_weight("b", &[n], &random(&mut rng, n, 1.0));
+        let (gw, cw, gbias, cbias) = (g.upload(&w).unwrap(), c.upload(&w).unwrap(), g.upload(&bias).unwrap(), c.upload(&bias).unwrap());
+        g.run(|| {
+            let (gx, cx) = both!(g, c, m, k, x);
+            let (mut go, mut co) = (g.tensor(m, n), c.tensor(m, n));
+            g.matmul(&gx, &[(&gw, Some(&gbias))], &mut [&mut go]);
+            c.matmul(&cx, &[(&cw, Some(&cbias))], &mut [&mut co]);
+            let (gv, cv) = (g.to_host(&go), c.to_host(&co));
+            // f32 weights: f32 GEMM. Half weights: activations rounded to bf16/f16 (and quantized
+            // weights to bf16) before an f32-accumulated GEMM.
+            let tol = if ty == WeightType::F32 { 1e-4 } else { 3e-2 };
+            let d = max_diff(&gv, &cv);
+            println!("matmul {}: max |Δ| {d:.2e}", ty.name());
+            assert!(d < tol, "matmul {}: {d}", ty.name());
+            // Embedding rows of the same table: the dequantized (bf16-rounded) values exactly.
+            let ids = [3u32, 0, 95, 3];
+            let (mut ge, mut ce) = (g.tensor(ids.len(), k), c.tensor(ids.len(), k));
+            g.embed(&gw, &ids, &mut ge);
+            c.embed(&cw, &ids, &mut ce);
+            let want: Vec<f32> = match ty {
+                WeightType::F32 | WeightType::BF16 | WeightType::F16 => c.to_host(&ce),
+                _ => c.to_host(&ce).iter().map(|v| half::bf16::from_f32(*v).to_f32()).collect(),
+            };
+            assert_eq!(g.to_host(&ge), want, "embedding/dequant {}", ty.name());
+        })
+        .unwrap();
+    }
+}
+
+/// A cache with two sequences: one decoding with a long prefix, one prefilling a chunk after a
+/// cached prefix; GQA (8 query heads over 2 KV heads); blocks out of order.
+#[test]
+fn paged_attention_and_kv_transfer_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut rng = Rng::new(3);
+    let (hd, kvh, nh, bs) = (64, 2, 8, 16);
+    let layout = KvLayout { dtype: KvDtype::F32, block_size: bs, n_layers: 2, n_kv_heads: kvh, head_dim: hd };
+    let (mut gkv, mut ckv) = (g.kv_alloc(&layout, 32).unwrap(), c.kv_alloc(&layout, 32).unwrap());
+    let rope = RopeTable::new(&RopeConfig { theta: 10000.0, llama3: None, freq_factors: None, freq_dtype: FreqDtype::F32 }, hd);
+    // Sequence A: 40 tokens, blocks [7, 2, 19]; sequence B: 21 tokens, blocks [4, 30].
+    let seqs = [(40usize, vec![7u32, 2, 19]), (21, vec![4, 30])];
+    // Step 1: write everything (each sequence's whole context as one prefill).
+    let mut plan = BatchPlan::default();
+    for (len, blocks) in &seqs {
+        let q_start = plan.positions.len();
+        plan.positions.extend(0..*len as u32);
+        plan.slots.extend((0..*len).map(|p| blocks[p / bs] * bs as u32 + (p % bs) as u32));
+        plan.seqs.push(SeqPlan { q_start, q_len: *len, ctx_len: *len, blocks: blocks.clone() });
+    }
+    let rows = plan.positions.len();
+    let q = random(&mut rng, rows * nh * hd, 1.0);
+    let k = random(&mut rng, rows * kvh * hd, 1.0);
+    let v = random(&mut rng, rows * kvh * hd, 1.0);
+    let check = |plan: &BatchPlan, q: &[f32], gkv: &ferry_engine::backend::cuda::CudaKv, ckv: &ferry_engine::backend::cpu::CpuKv, what: &str| {
+        let rows = plan.positions.len();
+        let (gb, cb) = (g.prepare(plan, &rope), c.prepare(plan, &rope));
+        g.run(|| {
+            let (gq, cq) = both!(g, c, rows, nh * hd, q.to_vec());
+            let (mut go, mut co) = (g.tensor(rows, nh * hd), c.tensor(rows, nh * hd));
+            g.attention(&gq, gkv, 1, &gb, &mut go);
+            c.attention(&cq, ckv, 1, &cb, &mut co);
+            let d = max_diff(&g.to_host(&go), &c.to_host(&co));
+            println!("{what}: max |Δ| {d:.2e}");
+            assert!(d < 1e-4, "{what}: {d}");
+        })
+        .unwrap();
+    };
+    {
+        let (gb, cb) = (g.prepare(&plan, &rope), c.prepare(&plan, &rope));
+        g.run(|| {
+            let (gk, ck) = both!(g, c, rows, kvh * hd, k);
+            let (gv, cv) = both!(g, c, rows, kvh * hd, v);
+            g.kv_write(&mut gkv, 1, &gk, &gv, &gb);
+            c.kv_write(&mut ckv, 1, &ck, &cv, &cb);
+        })
+        .unwrap();
+    }
+    check(&plan, &q, &gkv, &ckv, "paged_attention_prefill_f32 (whole prompts)");
+    // A chunk after a cached prefix: the last 5 tokens of A and the last 9 of B.
+    let mut chunk = BatchPlan::default();
+    let mut qc = Vec::new();
+    for (i, (len, blocks)) in seqs.iter().enumerate() {
+        let n = [5, 9][i];
+        let q_start = chunk.positions.len();
+        chunk.positions.extend((len - n) as u32..*len as u32);
+        chunk.slots.extend((len - n..*len).map(|p| blocks[p / bs] * bs as u32 + (p % bs) as u32));
+        chunk.seqs.push(SeqPlan { q_start, q_len: n, ctx_len: *len, blocks: blocks.clone() });
+        qc.extend(random(&mut rng, n * nh * hd, 1.0));
+    }
+    check(&chunk, &qc, &gkv, &ckv, "paged_attention_prefill_f32 (cached prefix)");
+    // A decode batch: one token per sequence at different lengths.
+    let mut dec = BatchPlan::default();
+    for (i, (len, blocks)) in seqs.iter().enumerate() {
+        dec.positions.push(*len as u32 - 1);
+        dec.slots.push(0);
+        dec.seqs.push(SeqPlan { q_start: i, q_len: 1, ctx_len: *len, blocks: blocks.clone() });
+    }
+    let qd = random(&mut rng, 2 * nh * hd, 1.0);
+    check(&dec, &qd, &gkv, &ckv, "paged_attention_decode_f32");
+    // Export: the same payload bytes; import into other blocks and export again.
+    let (len, blocks) = &seqs[0];
+    let (mut gp, mut cp) = (Vec::new(), Vec::new());
+    g.kv_export_layer(&gkv, 1, blocks, *len, &mut gp).unwrap();
+    c.kv_export_layer(&ckv, 1, blocks, *len, &mut cp).unwrap();
+    assert_eq!(gp, cp, "kv_gather_f32: export payload differs from the CPU's");
+    let other = [11u32, 25, 0];
+    g.kv_import_layer(&mut gkv, 0, &other, *len, &gp).unwrap();
+    let mut again = Vec::new();
+    g.kv_export_layer(&gkv, 0, &other, *len, &mut again).unwrap();
+    assert_eq!(again, cp, "kv_scatter_f32 then kv_gather_f32 round trip");
+    assert!(g.kv_import_layer(&mut gkv, 0, &other, *len, &gp[1..]).is_err(), "a short section is refused");
+}
+
+/// Host reference of sample_top_p_f32 (same threshold rule, same index-order walk), in f64.
+fn top_p_reference(logits: &[f32], temperature: f32, top_p: f32, u: f32) -> (u32, Vec<bool>) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let e: Vec<f64> = logits.iter().map(|&l| (((l - max) / temperature) as f64).exp()).collect();
+    let total: f64 = e.iter().sum();
+    let p: Vec<f64> = e.iter().map(|x| x / total).collect();
+    let mut sorted = p.clone();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    let mut cum = 0.0;
+    let mut thr = sorted[0];
+    for s in &sorted {
+        cum += s;
+        thr = *s;
+        if cum >= top_p as f64 {
+            break;
+        }
+    }
+    let kept: Vec<bool> = p.iter().map(|&x| x >= thr).collect();
+    let mass: f64 = p.iter().zip(&kept).filter(|(_, k)| **k).map(|(x, _)| x).sum();
+    let mut t = u as f64 * mass;
+    let mut pick = kept.iter().rposition(|&k| k).unwrap_or(0) as u32;
+    for (i, (&x, &k)) in p.iter().zip(&kept).enumerate() {
+        if k {
+            if t < x {
+                pick = i as u32;
+                break;
+            }
+            t -= x;
+        }
+    }
+    (pick, kept)
+}
+
+#[test]
+fn sampling_on_the_device_matches_the_host() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(4);
+    let (rows, vocab) = (16, 49152);
+    let mut logits = random(&mut rng, rows * vocab, 8.0);
+    logits[3 * vocab + 77] = 100.0; // a clear winner
+    logits[5 * vocab + 10] = 50.0; // a tie: the first index wins
+    logits[5 * vocab + 20] = 50.0;
+    let t = g.tensor_from(rows, vocab, &logits).unwrap();
+    let want: Vec<u32> = logits.chunks(vocab).map(ferry_engine::sampler::argmax).collect();
+    assert_eq!(g.argmax(&t).unwrap(), want, "argmax_f32");
+    let uniforms: Vec<f32> = (0..rows).map(|_| rng.uniform() as f32).collect();
+    for (temperature, top_p) in [(1.0, 0.9), (0.7, 0.5), (1.3, 1.0)] {
+        let got = g.sample_top_p(&t, temperature, top_p, &uniforms).unwrap();
+        let mut same = 0;
+        for (r, row) in logits.chunks(vocab).enumerate() {
+            let (pick, kept) = top_p_reference(row, temperature, top_p, uniforms[r]);
+            assert!(kept[got[r] as usize], "row {r}: token {} is outside the nucleus", got[r]);
+            same += usize::from(pick == got[r]);
+        }
+        println!("sample_top_p_f32 (T={temperature}, p={top_p}): {same}/{rows} rows pick the reference's token");
+        assert!(same * 10 >= rows * 9, "sample_top_p_f32: only {same}/{rows} rows agree with the reference");
+    }
+    assert!(g.sample_top_p(&t, 0.0, 0.9, &uniforms).is_err(), "temperature 0 is refused");
+}

@@ -1,0 +1,114 @@
+// Paged attention over the KV cache (vLLM's PagedAttention, Kwon et al. 2023), causal, with
+// grouped-query heads (query head h reads KV head h / (n_heads / kv_heads)). Exact softmax in f32
+// with the online (running max) formulation of Milakov & Gimelshein 2018, as FlashAttention does.
+//
+// One block of ATT_WARPS warps per (query row, query head). Each warp takes every ATT_WARPS-th
+// visible key: the lanes split head_dim (lane + 32·j), a warp reduction gives the score, and the
+// warp keeps its own running max, denominator and weighted sum of values; the warps' partial
+// results are merged through shared memory at the end. head_dim ≤ 32·ATT_DIMS_PER_LANE (256).
+//
+// - paged_attention_prefill_f32: a mixed batch; row r belongs to sequence row_seq[r] and is its
+//   (r - q_start)-th new token, so it sees ctx_len - q_len + (r - q_start) + 1 keys (the cached
+//   prefix and the chunk up to itself).
+// - paged_attention_decode_f32: one new token per sequence (a decode batch with variable lengths):
+//   grid.x is the sequence, which sees all ctx_len keys.
+//
+// Batch arrays (per sequence): q_start, q_len, ctx_len, and block_start into `blocks`, the
+// concatenated block tables. CPU oracle: backend/cpu/attention.rs.
+
+#define ATT_WARPS 4
+#define ATT_DIMS_PER_LANE 8
+#define ATT_NEG_INF __int_as_float(0xff800000) // -inf (NVRTC has no <math.h> INFINITY)
+
+__device__ __forceinline__ float att_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Attention of one query row (q: head_dim values) over `visible` keys of one KV head.
+__device__ void att_row(const float* q, float* out, const float* k_cache, const float* v_cache,
+                        const unsigned int* blocks, int visible, int kv_head, int kv_heads, int head_dim,
+                        int block_size, float scale) {
+    __shared__ float sm_max[ATT_WARPS];
+    __shared__ float sm_den[ATT_WARPS];
+    __shared__ float sm_acc[ATT_WARPS][32 * ATT_DIMS_PER_LANE];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float qv[ATT_DIMS_PER_LANE], acc[ATT_DIMS_PER_LANE];
+#pragma unroll
+    for (int j = 0; j < ATT_DIMS_PER_LANE; j++) {
+        const int d = lane + 32 * j;
+        qv[j] = d < head_dim ? q[d] * scale : 0.0f;
+        acc[j] = 0.0f;
+    }
+    float run_max = ATT_NEG_INF, den = 0.0f;
+    for (int t = warp; t < visible; t += ATT_WARPS) {
+        const size_t base = (((size_t)blocks[t / block_size] * kv_heads + kv_head) * block_size + t % block_size) * head_dim;
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ATT_DIMS_PER_LANE; j++) {
+            const int d = lane + 32 * j;
+            if (d < head_dim) s += qv[j] * k_cache[base + d];
+        }
+        s = att_warp_sum(s);
+        const float new_max = fmaxf(run_max, s);
+        const float corr = expf(run_max - new_max);
+        const float p = expf(s - new_max);
+        den = den * corr + p;
+#pragma unroll
+        for (int j = 0; j < ATT_DIMS_PER_LANE; j++) {
+            const int d = lane + 32 * j;
+            const float v = d < head_dim ? v_cache[base + d] : 0.0f;
+            acc[j] = acc[j] * corr + p * v;
+        }
+        run_max = new_max;
+    }
+    if (lane == 0) {
+        sm_max[warp] = run_max;
+        sm_den[warp] = den;
+    }
+#pragma unroll
+    for (int j = 0; j < ATT_DIMS_PER_LANE; j++) sm_acc[warp][lane + 32 * j] = acc[j];
+    __syncthreads();
+    float m = ATT_NEG_INF;
+#pragma unroll
+    for (int w = 0; w < ATT_WARPS; w++) m = fmaxf(m, sm_max[w]);
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < ATT_WARPS; w++) total += sm_max[w] == ATT_NEG_INF ? 0.0f : sm_den[w] * expf(sm_max[w] - m);
+    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATT_WARPS; w++) {
+            if (sm_max[w] != ATT_NEG_INF) o += sm_acc[w][d] * expf(sm_max[w] - m);
+        }
+        out[d] = o * inv;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
+paged_attention_prefill_f32(const float* q, const float* k_cache, const float* v_cache, float* out,
+                            const unsigned int* row_seq, const unsigned int* q_start, const unsigned int* q_len,
+                            const unsigned int* ctx_len, const unsigned int* block_start, const unsigned int* blocks,
+                            int rows, int n_heads, int kv_heads, int head_dim, int block_size, float scale) {
+    const int row = blockIdx.x, head = blockIdx.y;
+    if (row >= rows || head >= n_heads || head_dim > 32 * ATT_DIMS_PER_LANE) return;
+    const unsigned int s = row_seq[row];
+    const int visible = (int)(ctx_len[s] - q_len[s]) + (row - (int)q_start[s]) + 1;
+    const size_t cols = (size_t)n_heads * head_dim;
+    att_row(q + row * cols + (size_t)head * head_dim, out + row * cols + (size_t)head * head_dim, k_cache, v_cache,
+            blocks + block_start[s], visible, head / (n_heads / kv_heads), kv_heads, head_dim, block_size, scale);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
+paged_attention_decode_f32(const float* q, const float* k_cache, const float* v_cache, float* out,
+                           const unsigned int* q_start, const unsigned int* ctx_len, const unsigned int* block_start,
+                           const unsigned int* blocks, int seqs, int n_heads, int kv_heads, int head_dim, int block_size,
+                           float scale) {
+    const int s = blockIdx.x, head = blockIdx.y;
+    if (s >= seqs || head >= n_heads || head_dim > 32 * ATT_DIMS_PER_LANE) return;
+    const size_t row = q_start[s];
+    const size_t cols = (size_t)n_heads * head_dim;
+    att_row(q + row * cols + (size_t)head * head_dim, out + row * cols + (size_t)head * head_dim, k_cache, v_cache,
+            blocks + block_start[s], (int)ctx_len[s], head / (n_heads / kv_heads), kv_heads, head_dim, block_size, scale);
+}
