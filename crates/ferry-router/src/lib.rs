@@ -28,6 +28,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ferry_proto::tls::Tls;
 use ferry_proto::v1;
 
 pub use auth::{AdminToken, ApiKeys};
@@ -35,7 +36,7 @@ pub use error::{RouterError, http_status_of};
 pub use mock::{MockConfig, MockWorker, OverheadStats, router_overhead};
 pub use scale::{KubeScale, Scaler};
 
-use crate::registry::{MAX_MESSAGE_BYTES, Registry, WINDOW_BYTES};
+use crate::registry::{Dial, MAX_MESSAGE_BYTES, Registry, WINDOW_BYTES};
 
 /// How the router runs.
 #[derive(Clone, Debug)]
@@ -58,6 +59,9 @@ pub struct RouterConfig {
     pub api_keys: ApiKeys,
     /// The token `Registry` and `Admin` require (unset: open).
     pub admin_token: AdminToken,
+    /// TLS: `server` on the gRPC listener (mutual TLS when it has a client CA), `client` when
+    /// dialing workers and `ferry up`'s scaler. Default: plaintext both ways.
+    pub tls: Tls,
 }
 
 impl RouterConfig {
@@ -72,6 +76,7 @@ impl RouterConfig {
             scaler: None,
             api_keys: ApiKeys::default(),
             admin_token: AdminToken::default(),
+            tls: Tls::default(),
         }
     }
 }
@@ -121,7 +126,11 @@ pub async fn serve(
             path: cfg.model_path.clone(),
             source,
         })?;
-    let registry = Arc::new(Registry::new(cfg.lease, cfg.heartbeat, cfg.connect_timeout));
+    let dial = Dial {
+        connect_timeout: cfg.connect_timeout,
+        tls: cfg.tls.client.clone(),
+    };
+    let registry = Arc::new(Registry::new(cfg.lease, cfg.heartbeat, dial.clone()));
     let shared = Arc::new(service::Shared {
         registry: registry.clone(),
         text,
@@ -173,16 +182,21 @@ pub async fn serve(
         admin::AdminService {
             registry,
             scaler: cfg.scaler.clone(),
+            dial,
         },
         cfg.admin_token.clone(),
     );
     // Ready from here: the listener is bound (connections wait in its backlog) and the server
     // below accepts as soon as it is polled.
-    serving_tx.send_replace(true);
-    let result = tonic::transport::Server::builder()
+    let mut server = tonic::transport::Server::builder()
         .initial_stream_window_size(Some(WINDOW_BYTES))
         .initial_connection_window_size(Some(WINDOW_BYTES))
-        .tcp_nodelay(true)
+        .tcp_nodelay(true);
+    if let Some(tls) = &cfg.tls.server {
+        server = server.tls_config(tls.config())?;
+    }
+    serving_tx.send_replace(true);
+    let result = server
         .add_service(reflection)
         .add_service(ferry)
         .add_service(reg)
