@@ -124,7 +124,10 @@ async fn tls_clients_with_the_right_ca_work_others_fail() {
         .await
         .unwrap_err();
     assert!(says_tls(&err), "{err}");
-    assert!(err.contains("UnknownIssuer") || err.contains("issuer"), "{err}");
+    assert!(
+        err.contains("UnknownIssuer") || err.contains("BadSignature"),
+        "{err}"
+    );
     // The certificate must name the host dialed: `localhost` is in it, `ferry.invalid` is not.
     let renamed = client_tls(TlsConfig {
         ca: Some(pki.ca.clone()),
@@ -132,7 +135,7 @@ async fn tls_clients_with_the_right_ca_work_others_fail() {
         ..TlsConfig::default()
     });
     let err = health(&r.addr, renamed.as_ref()).await.unwrap_err();
-    assert!(says_tls(&err) && err.contains("NotValidForName"), "{err}");
+    assert!(says_tls(&err) && err.contains("not valid for name"), "{err}");
     let renamed = client_tls(TlsConfig {
         ca: Some(pki.ca.clone()),
         server_name: Some("localhost".into()),

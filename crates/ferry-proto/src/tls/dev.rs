@@ -90,7 +90,9 @@ impl DevPki {
     pub fn generate_in(dir: &Path, names: &[&str]) -> Result<DevPki, TlsError> {
         let ca_key = KeyPair::generate().map_err(generate_error)?;
         let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(generate_error)?;
-        ca.distinguished_name.push(DnType::CommonName, "ferry throwaway CA");
+        // A name of its own: two throwaway CAs must not look like the same issuer.
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        ca.distinguished_name.push(DnType::CommonName, format!("ferry throwaway CA {:x}-{nanos:x}", std::process::id()));
         ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
         let ca_cert = ca.self_signed(&ca_key).map_err(generate_error)?;
