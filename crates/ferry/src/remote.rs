@@ -69,7 +69,14 @@ pub fn generate_to(req: &RemoteGenerate, out: &mut dyn Write) -> anyhow::Result<
     rt.block_on(async move {
         let channel = connect(&req.router, req.tls.as_ref()).await?;
         let mut client = client(channel, bearer);
-        let mut stream = client.generate(request).await.map_err(status_error)?.into_inner();
+        // A plaintext client to a TLS port connects (lazily) and fails on the first call.
+        let hint = |s: tonic::Status| match s.code() {
+            tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Unavailable | tonic::Code::Cancelled => {
+                anyhow::anyhow!("{:?}: {} ({})", s.code(), ferry_proto::tls::error_chain(&s), ferry_proto::tls::connect_hint(req.tls.as_ref()))
+            }
+            _ => status_error(s),
+        };
+        let mut stream = client.generate(request).await.map_err(hint)?.into_inner();
         while let Some(m) = stream.message().await.map_err(status_error)? {
             match m.event {
                 Some(v1::generate_response::Event::Delta(d)) => {
