@@ -514,3 +514,65 @@ async fn the_admin_token_is_required_by_the_pool_cli_and_carried_by_workers() {
     let listed: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(listed.as_array().map(Vec::len), Some(2), "{out}");
 }
+
+/// `ferry up --tls`: router, workers and clients on mutual TLS (throwaway certificates). The same
+/// greedy requests give the same ids and text as on a plaintext cluster, through gRPC and through
+/// `ferry generate --router`; KV travels over gRPC (the plaintext TCP data path is off); clients
+/// without TLS or without a client certificate are refused; the certificates go with the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_cluster_generates_what_the_plaintext_one_does() {
+    let model = smollm2();
+    let g = json(fixtures().join("smollm2/golden.json"));
+    let prompt = ids(&g["cases"]["story"]["input_ids"]);
+    let text = "The capital of France is";
+    let cli = |router: &str, tls: &[std::ffi::OsString]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(["generate", "--router", router, "--max-tokens", "12"])
+            .args(tls)
+            .arg(text)
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+
+    let (plain_ids, plain_text) = {
+        let cluster = Cluster::up(&model, 1, 1, &[]);
+        assert!(cluster.tls.is_none());
+        let out = run(&mut cluster.client().await, token_request(&prompt, 16)).await.unwrap();
+        let (ok, stdout, stderr) = cli(&cluster.router, &[]);
+        assert!(ok, "{stderr}");
+        (out.ids, stdout)
+    };
+
+    let cluster = Cluster::up(&model, 1, 1, &["--tls"]);
+    let tls = cluster.tls.clone().expect("ferry up --tls prints its certificates");
+    let out = run(&mut cluster.client().await, token_request(&prompt, 16)).await.unwrap();
+    assert_eq!(out.ids, plain_ids, "mutual TLS cluster vs plaintext cluster");
+    let kv = out.fin.kv.unwrap();
+    assert_eq!(kv.transport, ferry_proto::v1::KvTransport::Grpc as i32, "with TLS, KV never takes the plaintext TCP path: {kv:?}");
+    assert!(kv.bytes > 0, "{kv:?}");
+    let (ok, stdout, stderr) = cli(&cluster.router, &tls.flags());
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout, plain_text, "ferry generate over mutual TLS vs plaintext");
+    // The decode worker offers no plaintext data path; `ferry pool` works over TLS.
+    let workers = cluster.workers().await;
+    assert_eq!(workers.len(), 2);
+    assert!(workers.iter().all(|w| w.data_addr.is_empty()), "{workers:?}");
+    let pool = std::process::Command::new(env!("CARGO_BIN_EXE_ferry")).args(["pool", "list", "--json", "--router", &cluster.router]).args(tls.flags()).output().unwrap();
+    assert!(pool.status.success(), "{}", String::from_utf8_lossy(&pool.stderr));
+
+    // Refused: a plaintext client, and a TLS client without a certificate.
+    let (ok, _, stderr) = cli(&cluster.router, &[]);
+    assert!(!ok && stderr.contains("TLS"), "{stderr}");
+    let ca_only = tls.flags()[..2].to_vec();
+    let (ok, _, stderr) = cli(&cluster.router, &ca_only);
+    assert!(!ok && stderr.contains("TLS") && stderr.to_ascii_lowercase().contains("certificate"), "{stderr}");
+    let plain = tonic::transport::Endpoint::from_shared(format!("http://{}", cluster.router)).unwrap().connect_lazy();
+    let err = run(&mut ferry_proto::v1::ferry_client::FerryClient::new(plain), token_request(&prompt, 4)).await.err().expect("plaintext refused");
+    assert_ne!(err.code(), tonic::Code::Ok);
+
+    let dir = tls.ca.parent().unwrap().to_path_buf();
+    assert!(dir.is_dir());
+    drop(cluster);
+    assert!(!dir.exists(), "ferry up removes its throwaway certificates on exit: {}", dir.display());
+}

@@ -37,6 +37,39 @@ pub struct Cluster {
     /// The router's OpenAI-compatible HTTP address.
     pub http: String,
     pub workers: Vec<WorkerProc>,
+    /// `ferry up --tls`: the CA and the client certificate it printed (None: plaintext).
+    pub tls: Option<TlsFiles>,
+}
+
+/// The PEM files `ferry up --tls` made for clients.
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    pub ca: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+}
+
+impl TlsFiles {
+    /// A client that verifies the router and presents the client certificate.
+    pub fn client(&self) -> ferry_proto::tls::ClientTls {
+        let cfg = ferry_proto::tls::TlsConfig {
+            ca: Some(self.ca.clone()),
+            client_cert: Some(self.client_cert.clone()),
+            client_key: Some(self.client_key.clone()),
+            ..Default::default()
+        };
+        cfg.client().expect("load the client certificate").expect("TLS")
+    }
+
+    /// The same options for the `ferry` CLI.
+    pub fn flags(&self) -> Vec<std::ffi::OsString> {
+        let mut v = Vec::new();
+        for (flag, path) in [("--tls-ca", &self.ca), ("--tls-client-cert", &self.client_cert), ("--tls-client-key", &self.client_key)] {
+            v.push(flag.into());
+            v.push(path.into());
+        }
+        v
+    }
 }
 
 fn bound_loopback(addr: &str) -> bool {
@@ -67,6 +100,7 @@ impl Cluster {
         let out = BufReader::new(child.stdout.take().unwrap());
         let mut workers = Vec::new();
         let mut router_metrics = String::new();
+        let mut tls = None;
         let mut lines = out.lines();
         let (router, http) = loop {
             let line = match lines.next() {
@@ -75,6 +109,9 @@ impl Cluster {
             };
             if line.starts_with("router ") {
                 router_metrics = field(&line, "metrics=");
+            }
+            if line.starts_with("tls ") {
+                tls = Some(TlsFiles { ca: field(&line, "ca=").into(), client_cert: field(&line, "client_cert=").into(), client_key: field(&line, "client_key=").into() });
             }
             if line.starts_with("worker ") {
                 workers.push(WorkerProc { role: field(&line, "role="), name: field(&line, "name="), pid: field(&line, "pid=").parse().unwrap(), grpc: field(&line, "grpc=") });
@@ -86,11 +123,17 @@ impl Cluster {
         // Keep draining its stdout so it never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
         assert!(bound_loopback(&router) && bound_loopback(&http), "router={router} http={http}");
-        Cluster { child, router, router_metrics, http, workers }
+        Cluster { child, router, router_metrics, http, workers, tls }
+    }
+
+    /// A channel to the router: over mutual TLS when the cluster has TLS.
+    pub async fn channel(&self) -> Channel {
+        let tls = self.tls.as_ref().map(TlsFiles::client);
+        ferry_proto::tls::endpoint(&self.router, tls.as_ref()).unwrap().connect().await.expect("connect to the router")
     }
 
     pub async fn client(&self) -> FerryClient<Channel> {
-        FerryClient::connect(format!("http://{}", self.router)).await.expect("connect to the router")
+        FerryClient::new(self.channel().await)
     }
 
     /// The router's `/metrics` text.
@@ -114,7 +157,7 @@ impl Cluster {
     }
 
     pub async fn workers(&self) -> Vec<WorkerInfo> {
-        let mut a = AdminClient::connect(format!("http://{}", self.router)).await.unwrap();
+        let mut a = AdminClient::new(self.channel().await);
         a.list_workers(ListWorkersRequest {}).await.unwrap().into_inner().workers
     }
 

@@ -1,6 +1,7 @@
 //! Ferry's wire contract: the code generated from `proto/ferry/v1/*.proto` (client, worker, KV
-//! transfer and admin APIs) and the conversions between wire messages and `ferry-core` types.
-//! Nothing else lives here.
+//! transfer and admin APIs), the conversions between wire messages and `ferry-core` types, and
+//! what every client and server of those APIs shares: bearer tokens ([`Bearer`]) and TLS
+//! ([`tls`]).
 
 pub mod v1 {
     #![allow(clippy::all, missing_docs)]
@@ -12,6 +13,7 @@ pub mod v1 {
 
 mod bearer;
 mod convert;
+pub mod tls;
 
 pub use bearer::{Bearer, InvalidToken};
 pub use convert::*;

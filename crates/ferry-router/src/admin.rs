@@ -51,6 +51,8 @@ impl v1::registry_server::Registry for RegistryService {
 pub struct AdminService {
     pub registry: Arc<Registry>,
     pub scaler: Option<crate::scale::Scaler>,
+    /// How the scaler (`ferry up`'s) is dialed: with the router's TLS.
+    pub dial: crate::registry::Dial,
 }
 
 #[tonic::async_trait]
@@ -87,7 +89,7 @@ impl v1::admin_server::Admin for AdminService {
         let role = role_from_wire(r.role).ok_or_else(|| {
             RouterError::InvalidRequest("scale: the role is unspecified".into())
         })?;
-        let resp = crate::scale::scale(self.scaler.as_ref(), role, r.replicas).await?;
+        let resp = crate::scale::scale(self.scaler.as_ref(), &self.dial, role, r.replicas).await?;
         Ok(Response::new(resp))
     }
 

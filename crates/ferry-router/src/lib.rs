@@ -28,6 +28,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ferry_proto::tls::Tls;
 use ferry_proto::v1;
 
 pub use auth::{AdminToken, ApiKeys};
@@ -35,7 +36,7 @@ pub use error::{RouterError, http_status_of};
 pub use mock::{MockConfig, MockWorker, OverheadStats, router_overhead};
 pub use scale::{KubeScale, Scaler};
 
-use crate::registry::{MAX_MESSAGE_BYTES, Registry, WINDOW_BYTES};
+use crate::registry::{Dial, MAX_MESSAGE_BYTES, Registry, WINDOW_BYTES};
 
 /// How the router runs.
 #[derive(Clone, Debug)]
@@ -61,6 +62,9 @@ pub struct RouterConfig {
     /// The names clients may ask for the model by (`model` in requests); the first is the one
     /// reported. Empty: the model's own name (GGUF `general.name`, or the HF folder's name).
     pub served_model_names: Vec<String>,
+    /// TLS: `server` on the gRPC listener (mutual TLS when it has a client CA), `client` when
+    /// dialing workers and `ferry up`'s scaler. Default: plaintext both ways.
+    pub tls: Tls,
 }
 
 impl RouterConfig {
@@ -76,6 +80,7 @@ impl RouterConfig {
             api_keys: ApiKeys::default(),
             admin_token: AdminToken::default(),
             served_model_names: Vec::new(),
+            tls: Tls::default(),
         }
     }
 }
@@ -128,7 +133,11 @@ pub async fn serve(
     if let Some(name) = cfg.served_model_names.first() {
         text.name = name.clone();
     }
-    let registry = Arc::new(Registry::new(cfg.lease, cfg.heartbeat, cfg.connect_timeout));
+    let dial = Dial {
+        connect_timeout: cfg.connect_timeout,
+        tls: cfg.tls.client.clone(),
+    };
+    let registry = Arc::new(Registry::new(cfg.lease, cfg.heartbeat, dial.clone()));
     let shared = Arc::new(service::Shared {
         registry: registry.clone(),
         text,
@@ -180,16 +189,21 @@ pub async fn serve(
         admin::AdminService {
             registry,
             scaler: cfg.scaler.clone(),
+            dial,
         },
         cfg.admin_token.clone(),
     );
     // Ready from here: the listener is bound (connections wait in its backlog) and the server
     // below accepts as soon as it is polled.
-    serving_tx.send_replace(true);
-    let result = tonic::transport::Server::builder()
+    let mut server = tonic::transport::Server::builder()
         .initial_stream_window_size(Some(WINDOW_BYTES))
         .initial_connection_window_size(Some(WINDOW_BYTES))
-        .tcp_nodelay(true)
+        .tcp_nodelay(true);
+    if let Some(tls) = &cfg.tls.server {
+        server = server.tls_config(tls.config())?;
+    }
+    serving_tx.send_replace(true);
+    let result = server
         .add_service(reflection)
         .add_service(ferry)
         .add_service(reg)

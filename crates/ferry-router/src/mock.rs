@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status};
 
-use crate::registry::endpoint;
+use crate::registry::{Dial, endpoint};
 use crate::wire::role_to_wire;
 use crate::{RouterConfig, RouterError};
 
@@ -41,6 +41,9 @@ pub struct MockConfig {
     pub fail_prefill: Option<Code>,
     pub kv_blocks_free: u32,
     pub block_size: u32,
+    /// How the mock dials the router: TLS (and its client certificate) or plaintext. The mock
+    /// itself always serves plaintext.
+    pub router_tls: Option<ferry_proto::tls::ClientTls>,
 }
 
 impl Default for MockConfig {
@@ -57,6 +60,7 @@ impl Default for MockConfig {
             fail_prefill: None,
             kv_blocks_free: 1000,
             block_size: 16,
+            router_tls: None,
         }
     }
 }
@@ -109,7 +113,11 @@ impl MockWorker {
                 .serve_with_incoming(crate::incoming(listener))
                 .await;
         });
-        let channel = endpoint(router, Duration::from_secs(1))?.connect_lazy();
+        let dial = Dial {
+            connect_timeout: Duration::from_secs(1),
+            tls: cfg.router_tls.clone(),
+        };
+        let channel = endpoint(router, &dial)?.connect_lazy();
         let mut client = v1::registry_client::RegistryClient::new(channel);
         let load = v1::WorkerLoad {
             kv_blocks_total: cfg.kv_blocks_free,
@@ -353,7 +361,11 @@ pub async fn router_overhead(
             .map_err(io("binding a mock worker"))?;
         workers.push(MockWorker::start(role, l, &router_addr, cfg.clone()).await?);
     }
-    let channel = endpoint(&router_addr, Duration::from_secs(1))?
+    let dial = Dial {
+        connect_timeout: Duration::from_secs(1),
+        tls: None,
+    };
+    let channel = endpoint(&router_addr, &dial)?
         .connect()
         .await
         .map_err(|e| RouterError::BadAddress {

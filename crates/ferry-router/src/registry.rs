@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use ferry_core::routing::{DecodeCandidate, PrefillCandidate, lease_expired};
 use ferry_core::{WorkerRole, WorkerState};
 use ferry_proto::v1;
+use ferry_proto::tls::ClientTls;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::RouterError;
@@ -73,20 +74,28 @@ struct Inner {
     fingerprint: Option<String>,
 }
 
+/// How the router dials workers (and `ferry up`'s scaler).
+#[derive(Clone, Debug)]
+pub struct Dial {
+    pub connect_timeout: Duration,
+    /// TLS to every worker (None: plaintext).
+    pub tls: Option<ClientTls>,
+}
+
 pub struct Registry {
     inner: Mutex<Inner>,
     pub lease: Duration,
     pub heartbeat: Duration,
-    connect_timeout: Duration,
+    dial: Dial,
 }
 
 impl Registry {
-    pub fn new(lease: Duration, heartbeat: Duration, connect_timeout: Duration) -> Registry {
+    pub fn new(lease: Duration, heartbeat: Duration, dial: Dial) -> Registry {
         Registry {
             inner: Mutex::new(Inner::default()),
             lease,
             heartbeat,
-            connect_timeout,
+            dial,
         }
     }
 
@@ -102,7 +111,7 @@ impl Registry {
         if req.grpc_addr.is_empty() {
             return Err(RouterError::BadRegistration("grpc_addr is empty".into()));
         }
-        let channel = endpoint(&req.grpc_addr, self.connect_timeout)?.connect_lazy();
+        let channel = endpoint(&req.grpc_addr, &self.dial)?.connect_lazy();
         let mut inner = self.lock();
         match &inner.fingerprint {
             Some(pool) if *pool != req.fingerprint => {
@@ -433,20 +442,16 @@ impl Drop for InflightGuard {
     }
 }
 
-/// A lazily connecting endpoint to a worker with the router's timeouts and windows.
-pub fn endpoint(addr: &str, connect_timeout: Duration) -> Result<Endpoint, RouterError> {
-    let uri = if addr.contains("://") {
-        addr.to_owned()
-    } else {
-        format!("http://{addr}")
-    };
-    let bad = |e: tonic::transport::Error| RouterError::BadAddress {
-        addr: addr.into(),
-        message: e.to_string(),
-    };
-    Ok(Endpoint::from_shared(uri)
-        .map_err(bad)?
-        .connect_timeout(connect_timeout)
+/// A lazily connecting endpoint to a worker with the router's timeouts, windows and TLS.
+pub fn endpoint(addr: &str, dial: &Dial) -> Result<Endpoint, RouterError> {
+    let ep = ferry_proto::tls::endpoint(addr, dial.tls.as_ref()).map_err(|e| {
+        RouterError::BadAddress {
+            addr: addr.into(),
+            message: e.to_string(),
+        }
+    })?;
+    Ok(ep
+        .connect_timeout(dial.connect_timeout)
         .initial_stream_window_size(WINDOW_BYTES)
         .initial_connection_window_size(WINDOW_BYTES)
         .tcp_nodelay(true))
@@ -470,7 +475,10 @@ mod tests {
         Registry::new(
             Duration::from_secs(3),
             Duration::from_secs(1),
-            Duration::from_secs(1),
+            Dial {
+                connect_timeout: Duration::from_secs(1),
+                tls: None,
+            },
         )
     }
 

@@ -68,6 +68,7 @@ pub const MAX_REPLICAS: u32 = 256;
 /// Sets `role`'s pool to `replicas` workers through `scaler`.
 pub async fn scale(
     scaler: Option<&Scaler>,
+    dial: &crate::registry::Dial,
     role: WorkerRole,
     replicas: u32,
 ) -> Result<v1::ScaleResponse, RouterError> {
@@ -78,20 +79,34 @@ pub async fn scale(
     }
     match scaler {
         None => Err(RouterError::NoScaler),
-        Some(Scaler::Local(addr)) => local(addr, role, replicas).await,
+        Some(Scaler::Local(addr)) => local(addr, dial, role, replicas).await,
         Some(Scaler::Kubernetes(k)) => kubernetes(k, role, replicas).await,
     }
 }
 
-async fn local(addr: &str, role: WorkerRole, replicas: u32) -> Result<v1::ScaleResponse, RouterError> {
+async fn local(
+    addr: &str,
+    dial: &crate::registry::Dial,
+    role: WorkerRole,
+    replicas: u32,
+) -> Result<v1::ScaleResponse, RouterError> {
     let failed = |message: String| RouterError::ScaleFailed {
         backend: format!("ferry up at {addr}"),
         message,
     };
-    let channel = crate::registry::endpoint(addr, Duration::from_secs(1))?
+    let dial = crate::registry::Dial {
+        connect_timeout: Duration::from_secs(1),
+        ..dial.clone()
+    };
+    let channel = crate::registry::endpoint(addr, &dial)?
         .connect()
         .await
-        .map_err(|e| failed(format!("cannot connect: {e}")))?;
+        .map_err(|e| {
+            failed(format!(
+                "cannot connect: {}",
+                ferry_proto::tls::error_chain(&e)
+            ))
+        })?;
     let req = v1::ScaleRequest {
         role: role_to_wire(role) as i32,
         replicas,

@@ -26,7 +26,7 @@ use ferry_engine::Engine;
 use ferry_proto::v1::{decode_server::DecodeServer, kv_transfer_server::KvTransferServer, prefill_server::PrefillServer};
 use ferry_proto::v1::{RegisterRequest, WorkerRole};
 use kv::receiver::{KvReceiver, KvTransferService};
-use kv::transport::{GrpcTransport, TcpTransport, H2_WINDOW, MAX_MESSAGE_BYTES};
+use kv::transport::{Channels, GrpcTransport, TcpTransport, H2_WINDOW, MAX_MESSAGE_BYTES};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -90,6 +90,10 @@ pub struct WorkerConfig {
     pub drain_timeout: Duration,
     /// The router's admin token, sent with registration, heartbeats and deregistration.
     pub admin_token: Option<String>,
+    /// TLS: `server` on the gRPC listener (mutual TLS with a client CA), `client` to the router
+    /// and to decode workers. With either, the plaintext TCP data path is off: a decode worker
+    /// serves no data listener and prefill workers send KV over gRPC, inside TLS.
+    pub tls: ferry_proto::tls::Tls,
 }
 
 /// The sockets a worker serves on, bound by the caller (tests bind port 0).
@@ -146,7 +150,16 @@ pub async fn serve(
     let _ = metrics::handle();
     let drain = drain::Drain::new(cfg.name.clone());
     let grpc_addr = listeners.grpc.local_addr().map_err(|e| WorkerError::Internal(e.to_string()))?;
-    let data_bound = match &listeners.data {
+    // Never KV in cleartext when TLS is configured: the data listener is dropped unused.
+    let data_listener = if cfg.tls.enabled() {
+        if listeners.data.is_some() {
+            tracing::info!("TLS is on: the plaintext TCP data path is off, KV travels over gRPC (TLS)");
+        }
+        None
+    } else {
+        listeners.data
+    };
+    let data_bound = match &data_listener {
         Some(l) => Some(l.local_addr().map_err(|e| WorkerError::Internal(e.to_string()))?),
         None => None,
     };
@@ -165,14 +178,18 @@ pub async fn serve(
         .initial_stream_window_size(H2_WINDOW)
         .initial_connection_window_size(H2_WINDOW)
         .tcp_nodelay(true);
+    if let Some(tls) = &cfg.tls.server {
+        server = server.tls_config(tls.config()).map_err(|e| WorkerError::Internal(format!("TLS: {}", ferry_proto::tls::error_chain(&e))))?;
+    }
+    let client_tls = cfg.tls.client.clone();
     let (load, facts, router) = match engine {
         EngineHandle::Prefill(handle) => {
             let (load, facts) = (handle.load.clone(), handle.facts.clone());
             let svc = prefill::PrefillService {
                 engine: handle,
                 tcp: Arc::new(TcpTransport),
-                grpc: Arc::new(GrpcTransport::default()),
-                prefer_tcp: cfg.transport == TransportChoice::Tcp,
+                grpc: Arc::new(GrpcTransport::new(Channels::new(client_tls.clone()))),
+                prefer_tcp: cfg.transport == TransportChoice::Tcp && !cfg.tls.enabled(),
                 name: cfg.name.clone(),
                 drain: drain.clone(),
             };
@@ -184,7 +201,7 @@ pub async fn serve(
         EngineHandle::Decode(handle) => {
             let (load, facts) = (handle.load.clone(), handle.facts.clone());
             let receiver = KvReceiver::new(facts.fingerprint.clone(), facts.layout);
-            if let Some(l) = listeners.data {
+            if let Some(l) = data_listener {
                 tokio::spawn(kv::receiver::serve_tcp(receiver.clone(), l));
             }
             let svc = decode::DecodeService {
@@ -222,7 +239,7 @@ pub async fn serve(
                 load: None,
                 draining: false,
             };
-            Some(tokio::spawn(registration::keep_registered(r.clone(), req, load, ready, drain.subscribe(), worker_id.clone(), auth.clone())))
+            Some(tokio::spawn(registration::keep_registered(r.clone(), req, load, ready, drain.subscribe(), worker_id.clone(), auth.clone(), client_tls.clone())))
         }
         None => {
             ready.send_replace(true);
@@ -246,7 +263,7 @@ pub async fn serve(
             a.abort();
         }
         if let Some(r) = router_addr {
-            registration::deregister(&r, &worker_id, auth).await;
+            registration::deregister(&r, &worker_id, auth, client_tls).await;
         }
     };
     let result = router

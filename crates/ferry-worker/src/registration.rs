@@ -10,6 +10,7 @@ use crate::kv::transport::Channels;
 use crate::load::LoadGauge;
 use ferry_proto::v1::registry_client::RegistryClient;
 use ferry_proto::v1::{HeartbeatRequest, RegisterRequest, WorkerRef};
+use ferry_proto::tls::ClientTls;
 use ferry_proto::Bearer;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -49,8 +50,9 @@ pub async fn keep_registered(
     mut draining: watch::Receiver<bool>,
     id: WorkerId,
     auth: Bearer,
+    tls: Option<ClientTls>,
 ) {
-    let channels = Channels::default();
+    let channels = Channels::new(tls);
     let mut backoff = Duration::from_millis(100);
     loop {
         let mut client = match channels.get(&router) {
@@ -123,11 +125,11 @@ pub async fn keep_registered(
 }
 
 /// Leave the router's pool after a drain (best effort, bounded: the router may be gone).
-pub async fn deregister(router: &str, id: &WorkerId, auth: Bearer) {
+pub async fn deregister(router: &str, id: &WorkerId, auth: Bearer, tls: Option<ClientTls>) {
     let Some(worker_id) = id.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
         return;
     };
-    let Ok(channel) = Channels::default().get(router) else {
+    let Ok(channel) = Channels::new(tls).get(router) else {
         return;
     };
     let mut client = RegistryClient::with_interceptor(channel, auth);

@@ -77,6 +77,7 @@ async fn readyz_follows_registration_and_the_routers_lease() {
         kv_timeout: Duration::from_secs(5),
         drain_timeout: Duration::from_secs(5),
         admin_token: None,
+        tls: Default::default(),
     };
     let engine = Engine::load(&fixture(), &EngineConfig { threads: 1, ..Default::default() }).expect("load the fixture model");
     let engine = ferry_worker::EngineHandle::start(Role::Prefill, engine, "test", None);

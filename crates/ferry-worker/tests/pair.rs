@@ -46,6 +46,7 @@ async fn start(role: Role, path: &Path, kv_tokens: Option<usize>, transport: Tra
         kv_timeout: Duration::from_secs(5),
         drain_timeout: Duration::from_secs(5),
         admin_token: None,
+        tls: Default::default(),
     };
     let engine = ferry_worker::EngineHandle::start(role, engine(path, kv_tokens), "test", None);
     let load = engine.load();

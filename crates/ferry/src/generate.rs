@@ -23,6 +23,9 @@ pub struct GenerateArgs {
     /// API key for a router that requires one (with --router).
     #[arg(long, env = "FERRY_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// TLS to the router (with --router).
+    #[command(flatten)]
+    pub tls: crate::tls_args::DialTlsArgs,
     /// The prompt.
     pub prompt: String,
 }
@@ -76,6 +79,7 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
             system: a.system.clone(),
             params,
             api_key: a.api_key.clone(),
+            tls: a.tls.client()?,
         });
     }
     params.validate()?;

@@ -11,6 +11,7 @@ mod remote;
 mod router_cmd;
 mod score;
 mod supervisor;
+mod tls_args;
 mod up;
 mod worker_cmd;
 

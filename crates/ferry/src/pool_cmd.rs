@@ -58,6 +58,9 @@ pub struct PoolOpts {
     /// The router's admin token (its `--admin-token`).
     #[arg(long, env = "FERRY_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// TLS to the router.
+    #[command(flatten)]
+    pub tls: crate::tls_args::DialTlsArgs,
 }
 
 #[derive(clap::Args, Debug)]
@@ -86,17 +89,12 @@ pub fn run(a: PoolArgs) -> anyhow::Result<()> {
 fn call(cmd: PoolCommand) -> anyhow::Result<(PoolOpts, Vec<v1::WorkerInfo>)> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async move {
-        let router = match &cmd {
-            PoolCommand::List(o) => &o.router,
-            PoolCommand::Drain(w) | PoolCommand::Undrain(w) | PoolCommand::Remove(w) => &w.opts.router,
-            PoolCommand::Scale(s) => &s.opts.router,
+        let opts = match &cmd {
+            PoolCommand::List(o) => o,
+            PoolCommand::Drain(w) | PoolCommand::Undrain(w) | PoolCommand::Remove(w) => &w.opts,
+            PoolCommand::Scale(s) => &s.opts,
         };
-        let token = match &cmd {
-            PoolCommand::List(o) => &o.admin_token,
-            PoolCommand::Drain(w) | PoolCommand::Undrain(w) | PoolCommand::Remove(w) => &w.opts.admin_token,
-            PoolCommand::Scale(s) => &s.opts.admin_token,
-        };
-        let mut c = admin(router, token.as_deref()).await?;
+        let mut c = admin(&opts.router, opts).await?;
         let one = |w: &PoolWorker| v1::WorkerRef { worker_id: w.worker_id.clone() };
         Ok(match cmd {
             PoolCommand::List(o) => (o, c.list_workers(v1::ListWorkersRequest {}).await.map_err(status_error)?.into_inner().workers),
@@ -119,13 +117,9 @@ fn call(cmd: PoolCommand) -> anyhow::Result<(PoolOpts, Vec<v1::WorkerInfo>)> {
 
 type Admin = v1::admin_client::AdminClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, ferry_proto::Bearer>>;
 
-async fn admin(router: &str, token: Option<&str>) -> anyhow::Result<Admin> {
-    let auth = ferry_proto::Bearer::new(token).map_err(|e| anyhow::anyhow!("--admin-token: {e}"))?;
-    let uri = if router.contains("://") { router.to_string() } else { format!("http://{router}") };
-    let channel = tonic::transport::Endpoint::from_shared(uri.clone())?
-        .connect()
-        .await
-        .map_err(|e| anyhow::anyhow!("Unavailable: cannot connect to the router at {uri}: {e}"))?;
+async fn admin(router: &str, opts: &PoolOpts) -> anyhow::Result<Admin> {
+    let auth = ferry_proto::Bearer::new(opts.admin_token.as_deref()).map_err(|e| anyhow::anyhow!("--admin-token: {e}"))?;
+    let channel = crate::remote::connect(router, opts.tls.client()?.as_ref()).await?;
     Ok(v1::admin_client::AdminClient::with_interceptor(channel, auth))
 }
 
@@ -137,7 +131,7 @@ fn scale(s: PoolScale) -> anyhow::Result<()> {
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async move {
-        let mut c = admin(&s.opts.router, s.opts.admin_token.as_deref()).await?;
+        let mut c = admin(&s.opts.router, &s.opts).await?;
         let resp = c.scale(v1::ScaleRequest { role: role as i32, replicas: s.replicas }).await.map_err(status_error)?.into_inner();
         if !s.opts.json {
             println!("{role} pool: {} -> {} ({})", resp.previous, resp.replicas, resp.backend);

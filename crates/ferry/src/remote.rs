@@ -20,6 +20,8 @@ pub struct RemoteGenerate {
     pub params: SamplingParams,
     /// Sent as `authorization: Bearer KEY` when the router requires API keys.
     pub api_key: Option<String>,
+    /// TLS to the router (None: plaintext).
+    pub tls: Option<ferry_proto::tls::ClientTls>,
 }
 
 pub use ferry_proto::Bearer;
@@ -63,15 +65,18 @@ pub fn generate_to(req: &RemoteGenerate, out: &mut dyn Write) -> anyhow::Result<
     };
     let request = v1::GenerateRequest { input: Some(input), sampling: Some(sampling), stop: Some(stop), ..Default::default() };
     let bearer = Bearer::new(req.api_key.as_deref()).map_err(|e| anyhow::anyhow!("the API key: {e}"))?;
-    let uri = if req.router.contains("://") { req.router.clone() } else { format!("http://{}", req.router) };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async move {
-        let channel = tonic::transport::Endpoint::from_shared(uri.clone())?
-            .connect()
-            .await
-            .map_err(|e| anyhow::anyhow!("Unavailable: cannot connect to the router at {uri}: {e}"))?;
+        let channel = connect(&req.router, req.tls.as_ref()).await?;
         let mut client = client(channel, bearer);
-        let mut stream = client.generate(request).await.map_err(status_error)?.into_inner();
+        // A plaintext client to a TLS port connects (lazily) and fails on the first call.
+        let hint = |s: tonic::Status| match s.code() {
+            tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Unavailable | tonic::Code::Cancelled => {
+                anyhow::anyhow!("{:?}: {} ({})", s.code(), ferry_proto::tls::error_chain(&s), ferry_proto::tls::connect_hint(req.tls.as_ref()))
+            }
+            _ => status_error(s),
+        };
+        let mut stream = client.generate(request).await.map_err(hint)?.into_inner();
         while let Some(m) = stream.message().await.map_err(status_error)? {
             match m.event {
                 Some(v1::generate_response::Event::Delta(d)) => {
@@ -83,6 +88,16 @@ pub fn generate_to(req: &RemoteGenerate, out: &mut dyn Write) -> anyhow::Result<
             }
         }
         anyhow::bail!("Unavailable: the router closed the stream without a final message")
+    })
+}
+
+/// A connection to the router at `router` (TLS when `tls` is given); a failure says why, with
+/// the TLS reason when there is one (tonic's own message is only "transport error").
+pub async fn connect(router: &str, tls: Option<&ferry_proto::tls::ClientTls>) -> anyhow::Result<tonic::transport::Channel> {
+    let ep = ferry_proto::tls::endpoint(router, tls)?.connect_timeout(std::time::Duration::from_secs(10));
+    let uri = ep.uri().to_string();
+    ep.connect().await.map_err(|e| {
+        anyhow::anyhow!("Unavailable: cannot connect to the router at {uri}: {} ({})", ferry_proto::tls::error_chain(&e), ferry_proto::tls::connect_hint(tls))
     })
 }
 

@@ -57,6 +57,12 @@ pub struct RouterArgs {
     /// `ferry pool` pass the same `--admin-token`. Unset: open.
     #[arg(long, env = "FERRY_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// TLS on the gRPC listener (clients, workers, `ferry pool`).
+    #[command(flatten)]
+    pub serve_tls: crate::tls_args::ServeTlsArgs,
+    /// TLS when the router dials workers (and `ferry up`'s scaler).
+    #[command(flatten)]
+    pub dial_tls: crate::tls_args::DialTlsArgs,
 }
 
 /// API keys for the client APIs (gRPC `ferry.v1.Ferry` and HTTP `/v1/*`). With any key set,
@@ -95,6 +101,7 @@ impl ApiKeyArgs {
 }
 
 pub fn run(args: RouterArgs) -> anyhow::Result<()> {
+    let tls = crate::tls_args::tls_config(&args.serve_tls, &args.dial_tls).load()?;
     let path = ferry_engine::fetch::resolve_model(Some(&args.model))?;
     let scaler = if args.kube_scale {
         Some(ferry_router::Scaler::Kubernetes(ferry_router::KubeScale {
@@ -114,6 +121,7 @@ pub fn run(args: RouterArgs) -> anyhow::Result<()> {
         api_keys: args.keys.keys()?,
         admin_token: ferry_router::AdminToken::new(args.admin_token.as_deref()),
         served_model_names: served_model_names(&args.served_model_name)?,
+        tls,
         ..ferry_router::RouterConfig::new(path)
     };
     anyhow::ensure!(cfg.heartbeat < cfg.lease, "--heartbeat-ms ({}) must be shorter than --lease-ms ({})", args.heartbeat_ms, args.lease_ms);
@@ -129,6 +137,12 @@ pub fn run(args: RouterArgs) -> anyhow::Result<()> {
         let http = bind("--http-listen", args.http_listen.clone()).await?;
         let metrics = bind("--metrics-listen", args.metrics_listen.clone()).await?;
         let addr = |l: &Option<tokio::net::TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or("-".into());
+        match (&cfg.tls.server, &cfg.tls.client) {
+            (Some(s), _) if s.requires_client_cert() => eprintln!("ferry router: gRPC over TLS; clients need a certificate from --tls-client-ca"),
+            (Some(_), _) => eprintln!("ferry router: gRPC over TLS"),
+            (None, Some(_)) => eprintln!("ferry router: warning: the gRPC listener is plaintext (no --tls-cert), though workers are dialed over TLS"),
+            (None, None) => {}
+        }
         if !cfg.api_keys.is_empty() {
             eprintln!("ferry router: the client APIs require one of {} API keys", cfg.api_keys.len());
         }

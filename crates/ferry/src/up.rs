@@ -67,6 +67,13 @@ pub struct UpArgs {
     /// through their environment). `ferry pool` then needs `--admin-token`.
     #[arg(long, env = "FERRY_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// Mutual TLS on every gRPC hop: make a throwaway CA, a certificate for loopback (router and
+    /// workers serve and dial with it) and a client certificate, in a private temp folder removed
+    /// on exit; print their paths for `ferry generate`/`ferry pool` (`--tls-ca`,
+    /// `--tls-client-cert`, `--tls-client-key`). KV then travels over gRPC (TLS), not the
+    /// plaintext TCP data path.
+    #[arg(long)]
+    pub tls: bool,
 }
 
 pub fn run(a: UpArgs) -> anyhow::Result<()> {
@@ -81,6 +88,20 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     let workers = a.prefill + a.decode + a.colocated;
     let threads = if a.threads > 0 { a.threads } else { (cores / workers).max(1) };
     let timeout = Duration::from_secs(a.ready_timeout);
+    // Mutual TLS: one node certificate for loopback, used by the router and every worker.
+    let pki = if a.tls { Some(ferry_proto::tls::dev::DevPki::temp(ferry_proto::tls::dev::LOOPBACK_NAMES)?) } else { None };
+    let node_flags: Vec<String> = match &pki {
+        Some(p) => [("--tls-cert", &p.cert), ("--tls-key", &p.key), ("--tls-client-ca", &p.ca), ("--tls-ca", &p.ca)]
+            .iter()
+            .flat_map(|(flag, path)| [flag.to_string(), path.to_string_lossy().into_owned()])
+            .collect(),
+        None => Vec::new(),
+    };
+    // Our own clients (health checks) and the scaler the router dials.
+    let tls = match &pki {
+        Some(p) => ferry_proto::tls::Tls { server: p.node().server()?, client: p.client().client()? },
+        None => ferry_proto::tls::Tls::default(),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     // The local scaler the router forwards `ferry pool scale` to (loopback only).
     let scaler_listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).context("binding the local scaler")?;
@@ -108,16 +129,26 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     for name in crate::router_cmd::served_model_names(&a.served_model_name)? {
         router_args.extend(["--served-model-name".to_string(), name]);
     }
+    router_args.extend(node_flags.iter().cloned());
     let r = lock().spawn("router".into(), None, &router_args, &router_env)?;
     let router = field(&r, "grpc=").context("router ready line")?.to_string();
     let http = field(&r, "http=").unwrap_or("-").to_string();
     println!("router   grpc={router} http={http} metrics={}", field(&r, "metrics=").unwrap_or("-"));
+    if let Some(p) = &pki {
+        println!(
+            "tls      mutual ca={} client_cert={} client_key={} (removed on exit)",
+            p.ca.display(),
+            p.client_cert.display(),
+            p.client_key.display()
+        );
+    }
     {
         let mut s = lock();
         let common = &mut s.template_mut().common;
         common.extend(["--router".to_string(), router.clone(), "--model".into(), model.clone(), "--threads".into(), threads.to_string()]);
         common.extend(["--kv-transport".into(), format!("{:?}", a.kv_transport).to_lowercase()]);
         common.extend(["--device".into(), a.device.clone()]);
+        common.extend(node_flags.iter().cloned());
         if let Some(k) = a.kv_tokens {
             common.extend(["--kv-tokens".into(), k.to_string()]);
         }
@@ -127,7 +158,11 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             lock().start_worker(role)?;
         }
     }
-    let scaler = tonic::transport::Server::builder()
+    let mut scaler = tonic::transport::Server::builder();
+    if let Some(s) = &tls.server {
+        scaler = scaler.tls_config(s.config())?;
+    }
+    let scaler = scaler
         .add_service(v1::scaler_server::ScalerServer::new(LocalScaler(sup.clone())))
         .serve_with_incoming(tonic::transport::server::TcpIncoming::from(scaler_listener));
     let scaler_task = rt.spawn(scaler);
@@ -137,10 +172,10 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         // Our own health checks carry a key when the router needs one.
         let bearer = crate::remote::Bearer::new(keys.first().map(String::as_str)).map_err(|e| anyhow::anyhow!("the API key: {e}"))?;
         let mut client = loop {
-            match tonic::transport::Endpoint::from_shared(format!("http://{router}"))?.connect().await {
+            match ferry_proto::tls::endpoint(&router, tls.client.as_ref())?.connect().await {
                 Ok(ch) => break crate::remote::client(ch, bearer.clone()),
                 Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
-                Err(e) => bail!("cannot reach the router at {router}: {e}"),
+                Err(e) => bail!("cannot reach the router at {router}: {}", ferry_proto::tls::error_chain(&e)),
             }
         };
         loop {
@@ -153,8 +188,12 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        let try_tls = match &pki {
+            Some(p) => format!(" --tls-ca {} --tls-client-cert {} --tls-client-key {}", p.ca.display(), p.client_cert.display(), p.client_key.display()),
+            None => String::new(),
+        };
         println!(
-            "ready router={router} http={http} ({} prefill, {} decode, {} colocated, {threads} threads each); try: ferry generate --router {router} --chat \"Hello\"",
+            "ready router={router} http={http} ({} prefill, {} decode, {} colocated, {threads} threads each); try: ferry generate --router {router}{try_tls} --chat \"Hello\"",
             a.prefill, a.decode, a.colocated
         );
         // Serve until Ctrl-C / SIGTERM, or until the router exits.
@@ -178,7 +217,8 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     });
     scaler_task.abort();
     drop(rt);
-    // The supervisor stops every process when the last reference goes.
+    // The supervisor stops every process when the last reference goes; then the certificates go.
     drop(sup);
+    drop(pki);
     result
 }

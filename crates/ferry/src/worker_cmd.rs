@@ -61,6 +61,13 @@ pub struct WorkerArgs {
     /// The router's admin token (its `--admin-token`), sent when registering.
     #[arg(long, env = "FERRY_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// TLS on the gRPC listener (the router and prefill workers dial it). With any TLS option
+    /// the plaintext TCP data path is off: KV travels over gRPC, inside TLS.
+    #[command(flatten)]
+    pub serve_tls: crate::tls_args::ServeTlsArgs,
+    /// TLS to the router and to decode workers.
+    #[command(flatten)]
+    pub dial_tls: crate::tls_args::DialTlsArgs,
 }
 
 /// Parse a CPU list (`0,2-3`).
@@ -119,6 +126,8 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
     if let Some(cpus) = &args.cpus {
         pin(cpus)?;
     }
+    // Bad PEM files fail now, before the model loads.
+    let tls = crate::tls_args::tls_config(&args.serve_tls, &args.dial_tls).load()?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     // The probes answer from the start: live at once, ready once loaded and registered.
     let (ready, registered) = tokio::sync::watch::channel(false);
@@ -135,7 +144,8 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
     let model = std::path::Path::new(&args.model.model).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     rt.block_on(async move {
         let grpc = bind(&args.listen).await?.context("--listen cannot be none")?;
-        let data = if role == Role::Decode { bind(&args.data_listen).await? } else { None };
+        // With TLS, no plaintext data path: KV goes over gRPC (TLS).
+        let data = if role == Role::Decode && !tls.enabled() { bind(&args.data_listen).await? } else { None };
         let role_name = role.as_str();
         let addr = grpc.local_addr()?;
         let name = args.name.clone().unwrap_or_else(|| format!("{role_name}@{addr}"));
@@ -156,6 +166,7 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
             kv_timeout: Duration::from_millis(args.kv_timeout_ms),
             drain_timeout: Duration::from_secs(args.drain_timeout),
             admin_token: args.admin_token.clone(),
+            tls,
         };
         let engine = ferry_worker::EngineHandle::start(role, engine, &cfg.model, args.chunked_prefill);
         health.engine_started(ferry_worker::health::EngineView { load: engine.load(), role });

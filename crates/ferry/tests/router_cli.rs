@@ -4,6 +4,9 @@
 #[path = "../src/pool_cmd.rs"]
 mod pool_cmd;
 #[allow(dead_code)]
+#[path = "../src/tls_args.rs"]
+mod tls_args;
+#[allow(dead_code)]
 #[path = "../src/remote.rs"]
 mod remote;
 
@@ -23,7 +26,7 @@ fn remote_generate_and_pool_commands() {
     let router = rt.spawn(ferry_router::serve(RouterConfig::new(model()), ferry_router::Listeners::grpc(l), async move {
         let _ = stopped.await;
     }));
-    let req = remote::RemoteGenerate { router: addr.clone(), prompt: "Hi".into(), chat: true, system: Some("Be brief.".into()), params: SamplingParams::greedy(8), api_key: None };
+    let req = remote::RemoteGenerate { router: addr.clone(), prompt: "Hi".into(), chat: true, system: Some("Be brief.".into()), params: SamplingParams::greedy(8), api_key: None, tls: None };
 
     // The router answers (readiness) but has no workers: UNAVAILABLE, as `<code>: <message>`.
     let mut err = None;
@@ -58,7 +61,7 @@ fn remote_generate_and_pool_commands() {
     let line = remote::stats_line(&fin);
     assert!(line.contains("finish StopToken") && line.contains("prefill=prefill-1 decode=decode-1 kv=4096 in 0.05 ms (grpc)"), "{line}");
 
-    let opts = |json| pool_cmd::PoolOpts { router: addr.clone(), json, admin_token: None };
+    let opts = |json| pool_cmd::PoolOpts { router: addr.clone(), json, admin_token: None, tls: Default::default() };
     pool_cmd::run(pool_cmd::PoolArgs { command: pool_cmd::PoolCommand::List(opts(false)) }).unwrap();
     pool_cmd::run(pool_cmd::PoolArgs { command: pool_cmd::PoolCommand::Drain(pool_cmd::PoolWorker { opts: opts(true), worker_id: "decode-1".into() }) }).unwrap();
     let e = pool_cmd::run(pool_cmd::PoolArgs { command: pool_cmd::PoolCommand::Remove(pool_cmd::PoolWorker { opts: opts(false), worker_id: "decode-9".into() }) }).unwrap_err();
@@ -99,6 +102,7 @@ fn remote_generate_sends_the_api_key() {
         system: None,
         params: SamplingParams::greedy(8),
         api_key: key.map(Into::into),
+        tls: None,
     };
     for bad in [None, Some("wrong")] {
         let e = remote::generate_to(&req(bad), &mut Vec::new()).unwrap_err();

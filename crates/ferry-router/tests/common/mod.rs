@@ -41,6 +41,8 @@ pub fn text() -> ferry_tokenizer::ModelText {
 
 pub struct TestRouter {
     pub addr: String,
+    /// How the helpers below dial it (None: plaintext).
+    pub client_tls: Option<ferry_proto::tls::ClientTls>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<Result<(), ferry_router::RouterError>>>,
 }
@@ -69,6 +71,7 @@ impl TestRouter {
         }));
         TestRouter {
             addr,
+            client_tls: None,
             stop: Some(stop),
             task: Some(task),
         }
@@ -81,7 +84,7 @@ impl TestRouter {
 
     pub async fn channel(&self) -> Channel {
         // Retries until the server has opened the model and accepts calls (readiness, not time).
-        let ep = tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr)).unwrap();
+        let ep = ferry_proto::tls::endpoint(&self.addr, self.client_tls.as_ref()).unwrap();
         let ch = ep.connect_lazy();
         let mut c = v1::ferry_client::FerryClient::new(ch.clone());
         for _ in 0..500 {

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
-use tonic::transport::{Channel, Endpoint};
+use ferry_proto::tls::ClientTls;
+use tonic::transport::Channel;
 
 /// One open transfer to a decode worker.
 #[tonic::async_trait]
@@ -40,18 +41,25 @@ pub const H2_WINDOW: u32 = 32 << 20;
 /// Largest gRPC message either side accepts.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
-/// gRPC channels to peers, one per address, reused across requests.
+/// gRPC channels to peers (decode workers, the router), one per address, reused across requests;
+/// TLS when the worker has a client TLS config (`--tls-ca`).
 #[derive(Default)]
-pub struct Channels(Mutex<HashMap<String, Channel>>);
+pub struct Channels {
+    map: Mutex<HashMap<String, Channel>>,
+    tls: Option<ClientTls>,
+}
 
 impl Channels {
+    pub fn new(tls: Option<ClientTls>) -> Channels {
+        Channels { map: Mutex::default(), tls }
+    }
+
     pub fn get(&self, addr: &str) -> Result<Channel> {
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = map.get(addr) {
             return Ok(c.clone());
         }
-        let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-        let ch = Endpoint::from_shared(uri)
+        let ch = ferry_proto::tls::endpoint(addr, self.tls.as_ref())
             .map_err(|e| WorkerError::InvalidRequest(format!("bad peer address {addr:?}: {e}")))?
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true)
@@ -66,6 +74,13 @@ impl Channels {
 #[derive(Default)]
 pub struct GrpcTransport {
     channels: Channels,
+}
+
+impl GrpcTransport {
+    /// KV pushes over these channels (TLS when they have it).
+    pub fn new(channels: Channels) -> GrpcTransport {
+        GrpcTransport { channels }
+    }
 }
 
 type PushCall = tokio::task::JoinHandle<std::result::Result<tonic::Response<KvAck>, tonic::Status>>;
@@ -138,6 +153,8 @@ impl KvTransport for GrpcTransport {
     }
 }
 
+/// The framed TCP data path: plaintext, so never used when TLS is configured (a worker with TLS
+/// serves no data listener and sends KV over gRPC, inside TLS).
 pub struct TcpTransport;
 
 struct TcpLink {
