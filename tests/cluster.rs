@@ -513,6 +513,10 @@ async fn the_admin_token_is_required_by_the_pool_cli_and_carried_by_workers() {
     assert!(ok, "{out}");
     let listed: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(listed.as_array().map(Vec::len), Some(2), "{out}");
+    // What each worker registered for KV: CPU workers, no TLS: gRPC and the TCP data path.
+    for w in listed.as_array().unwrap() {
+        assert_eq!(w["kv_transports"], serde_json::json!(["grpc", "tcp"]), "{w}");
+    }
 }
 
 /// `ferry up --tls`: router, workers and clients on mutual TLS (throwaway certificates). The same
@@ -558,6 +562,7 @@ async fn mutual_tls_cluster_generates_what_the_plaintext_one_does() {
     let workers = cluster.workers().await;
     assert_eq!(workers.len(), 2);
     assert!(workers.iter().all(|w| w.data_addr.is_empty()), "{workers:?}");
+    assert!(workers.iter().all(|w| w.kv_transports == [ferry_proto::v1::KvTransport::Grpc as i32]), "with TLS only gRPC is registered: {workers:?}");
     let pool = std::process::Command::new(env!("CARGO_BIN_EXE_ferry")).args(["pool", "list", "--json", "--router", &cluster.router]).args(tls.flags()).output().unwrap();
     assert!(pool.status.success(), "{}", String::from_utf8_lossy(&pool.stderr));
 

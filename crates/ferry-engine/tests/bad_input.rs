@@ -6,21 +6,9 @@ use ferry_core::SamplingParams;
 use ferry_engine::{Engine, EngineConfig, EngineError};
 use std::path::{Path, PathBuf};
 
-fn scratch_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ferry-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// A copy of a golden model folder, with `edit` applied to it.
-fn edited_model(name: &str, edit: impl FnOnce(&Path)) -> PathBuf {
-    let src = golden_dir("llama-gqa");
-    let dst = scratch_dir(name);
-    for f in std::fs::read_dir(&src).unwrap() {
-        let f = f.unwrap();
-        std::fs::copy(f.path(), dst.join(f.file_name())).unwrap();
-    }
+/// A copy of a golden model folder, with `edit` applied to it (removed when dropped).
+fn edited_model(name: &str, edit: impl FnOnce(&Path)) -> ScratchDir {
+    let dst = ScratchDir::golden_copy(name, "llama-gqa");
     edit(&dst);
     dst
 }
@@ -70,7 +58,7 @@ fn corrupt_and_truncated_safetensors() {
 #[test]
 fn truncated_and_corrupt_gguf() {
     let src = std::fs::read(smollm2_path()).unwrap();
-    let dir = scratch_dir("gguf");
+    let dir = ScratchDir::new("gguf");
     for (name, bytes) in [
         ("empty.gguf", Vec::new()),
         ("magic.gguf", b"GGUF".to_vec()),

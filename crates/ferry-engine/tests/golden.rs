@@ -40,12 +40,7 @@ fn golden_tokenizer_matches_prompt_ids() {
 #[test]
 fn mistral_label_loads_the_llama_reference() {
     let src = golden_dir("llama-gqa");
-    let dst = std::env::temp_dir().join(format!("ferry-mistral-{}", std::process::id()));
-    std::fs::create_dir_all(&dst).unwrap();
-    for f in std::fs::read_dir(&src).unwrap() {
-        let f = f.unwrap();
-        std::fs::copy(f.path(), dst.join(f.file_name())).unwrap();
-    }
+    let dst = ScratchDir::golden_copy("mistral", "llama-gqa");
     let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dst.join("config.json")).unwrap()).unwrap();
     cfg["architectures"] = serde_json::json!(["MistralForCausalLM"]);
     cfg["model_type"] = serde_json::json!("mistral");
@@ -61,8 +56,7 @@ fn mistral_label_loads_the_llama_reference() {
 #[test]
 fn sharded_safetensors_load() {
     let src = golden_dir("llama-gqa");
-    let dst = std::env::temp_dir().join(format!("ferry-shards-{}", std::process::id()));
-    std::fs::create_dir_all(&dst).unwrap();
+    let dst = ScratchDir::new("shards");
     for f in ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
         std::fs::copy(src.join(f), dst.join(f)).unwrap();
     }

@@ -22,6 +22,7 @@ pub mod orchestrate;
 pub mod registry;
 pub mod scale;
 pub mod service;
+pub mod transport;
 mod wire;
 
 use std::path::PathBuf;
@@ -65,6 +66,8 @@ pub struct RouterConfig {
     /// TLS: `server` on the gRPC listener (mutual TLS when it has a client CA), `client` when
     /// dialing workers and `ferry up`'s scaler. Default: plaintext both ways.
     pub tls: Tls,
+    /// The fastest KV transport the router asks a pair to use (see [`transport`]).
+    pub kv_transport: transport::KvPolicy,
 }
 
 impl RouterConfig {
@@ -81,6 +84,7 @@ impl RouterConfig {
             admin_token: AdminToken::default(),
             served_model_names: Vec::new(),
             tls: Tls::default(),
+            kv_transport: transport::KvPolicy::Auto,
         }
     }
 }

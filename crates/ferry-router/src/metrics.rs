@@ -124,6 +124,15 @@ pub fn observe_request(
     metrics::histogram!("ferry_router_overhead_seconds").record(overhead.as_secs_f64());
 }
 
+/// Per transfer: the transport the router chose for the pair and the one the prefill worker
+/// used (they differ when it fell back), and the bytes moved by each.
+pub fn observe_kv_transport(chosen: v1::KvTransport, kv: Option<&v1::KvTransferStats>) {
+    let Some(kv) = kv else { return };
+    let used = v1::KvTransport::try_from(kv.transport).unwrap_or(v1::KvTransport::Unspecified).to_string();
+    metrics::counter!("ferry_router_kv_transfers_total", "chosen" => chosen.to_string(), "used" => used.clone()).increment(1);
+    metrics::counter!("ferry_router_kv_bytes_total", "transport" => used).increment(kv.bytes);
+}
+
 /// `ferry_router_inflight`, up while the guard lives.
 pub struct InflightGauge(());
 

@@ -44,6 +44,8 @@ pub struct MockConfig {
     /// How the mock dials the router: TLS (and its client certificate) or plaintext. The mock
     /// itself always serves plaintext.
     pub router_tls: Option<ferry_proto::tls::ClientTls>,
+    /// The KV transports it registers (empty: none listed, as older workers).
+    pub kv_transports: Vec<v1::KvTransport>,
 }
 
 impl Default for MockConfig {
@@ -61,6 +63,7 @@ impl Default for MockConfig {
             kv_blocks_free: 1000,
             block_size: 16,
             router_tls: None,
+            kv_transports: Vec::new(),
         }
     }
 }
@@ -76,6 +79,8 @@ pub struct MockStats {
     /// in arrival order.
     pub decode_tokens: std::sync::Mutex<Vec<String>>,
     pub prefill_tokens: std::sync::Mutex<Vec<String>>,
+    /// The KV transport each prefill request's target asked for.
+    pub prefill_transports: std::sync::Mutex<Vec<v1::KvTransport>>,
 }
 
 pub struct MockWorker {
@@ -135,6 +140,7 @@ impl MockWorker {
             max_context: cfg.max_context,
             load: Some(load),
             draining: false,
+            kv_transports: cfg.kv_transports.iter().map(|&k| k as i32).collect(),
         };
         let r = client
             .register(reg.clone())
@@ -223,11 +229,17 @@ impl v1::prefill_server::Prefill for MockService {
         self.stats.prefill_calls.fetch_add(1, Ordering::Relaxed);
         let token = req.get_ref().target.as_ref().map(|t| t.transfer_token.clone());
         record(&self.stats.prefill_tokens, token.unwrap_or_default());
+        let asked = req.get_ref().target.as_ref().map_or(0, |t| t.transport);
+        let asked = v1::KvTransport::try_from(asked).unwrap_or(v1::KvTransport::Unspecified);
+        self.stats.prefill_transports.lock().unwrap_or_else(|p| p.into_inner()).push(asked);
         if let Some(code) = self.cfg.fail_prefill {
             return Err(Status::new(code, "mock prefill failure"));
         }
+        // The mock moves no KV; it reports the transport it was asked for, as a worker that could
+        // set it up would.
+        let used = if asked == v1::KvTransport::Unspecified { v1::KvTransport::Grpc } else { asked };
         let kv = v1::KvTransferStats {
-            transport: v1::KvTransport::Grpc as i32,
+            transport: used as i32,
             bytes: 4096,
             chunks: 1,
             duration_ms: 0.05,

@@ -272,6 +272,7 @@ async fn attempt_once(
                 }
                 .into());
             };
+            let chosen = crate::transport::choose(shared.cfg.kv_transport, &pw.kv_transports, &dw.kv_transports);
             let preq = v1::PrefillRequest {
                 request_id: rid.clone(),
                 prompt: job.prompt.clone(),
@@ -283,6 +284,7 @@ async fn attempt_once(
                     data_addr: adm.data_addr.clone(),
                     transfer_id: adm.transfer_id,
                     transfer_token: transfer_token.clone(),
+                    transport: chosen as i32,
                 }),
             };
             let mut client = v1::prefill_client::PrefillClient::new(pw.channel.clone())
@@ -338,6 +340,7 @@ async fn attempt_once(
                 }
                 Err(s) => return Err(worker_failed(WorkerRole::Prefill, &pw.id, rid, s).into()),
             };
+            crate::metrics::observe_kv_transport(chosen, pre.kv.as_ref());
             break (pw.id.clone(), Some(pre));
         }
     };

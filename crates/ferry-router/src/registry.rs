@@ -41,6 +41,8 @@ pub struct Worker {
     pub promised_blocks: u64,
     /// The worker itself is draining to exit (SIGTERM): admins cannot undrain it.
     pub shutting_down: bool,
+    /// The KV transports it can use (defaults filled in for workers that registered none).
+    pub kv_transports: Vec<v1::KvTransport>,
     /// Lazily connected; cached for the worker's life.
     pub channel: Channel,
 }
@@ -59,6 +61,7 @@ impl Worker {
             outstanding_prefill_tokens: self.outstanding_prefill_tokens,
             promised_kv_blocks: self.promised_blocks,
             shutting_down: self.shutting_down,
+            kv_transports: self.kv_transports.iter().map(|&k| k as i32).collect(),
             since_heartbeat_ms: now
                 .saturating_duration_since(self.last_heartbeat)
                 .as_secs_f64()
@@ -153,6 +156,7 @@ impl Registry {
             outstanding_prefill_tokens: 0,
             promised_blocks: 0,
             shutting_down: req.draining,
+            kv_transports: crate::transport::registered(&req.kv_transports, role == WorkerRole::Prefill, &req.data_addr),
             channel,
         };
         inner.workers.insert(id.clone(), worker);

@@ -512,3 +512,33 @@ async fn the_router_mints_a_transfer_token_per_request_and_gives_it_only_to_the_
     distinct.dedup();
     assert_eq!(distinct.len(), 3, "a fresh token per request: {decode:?}");
 }
+
+/// Each pair is asked for the fastest KV transport both workers registered, under the router's
+/// ceiling; the choice and what was used show in the metrics.
+#[tokio::test]
+async fn each_pair_gets_the_fastest_kv_transport_both_registered() {
+    use ferry_proto::v1::KvTransport as K;
+    use ferry_router::transport::KvPolicy;
+    let with = |ks: &[K]| MockConfig { kv_transports: ks.to_vec(), ..scripted(SCRIPT) };
+    for (policy, prefill, decode, want) in [
+        (KvPolicy::Auto, vec![K::Grpc, K::Tcp, K::Nccl], vec![K::Grpc, K::Tcp, K::Nccl], K::Nccl),
+        (KvPolicy::Auto, vec![K::Grpc, K::Tcp, K::Nccl], vec![K::Grpc, K::Tcp], K::Tcp),
+        (KvPolicy::Tcp, vec![K::Grpc, K::Tcp, K::Nccl], vec![K::Grpc, K::Tcp, K::Nccl], K::Tcp),
+        (KvPolicy::Grpc, vec![K::Grpc, K::Tcp], vec![K::Grpc, K::Tcp], K::Grpc),
+        // Workers that list nothing: prefill gRPC+TCP, a decode worker without a data address gRPC.
+        (KvPolicy::Auto, vec![], vec![], K::Grpc),
+    ] {
+        let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let metrics_addr = metrics.local_addr().unwrap();
+        let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let r = TestRouter::on(RouterConfig { kv_transport: policy, ..cfg() }, grpc, Some(metrics)).await;
+        let p = r.mock(WorkerRole::Prefill, with(&prefill)).await;
+        let _d = r.mock(WorkerRole::Decode, with(&decode)).await;
+        let mut c = r.client().await;
+        generate(&mut c, prompt("Hi")).await.unwrap();
+        assert_eq!(*p.stats.prefill_transports.lock().unwrap(), vec![want], "{policy:?} {prefill:?} {decode:?}");
+        let (_, text) = http_get(metrics_addr, "/metrics").await;
+        let line = format!("ferry_router_kv_transfers_total{{chosen=\"{want}\",used=\"{want}\"}} ");
+        assert!(text.contains(&line), "{line} not in:\n{text}");
+    }
+}

@@ -60,13 +60,16 @@ impl Role {
     }
 }
 
-/// Which transport a prefill worker uses for KV when the decode worker offers both.
+/// Which transport a prefill worker uses for KV when the router leaves the choice to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TransportChoice {
     /// The framed TCP data path (the default: several times gRPC's throughput).
     Tcp,
     /// KV chunks as gRPC messages.
     Grpc,
+    /// Device to device over NCCL (GPU workers; falls back to TCP or gRPC when a pair cannot
+    /// set it up).
+    Nccl,
 }
 
 #[derive(Clone, Debug)]
@@ -94,6 +97,31 @@ pub struct WorkerConfig {
     /// and to decode workers. With either, the plaintext TCP data path is off: a decode worker
     /// serves no data listener and prefill workers send KV over gRPC, inside TLS.
     pub tls: ferry_proto::tls::Tls,
+    /// Device-to-device KV pipes (NCCL on a GPU worker); None: host transports only.
+    pub pipes: Option<kv::pipe::Pipes>,
+}
+
+/// The KV transports a worker registers with: gRPC always; TCP where the plaintext data path is
+/// allowed (a prefill worker without TLS; a decode worker serving a data listener); NCCL with
+/// device pipes. Colocated workers move no KV.
+fn kv_transports(cfg: &WorkerConfig, data_listener: bool) -> Vec<i32> {
+    use ferry_proto::v1::KvTransport as K;
+    let mut v = match cfg.role {
+        Role::Colocated => return Vec::new(),
+        Role::Prefill => vec![K::Grpc],
+        Role::Decode => vec![K::Grpc],
+    };
+    let tcp = match cfg.role {
+        Role::Prefill => !cfg.tls.enabled(),
+        _ => data_listener,
+    };
+    if tcp {
+        v.push(K::Tcp);
+    }
+    if cfg.pipes.is_some() {
+        v.push(K::Nccl);
+    }
+    v.into_iter().map(|k| k as i32).collect()
 }
 
 /// The sockets a worker serves on, bound by the caller (tests bind port 0).
@@ -189,7 +217,12 @@ pub async fn serve(
                 engine: handle,
                 tcp: Arc::new(TcpTransport),
                 grpc: Arc::new(GrpcTransport::new(Channels::new(client_tls.clone()))),
-                prefer_tcp: cfg.transport == TransportChoice::Tcp && !cfg.tls.enabled(),
+                nccl: cfg.pipes.as_ref().map(|p| {
+                    Arc::new(kv::pipe::PipeTransport::new(p.0.clone(), Channels::new(client_tls.clone()), cfg.name.clone(), facts.fingerprint.clone()))
+                        as Arc<dyn kv::transport::KvTransport>
+                }),
+                prefer: cfg.transport,
+                allow_tcp: !cfg.tls.enabled(),
                 name: cfg.name.clone(),
                 drain: drain.clone(),
             };
@@ -216,7 +249,7 @@ pub async fn serve(
                 .add_service(reflection)
                 .add_service(DecodeServer::new(svc).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES))
                 .add_service(
-                    KvTransferServer::new(KvTransferService(receiver))
+                    KvTransferServer::new(KvTransferService::new(receiver, cfg.pipes.as_ref().map(|p| p.0.clone())))
                         .max_decoding_message_size(MAX_MESSAGE_BYTES)
                         .max_encoding_message_size(MAX_MESSAGE_BYTES),
                 );
@@ -228,6 +261,7 @@ pub async fn serve(
         .map_err(|e| WorkerError::InvalidRequest(format!("--admin-token: {e}")))?;
     let registration = match &cfg.router {
         Some(r) => {
+            let kv_transports = kv_transports(&cfg, !data_addr.is_empty());
             let req = RegisterRequest {
                 role: cfg.role.wire() as i32,
                 name: cfg.name.clone(),
@@ -238,6 +272,7 @@ pub async fn serve(
                 max_context: facts.max_context as u32,
                 load: None,
                 draining: false,
+                kv_transports,
             };
             Some(tokio::spawn(registration::keep_registered(r.clone(), req, load, ready, drain.subscribe(), worker_id.clone(), auth.clone(), client_tls.clone())))
         }

@@ -11,7 +11,7 @@ use ferry_core::kv_payload::KvPayloadHeader;
 use ferry_core::{BlockTable, SamplingParams};
 use ferry_engine::sampler::Sampler;
 use ferry_engine::{Engine, Logits, SeqId, StepItem};
-use ferry_proto::v1::{KvBegin, KvTarget, PrefillRequest, PrefillResponse};
+use ferry_proto::v1::{KvBegin, KvTarget, KvTransport as KvTransportKind, PrefillRequest, PrefillResponse};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::mpsc as std_mpsc;
@@ -289,8 +289,12 @@ pub struct PrefillService {
     pub engine: PrefillHandle,
     pub tcp: Arc<dyn KvTransport>,
     pub grpc: Arc<dyn KvTransport>,
-    /// Use the TCP data path when the decode worker offers one.
-    pub prefer_tcp: bool,
+    /// Device-to-device pipes (NCCL), when this worker has them.
+    pub nccl: Option<Arc<dyn KvTransport>>,
+    /// This worker's own preference, for requests whose target names no transport.
+    pub prefer: crate::TransportChoice,
+    /// The plaintext TCP data path may be used (not with TLS).
+    pub allow_tcp: bool,
     pub name: String,
     /// Held from the request's arrival until the decode worker acknowledged its KV.
     pub drain: Arc<crate::drain::Drain>,
@@ -306,6 +310,35 @@ impl Drop for CancelOnDrop {
 }
 
 impl PrefillService {
+    /// The transport for one transfer: the router's choice for the pair (the target's
+    /// `transport`), else this worker's preference; NCCL falls back to TCP or gRPC when it cannot
+    /// be set up, TCP to gRPC when the decode worker has no data address or TLS is on.
+    fn transport_for(&self, target: &KvTarget) -> Arc<dyn KvTransport> {
+        let wanted = match KvTransportKind::try_from(target.transport).unwrap_or(KvTransportKind::Unspecified) {
+            KvTransportKind::Unspecified => match self.prefer {
+                crate::TransportChoice::Nccl => KvTransportKind::Nccl,
+                crate::TransportChoice::Tcp => KvTransportKind::Tcp,
+                crate::TransportChoice::Grpc => KvTransportKind::Grpc,
+            },
+            k => k,
+        };
+        let tcp_ok = self.allow_tcp && !target.data_addr.is_empty();
+        // The host path: the TCP data path where it can be used, else gRPC.
+        let host = if tcp_ok { &self.tcp } else { &self.grpc };
+        match wanted {
+            KvTransportKind::Grpc => self.grpc.clone(),
+            KvTransportKind::Nccl => match &self.nccl {
+                Some(nccl) => Arc::new(transport::Fallback { first: nccl.clone(), then: host.clone() }),
+                None => {
+                    metrics::counter!("ferry_kv_transport_fallbacks_total", "from" => "nccl", "to" => host.kind().to_string()).increment(1);
+                    tracing::debug!("KV over NCCL requested, but this worker has no NCCL: using {}", host.kind());
+                    host.clone()
+                }
+            },
+            _ => host.clone(),
+        }
+    }
+
     async fn run(&self, req: PrefillRequest) -> Result<PrefillResponse> {
         // Held until `push` returns, i.e. after the decode worker's acknowledgement: a draining
         // prefill worker exits only when every KV it produced has been taken.
@@ -315,7 +348,7 @@ impl PrefillService {
         let params = ferry_proto::sampling_from_wire(req.sampling.as_ref(), req.stop.as_ref());
         params.validate()?;
         let target: KvTarget = req.target.clone().ok_or_else(|| WorkerError::InvalidRequest("no KV target".into()))?;
-        let transport = if self.prefer_tcp && !target.data_addr.is_empty() { &self.tcp } else { &self.grpc };
+        let transport = self.transport_for(&target);
         let (out, mut rx) = mpsc::unbounded_channel();
         let cancelled = Arc::new(AtomicBool::new(false));
         let _cancel = CancelOnDrop(cancelled.clone());
@@ -328,7 +361,8 @@ impl PrefillService {
             request_id: req.request_id.clone(),
         };
         let pushed = transport::push(transport.as_ref(), &target, begin, &mut rx).await?;
-        let kind = transport.kind().to_string();
+        let kind = KvTransportKind::try_from(pushed.stats.transport).unwrap_or(KvTransportKind::Unspecified).to_string();
+        metrics::counter!("ferry_kv_transfers_total", "transport" => kind.clone()).increment(1);
         metrics::counter!("ferry_kv_transfer_bytes_total", "transport" => kind.clone()).increment(pushed.stats.bytes);
         metrics::histogram!("ferry_kv_transfer_seconds", "transport" => kind).record(pushed.stats.duration_ms / 1e3);
         metrics::histogram!("ferry_worker_prefill_seconds").record(pushed.computed.as_secs_f64());

@@ -78,6 +78,7 @@ async fn readyz_follows_registration_and_the_routers_lease() {
         drain_timeout: Duration::from_secs(5),
         admin_token: None,
         tls: Default::default(),
+        pipes: None,
     };
     let engine = Engine::load(&fixture(), &EngineConfig { threads: 1, ..Default::default() }).expect("load the fixture model");
     let engine = ferry_worker::EngineHandle::start(Role::Prefill, engine, "test", None);

@@ -8,7 +8,8 @@ use ferry_engine::{Engine, EngineConfig};
 use ferry_proto::v1::decode_client::DecodeClient;
 use ferry_proto::v1::kv_transfer_client::KvTransferClient;
 use ferry_proto::v1::prefill_client::PrefillClient;
-use ferry_proto::v1::{decode_response, kv_chunk, DecodeRequest, KvBegin, KvChunk, KvData, KvEnd, KvTarget, PrefillRequest};
+use ferry_proto::v1::{decode_response, kv_chunk, DecodeRequest, KvBegin, KvChunk, KvData, KvEnd, KvTarget, KvTransferStats, KvTransport as Kind, PrefillRequest};
+use ferry_worker::kv::pipe::{InProcessConnector, Pipes};
 use ferry_worker::load::LoadGauge;
 use ferry_worker::{Listeners, Role, TransportChoice, WorkerConfig};
 use std::path::{Path, PathBuf};
@@ -32,6 +33,11 @@ struct Worker {
 }
 
 async fn start(role: Role, path: &Path, kv_tokens: Option<usize>, transport: TransportChoice) -> Worker {
+    start_with(role, path, kv_tokens, transport, None).await
+}
+
+/// A worker with device-to-device pipes (the in-process stand-in for NCCL).
+async fn start_with(role: Role, path: &Path, kv_tokens: Option<usize>, transport: TransportChoice, pipes: Option<Arc<InProcessConnector>>) -> Worker {
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let data = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = grpc.local_addr().unwrap().to_string();
@@ -47,6 +53,7 @@ async fn start(role: Role, path: &Path, kv_tokens: Option<usize>, transport: Tra
         drain_timeout: Duration::from_secs(5),
         admin_token: None,
         tls: Default::default(),
+        pipes: pipes.map(|c| Pipes(c)),
     };
     let engine = ferry_worker::EngineHandle::start(role, engine(path, kv_tokens), "test", None);
     let load = engine.load();
@@ -65,6 +72,12 @@ async fn channel(addr: &str) -> Channel {
 
 /// Run one request through the pair; returns all generated ids (first included).
 async fn generate(p: &Worker, d: &Worker, prompt: &[u32], params: &SamplingParams) -> Result<Vec<u32>, tonic::Status> {
+    generate_via(p, d, prompt, params, Kind::Unspecified).await.map(|(ids, _)| ids)
+}
+
+/// The same, with the router's choice of KV transport for the pair; also returns what the
+/// prefill worker reported about the transfer.
+async fn generate_via(p: &Worker, d: &Worker, prompt: &[u32], params: &SamplingParams, transport: Kind) -> Result<(Vec<u32>, KvTransferStats), tonic::Status> {
     let (sampling, stop) = ferry_proto::sampling_to_wire(params);
     let mut dec = DecodeClient::new(channel(&d.addr).await);
     let token = mint();
@@ -77,6 +90,7 @@ async fn generate(p: &Worker, d: &Worker, prompt: &[u32], params: &SamplingParam
         data_addr: adm.data_addr.clone(),
         transfer_id: adm.transfer_id,
         transfer_token: token,
+        transport: transport as i32,
     };
     let mut pre = PrefillClient::new(channel(&p.addr).await);
     let r = pre
@@ -89,7 +103,7 @@ async fn generate(p: &Worker, d: &Worker, prompt: &[u32], params: &SamplingParam
             Some(decode_response::Event::Tokens(t)) => ids.extend(t.ids),
             Some(decode_response::Event::Final(f)) => {
                 assert_eq!(f.completion_tokens as usize, ids.len());
-                return Ok(ids);
+                return Ok((ids, r.kv.unwrap_or_default()));
             }
             _ => panic!("unexpected event"),
         }
@@ -281,7 +295,7 @@ async fn cancelling_mid_stream_frees_the_kv_on_both_workers() {
     let req = DecodeRequest { request_id: "c".into(), prompt_tokens: 30, sampling: Some(sampling), stop: Some(stop.clone()), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone() };
     let mut stream = dec.decode(req).await.unwrap().into_inner();
     let Some(decode_response::Event::Admitted(adm)) = stream.message().await.unwrap().and_then(|m| m.event) else { panic!() };
-    let target = KvTarget { decode_worker: "d".into(), grpc_addr: d.addr.clone(), data_addr: adm.data_addr, transfer_id: adm.transfer_id, transfer_token: token };
+    let target = KvTarget { decode_worker: "d".into(), grpc_addr: d.addr.clone(), data_addr: adm.data_addr, transfer_id: adm.transfer_id, transfer_token: token, transport: 0 };
     let mut pre = PrefillClient::new(channel(&p.addr).await);
     pre.prefill(PrefillRequest { request_id: "c".into(), prompt: prompt_ids(30), sampling: Some(sampling), stop: Some(stop), target: Some(target) })
         .await
@@ -301,5 +315,93 @@ async fn cancelling_mid_stream_frees_the_kv_on_both_workers() {
     let mut stream = dec.decode(req).await.unwrap().into_inner();
     stream.message().await.unwrap();
     assert_eq!(stream.message().await.unwrap_err().code(), tonic::Code::DeadlineExceeded);
+    d.assert_pool_whole().await;
+}
+
+/// KV over device-to-device pipes (NCCL's contract, in process): the output equals the single
+/// engine's, concurrent transfers to one decode worker each get a pipe, pipes are reused, and
+/// no block leaks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kv_over_pipes_equals_single_process() {
+    let path = golden("llama-gqa");
+    let mut single = engine(&path, None);
+    let pipes = InProcessConnector::new();
+    let p = start_with(Role::Prefill, &path, None, TransportChoice::Nccl, Some(pipes.clone())).await;
+    let d = start_with(Role::Decode, &path, None, TransportChoice::Nccl, Some(pipes.clone())).await;
+    let greedy = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(12) };
+    let seeded = SamplingParams { temperature: 0.9, top_p: 0.95, seed: Some(7), ignore_eos: true, ..SamplingParams::greedy(12) };
+    for (len, params) in [(5, &greedy), (37, &greedy), (19, &seeded), (80, &greedy)] {
+        let prompt = prompt_ids(len);
+        let want = single.generate(&prompt, params, &mut |_| {}).unwrap().tokens;
+        // The router's choice, and the worker's own preference (unspecified): both NCCL.
+        for via in [Kind::Nccl, Kind::Unspecified] {
+            let (got, kv) = generate_via(&p, &d, &prompt, params, via).await.unwrap();
+            assert_eq!(got, want, "prompt of {len}");
+            assert_eq!(kv.transport, Kind::Nccl as i32, "{kv:?}");
+            assert!(kv.bytes > 0 && kv.chunks > 0, "{kv:?}");
+        }
+    }
+    // Concurrent requests to the same decode worker.
+    let prompts: Vec<Vec<u32>> = (0..4).map(|i| prompt_ids(10 + 9 * i)).collect();
+    let wants: Vec<Vec<u32>> = prompts.iter().map(|pr| single.generate(pr, &greedy, &mut |_| {}).unwrap().tokens).collect();
+    let (a, b, c, e) = tokio::join!(
+        generate_via(&p, &d, &prompts[0], &greedy, Kind::Nccl),
+        generate_via(&p, &d, &prompts[1], &greedy, Kind::Nccl),
+        generate_via(&p, &d, &prompts[2], &greedy, Kind::Nccl),
+        generate_via(&p, &d, &prompts[3], &greedy, Kind::Nccl),
+    );
+    for (r, want) in [a, b, c, e].into_iter().zip(wants) {
+        let (got, kv) = r.unwrap();
+        assert_eq!(got, want);
+        assert_eq!(kv.transport, Kind::Nccl as i32);
+    }
+    p.assert_pool_whole().await;
+    d.assert_pool_whole().await;
+}
+
+/// When the pair cannot set NCCL up, the prefill worker falls back to the host path and says so;
+/// a pipe that fails mid-transfer fails that request without leaking, and the pair backs off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nccl_falls_back_and_failures_leak_nothing() {
+    let path = golden("llama-gqa");
+    let single = |prompt: &[u32], params: &SamplingParams| reference_generate(&path, prompt, params);
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(6) };
+    let prompt = prompt_ids(21);
+    let want = single(&prompt, &params);
+
+    // The decode worker has no NCCL: its rendezvous answers UNAVAILABLE; TCP is used.
+    let pipes = InProcessConnector::new();
+    pipes.set_connect_timeout(Duration::from_millis(300));
+    let p = start_with(Role::Prefill, &path, None, TransportChoice::Nccl, Some(pipes.clone())).await;
+    let d_host = start(Role::Decode, &path, None, TransportChoice::Tcp).await;
+    let (got, kv) = generate_via(&p, &d_host, &prompt, &params, Kind::Nccl).await.unwrap();
+    assert_eq!(got, want);
+    assert_eq!(kv.transport, Kind::Tcp as i32, "fell back to the TCP data path: {kv:?}");
+
+    // The peer never joins the communicator: the rendezvous times out, the transfer falls back,
+    // and while the pair backs off the next one does not wait for another timeout.
+    let d = start_with(Role::Decode, &path, None, TransportChoice::Nccl, Some(pipes.clone())).await;
+    pipes.refuse_join.store(true, Relaxed);
+    let t = std::time::Instant::now();
+    let (got, kv) = generate_via(&p, &d, &prompt, &params, Kind::Nccl).await.unwrap();
+    assert_eq!((got, kv.transport), (want.clone(), Kind::Tcp as i32));
+    assert!(t.elapsed() >= Duration::from_millis(300), "waited for the rendezvous");
+    let t = std::time::Instant::now();
+    let (got, kv) = generate_via(&p, &d, &prompt, &params, Kind::Nccl).await.unwrap();
+    assert_eq!((got, kv.transport), (want.clone(), Kind::Tcp as i32));
+    assert!(t.elapsed() < Duration::from_millis(300), "backing off, not waiting again: {:?}", t.elapsed());
+    p.assert_pool_whole().await;
+    d.assert_pool_whole().await;
+
+    // A pipe that breaks mid-transfer: that request fails (the router would retry it), with
+    // nothing leaked on either side.
+    pipes.refuse_join.store(false, Relaxed);
+    let p2 = start_with(Role::Prefill, &path, None, TransportChoice::Nccl, Some(pipes.clone())).await;
+    *pipes.fail_after_sends.lock().unwrap() = Some(4);
+    let long = prompt_ids(70);
+    let err = generate_via(&p2, &d, &long, &params, Kind::Nccl).await.unwrap_err();
+    assert!(matches!(err.code(), tonic::Code::Aborted | tonic::Code::Unavailable), "{err:?}");
+    assert!(err.message().contains("NCCL"), "{}", err.message());
+    p2.assert_pool_whole().await;
     d.assert_pool_whole().await;
 }

@@ -5,6 +5,7 @@ mod bench_cluster;
 mod bench_kv;
 mod bench_serve;
 mod generate;
+mod nccl;
 mod plot;
 mod pool_cmd;
 mod remote;

@@ -204,6 +204,7 @@ pub fn to_json(w: &v1::WorkerInfo) -> serde_json::Value {
         "inflight": w.inflight, "outstanding_prefill_tokens": w.outstanding_prefill_tokens,
         "shutting_down": w.shutting_down,
         "since_heartbeat_ms": w.since_heartbeat_ms,
+        "kv_transports": kv_transports(w),
         "load": {
             "kv_blocks_total": load.kv_blocks_total, "kv_blocks_free": load.kv_blocks_free,
             "kv_blocks_reserved": load.kv_blocks_reserved, "active_sequences": load.active_sequences,
@@ -212,8 +213,13 @@ pub fn to_json(w: &v1::WorkerInfo) -> serde_json::Value {
     })
 }
 
+/// The KV transports a worker registered (`grpc`, `tcp`, `nccl`).
+fn kv_transports(w: &v1::WorkerInfo) -> Vec<String> {
+    w.kv_transports.iter().map(|&k| v1::KvTransport::try_from(k).unwrap_or(v1::KvTransport::Unspecified).to_string()).collect()
+}
+
 pub fn table(workers: &[v1::WorkerInfo]) -> String {
-    let mut rows = vec![["ID", "NAME", "ROLE", "STATE", "ADDR", "INFLIGHT", "PREFILL_TOK", "KV_FREE/TOTAL", "ACTIVE", "HEARTBEAT"].map(String::from).to_vec()];
+    let mut rows = vec![["ID", "NAME", "ROLE", "STATE", "ADDR", "INFLIGHT", "PREFILL_TOK", "KV_FREE/TOTAL", "ACTIVE", "KV_VIA", "HEARTBEAT"].map(String::from).to_vec()];
     for w in workers {
         let load = w.load.unwrap_or_default();
         rows.push(vec![
@@ -226,6 +232,7 @@ pub fn table(workers: &[v1::WorkerInfo]) -> String {
             (w.outstanding_prefill_tokens + load.queued_prefill_tokens).to_string(),
             format!("{}/{}", load.kv_blocks_free, load.kv_blocks_total),
             load.active_sequences.to_string(),
+            kv_transports(w).join(","),
             format!("{:.0} ms ago", w.since_heartbeat_ms),
         ]);
     }

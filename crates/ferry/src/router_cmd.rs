@@ -51,6 +51,11 @@ pub struct RouterArgs {
     /// first is the one `/v1/models` and `ModelInfo` report. Default: the model's own name.
     #[arg(long = "served-model-name", value_name = "NAME")]
     pub served_model_name: Vec<String>,
+    /// The fastest KV transport the router asks a prefill→decode pair to use: auto (= nccl) picks
+    /// the fastest both workers registered (nccl, then tcp, then grpc); tcp never asks for NCCL;
+    /// grpc always uses gRPC.
+    #[arg(long, value_enum, default_value_t = KvPolicyArg::Auto)]
+    pub kv_transport: KvPolicyArg,
     #[command(flatten)]
     pub keys: ApiKeyArgs,
     /// The token worker registration and the admin API (`ferry pool`) require; workers and
@@ -63,6 +68,14 @@ pub struct RouterArgs {
     /// TLS when the router dials workers (and `ferry up`'s scaler).
     #[command(flatten)]
     pub dial_tls: crate::tls_args::DialTlsArgs,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum KvPolicyArg {
+    Auto,
+    Nccl,
+    Tcp,
+    Grpc,
 }
 
 /// API keys for the client APIs (gRPC `ferry.v1.Ferry` and HTTP `/v1/*`). With any key set,
@@ -101,6 +114,7 @@ impl ApiKeyArgs {
 }
 
 pub fn run(args: RouterArgs) -> anyhow::Result<()> {
+    use ferry_router::transport::KvPolicy;
     let tls = crate::tls_args::tls_config(&args.serve_tls, &args.dial_tls).load()?;
     let path = ferry_engine::fetch::resolve_model(Some(&args.model))?;
     let scaler = if args.kube_scale {
@@ -121,6 +135,12 @@ pub fn run(args: RouterArgs) -> anyhow::Result<()> {
         api_keys: args.keys.keys()?,
         admin_token: ferry_router::AdminToken::new(args.admin_token.as_deref()),
         served_model_names: served_model_names(&args.served_model_name)?,
+        kv_transport: match args.kv_transport {
+            KvPolicyArg::Auto => KvPolicy::Auto,
+            KvPolicyArg::Nccl => KvPolicy::Nccl,
+            KvPolicyArg::Tcp => KvPolicy::Tcp,
+            KvPolicyArg::Grpc => KvPolicy::Grpc,
+        },
         tls,
         ..ferry_router::RouterConfig::new(path)
     };

@@ -113,6 +113,8 @@ pub fn pin(list: &str) -> anyhow::Result<()> {
 pub enum KvTransportArg {
     Tcp,
     Grpc,
+    /// Device to device (GPU workers with NCCL); falls back to tcp, else grpc.
+    Nccl,
 }
 
 async fn bind(addr: &str) -> anyhow::Result<Option<tokio::net::TcpListener>> {
@@ -162,11 +164,16 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
             transport: match args.kv_transport {
                 KvTransportArg::Tcp => TransportChoice::Tcp,
                 KvTransportArg::Grpc => TransportChoice::Grpc,
+                KvTransportArg::Nccl => TransportChoice::Nccl,
             },
             kv_timeout: Duration::from_millis(args.kv_timeout_ms),
             drain_timeout: Duration::from_secs(args.drain_timeout),
             admin_token: args.admin_token.clone(),
             tls,
+            pipes: match args.kv_transport {
+                KvTransportArg::Nccl => crate::nccl::pipes(args.model.device),
+                _ => None,
+            },
         };
         let engine = ferry_worker::EngineHandle::start(role, engine, &cfg.model, args.chunked_prefill);
         health.engine_started(ferry_worker::health::EngineView { load: engine.load(), role });

@@ -77,3 +77,41 @@ pub fn continue_greedy(engine: &mut Engine, seq: ferry_engine::SeqId, first: u32
     }
     out
 }
+
+/// A fresh folder under the temp dir, removed (with what the test wrote) when dropped, so a
+/// test run leaves nothing behind. Derefs to its path.
+pub struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    pub fn new(name: &str) -> ScratchDir {
+        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let d = std::env::temp_dir().join(format!("ferry-test-{}-{n}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        ScratchDir(d)
+    }
+
+    /// A copy of a golden model folder.
+    pub fn golden_copy(name: &str, model: &str) -> ScratchDir {
+        let dst = ScratchDir::new(name);
+        for f in std::fs::read_dir(golden_dir(model)).unwrap() {
+            let f = f.unwrap();
+            std::fs::copy(f.path(), dst.join(f.file_name())).unwrap();
+        }
+        dst
+    }
+}
+
+impl std::ops::Deref for ScratchDir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

@@ -9,6 +9,7 @@
 
 pub mod assembler;
 pub mod frame;
+pub mod pipe;
 pub mod receiver;
 pub mod transport;
 

@@ -7,7 +7,7 @@ use super::assembler::{Assembled, Expectation, KvAssembler};
 use super::frame;
 use crate::{Result, WorkerError};
 use ferry_core::KvLayout;
-use ferry_proto::v1::{kv_ack_frame, kv_chunk, KvAck, KvAckFrame, KvBegin, KvChunk, KvEnd, KvError};
+use ferry_proto::v1::{kv_ack_frame, kv_chunk, KvAck, KvAckFrame, KvBegin, KvChunk, KvEnd, KvError, NcclConnectRequest, NcclConnectResponse};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -83,26 +83,26 @@ impl Drop for Ticket {
 }
 
 /// A transfer being received: its assembler, and where its result goes.
-struct Inbound<'a> {
+pub(crate) struct Inbound<'a> {
     pool: &'a BufferPool,
-    asm: KvAssembler,
+    pub(crate) asm: KvAssembler,
     tx: Option<oneshot::Sender<Result<Delivery, Status>>>,
 }
 
 impl Inbound<'_> {
     /// Tell the waiting request, and return the error for the sender.
-    fn fail(&mut self, e: WorkerError) -> WorkerError {
+    pub(crate) fn fail(&mut self, e: WorkerError) -> WorkerError {
         if let Some(tx) = self.tx.take() {
             let _ = tx.send(Err(Status::new(e.code(), e.to_string())));
         }
         e
     }
 
-    fn check<T>(&mut self, r: Result<T>) -> Result<T> {
+    pub(crate) fn check<T>(&mut self, r: Result<T>) -> Result<T> {
         r.map_err(|e| self.fail(e))
     }
 
-    async fn finish(mut self, end: KvEnd) -> Result<KvAck> {
+    pub(crate) async fn finish(mut self, end: KvEnd) -> Result<KvAck> {
         let asm = std::mem::replace(&mut self.asm, KvAssembler::empty());
         let assembled = self.check(asm.finish(end))?;
         let (bytes, chunks) = (assembled.payload.len() as u64, assembled.chunks);
@@ -154,7 +154,7 @@ impl KvReceiver {
 
     /// Start receiving transfer `id`. A wrong token leaves the admitted transfer untouched (the
     /// caller may not be its sender); anything else wrong fails it.
-    fn claim(&self, id: u64, begin: &KvBegin) -> Result<Inbound<'_>> {
+    pub(crate) fn claim(&self, id: u64, begin: &KvBegin) -> Result<Inbound<'_>> {
         if self.sink {
             let tokens = ferry_core::KvPayloadHeader::decode(&begin.header).map(|h| h.tokens).unwrap_or(0);
             let want = Expectation {
@@ -190,8 +190,20 @@ fn malformed(what: &str) -> WorkerError {
     WorkerError::InvalidRequest(format!("malformed KV transfer: {what}"))
 }
 
-/// `KvTransfer.PushKv`: chunks as a client-streaming gRPC call.
-pub struct KvTransferService(pub Arc<KvReceiver>);
+/// `KvTransfer`: `PushKv` (chunks as a client-streaming gRPC call) and `NcclConnect` (the
+/// rendezvous of a device-to-device pipe, see [`super::pipe`]).
+pub struct KvTransferService {
+    receiver: Arc<KvReceiver>,
+    pipes: Option<Arc<dyn super::pipe::PipeConnector>>,
+    /// Bound on each pipe frame inside a transfer.
+    pub pipe_timeout: std::time::Duration,
+}
+
+impl KvTransferService {
+    pub fn new(receiver: Arc<KvReceiver>, pipes: Option<Arc<dyn super::pipe::PipeConnector>>) -> Self {
+        KvTransferService { receiver, pipes, pipe_timeout: std::time::Duration::from_secs(30) }
+    }
+}
 
 #[tonic::async_trait]
 impl ferry_proto::v1::kv_transfer_server::KvTransfer for KvTransferService {
@@ -202,7 +214,7 @@ impl ferry_proto::v1::kv_transfer_server::KvTransfer for KvTransferService {
         let Some(kv_chunk::Part::Begin(begin)) = first.part else {
             return Err(malformed("the first chunk must be `begin`").into());
         };
-        let mut inbound = self.0.claim(id, &begin)?;
+        let mut inbound = self.receiver.claim(id, &begin)?;
         loop {
             let msg = match s.message().await {
                 Ok(Some(m)) => m,
@@ -221,6 +233,27 @@ impl ferry_proto::v1::kv_transfer_server::KvTransfer for KvTransferService {
                 }
                 Some(kv_chunk::Part::End(end)) => return Ok(Response::new(inbound.finish(end).await?)),
                 Some(kv_chunk::Part::Begin(_)) | None => return Err(inbound.fail(malformed("unexpected chunk")).into()),
+            }
+        }
+    }
+
+    async fn nccl_connect(&self, req: Request<NcclConnectRequest>) -> std::result::Result<Response<NcclConnectResponse>, Status> {
+        let req = req.into_inner();
+        let peer = req.peer.clone();
+        match super::pipe::accept(self.receiver.clone(), self.pipes.clone(), req, self.pipe_timeout).await {
+            Ok(device) => {
+                metrics::counter!("ferry_kv_nccl_connects_total", "outcome" => "ok").increment(1);
+                Ok(Response::new(NcclConnectResponse { device }))
+            }
+            Err(e) => {
+                metrics::counter!("ferry_kv_nccl_connects_total", "outcome" => "error").increment(1);
+                tracing::warn!(peer = %peer, "NCCL rendezvous failed: {e}");
+                // UNAVAILABLE rather than ABORTED: the prefill side falls back to another transport.
+                let code = match &e {
+                    WorkerError::PeerUnavailable { .. } => tonic::Code::Unavailable,
+                    e => e.code(),
+                };
+                Err(Status::new(code, e.to_string()))
             }
         }
     }

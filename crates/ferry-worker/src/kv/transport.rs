@@ -20,6 +20,8 @@ use tonic::transport::Channel;
 /// One open transfer to a decode worker.
 #[tonic::async_trait]
 pub trait KvLink: Send {
+    /// The transport carrying this transfer.
+    fn kind(&self) -> Kind;
     async fn data(&mut self, offset: u64, data: Bytes, crc: u32) -> Result<()>;
     /// Send `end` and wait for the receiver's acknowledgement (sent after it stored the KV).
     async fn end(self: Box<Self>, end: KvEnd) -> Result<KvAck>;
@@ -125,6 +127,10 @@ impl GrpcLink {
 
 #[tonic::async_trait]
 impl KvLink for GrpcLink {
+    fn kind(&self) -> Kind {
+        Kind::Grpc
+    }
+
     async fn data(&mut self, offset: u64, data: Bytes, crc32: u32) -> Result<()> {
         self.send(kv_chunk::Part::Data(KvData { offset, data, crc32 })).await
     }
@@ -192,6 +198,10 @@ impl TcpLink {
 
 #[tonic::async_trait]
 impl KvLink for TcpLink {
+    fn kind(&self) -> Kind {
+        Kind::Tcp
+    }
+
     async fn data(&mut self, offset: u64, data: Bytes, crc: u32) -> Result<()> {
         if let Err(e) = frame::write_data(&mut self.wr, offset, crc, &data).await {
             return Err(self.on_write_error(e).await);
@@ -275,6 +285,7 @@ pub async fn push(transport: &dyn KvTransport, target: &KvTarget, begin: KvBegin
                         transport.open(target, begin.clone()).await?
                     }
                 };
+                let kind = l.kind();
                 let ack = l.end(KvEnd { first_token, first_is_stop, sampler_state, chunks }).await?;
                 drop(lease);
                 let started = started.expect("set when the link opened");
@@ -284,7 +295,7 @@ pub async fn push(transport: &dyn KvTransport, target: &KvTarget, begin: KvBegin
                     queued,
                     computed,
                     stats: KvTransferStats {
-                        transport: transport.kind() as i32,
+                        transport: kind as i32,
                         bytes: ack.bytes.max(bytes),
                         chunks,
                         duration_ms: started.elapsed().as_secs_f64() * 1e3,
@@ -296,4 +307,32 @@ pub async fn push(transport: &dyn KvTransport, target: &KvTarget, begin: KvBegin
         }
     }
     Err(WorkerError::Cancelled)
+}
+
+/// Try one transport, and if a transfer cannot be set up on it (NCCL missing on a side, its
+/// rendezvous failed or timed out, the pair is backing off after a failure), use another. Only
+/// the set-up falls back: once KV bytes went out on a link, a failure fails the transfer (and the
+/// router retries the request).
+pub struct Fallback {
+    pub first: std::sync::Arc<dyn KvTransport>,
+    pub then: std::sync::Arc<dyn KvTransport>,
+}
+
+#[tonic::async_trait]
+impl KvTransport for Fallback {
+    fn kind(&self) -> Kind {
+        self.first.kind()
+    }
+
+    async fn open(&self, target: &KvTarget, begin: KvBegin) -> Result<Box<dyn KvLink>> {
+        match self.first.open(target, begin.clone()).await {
+            Ok(link) => Ok(link),
+            Err(e) => {
+                let (from, to) = (self.first.kind().to_string(), self.then.kind().to_string());
+                tracing::warn!(peer = %target.grpc_addr, request_id = %begin.request_id, "KV over {from} unavailable, using {to}: {e}");
+                metrics::counter!("ferry_kv_transport_fallbacks_total", "from" => from, "to" => to).increment(1);
+                self.then.open(target, begin).await
+            }
+        }
+    }
 }

@@ -22,6 +22,8 @@ mod direct;
 #[cfg(feature = "cuda")]
 mod driver;
 #[cfg(feature = "cuda")]
+pub mod nccl;
+#[cfg(feature = "cuda")]
 pub mod nvrtc;
 #[cfg(feature = "cuda")]
 mod ops;

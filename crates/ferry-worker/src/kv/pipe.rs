@@ -1,0 +1,716 @@
+//! KV over a device-to-device pipe: a two-rank NCCL communicator per prefill→decode pair.
+//!
+//! NCCL point-to-point gives an ordered pipe of messages whose sizes both sides must agree on. On
+//! it this module runs the same transfer as the other transports — `begin`, checksummed `data`
+//! chunks, `end`, then the decode worker's reply — as *frames*: a fixed 32-byte header (kind,
+//! body length, offset, CRC-32), then the body. The decode side validates with the same
+//! [`KvAssembler`](super::assembler::KvAssembler) checks (token, fingerprint, layout, size,
+//! order, CRC), so a pipe changes how bytes move and nothing about what is accepted.
+//!
+//! - **Rendezvous** over the gRPC control plane: the prefill worker (rank 0) creates the unique
+//!   id and joins; at the same time it calls `KvTransfer.NcclConnect` on the decode worker, which
+//!   joins as rank 1. Both give up after a timeout (NCCL's own init would wait forever).
+//! - **One transfer at a time per pipe.** Idle pipes are pooled per decode worker and reused; a
+//!   second concurrent transfer to the same worker sets up another pipe, up to
+//!   [`PipeTransport::MAX_PIPES_PER_PEER`]. A pipe whose operation fails or times out is dropped
+//!   (the NCCL communicator is aborted), and the pair is not tried again for a back-off period:
+//!   meanwhile transfers fall back to gRPC (see [`Fallback`](super::transport::Fallback)).
+//! - Every operation has a deadline. An idle pipe on the decode side closes after
+//!   [`IDLE_CLOSE`]; the prefill side retires its idle pipes well before that (sending `close`).
+//!
+//! The NCCL implementation of [`BytePipe`] lives with the CUDA backend (`ferry-engine`, feature
+//! `cuda`); [`InProcessConnector`] implements the same contract over in-memory queues, so the
+//! protocol, the rendezvous and the fallbacks are tested on machines without GPUs.
+
+use super::receiver::KvReceiver;
+use super::transport::{Channels, KvLink, KvTransport};
+use super::MAX_CHUNK_BYTES;
+use crate::{Result, WorkerError};
+use bytes::Bytes;
+use ferry_proto::v1::kv_transfer_client::KvTransferClient;
+use ferry_proto::v1::{kv_ack_frame, kv_chunk, KvAck, KvAckFrame, KvBegin, KvChunk, KvEnd, KvError, KvTarget, KvTransport as Kind, NcclConnectRequest};
+use prost::Message;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// One end of a two-rank communicator: ordered messages, each received with the exact size it
+/// was sent with (NCCL point-to-point semantics). Blocking; every call is bounded by a deadline.
+pub trait BytePipe: Send {
+    /// Send `data`; the peer takes it with a `recv` of the same length.
+    fn send(&mut self, data: &[u8], deadline: Instant) -> std::result::Result<(), String>;
+    /// Receive exactly `buf.len()` bytes.
+    fn recv(&mut self, buf: &mut [u8], deadline: Instant) -> std::result::Result<(), String>;
+}
+
+/// Makes pipes: the rendezvous half that each side runs.
+pub trait PipeConnector: Send + Sync {
+    /// What this is, for logs (`"nccl on cuda:0"`).
+    fn describe(&self) -> String;
+    /// A fresh rendezvous id (rank 0 creates it; the NCCL unique id).
+    fn new_id(&self) -> std::result::Result<Vec<u8>, String>;
+    /// Join the two-rank communicator `id` as `rank` (0: the prefill worker, 1: the decode
+    /// worker). Blocks until both ranks joined, or fails at `timeout`.
+    fn connect(&self, id: &[u8], rank: u32, timeout: Duration) -> std::result::Result<Box<dyn BytePipe>, String>;
+    /// The CUDA device the pipes live on.
+    fn device(&self) -> u32 {
+        0
+    }
+    /// How long the prefill side waits for a rendezvous.
+    fn connect_timeout(&self) -> Duration {
+        Duration::from_secs(10)
+    }
+}
+
+/// A connector for a worker's config (`Debug` for the config's sake).
+#[derive(Clone)]
+pub struct Pipes(pub Arc<dyn PipeConnector>);
+
+impl std::fmt::Debug for Pipes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.describe())
+    }
+}
+
+/// How long an idle pipe stays open on the decode side.
+pub const IDLE_CLOSE: Duration = Duration::from_secs(600);
+/// The prefill side retires idle pipes sooner, so it never sends into one the peer closed.
+const IDLE_RETIRE: Duration = Duration::from_secs(300);
+
+// ---------------------------------------------------------------------------------------------
+// Frames
+
+/// Frame kinds.
+pub mod kind {
+    /// `KvChunk` with `begin` (protobuf).
+    pub const BEGIN: u8 = 1;
+    /// A chunk of the payload body, at `offset`, with its CRC-32.
+    pub const DATA: u8 = 2;
+    /// `KvChunk` with `end` (protobuf); the decode side answers with `REPLY`.
+    pub const END: u8 = 3;
+    /// The sender gave up on the transfer (no reply follows); the pipe stays usable.
+    pub const ABORT: u8 = 4;
+    /// `KvAckFrame` (protobuf): the decode worker's acknowledgement or error.
+    pub const REPLY: u8 = 5;
+    /// The prefill side retires the pipe.
+    pub const CLOSE: u8 = 6;
+}
+
+const MAGIC: u32 = u32::from_le_bytes(*b"FKV1");
+pub const HEADER_BYTES: usize = 32;
+/// Largest control body (a `begin`, `end` or reply is a few hundred bytes).
+const MAX_CONTROL_BYTES: usize = 64 << 10;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameHeader {
+    pub kind: u8,
+    pub len: u64,
+    pub offset: u64,
+    pub crc: u32,
+}
+
+impl FrameHeader {
+    pub fn control(kind: u8, len: usize) -> Self {
+        FrameHeader { kind, len: len as u64, offset: 0, crc: 0 }
+    }
+
+    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut b = [0u8; HEADER_BYTES];
+        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4] = self.kind;
+        b[8..16].copy_from_slice(&self.len.to_le_bytes());
+        b[16..24].copy_from_slice(&self.offset.to_le_bytes());
+        b[24..28].copy_from_slice(&self.crc.to_le_bytes());
+        b
+    }
+
+    /// Parse and bound a header: the body it announces must fit what its kind may carry.
+    pub fn decode(b: &[u8; HEADER_BYTES]) -> std::result::Result<Self, String> {
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let magic = u32::from_le_bytes(b[0..4].try_into().expect("4 bytes"));
+        if magic != MAGIC {
+            return Err(format!("bad frame magic {magic:08x}"));
+        }
+        let h = FrameHeader { kind: b[4], len: u64_at(8), offset: u64_at(16), crc: u32::from_le_bytes(b[24..28].try_into().expect("4 bytes")) };
+        let max = match h.kind {
+            kind::DATA => MAX_CHUNK_BYTES,
+            kind::BEGIN | kind::END | kind::REPLY | kind::ABORT => MAX_CONTROL_BYTES,
+            kind::CLOSE => 0,
+            k => return Err(format!("unknown frame kind {k}")),
+        };
+        if h.len > max as u64 || (h.kind == kind::DATA && h.len == 0) {
+            return Err(format!("frame kind {} announces {} bytes (at most {max})", h.kind, h.len));
+        }
+        Ok(h)
+    }
+}
+
+fn send_frame(pipe: &mut dyn BytePipe, h: FrameHeader, body: &[u8], deadline: Instant) -> std::result::Result<(), String> {
+    debug_assert_eq!(h.len as usize, body.len());
+    pipe.send(&h.encode(), deadline)?;
+    if !body.is_empty() {
+        pipe.send(body, deadline)?;
+    }
+    Ok(())
+}
+
+/// Receive one frame; its body goes into `body` (cleared first).
+fn recv_frame(pipe: &mut dyn BytePipe, body: &mut Vec<u8>, deadline: Instant) -> std::result::Result<FrameHeader, String> {
+    let mut hb = [0u8; HEADER_BYTES];
+    pipe.recv(&mut hb, deadline)?;
+    let h = FrameHeader::decode(&hb)?;
+    body.clear();
+    body.resize(h.len as usize, 0);
+    if h.len > 0 {
+        pipe.recv(body, deadline)?;
+    }
+    Ok(h)
+}
+
+fn send_message(pipe: &mut dyn BytePipe, kind: u8, msg: &impl Message, deadline: Instant) -> std::result::Result<(), String> {
+    let body = msg.encode_to_vec();
+    send_frame(pipe, FrameHeader::control(kind, body.len()), &body, deadline)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prefill side
+
+struct Idle {
+    pipe: Box<dyn BytePipe>,
+    since: Instant,
+}
+
+#[derive(Default)]
+struct Peers {
+    idle: HashMap<String, Vec<Idle>>,
+    /// Pipes open (idle or busy) per peer.
+    open: HashMap<String, usize>,
+    /// Peers whose last set-up or transfer failed: not tried again before this instant.
+    backoff: HashMap<String, Instant>,
+}
+
+/// Sends KV over pipes (the prefill side of the NCCL transport).
+pub struct PipeTransport {
+    connector: Arc<dyn PipeConnector>,
+    channels: Channels,
+    peers: Arc<Mutex<Peers>>,
+    /// This worker's name and model fingerprint (sent with the rendezvous).
+    name: String,
+    fingerprint: String,
+    /// Bound on each frame, and on waiting for the reply after `end`.
+    pub op_timeout: Duration,
+    /// After a failure, how long the pair goes without trying this transport again.
+    pub backoff: Duration,
+}
+
+impl PipeTransport {
+    /// At most this many pipes to one decode worker (one per concurrent transfer).
+    pub const MAX_PIPES_PER_PEER: usize = 4;
+
+    pub fn new(connector: Arc<dyn PipeConnector>, channels: Channels, name: String, fingerprint: String) -> Self {
+        PipeTransport {
+            connector,
+            channels,
+            peers: Arc::default(),
+            name,
+            fingerprint,
+            op_timeout: Duration::from_secs(30),
+            backoff: Duration::from_secs(30),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Peers> {
+        self.peers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An idle pipe to `peer`, retiring stale ones; or a reserved slot for a new one (`None`).
+    fn take_idle(&self, peer: &str) -> Result<Option<Box<dyn BytePipe>>> {
+        let mut p = self.lock();
+        if let Some(until) = p.backoff.get(peer) {
+            if Instant::now() < *until {
+                let left = until.saturating_duration_since(Instant::now());
+                return Err(unavailable(peer, format!("NCCL to this peer failed recently; not retried for another {:.0} s", left.as_secs_f64())));
+            }
+        }
+        let mut retired = Vec::new();
+        let mut found = None;
+        if let Some(list) = p.idle.get_mut(peer) {
+            while let Some(i) = list.pop() {
+                if i.since.elapsed() < IDLE_RETIRE {
+                    found = Some(i.pipe);
+                    break;
+                }
+                retired.push(i.pipe);
+            }
+        }
+        let open = p.open.entry(peer.to_string()).or_insert(0);
+        *open -= retired.len().min(*open);
+        if found.is_none() {
+            if *open >= Self::MAX_PIPES_PER_PEER {
+                return Err(unavailable(peer, format!("{} NCCL pipes to this peer are all busy", Self::MAX_PIPES_PER_PEER)));
+            }
+            *open += 1;
+        }
+        drop(p);
+        for mut pipe in retired {
+            tokio::task::spawn_blocking(move || {
+                let _ = send_frame(pipe.as_mut(), FrameHeader::control(kind::CLOSE, 0), &[], Instant::now() + Duration::from_secs(2));
+            });
+        }
+        Ok(found)
+    }
+
+    async fn rendezvous(&self, target: &KvTarget) -> Result<Box<dyn BytePipe>> {
+        let peer = &target.grpc_addr;
+        let started = Instant::now();
+        let id = self.connector.new_id().map_err(|e| unavailable(peer, format!("NCCL unique id: {e}")))?;
+        let timeout = self.connector.connect_timeout();
+        let (connector, local_id) = (self.connector.clone(), id.clone());
+        let local = tokio::task::spawn_blocking(move || connector.connect(&local_id, 0, timeout));
+        let mut client = KvTransferClient::new(self.channels.get(peer)?);
+        let req = NcclConnectRequest { unique_id: id.into(), peer: self.name.clone(), timeout_ms: timeout.as_millis() as u32, fingerprint: self.fingerprint.clone() };
+        let remote = tokio::time::timeout(timeout + Duration::from_secs(1), client.nccl_connect(req)).await;
+        let remote = match remote {
+            Ok(Ok(r)) => r.into_inner(),
+            // The local join then times out on its own (its thread ends at `connect_timeout`).
+            Ok(Err(s)) => return Err(unavailable(peer, format!("NCCL rendezvous refused: {}", s.message()))),
+            Err(_) => return Err(unavailable(peer, format!("NCCL rendezvous timed out after {} ms", timeout.as_millis()))),
+        };
+        let pipe = local
+            .await
+            .map_err(|e| WorkerError::Internal(e.to_string()))?
+            .map_err(|e| unavailable(peer, format!("NCCL communicator: {e}")))?;
+        metrics::histogram!("ferry_kv_nccl_connect_seconds").record(started.elapsed().as_secs_f64());
+        tracing::info!(peer = %peer, device = remote.device, ms = started.elapsed().as_millis() as u64, "NCCL pipe up");
+        Ok(pipe)
+    }
+
+    /// Give back the slot of a pipe that was lost, and keep away from the peer for a while.
+    fn lost(peers: &Mutex<Peers>, peer: &str, backoff: Duration) {
+        let mut p = peers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = p.open.get_mut(peer) {
+            *n = n.saturating_sub(1);
+        }
+        p.backoff.insert(peer.to_string(), Instant::now() + backoff);
+        metrics::counter!("ferry_kv_nccl_pipes_lost_total").increment(1);
+    }
+
+    fn give_back(peers: &Mutex<Peers>, peer: &str, pipe: Box<dyn BytePipe>) {
+        let mut p = peers.lock().unwrap_or_else(|p| p.into_inner());
+        p.backoff.remove(peer);
+        p.idle.entry(peer.to_string()).or_default().push(Idle { pipe, since: Instant::now() });
+    }
+
+    /// Pipes now idle to `peer` (for tests and metrics).
+    pub fn idle_pipes(&self, peer: &str) -> usize {
+        self.lock().idle.get(peer).map_or(0, |l| l.len())
+    }
+}
+
+fn unavailable(peer: &str, what: impl std::fmt::Display) -> WorkerError {
+    WorkerError::PeerUnavailable { peer: peer.to_string(), what: what.to_string() }
+}
+
+/// Run a blocking pipe operation off the async runtime, moving the pipe there and back.
+async fn on_pipe<T: Send + 'static>(
+    mut pipe: Box<dyn BytePipe>,
+    f: impl FnOnce(&mut dyn BytePipe) -> std::result::Result<T, String> + Send + 'static,
+) -> (Option<Box<dyn BytePipe>>, std::result::Result<T, String>) {
+    match tokio::task::spawn_blocking(move || {
+        let r = f(pipe.as_mut());
+        (pipe, r)
+    })
+    .await
+    {
+        Ok((pipe, r)) => (Some(pipe), r),
+        Err(e) => (None, Err(format!("pipe task failed: {e}"))),
+    }
+}
+
+#[tonic::async_trait]
+impl KvTransport for PipeTransport {
+    fn kind(&self) -> Kind {
+        Kind::Nccl
+    }
+
+    async fn open(&self, target: &KvTarget, begin: KvBegin) -> Result<Box<dyn KvLink>> {
+        let peer = target.grpc_addr.clone();
+        let (pipe, fresh) = match self.take_idle(&peer)? {
+            Some(p) => (p, false),
+            None => match self.rendezvous(target).await {
+                Ok(p) => (p, true),
+                Err(e) => {
+                    Self::lost(&self.peers, &peer, self.backoff);
+                    return Err(e);
+                }
+            },
+        };
+        let msg = KvChunk { transfer_id: target.transfer_id, part: Some(kv_chunk::Part::Begin(begin)) };
+        let deadline = Instant::now() + self.op_timeout;
+        let (pipe, r) = on_pipe(pipe, move |p| send_message(p, kind::BEGIN, &msg, deadline)).await;
+        match (pipe, r) {
+            (Some(pipe), Ok(())) => Ok(Box::new(PipeLink { pipe: Some(pipe), peer, peers: self.peers.clone(), op_timeout: self.op_timeout, backoff: self.backoff })),
+            (_, Err(e)) => {
+                Self::lost(&self.peers, &peer, self.backoff);
+                Err(unavailable(&peer, format!("NCCL pipe ({}): sending begin: {e}", if fresh { "new" } else { "pooled" })))
+            }
+            (None, Ok(())) => unreachable!("a pipe task that returned Ok gave the pipe back"),
+        }
+    }
+}
+
+struct PipeLink {
+    /// `None` once the transfer ended or the pipe was lost.
+    pipe: Option<Box<dyn BytePipe>>,
+    peer: String,
+    peers: Arc<Mutex<Peers>>,
+    op_timeout: Duration,
+    backoff: Duration,
+}
+
+impl PipeLink {
+    async fn op<T: Send + 'static>(&mut self, what: &str, f: impl FnOnce(&mut dyn BytePipe) -> std::result::Result<T, String> + Send + 'static) -> Result<T> {
+        let pipe = self.pipe.take().ok_or_else(|| unavailable(&self.peer, "NCCL pipe already closed"))?;
+        let (pipe, r) = on_pipe(pipe, f).await;
+        match r {
+            Ok(v) => {
+                self.pipe = pipe;
+                Ok(v)
+            }
+            Err(e) => {
+                // A failed or timed-out operation leaves the pipe out of step: drop it (which
+                // aborts the communicator), and keep away from the peer for a while.
+                PipeTransport::lost(&self.peers, &self.peer, self.backoff);
+                Err(unavailable(&self.peer, format!("NCCL pipe: {what}: {e}")))
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl KvLink for PipeLink {
+    fn kind(&self) -> Kind {
+        Kind::Nccl
+    }
+
+    async fn data(&mut self, offset: u64, data: Bytes, crc: u32) -> Result<()> {
+        let deadline = Instant::now() + self.op_timeout;
+        let h = FrameHeader { kind: kind::DATA, len: data.len() as u64, offset, crc };
+        self.op("sending data", move |p| send_frame(p, h, &data, deadline)).await
+    }
+
+    async fn end(mut self: Box<Self>, end: KvEnd) -> Result<KvAck> {
+        let deadline = Instant::now() + self.op_timeout;
+        let reply = self
+            .op("sending end and waiting for the reply", move |p| {
+                send_message(p, kind::END, &KvChunk { transfer_id: 0, part: Some(kv_chunk::Part::End(end)) }, deadline)?;
+                let mut body = Vec::new();
+                let h = recv_frame(p, &mut body, deadline)?;
+                if h.kind != kind::REPLY {
+                    return Err(format!("expected a reply frame, got kind {}", h.kind));
+                }
+                KvAckFrame::decode(&body[..]).map_err(|e| format!("undecodable reply: {e}"))
+            })
+            .await?;
+        // The transfer is over either way: the pipe is in step and goes back to the pool.
+        if let Some(pipe) = self.pipe.take() {
+            PipeTransport::give_back(&self.peers, &self.peer, pipe);
+        }
+        match reply.result {
+            Some(kv_ack_frame::Result::Ack(a)) => Ok(a),
+            Some(kv_ack_frame::Result::Error(e)) => {
+                Err(WorkerError::PeerRefused { peer: self.peer.clone(), status: tonic::Status::new(tonic::Code::from_i32(e.code), e.message) })
+            }
+            None => Err(unavailable(&self.peer, "empty reply")),
+        }
+    }
+}
+
+impl Drop for PipeLink {
+    /// Abandoned mid-transfer (the prefill failed or was cancelled): tell the decode side, so the
+    /// pipe stays in step and goes back to the pool; if that fails, the pipe is dropped.
+    fn drop(&mut self) {
+        let Some(mut pipe) = self.pipe.take() else { return };
+        let (peer, peers, backoff) = (self.peer.clone(), self.peers.clone(), self.backoff);
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            PipeTransport::lost(&peers, &peer, backoff);
+            return;
+        };
+        rt.spawn_blocking(move || {
+            match send_frame(pipe.as_mut(), FrameHeader::control(kind::ABORT, 0), &[], Instant::now() + Duration::from_secs(5)) {
+                Ok(()) => PipeTransport::give_back(&peers, &peer, pipe),
+                Err(_) => PipeTransport::lost(&peers, &peer, backoff),
+            }
+        });
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decode side
+
+/// `KvTransfer.NcclConnect`: join the communicator, then serve transfers on it from a thread of
+/// its own until the peer closes it, it idles for [`IDLE_CLOSE`], or an operation fails.
+pub async fn accept(receiver: Arc<KvReceiver>, connector: Option<Arc<dyn PipeConnector>>, req: NcclConnectRequest, op_timeout: Duration) -> Result<u32> {
+    let Some(connector) = connector else {
+        return Err(WorkerError::PeerUnavailable { peer: req.peer, what: "this decode worker has no NCCL (it runs on the CPU, or libnccl could not be loaded)".into() });
+    };
+    if req.fingerprint != receiver.fingerprint() {
+        return Err(WorkerError::Incompatible { id: 0, what: format!("NCCL peer {} serves model {}, this worker {}", req.peer, req.fingerprint, receiver.fingerprint()) });
+    }
+    let timeout = Duration::from_millis(req.timeout_ms.clamp(100, 120_000) as u64);
+    let id = req.unique_id.to_vec();
+    let c = connector.clone();
+    let pipe = tokio::task::spawn_blocking(move || c.connect(&id, 1, timeout))
+        .await
+        .map_err(|e| WorkerError::Internal(e.to_string()))?
+        .map_err(|e| WorkerError::PeerUnavailable { peer: req.peer.clone(), what: format!("NCCL communicator: {e}") })?;
+    let rt = tokio::runtime::Handle::current();
+    let peer = req.peer.clone();
+    std::thread::Builder::new()
+        .name("ferry-kv-pipe".into())
+        .spawn(move || {
+            metrics::gauge!("ferry_kv_nccl_pipes").increment(1.0);
+            match serve(&receiver, pipe, &rt, op_timeout) {
+                Ok(()) => tracing::debug!(peer = %peer, "NCCL pipe closed"),
+                Err(e) => tracing::warn!(peer = %peer, "NCCL pipe dropped: {e}"),
+            }
+            metrics::gauge!("ferry_kv_nccl_pipes").decrement(1.0);
+        })
+        .map_err(|e| WorkerError::Internal(format!("starting a KV pipe thread: {e}")))?;
+    Ok(connector.device())
+}
+
+/// A transfer as seen by the serving loop.
+enum State<'a> {
+    Idle,
+    Receiving(super::receiver::Inbound<'a>),
+    /// It failed (the error goes back in the reply); frames are read and dropped until its `end`.
+    Failed(WorkerError),
+}
+
+fn serve(receiver: &Arc<KvReceiver>, mut pipe: Box<dyn BytePipe>, rt: &tokio::runtime::Handle, op_timeout: Duration) -> std::result::Result<(), String> {
+    let mut state = State::Idle;
+    let mut body = Vec::with_capacity(MAX_CHUNK_BYTES);
+    loop {
+        let deadline = Instant::now() + if matches!(state, State::Idle) { IDLE_CLOSE } else { op_timeout };
+        let h = match recv_frame(pipe.as_mut(), &mut body, deadline) {
+            Ok(h) => h,
+            Err(e) => {
+                if let State::Receiving(mut inbound) = state {
+                    inbound.fail(WorkerError::PeerUnavailable { peer: "prefill worker".into(), what: format!("NCCL pipe: {e}") });
+                }
+                return Err(e);
+            }
+        };
+        state = match (h.kind, state) {
+            (kind::CLOSE, State::Idle) => return Ok(()),
+            (kind::BEGIN, State::Idle) => match KvChunk::decode(&body[..]) {
+                Ok(KvChunk { transfer_id, part: Some(kv_chunk::Part::Begin(begin)) }) => match receiver.claim(transfer_id, &begin) {
+                    Ok(inbound) => State::Receiving(inbound),
+                    Err(e) => State::Failed(e),
+                },
+                _ => State::Failed(WorkerError::InvalidRequest("malformed KV transfer: undecodable begin frame".into())),
+            },
+            (kind::DATA, State::Receiving(mut inbound)) => {
+                let r = inbound.asm.data(h.offset, &body, h.crc);
+                match inbound.check(r) {
+                    Ok(()) => State::Receiving(inbound),
+                    Err(e) => State::Failed(e),
+                }
+            }
+            (kind::DATA, failed @ State::Failed(_)) => failed,
+            (kind::END, state) => {
+                let result = match (state, KvChunk::decode(&body[..])) {
+                    (State::Receiving(inbound), Ok(KvChunk { part: Some(kv_chunk::Part::End(end)), .. })) => rt.block_on(inbound.finish(end)),
+                    (State::Receiving(mut inbound), _) => Err(inbound.fail(WorkerError::InvalidRequest("malformed KV transfer: undecodable end frame".into()))),
+                    (State::Failed(e), _) => Err(e),
+                    (State::Idle, _) => Err(WorkerError::InvalidRequest("malformed KV transfer: `end` before `begin`".into())),
+                };
+                let reply = match result {
+                    Ok(ack) => KvAckFrame { result: Some(kv_ack_frame::Result::Ack(ack)) },
+                    Err(e) => KvAckFrame { result: Some(kv_ack_frame::Result::Error(KvError { code: e.code() as i32, message: e.to_string() })) },
+                };
+                send_message(pipe.as_mut(), kind::REPLY, &reply, Instant::now() + op_timeout)?;
+                State::Idle
+            }
+            (kind::ABORT, state) => {
+                if let State::Receiving(mut inbound) = state {
+                    inbound.fail(WorkerError::PeerUnavailable { peer: "prefill worker".into(), what: "the sender abandoned the transfer".into() });
+                }
+                State::Idle
+            }
+            (k, state) => {
+                let what = format!("frame kind {k} out of place ({})", match state { State::Idle => "between transfers", _ => "inside a transfer" });
+                if let State::Receiving(mut inbound) = state {
+                    inbound.fail(WorkerError::InvalidRequest(format!("malformed KV transfer: {what}")));
+                }
+                return Err(what);
+            }
+        };
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// In-process pipes
+
+type Queue = std::sync::mpsc::Receiver<Vec<u8>>;
+
+struct Half {
+    tx: std::sync::mpsc::Sender<Vec<u8>>,
+    rx: Queue,
+}
+
+/// Pipes between workers of one process over in-memory queues, with NCCL's contract (ordered
+/// messages, matching sizes, both ranks must join): the pipe protocol, rendezvous and fallbacks
+/// run without a GPU. Not a transport for production.
+#[derive(Default)]
+pub struct InProcessConnector {
+    /// Ids created and not yet joined by both ranks: (rank 0's half, rank 1's half).
+    waiting: Mutex<HashMap<Vec<u8>, [Option<Half>; 2]>>,
+    joined: std::sync::Condvar,
+    /// Test hook: rank 1 never joins (an unreachable peer; the rendezvous must time out).
+    pub refuse_join: std::sync::atomic::AtomicBool,
+    /// Test hook: the next rank-0 (prefill side) pipe fails every send after this many.
+    pub fail_after_sends: Mutex<Option<usize>>,
+    /// Rendezvous timeout in milliseconds (0: the default).
+    connect_timeout_ms: std::sync::atomic::AtomicU64,
+}
+
+impl InProcessConnector {
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    pub fn set_connect_timeout(&self, t: Duration) {
+        self.connect_timeout_ms.store(t.as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+struct InProcessPipe {
+    half: Half,
+    sends_left: Option<usize>,
+}
+
+impl BytePipe for InProcessPipe {
+    fn send(&mut self, data: &[u8], _deadline: Instant) -> std::result::Result<(), String> {
+        if let Some(n) = &mut self.sends_left {
+            if *n == 0 {
+                return Err("injected failure".into());
+            }
+            *n -= 1;
+        }
+        self.half.tx.send(data.to_vec()).map_err(|_| "peer closed the pipe".to_string())
+    }
+
+    fn recv(&mut self, buf: &mut [u8], deadline: Instant) -> std::result::Result<(), String> {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let msg = self.half.rx.recv_timeout(wait).map_err(|e| match e {
+            std::sync::mpsc::RecvTimeoutError::Timeout => "timed out".to_string(),
+            std::sync::mpsc::RecvTimeoutError::Disconnected => "peer closed the pipe".to_string(),
+        })?;
+        if msg.len() != buf.len() {
+            // NCCL would corrupt memory or hang here; the protocol must never do this.
+            return Err(format!("message of {} bytes received into {} (sizes must match)", msg.len(), buf.len()));
+        }
+        buf.copy_from_slice(&msg);
+        Ok(())
+    }
+}
+
+impl PipeConnector for InProcessConnector {
+    fn describe(&self) -> String {
+        "in-process pipes".into()
+    }
+
+    fn new_id(&self) -> std::result::Result<Vec<u8>, String> {
+        let id = rand::random::<u128>().to_le_bytes().to_vec();
+        let (a_tx, b_rx) = std::sync::mpsc::channel();
+        let (b_tx, a_rx) = std::sync::mpsc::channel();
+        let halves = [Some(Half { tx: a_tx, rx: a_rx }), Some(Half { tx: b_tx, rx: b_rx })];
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), halves);
+        Ok(id)
+    }
+
+    fn connect_timeout(&self) -> Duration {
+        match self.connect_timeout_ms.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => Duration::from_secs(10),
+            ms => Duration::from_millis(ms),
+        }
+    }
+
+    fn connect(&self, id: &[u8], rank: u32, timeout: Duration) -> std::result::Result<Box<dyn BytePipe>, String> {
+        let refuse = rank == 1 && self.refuse_join.load(std::sync::atomic::Ordering::Relaxed);
+        let deadline = Instant::now() + timeout;
+        let mut w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let half = if refuse {
+            None
+        } else {
+            w.get_mut(id).ok_or("unknown rendezvous id")?[rank as usize & 1].take()
+        };
+        self.joined.notify_all();
+        // Both ranks must join before either returns (as ncclCommInitRank). An id no longer
+        // waiting was completed by the other rank.
+        loop {
+            let both = w.get(id).is_none_or(|h| h.iter().all(Option::is_none));
+            if both && half.is_some() {
+                break;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                w.remove(id);
+                return Err(format!("the other rank did not join within {} ms", timeout.as_millis()));
+            }
+            w = self.joined.wait_timeout(w, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        w.remove(id);
+        drop(w);
+        let sends_left = if rank == 0 { self.fail_after_sends.lock().unwrap_or_else(|p| p.into_inner()).take() } else { None };
+        Ok(Box::new(InProcessPipe { half: half.expect("checked"), sends_left }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_headers_round_trip_and_are_bounded() {
+        let h = FrameHeader { kind: kind::DATA, len: 1000, offset: 1 << 40, crc: 0xdead_beef };
+        assert_eq!(FrameHeader::decode(&h.encode()).unwrap(), h);
+        let mut bad = h.encode();
+        bad[0] ^= 1;
+        assert!(FrameHeader::decode(&bad).unwrap_err().contains("magic"));
+        let big = FrameHeader { len: MAX_CHUNK_BYTES as u64 + 1, ..h };
+        assert!(FrameHeader::decode(&big.encode()).unwrap_err().contains("announces"));
+        let empty = FrameHeader { len: 0, ..h };
+        assert!(FrameHeader::decode(&empty.encode()).is_err(), "empty data frame");
+        let unknown = FrameHeader { kind: 99, ..h };
+        assert!(FrameHeader::decode(&unknown.encode()).unwrap_err().contains("unknown frame kind"));
+        let close = FrameHeader::control(kind::CLOSE, 1);
+        assert!(FrameHeader::decode(&close.encode()).is_err(), "close carries no body");
+    }
+
+    #[test]
+    fn in_process_pipes_need_both_ranks_and_matching_sizes() {
+        let c = InProcessConnector::new();
+        let id = c.new_id().unwrap();
+        let c2 = c.clone();
+        let id2 = id.clone();
+        let t = std::thread::spawn(move || c2.connect(&id2, 1, Duration::from_secs(5)));
+        let mut a = c.connect(&id, 0, Duration::from_secs(5)).unwrap();
+        let mut b = t.join().unwrap().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        a.send(b"hello", deadline).unwrap();
+        let mut buf = [0u8; 5];
+        b.recv(&mut buf, deadline).unwrap();
+        assert_eq!(&buf, b"hello");
+        a.send(b"hi", deadline).unwrap();
+        let mut wrong = [0u8; 3];
+        assert!(b.recv(&mut wrong, deadline).unwrap_err().contains("sizes must match"));
+        // Only one rank joins: it gives up at its timeout.
+        let id = c.new_id().unwrap();
+        let t0 = Instant::now();
+        assert!(c.connect(&id, 0, Duration::from_millis(100)).is_err());
+        assert!(t0.elapsed() >= Duration::from_millis(100));
+    }
+}
