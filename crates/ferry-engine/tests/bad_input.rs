@@ -4,7 +4,7 @@ mod common;
 use common::*;
 use ferry_core::SamplingParams;
 use ferry_engine::{Engine, EngineConfig, EngineError};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// A copy of a golden model folder, with `edit` applied to it (removed when dropped).
 fn edited_model(name: &str, edit: impl FnOnce(&Path)) -> ScratchDir {

@@ -88,6 +88,9 @@ pub struct WorkerConfig {
     pub transport: TransportChoice,
     /// How long a decode worker waits for an admitted request's KV.
     pub kv_timeout: Duration,
+    /// Longest one step of a KV transfer may make no progress, on either side (a chunk not
+    /// taken or not arriving, an acknowledgement not coming) before the transfer is failed.
+    pub kv_stall_timeout: Duration,
     /// On shutdown, how long to wait for in-flight requests (and, on a prefill worker, for the
     /// acknowledgement of every KV sent) before exiting anyway.
     pub drain_timeout: Duration,
@@ -223,6 +226,7 @@ pub async fn serve(
                 }),
                 prefer: cfg.transport,
                 allow_tcp: !cfg.tls.enabled(),
+                stall: cfg.kv_stall_timeout,
                 name: cfg.name.clone(),
                 drain: drain.clone(),
             };
@@ -235,7 +239,7 @@ pub async fn serve(
             let (load, facts) = (handle.load.clone(), handle.facts.clone());
             let receiver = KvReceiver::new(facts.fingerprint.clone(), facts.layout);
             if let Some(l) = data_listener {
-                tokio::spawn(kv::receiver::serve_tcp(receiver.clone(), l));
+                tokio::spawn(kv::receiver::serve_tcp(receiver.clone(), l, cfg.kv_stall_timeout));
             }
             let svc = decode::DecodeService {
                 engine: handle,
@@ -249,7 +253,7 @@ pub async fn serve(
                 .add_service(reflection)
                 .add_service(DecodeServer::new(svc).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES))
                 .add_service(
-                    KvTransferServer::new(KvTransferService::new(receiver, cfg.pipes.as_ref().map(|p| p.0.clone())))
+                    KvTransferServer::new(KvTransferService::new(receiver, cfg.pipes.as_ref().map(|p| p.0.clone()), cfg.kv_stall_timeout))
                         .max_decoding_message_size(MAX_MESSAGE_BYTES)
                         .max_encoding_message_size(MAX_MESSAGE_BYTES),
                 );

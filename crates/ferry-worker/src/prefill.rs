@@ -295,6 +295,8 @@ pub struct PrefillService {
     pub prefer: crate::TransportChoice,
     /// The plaintext TCP data path may be used (not with TLS).
     pub allow_tcp: bool,
+    /// Longest a transfer step may make no progress (see [`crate::kv::DEFAULT_STALL`]).
+    pub stall: std::time::Duration,
     pub name: String,
     /// Held from the request's arrival until the decode worker acknowledged its KV.
     pub drain: Arc<crate::drain::Drain>,
@@ -360,7 +362,7 @@ impl PrefillService {
             header: KvPayloadHeader { layout: facts.layout, tokens }.encode().to_vec().into(),
             request_id: req.request_id.clone(),
         };
-        let pushed = transport::push(transport.as_ref(), &target, begin, &mut rx).await?;
+        let pushed = transport::push(transport.as_ref(), &target, begin, &mut rx, self.stall).await?;
         let kind = KvTransportKind::try_from(pushed.stats.transport).unwrap_or(KvTransportKind::Unspecified).to_string();
         metrics::counter!("ferry_kv_transfers_total", "transport" => kind.clone()).increment(1);
         metrics::counter!("ferry_kv_transfer_bytes_total", "transport" => kind.clone()).increment(pushed.stats.bytes);

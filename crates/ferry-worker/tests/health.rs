@@ -75,6 +75,7 @@ async fn readyz_follows_registration_and_the_routers_lease() {
         advertise_host: None,
         transport: TransportChoice::Tcp,
         kv_timeout: Duration::from_secs(5),
+        kv_stall_timeout: ferry_worker::kv::DEFAULT_STALL,
         drain_timeout: Duration::from_secs(5),
         admin_token: None,
         tls: Default::default(),

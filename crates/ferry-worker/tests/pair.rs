@@ -28,6 +28,8 @@ fn engine(path: &Path, kv_tokens: Option<usize>) -> Engine {
 
 struct Worker {
     addr: String,
+    /// The TCP data listener's address (decode workers).
+    data_addr: String,
     load: Arc<LoadGauge>,
     _shutdown: tokio::sync::oneshot::Sender<()>,
 }
@@ -38,23 +40,35 @@ async fn start(role: Role, path: &Path, kv_tokens: Option<usize>, transport: Tra
 
 /// A worker with device-to-device pipes (the in-process stand-in for NCCL).
 async fn start_with(role: Role, path: &Path, kv_tokens: Option<usize>, transport: TransportChoice, pipes: Option<Arc<InProcessConnector>>) -> Worker {
+    start_custom(role, path, kv_tokens, |c| {
+        c.transport = transport;
+        c.pipes = pipes.map(|c| Pipes(c));
+    })
+    .await
+}
+
+/// A worker with its config edited by `edit`.
+async fn start_custom(role: Role, path: &Path, kv_tokens: Option<usize>, edit: impl FnOnce(&mut WorkerConfig)) -> Worker {
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let data = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = grpc.local_addr().unwrap().to_string();
-    let cfg = WorkerConfig {
+    let data_addr = data.local_addr().unwrap().to_string();
+    let mut cfg = WorkerConfig {
         role,
         name: format!("{role:?}"),
         model: "test".into(),
         router: None,
         advertise: None,
         advertise_host: None,
-        transport,
+        transport: TransportChoice::Tcp,
         kv_timeout: Duration::from_secs(5),
+        kv_stall_timeout: ferry_worker::kv::DEFAULT_STALL,
         drain_timeout: Duration::from_secs(5),
         admin_token: None,
         tls: Default::default(),
-        pipes: pipes.map(|c| Pipes(c)),
+        pipes: None,
     };
+    edit(&mut cfg);
     let engine = ferry_worker::EngineHandle::start(role, engine(path, kv_tokens), "test", None);
     let load = engine.load();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -63,7 +77,7 @@ async fn start_with(role: Role, path: &Path, kv_tokens: Option<usize>, transport
     tokio::spawn(async move {
         ferry_worker::serve(cfg, engine, listeners, async move { let _ = rx.await; }, ready).await.expect("worker");
     });
-    Worker { addr, load, _shutdown: tx }
+    Worker { addr, data_addr, load, _shutdown: tx }
 }
 
 async fn channel(addr: &str) -> Channel {
@@ -403,5 +417,68 @@ async fn nccl_falls_back_and_failures_leak_nothing() {
     assert!(matches!(err.code(), tonic::Code::Aborted | tonic::Code::Unavailable), "{err:?}");
     assert!(err.message().contains("NCCL"), "{}", err.message());
     p2.assert_pool_whole().await;
+    d.assert_pool_whole().await;
+}
+
+/// A peer that stops making progress mid-transfer (frozen, not disconnected) fails the transfer
+/// after the stall timeout, on either side, and nothing it held stays held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stalled_peer_fails_the_transfer_and_frees_everything() {
+    use tokio::io::AsyncWriteExt;
+    let path = golden("llama-gqa");
+    let stall = Duration::from_millis(300);
+
+    // Prefill side: the decode worker's data address accepts the connection and then reads
+    // nothing and never replies. The prefill fails (ABORTED, naming the stall), and its blocks
+    // come back, long before the decode side's 5 s KV timeout would have mattered.
+    let p = start_custom(Role::Prefill, &path, None, |c| c.kv_stall_timeout = stall).await;
+    let frozen = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let frozen_addr = frozen.local_addr().unwrap().to_string();
+    let hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((sock, _)) = frozen.accept().await {
+            held.push(sock);
+        }
+    });
+    let target = KvTarget { decode_worker: "frozen".into(), grpc_addr: frozen_addr.clone(), data_addr: frozen_addr, transfer_id: 1, transfer_token: mint(), transport: Kind::Tcp as i32 };
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(4) };
+    let (sampling, stop) = ferry_proto::sampling_to_wire(&params);
+    let mut pre = PrefillClient::new(channel(&p.addr).await);
+    let t = std::time::Instant::now();
+    let err = pre
+        .prefill(PrefillRequest { request_id: "s".into(), prompt: prompt_ids(20), sampling: Some(sampling), stop: Some(stop), target: Some(target) })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Aborted, "{err:?}");
+    assert!(err.message().contains("stalled"), "{}", err.message());
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    p.assert_pool_whole().await;
+    hold.abort();
+
+    // Decode side: a sender that opens the transfer and then sends nothing more. The admitted
+    // request fails after the stall timeout (not the 5 s KV timeout) and its reservation returns.
+    let d = start_custom(Role::Decode, &path, None, |c| c.kv_stall_timeout = stall).await;
+    let reference = engine(&path, None);
+    let tokens = 6usize;
+    let (mut stream, id, token) = admit(&d, tokens as u32, 4).await.unwrap();
+    let mut sock = tokio::net::TcpStream::connect(&d.data_addr).await.unwrap();
+    let header = ferry_core::KvPayloadHeader { layout: reference.kv_layout(), tokens }.encode().to_vec();
+    let begin = KvChunk {
+        transfer_id: id,
+        part: Some(kv_chunk::Part::Begin(KvBegin { transfer_token: token, fingerprint: reference.fingerprint.clone(), header: header.into(), request_id: "s".into() })),
+    };
+    ferry_worker::kv::frame::write_message(&mut sock, ferry_worker::kv::frame::CONTROL, &begin).await.unwrap();
+    sock.flush().await.unwrap();
+    let t = std::time::Instant::now();
+    let err = loop {
+        match stream.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended without an error"),
+            Err(e) => break e,
+        }
+    };
+    assert!(t.elapsed() < Duration::from_secs(4), "failed at the stall timeout, not the KV timeout: {:?}", t.elapsed());
+    assert!(err.message().contains("stalled"), "{err:?}");
+    drop(sock);
     d.assert_pool_whole().await;
 }

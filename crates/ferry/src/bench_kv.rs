@@ -58,7 +58,7 @@ pub fn sink(a: KvSinkArgs) -> anyhow::Result<()> {
         let data = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let raw = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         println!("grpc={} data={} raw={}", grpc.local_addr()?, data.local_addr()?, raw.local_addr()?);
-        tokio::spawn(ferry_worker::kv::receiver::serve_tcp(receiver.clone(), data));
+        tokio::spawn(ferry_worker::kv::receiver::serve_tcp(receiver.clone(), data, ferry_worker::kv::DEFAULT_STALL));
         tokio::spawn(async move {
             while let Ok((mut s, _)) = raw.accept().await {
                 tokio::spawn(async move {
@@ -80,7 +80,7 @@ pub fn sink(a: KvSinkArgs) -> anyhow::Result<()> {
                 });
             }
         });
-        let svc = ferry_proto::v1::kv_transfer_server::KvTransferServer::new(KvTransferService::new(receiver, None))
+        let svc = ferry_proto::v1::kv_transfer_server::KvTransferServer::new(KvTransferService::new(receiver, None, ferry_worker::kv::DEFAULT_STALL))
             .max_decoding_message_size(MAX_MESSAGE_BYTES);
         tonic::transport::Server::builder()
             .initial_stream_window_size(H2_WINDOW)
@@ -130,7 +130,7 @@ async fn ferry_transfer(t: &dyn KvTransport, target: &KvTarget, lay: KvLayout, t
         computed_at: now,
         lease: Box::new(()),
     });
-    transport::push(t, target, begin, &mut rx).await?;
+    transport::push(t, target, begin, &mut rx, ferry_worker::kv::DEFAULT_STALL).await?;
     Ok(start.elapsed())
 }
 

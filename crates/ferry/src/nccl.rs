@@ -2,7 +2,9 @@
 //! traits. Workers get pipes with `--kv-transport nccl --device cuda[:N]`; anything else (a CPU
 //! worker, a build without `cuda`, no libnccl) keeps the host transports, with a warning.
 
-use ferry_worker::kv::pipe::{BytePipe, PipeConnector, Pipes};
+use ferry_worker::kv::pipe::{PipeConnector, Pipes};
+#[cfg(feature = "cuda")]
+use ferry_worker::kv::pipe::BytePipe;
 use std::sync::Arc;
 
 /// The pipes a worker asked for NCCL gets, or None with the reason logged.

@@ -46,6 +46,11 @@ pub struct WorkerArgs {
     /// failed prefill worker is noticed by the router at once), sized for an overloaded pool.
     #[arg(long, default_value_t = 120_000)]
     pub kv_timeout_ms: u64,
+    /// Longest one step of a KV transfer may make no progress, on either side (a chunk the peer
+    /// does not take or that does not arrive, an acknowledgement that does not come), before the
+    /// transfer fails and frees what it holds; the router then retries the request elsewhere.
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub kv_stall_timeout_ms: u64,
     /// Colocated workers: chunked prefill (Sarathi-Serve) with this many tokens per step, decodes
     /// included; without it, prompts are prefilled whole before the running decodes continue.
     #[arg(long)]
@@ -167,6 +172,7 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
                 KvTransportArg::Nccl => TransportChoice::Nccl,
             },
             kv_timeout: Duration::from_millis(args.kv_timeout_ms),
+            kv_stall_timeout: Duration::from_millis(args.kv_stall_timeout_ms),
             drain_timeout: Duration::from_secs(args.drain_timeout),
             admin_token: args.admin_token.clone(),
             tls,

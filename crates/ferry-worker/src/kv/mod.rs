@@ -21,6 +21,13 @@ use std::time::{Duration, Instant};
 /// Largest data chunk: well under gRPC's message limit, large enough to amortise per-chunk costs.
 pub const MAX_CHUNK_BYTES: usize = 1 << 20;
 
+/// How long one step of a transfer may make no progress before the transfer is failed: a chunk
+/// the peer does not take, the next chunk that does not arrive, an acknowledgement that does not
+/// come. A frozen peer (stopped, swapping, its network gone without a reset) holds an open
+/// connection forever; this bounds what the transfer holds meanwhile (the prefill lease, the
+/// decode side's payload buffer).
+pub const DEFAULT_STALL: Duration = Duration::from_secs(30);
+
 /// What the prefill engine thread sends to a request's transfer task.
 pub enum Outbound {
     /// One layer's K and V for the whole prompt, at `offset` in the payload body, with the

@@ -11,6 +11,7 @@ use ferry_proto::v1::{kv_ack_frame, kv_chunk, KvAck, KvAckFrame, KvBegin, KvChun
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
@@ -195,14 +196,20 @@ fn malformed(what: &str) -> WorkerError {
 pub struct KvTransferService {
     receiver: Arc<KvReceiver>,
     pipes: Option<Arc<dyn super::pipe::PipeConnector>>,
-    /// Bound on each pipe frame inside a transfer.
-    pub pipe_timeout: std::time::Duration,
+    /// Longest wait for the next chunk (or pipe frame) of a transfer that has begun.
+    stall: Duration,
 }
 
 impl KvTransferService {
-    pub fn new(receiver: Arc<KvReceiver>, pipes: Option<Arc<dyn super::pipe::PipeConnector>>) -> Self {
-        KvTransferService { receiver, pipes, pipe_timeout: std::time::Duration::from_secs(30) }
+    pub fn new(receiver: Arc<KvReceiver>, pipes: Option<Arc<dyn super::pipe::PipeConnector>>, stall: Duration) -> Self {
+        KvTransferService { receiver, pipes, stall }
     }
+}
+
+/// The sender made no progress for `stall`: fail the transfer (its buffer goes back to the pool).
+fn stalled(stall: Duration) -> WorkerError {
+    metrics::counter!("ferry_kv_stalls_total", "side" => "receive").increment(1);
+    WorkerError::PeerUnavailable { peer: "prefill worker".into(), what: format!("stalled: no chunk for {} ms", stall.as_millis()) }
 }
 
 #[tonic::async_trait]
@@ -216,7 +223,11 @@ impl ferry_proto::v1::kv_transfer_server::KvTransfer for KvTransferService {
         };
         let mut inbound = self.receiver.claim(id, &begin)?;
         loop {
-            let msg = match s.message().await {
+            let next = match tokio::time::timeout(self.stall, s.message()).await {
+                Ok(r) => r,
+                Err(_) => return Err(inbound.fail(stalled(self.stall)).into()),
+            };
+            let msg = match next {
                 Ok(Some(m)) => m,
                 Ok(None) => return Err(inbound.fail(malformed("stream ended before `end`")).into()),
                 Err(e) => {
@@ -240,7 +251,7 @@ impl ferry_proto::v1::kv_transfer_server::KvTransfer for KvTransferService {
     async fn nccl_connect(&self, req: Request<NcclConnectRequest>) -> std::result::Result<Response<NcclConnectResponse>, Status> {
         let req = req.into_inner();
         let peer = req.peer.clone();
-        match super::pipe::accept(self.receiver.clone(), self.pipes.clone(), req, self.pipe_timeout).await {
+        match super::pipe::accept(self.receiver.clone(), self.pipes.clone(), req, self.stall).await {
             Ok(device) => {
                 metrics::counter!("ferry_kv_nccl_connects_total", "outcome" => "ok").increment(1);
                 Ok(Response::new(NcclConnectResponse { device }))
@@ -259,14 +270,15 @@ impl ferry_proto::v1::kv_transfer_server::KvTransfer for KvTransferService {
     }
 }
 
-/// Serve the TCP data path until the listener fails.
-pub async fn serve_tcp(receiver: Arc<KvReceiver>, listener: TcpListener) {
+/// Serve the TCP data path until the listener fails. A transfer whose sender makes no progress
+/// for `stall` is failed.
+pub async fn serve_tcp(receiver: Arc<KvReceiver>, listener: TcpListener, stall: Duration) {
     loop {
         match listener.accept().await {
             Ok((sock, _)) => {
                 let r = receiver.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = handle_tcp(r, sock).await {
+                    if let Err(e) = handle_tcp(r, sock, stall).await {
                         tracing::debug!("KV data connection: {e}");
                     }
                 });
@@ -279,12 +291,12 @@ pub async fn serve_tcp(receiver: Arc<KvReceiver>, listener: TcpListener) {
     }
 }
 
-async fn handle_tcp(receiver: Arc<KvReceiver>, sock: TcpStream) -> Result<()> {
+async fn handle_tcp(receiver: Arc<KvReceiver>, sock: TcpStream, stall: Duration) -> Result<()> {
     sock.set_nodelay(true).ok();
     let (rd, wr) = sock.into_split();
     let mut rd = BufReader::with_capacity(64 << 10, rd);
     let mut wr = BufWriter::new(wr);
-    let result = receive_tcp(&receiver, &mut rd).await;
+    let result = receive_tcp(&receiver, &mut rd, stall).await;
     let reply = match &result {
         Ok(ack) => KvAckFrame { result: Some(kv_ack_frame::Result::Ack(*ack)) },
         Err(e) => KvAckFrame { result: Some(kv_ack_frame::Result::Error(KvError { code: e.code() as i32, message: e.to_string() })) },
@@ -294,9 +306,13 @@ async fn handle_tcp(receiver: Arc<KvReceiver>, sock: TcpStream) -> Result<()> {
     result.map(|_| ())
 }
 
-async fn receive_tcp<R: tokio::io::AsyncRead + Unpin>(receiver: &KvReceiver, rd: &mut R) -> Result<KvAck> {
+async fn receive_tcp<R: tokio::io::AsyncRead + Unpin>(receiver: &KvReceiver, rd: &mut R, stall: Duration) -> Result<KvAck> {
     let eof = || frame::io_err("reading", std::io::ErrorKind::UnexpectedEof.into());
-    let (kind, len) = frame::read_header(rd).await.map_err(|e| frame::io_err("reading", e))?.ok_or_else(eof)?;
+    let (kind, len) = tokio::time::timeout(stall, frame::read_header(rd))
+        .await
+        .map_err(|_| stalled(stall))?
+        .map_err(|e| frame::io_err("reading", e))?
+        .ok_or_else(eof)?;
     if kind != frame::CONTROL {
         return Err(malformed("the first frame must be `begin`"));
     }
@@ -306,14 +322,18 @@ async fn receive_tcp<R: tokio::io::AsyncRead + Unpin>(receiver: &KvReceiver, rd:
     };
     let mut inbound = receiver.claim(first.transfer_id, &begin)?;
     loop {
-        let header = frame::read_header(rd).await.map_err(|e| frame::io_err("reading", e));
+        let header = match tokio::time::timeout(stall, frame::read_header(rd)).await {
+            Ok(h) => h.map_err(|e| frame::io_err("reading", e)),
+            Err(_) => Err(stalled(stall)),
+        };
         let (kind, len) = inbound.check(header.and_then(|h| h.ok_or_else(eof)))?;
         match kind {
             frame::DATA if len > frame::DATA_HEADER => {
                 let (offset, crc) = inbound.check(frame::read_data_header(rd).await)?;
                 let n = len - frame::DATA_HEADER;
                 let read = match inbound.asm.append_target(offset, n) {
-                    Ok(buf) => read_appending(rd, buf, n).await,
+                    // A chunk is at most 1 MiB: it may take `stall` in all.
+                    Ok(buf) => tokio::time::timeout(stall, read_appending(rd, buf, n)).await.unwrap_or_else(|_| Err(stalled(stall))),
                     Err(e) => Err(e),
                 };
                 inbound.check(read)?;

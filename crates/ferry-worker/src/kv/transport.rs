@@ -255,10 +255,24 @@ pub struct Pushed {
     pub stats: KvTransferStats,
 }
 
+/// Bound one step of a transfer by the stall timeout: a peer that makes no progress for `stall`
+/// is treated as gone (ABORTED to the router, which checks the peer and retries elsewhere).
+async fn within<T>(stall: Duration, peer: &str, what: &str, f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    match tokio::time::timeout(stall, f).await {
+        Ok(r) => r,
+        Err(_) => {
+            metrics::counter!("ferry_kv_stalls_total", "side" => "send").increment(1);
+            Err(unavailable(peer, format!("stalled: no progress for {} ms {what}", stall.as_millis())))
+        }
+    }
+}
+
 /// Send one request's KV: open the link, forward each layer as the engine produces it (in
 /// checksummed chunks of at most [`MAX_CHUNK_BYTES`]), then `end` with the first token, and wait
-/// for the acknowledgement. The prefill lease inside `End` is held until this returns.
-pub async fn push(transport: &dyn KvTransport, target: &KvTarget, begin: KvBegin, rx: &mut mpsc::UnboundedReceiver<Outbound>) -> Result<Pushed> {
+/// for the acknowledgement. The prefill lease inside `End` is held until this returns. Each
+/// step (opening, each chunk, the acknowledgement) may take at most `stall`.
+pub async fn push(transport: &dyn KvTransport, target: &KvTarget, begin: KvBegin, rx: &mut mpsc::UnboundedReceiver<Outbound>, stall: Duration) -> Result<Pushed> {
+    let peer = target.grpc_addr.as_str();
     let mut link = None;
     let mut started = None;
     let (mut chunks, mut bytes) = (0u32, 0u64);
@@ -267,12 +281,12 @@ pub async fn push(transport: &dyn KvTransport, target: &KvTarget, begin: KvBegin
             Outbound::Layer { offset, data, crcs } => {
                 if link.is_none() {
                     started = Some(Instant::now());
-                    link = Some(transport.open(target, begin.clone()).await?);
+                    link = Some(within(stall, peer, "opening the transfer", transport.open(target, begin.clone())).await?);
                 }
                 let l = link.as_mut().expect("opened above");
                 for (r, crc) in chunk_ranges(data.len(), MAX_CHUNK_BYTES).zip(crcs) {
                     let piece = data.slice(r.clone());
-                    l.data(offset + r.start as u64, piece, crc).await?;
+                    within(stall, peer, "sending a chunk", l.data(offset + r.start as u64, piece, crc)).await?;
                     chunks += 1;
                     bytes += (r.end - r.start) as u64;
                 }
@@ -282,11 +296,11 @@ pub async fn push(transport: &dyn KvTransport, target: &KvTarget, begin: KvBegin
                     Some(l) => l,
                     None => {
                         started = Some(Instant::now());
-                        transport.open(target, begin.clone()).await?
+                        within(stall, peer, "opening the transfer", transport.open(target, begin.clone())).await?
                     }
                 };
                 let kind = l.kind();
-                let ack = l.end(KvEnd { first_token, first_is_stop, sampler_state, chunks }).await?;
+                let ack = within(stall, peer, "waiting for the acknowledgement", l.end(KvEnd { first_token, first_is_stop, sampler_state, chunks })).await?;
                 drop(lease);
                 let started = started.expect("set when the link opened");
                 return Ok(Pushed {
