@@ -416,13 +416,7 @@ impl KvLink for PipeLink {
         if let Some(pipe) = self.pipe.take() {
             PipeTransport::give_back(&self.peers, &self.peer, pipe);
         }
-        match reply.result {
-            Some(kv_ack_frame::Result::Ack(a)) => Ok(a),
-            Some(kv_ack_frame::Result::Error(e)) => {
-                Err(WorkerError::PeerRefused { peer: self.peer.clone(), status: tonic::Status::new(tonic::Code::from_i32(e.code), e.message) })
-            }
-            None => Err(unavailable(&self.peer, "empty reply")),
-        }
+        super::transport::ack_of(&self.peer, reply)
     }
 }
 

@@ -34,6 +34,17 @@ pub trait KvTransport: Send + Sync {
     async fn open(&self, target: &KvTarget, begin: KvBegin) -> Result<Box<dyn KvLink>>;
 }
 
+/// A receiver's reply frame (TCP data path, NCCL pipes) as the transfer's result.
+pub(crate) fn ack_of(peer: &str, reply: KvAckFrame) -> Result<KvAck> {
+    match reply.result {
+        Some(kv_ack_frame::Result::Ack(a)) => Ok(a),
+        Some(kv_ack_frame::Result::Error(e)) => {
+            Err(WorkerError::PeerRefused { peer: peer.to_string(), status: tonic::Status::new(tonic::Code::from_i32(e.code), e.message) })
+        }
+        None => Err(unavailable(peer, "empty reply")),
+    }
+}
+
 fn unavailable(peer: &str, what: impl std::fmt::Display) -> WorkerError {
     WorkerError::PeerUnavailable { peer: peer.to_string(), what: what.to_string() }
 }
@@ -178,14 +189,7 @@ impl TcpLink {
             return Err(unavailable(&self.peer, "connection closed without a reply"));
         };
         let reply: KvAckFrame = frame::read_message(&mut self.rd, len).await?;
-        match reply.result {
-            Some(kv_ack_frame::Result::Ack(a)) => Ok(a),
-            Some(kv_ack_frame::Result::Error(e)) => Err(WorkerError::PeerRefused {
-                peer: self.peer.clone(),
-                status: tonic::Status::new(tonic::Code::from_i32(e.code), e.message),
-            }),
-            None => Err(unavailable(&self.peer, "empty reply")),
-        }
+        ack_of(&self.peer, reply)
     }
 
     async fn on_write_error(&mut self, e: std::io::Error) -> WorkerError {
