@@ -104,6 +104,29 @@ pub struct WorkerConfig {
     pub pipes: Option<kv::pipe::Pipes>,
 }
 
+impl WorkerConfig {
+    /// A worker of `role` named `name` with the defaults `ferry prefill`/`ferry decode` use:
+    /// unregistered (no router), plaintext, TCP data path, 120 s KV timeout, 30 s stall timeout,
+    /// 60 s drain, no NCCL.
+    pub fn new(role: Role, name: impl Into<String>) -> WorkerConfig {
+        WorkerConfig {
+            role,
+            name: name.into(),
+            model: "default".into(),
+            router: None,
+            advertise: None,
+            advertise_host: None,
+            transport: TransportChoice::Tcp,
+            kv_timeout: Duration::from_secs(120),
+            kv_stall_timeout: kv::DEFAULT_STALL,
+            drain_timeout: Duration::from_secs(60),
+            admin_token: None,
+            tls: Default::default(),
+            pipes: None,
+        }
+    }
+}
+
 /// The KV transports a worker registers with: gRPC always; TCP where the plaintext data path is
 /// allowed (a prefill worker without TLS; a decode worker serving a data listener); NCCL with
 /// device pipes. Colocated workers move no KV.

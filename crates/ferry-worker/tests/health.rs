@@ -4,7 +4,7 @@
 
 use ferry_engine::{Engine, EngineConfig};
 use ferry_router::RouterConfig;
-use ferry_worker::{Listeners, Role, TransportChoice, WorkerConfig};
+use ferry_worker::{Listeners, Role, WorkerConfig};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -67,19 +67,11 @@ async fn readyz_follows_registration_and_the_routers_lease() {
     let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let http = metrics.local_addr().unwrap().to_string();
     let cfg = WorkerConfig {
-        role: Role::Prefill,
-        name: "probe-test".into(),
         model: "test".into(),
         router: Some(router_addr.clone()),
-        advertise: None,
-        advertise_host: None,
-        transport: TransportChoice::Tcp,
         kv_timeout: Duration::from_secs(5),
-        kv_stall_timeout: ferry_worker::kv::DEFAULT_STALL,
         drain_timeout: Duration::from_secs(5),
-        admin_token: None,
-        tls: Default::default(),
-        pipes: None,
+        ..WorkerConfig::new(Role::Prefill, "probe-test")
     };
     let engine = Engine::load(&fixture(), &EngineConfig { threads: 1, ..Default::default() }).expect("load the fixture model");
     let engine = ferry_worker::EngineHandle::start(Role::Prefill, engine, "test", None);

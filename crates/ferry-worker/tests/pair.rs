@@ -54,19 +54,10 @@ async fn start_custom(role: Role, path: &Path, kv_tokens: Option<usize>, edit: i
     let addr = grpc.local_addr().unwrap().to_string();
     let data_addr = data.local_addr().unwrap().to_string();
     let mut cfg = WorkerConfig {
-        role,
-        name: format!("{role:?}"),
         model: "test".into(),
-        router: None,
-        advertise: None,
-        advertise_host: None,
-        transport: TransportChoice::Tcp,
         kv_timeout: Duration::from_secs(5),
-        kv_stall_timeout: ferry_worker::kv::DEFAULT_STALL,
         drain_timeout: Duration::from_secs(5),
-        admin_token: None,
-        tls: Default::default(),
-        pipes: None,
+        ..WorkerConfig::new(role, format!("{role:?}"))
     };
     edit(&mut cfg);
     let engine = ferry_worker::EngineHandle::start(role, engine(path, kv_tokens), "test", None);
