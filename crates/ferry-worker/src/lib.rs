@@ -301,7 +301,8 @@ pub async fn serve(
                 draining: false,
                 kv_transports,
             };
-            Some(tokio::spawn(registration::keep_registered(r.clone(), req, load, ready, drain.subscribe(), worker_id.clone(), auth.clone(), client_tls.clone())))
+            let link = registration::RouterLink { router: r.clone(), auth: auth.clone(), tls: client_tls.clone() };
+            Some(tokio::spawn(registration::keep_registered(link, req, load, ready, drain.subscribe(), worker_id.clone())))
         }
         None => {
             ready.send_replace(true);
@@ -325,7 +326,7 @@ pub async fn serve(
             a.abort();
         }
         if let Some(r) = router_addr {
-            registration::deregister(&r, &worker_id, auth, client_tls).await;
+            registration::deregister(registration::RouterLink { router: r, auth, tls: client_tls }, &worker_id).await;
         }
     };
     let result = router

@@ -19,6 +19,14 @@ use tokio::sync::watch;
 /// Longest wait for one Register call (a router that accepts but does not answer).
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How a worker reaches its router: the address, the admin token, TLS.
+#[derive(Clone)]
+pub struct RouterLink {
+    pub router: String,
+    pub auth: Bearer,
+    pub tls: Option<ClientTls>,
+}
+
 /// The id the router gave at the latest registration (None before the first).
 pub type WorkerId = Arc<Mutex<Option<String>>>;
 
@@ -42,16 +50,8 @@ fn set_ready(ready: &watch::Sender<bool>, value: bool, router: &str) {
     }
 }
 
-pub async fn keep_registered(
-    router: String,
-    template: RegisterRequest,
-    load: Arc<LoadGauge>,
-    ready: watch::Sender<bool>,
-    mut draining: watch::Receiver<bool>,
-    id: WorkerId,
-    auth: Bearer,
-    tls: Option<ClientTls>,
-) {
+pub async fn keep_registered(link: RouterLink, template: RegisterRequest, load: Arc<LoadGauge>, ready: watch::Sender<bool>, mut draining: watch::Receiver<bool>, id: WorkerId) {
+    let RouterLink { router, auth, tls } = link;
     let channels = Channels::new(tls);
     let mut backoff = Duration::from_millis(100);
     loop {
@@ -125,7 +125,9 @@ pub async fn keep_registered(
 }
 
 /// Leave the router's pool after a drain (best effort, bounded: the router may be gone).
-pub async fn deregister(router: &str, id: &WorkerId, auth: Bearer, tls: Option<ClientTls>) {
+pub async fn deregister(link: RouterLink, id: &WorkerId) {
+    let RouterLink { router, auth, tls } = link;
+    let router = router.as_str();
     let Some(worker_id) = id.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
         return;
     };
