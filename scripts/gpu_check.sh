@@ -18,7 +18,11 @@
 #    bf16 GEMMs and its difference printed);
 # 3. SmolLM2 greedy generation on cuda and on cpu (the texts are printed and compared);
 # 4. a cluster on the one GPU: `ferry up --device cuda` with a prefill and a decode worker, one
-#    streamed completion over HTTP.
+#    streamed completion over HTTP;
+# 5. the same with `--kv-transport nccl`: both workers on one GPU cannot form a NCCL pair (NCCL
+#    refuses two ranks on one device), so this checks, with a real libnccl, that the rendezvous
+#    fails fast without hanging or crashing and the KV falls back to TCP (the workers' metrics are
+#    printed). A real NCCL transfer needs two GPUs.
 # Needs: python3 with numpy and safetensors (for step 2); libcuda, libnvrtc and libcublas loadable
 # (NVRTC/cuBLAS from the CUDA toolkit or the nvidia-*-cu12 wheels on LD_LIBRARY_PATH).
 set -uo pipefail
@@ -95,6 +99,37 @@ if [ -n "$http" ]; then
     grep -q '"text"' "$OUT/cluster.json" 2>/dev/null || fail "cluster: no completion text"
 else
     fail "cluster did not come up"; cat "$OUT/up.log" >&2
+fi
+kill "$up_pid" 2>/dev/null; wait "$up_pid" 2>/dev/null
+
+step "5. --kv-transport nccl on one GPU: the fallback with a real libnccl"
+# cudarc loads `libnccl.so`; the nvidia-nccl-cu12 wheel (torch's) ships only libnccl.so.2.
+nccl_dir="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)"
+if [ -n "$nccl_dir" ] && [ -e "$nccl_dir/libnccl.so.2" ]; then
+    mkdir -p "$OUT/nccl-lib" && ln -sf "$nccl_dir/libnccl.so.2" "$OUT/nccl-lib/libnccl.so"
+    export LD_LIBRARY_PATH="$PWD/$OUT/nccl-lib:$nccl_dir:${LD_LIBRARY_PATH:-}"
+fi
+"$FERRY_BIN" up --device cuda --kv-transport nccl --prefill 1 --decode 1 -m "$MODEL" --listen 127.0.0.1:0 --http 127.0.0.1:0 >"$OUT/up-nccl.log" 2>&1 &
+up_pid=$!
+http=""
+for _ in $(seq 1 120); do
+    http="$(grep -o 'http=[0-9.:]*' "$OUT/up-nccl.log" | head -1 | cut -d= -f2)"
+    if [ -n "$http" ] && grep -q '^decode' "$OUT/up-nccl.log"; then break; fi
+    kill -0 "$up_pid" 2>/dev/null || break
+    sleep 1
+done
+if [ -n "$http" ]; then
+    curl -sS --max-time 120 "http://$http/v1/completions" -H 'content-type: application/json' \
+        -d '{"model":"default","prompt":"The capital of France is","max_tokens":16,"temperature":0}' | tee "$OUT/cluster-nccl.json" \
+        || fail "nccl cluster completion"
+    echo
+    grep -q '"text"' "$OUT/cluster-nccl.json" 2>/dev/null || fail "nccl cluster: no completion text"
+    for m in $(grep -o 'metrics=[0-9.:]*' "$OUT/up-nccl.log" | cut -d= -f2); do
+        curl -sS --max-time 5 "http://$m/metrics" | grep -E '^ferry_(kv_transport_fallbacks|kv_transfers|kv_nccl)' | sed "s|^|$m |"
+    done | tee "$OUT/nccl-metrics.txt"
+    grep -iE 'nccl' "$OUT/up-nccl.log" | head -20
+else
+    fail "nccl cluster did not come up"; cat "$OUT/up-nccl.log" >&2
 fi
 kill "$up_pid" 2>/dev/null; wait "$up_pid" 2>/dev/null
 

@@ -30,7 +30,7 @@ fn connector(device: ferry_engine::Device) -> Result<Arc<dyn PipeConnector>, Str
         return Err("the worker runs on the CPU (NCCL needs --device cuda)".into());
     };
     if !nccl::nccl_present() {
-        return Err("libnccl.so could not be loaded (install NCCL, e.g. the nvidia-nccl-cu12 wheel, and put its lib/ on LD_LIBRARY_PATH)".into());
+        return Err("libnccl.so could not be loaded (install NCCL; with the nvidia-nccl-cu12 wheel, link libnccl.so to its lib/libnccl.so.2 and put both on LD_LIBRARY_PATH)".into());
     }
     Ok(Arc::new(Cuda { ordinal }))
 }

@@ -40,7 +40,7 @@ pub fn nccl_present() -> bool {
 /// A fresh `ncclUniqueId` (rank 0 makes it and sends it to rank 1 over gRPC).
 pub fn unique_id() -> R<Vec<u8>> {
     if !nccl_present() {
-        return Err("libnccl.so could not be loaded (install NCCL, e.g. the nvidia-nccl-cu12 wheel, and put its lib/ on LD_LIBRARY_PATH)".into());
+        return Err("libnccl.so could not be loaded (install NCCL; with the nvidia-nccl-cu12 wheel, link libnccl.so to its lib/libnccl.so.2 and put both on LD_LIBRARY_PATH)".into());
     }
     let mut id = nc::ncclUniqueId { internal: [0; 128] };
     // SAFETY: writes the id into our struct.
