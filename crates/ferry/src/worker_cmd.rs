@@ -156,6 +156,11 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
         let role_name = role.as_str();
         let addr = grpc.local_addr()?;
         let name = args.name.clone().unwrap_or_else(|| format!("{role_name}@{addr}"));
+        // NCCL pipes, or a warning saying why not, before the ready line.
+        let pipes = match args.kv_transport {
+            KvTransportArg::Nccl => crate::nccl::pipes(args.model.device),
+            _ => None,
+        };
         // One machine-readable line on stdout: `ferry up` and the tests wait for it.
         let show = |l: &Option<tokio::net::TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or("-".into());
         println!("ferry {role_name} ready grpc={addr} data={} metrics={metrics_addr} name={name}", show(&data));
@@ -176,10 +181,7 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
             drain_timeout: Duration::from_secs(args.drain_timeout),
             admin_token: args.admin_token.clone(),
             tls,
-            pipes: match args.kv_transport {
-                KvTransportArg::Nccl => crate::nccl::pipes(args.model.device),
-                _ => None,
-            },
+            pipes,
         };
         let engine = ferry_worker::EngineHandle::start(role, engine, &cfg.model, args.chunked_prefill);
         health.engine_started(ferry_worker::health::EngineView { load: engine.load(), role });

@@ -87,3 +87,26 @@ fn missing_pip_says_how_to_supply_a_model() {
     assert!(leftovers.is_empty(), "download folder left behind: {leftovers:?}");
     let _ = std::fs::remove_dir_all(cache);
 }
+
+/// A CPU worker asked for NCCL says why it cannot have it, and serves with the host transports.
+#[test]
+fn a_cpu_worker_asked_for_nccl_warns_and_serves() {
+    use std::io::{BufRead, BufReader};
+    let mut child = ferry()
+        .args(["prefill", "--model"])
+        .arg(golden("llama-gqa"))
+        .args(["--kv-transport", "nccl", "--threads", "1", "--listen", "127.0.0.1:0", "--metrics-listen", "none"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(line.starts_with("ferry prefill ready grpc="), "stdout: {line:?}; stderr: {err}");
+    let why = if cfg!(feature = "cuda") { "needs --device cuda" } else { "rebuild with `--features cuda`" };
+    assert!(err.contains("--kv-transport nccl") && err.contains(why), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
