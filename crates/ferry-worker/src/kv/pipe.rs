@@ -444,14 +444,17 @@ impl Drop for PipeLink {
 
 /// `KvTransfer.NcclConnect`: join the communicator, then serve transfers on it from a thread of
 /// its own until the peer closes it, it idles for [`IDLE_CLOSE`], or an operation fails.
-pub async fn accept(receiver: Arc<KvReceiver>, connector: Option<Arc<dyn PipeConnector>>, req: NcclConnectRequest, op_timeout: Duration) -> Result<u32> {
+pub async fn accept(receiver: Arc<KvReceiver>, connector: Option<Arc<dyn PipeConnector>>, req: NcclConnectRequest, op_timeout: Duration, slots: &PipeSlots) -> Result<u32> {
     let Some(connector) = connector else {
         return Err(WorkerError::PeerUnavailable { peer: req.peer, what: "this decode worker has no NCCL (it runs on the CPU, or libnccl could not be loaded)".into() });
     };
     if req.fingerprint != receiver.fingerprint() {
         return Err(WorkerError::Incompatible { id: 0, what: format!("NCCL peer {} serves model {}, this worker {}", req.peer, req.fingerprint, receiver.fingerprint()) });
     }
-    let timeout = Duration::from_millis(req.timeout_ms.clamp(100, 120_000) as u64);
+    // Held from here until the pipe closes: the rendezvous RPC is not authenticated by a
+    // transfer token, so what callers can make this worker hold is bounded.
+    let slot = slots.take().ok_or_else(|| WorkerError::Exhausted(format!("{} NCCL pipes are open or being set up on this worker", PipeSlots::MAX)))?;
+    let timeout = Duration::from_millis(req.timeout_ms.clamp(100, 30_000) as u64);
     let id = req.unique_id.to_vec();
     let c = connector.clone();
     let pipe = tokio::task::spawn_blocking(move || c.connect(&id, 1, timeout))
@@ -463,6 +466,7 @@ pub async fn accept(receiver: Arc<KvReceiver>, connector: Option<Arc<dyn PipeCon
     std::thread::Builder::new()
         .name("ferry-kv-pipe".into())
         .spawn(move || {
+            let _slot = slot;
             metrics::gauge!("ferry_kv_nccl_pipes").increment(1.0);
             match serve(&receiver, pipe, &rt, op_timeout) {
                 Ok(()) => tracing::debug!(peer = %peer, "NCCL pipe closed"),
@@ -472,6 +476,34 @@ pub async fn accept(receiver: Arc<KvReceiver>, connector: Option<Arc<dyn PipeCon
         })
         .map_err(|e| WorkerError::Internal(format!("starting a KV pipe thread: {e}")))?;
     Ok(connector.device())
+}
+
+/// The pipes (open or being set up) a decode worker allows at once.
+#[derive(Default)]
+pub struct PipeSlots(Arc<std::sync::atomic::AtomicUsize>);
+
+/// One taken slot, given back when dropped.
+pub struct PipeSlot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl PipeSlots {
+    pub const MAX: usize = 64;
+
+    fn take(&self) -> Option<PipeSlot> {
+        use std::sync::atomic::Ordering::AcqRel;
+        self.0.fetch_update(AcqRel, std::sync::atomic::Ordering::Acquire, |n| (n < Self::MAX).then_some(n + 1)).ok()?;
+        Some(PipeSlot(self.0.clone()))
+    }
+
+    /// Slots now taken.
+    pub fn taken(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+impl Drop for PipeSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 /// A transfer as seen by the serving loop.
@@ -682,6 +714,16 @@ mod tests {
         assert!(FrameHeader::decode(&unknown.encode()).unwrap_err().contains("unknown frame kind"));
         let close = FrameHeader::control(kind::CLOSE, 1);
         assert!(FrameHeader::decode(&close.encode()).is_err(), "close carries no body");
+    }
+
+    #[test]
+    fn pipe_slots_are_bounded_and_come_back() {
+        let slots = PipeSlots::default();
+        let held: Vec<PipeSlot> = (0..PipeSlots::MAX).map(|_| slots.take().expect("a slot")).collect();
+        assert!(slots.take().is_none(), "no slot past the limit");
+        drop(held);
+        assert_eq!(slots.taken(), 0);
+        assert!(slots.take().is_some());
     }
 
     #[test]

@@ -198,11 +198,12 @@ pub struct KvTransferService {
     pipes: Option<Arc<dyn super::pipe::PipeConnector>>,
     /// Longest wait for the next chunk (or pipe frame) of a transfer that has begun.
     stall: Duration,
+    pipe_slots: super::pipe::PipeSlots,
 }
 
 impl KvTransferService {
     pub fn new(receiver: Arc<KvReceiver>, pipes: Option<Arc<dyn super::pipe::PipeConnector>>, stall: Duration) -> Self {
-        KvTransferService { receiver, pipes, stall }
+        KvTransferService { receiver, pipes, stall, pipe_slots: Default::default() }
     }
 }
 
@@ -251,7 +252,7 @@ impl ferry_proto::v1::kv_transfer_server::KvTransfer for KvTransferService {
     async fn nccl_connect(&self, req: Request<NcclConnectRequest>) -> std::result::Result<Response<NcclConnectResponse>, Status> {
         let req = req.into_inner();
         let peer = req.peer.clone();
-        match super::pipe::accept(self.receiver.clone(), self.pipes.clone(), req, self.stall).await {
+        match super::pipe::accept(self.receiver.clone(), self.pipes.clone(), req, self.stall, &self.pipe_slots).await {
             Ok(device) => {
                 metrics::counter!("ferry_kv_nccl_connects_total", "outcome" => "ok").increment(1);
                 Ok(Response::new(NcclConnectResponse { device }))
