@@ -127,27 +127,54 @@ impl WorkerConfig {
     }
 }
 
-/// The KV transports a worker registers with: gRPC always; TCP where the plaintext data path is
-/// allowed (a prefill worker without TLS; a decode worker serving a data listener); NCCL with
-/// device pipes. Colocated workers move no KV.
+/// The KV transports a worker registers with. Its `transport` is its ceiling: gRPC always; TCP
+/// unless the ceiling is gRPC, and only where the plaintext data path exists (a prefill worker
+/// without TLS; a decode worker serving a data listener); NCCL with device pipes. Colocated
+/// workers move no KV.
 fn kv_transports(cfg: &WorkerConfig, data_listener: bool) -> Vec<i32> {
     use ferry_proto::v1::KvTransport as K;
-    let mut v = match cfg.role {
-        Role::Colocated => return Vec::new(),
-        Role::Prefill => vec![K::Grpc],
-        Role::Decode => vec![K::Grpc],
-    };
-    let tcp = match cfg.role {
+    if cfg.role == Role::Colocated {
+        return Vec::new();
+    }
+    let mut v = vec![K::Grpc];
+    let tcp_path = match cfg.role {
         Role::Prefill => !cfg.tls.enabled(),
         _ => data_listener,
     };
-    if tcp {
+    if tcp_path && cfg.transport != TransportChoice::Grpc {
         v.push(K::Tcp);
     }
-    if cfg.pipes.is_some() {
+    if cfg.pipes.is_some() && cfg.transport == TransportChoice::Nccl {
         v.push(K::Nccl);
     }
     v.into_iter().map(|k| k as i32).collect()
+}
+
+#[cfg(test)]
+mod transport_tests {
+    use super::*;
+    use ferry_proto::v1::KvTransport as K;
+
+    #[test]
+    fn a_worker_registers_the_transports_under_its_ceiling() {
+        let pipes = Some(kv::pipe::Pipes(kv::pipe::InProcessConnector::new()));
+        let cfg = |role, transport, pipes: &Option<kv::pipe::Pipes>| WorkerConfig { transport, pipes: pipes.clone(), ..WorkerConfig::new(role, "w") };
+        let cases = [
+            (cfg(Role::Prefill, TransportChoice::Tcp, &None), true, vec![K::Grpc, K::Tcp]),
+            (cfg(Role::Prefill, TransportChoice::Grpc, &None), true, vec![K::Grpc]),
+            (cfg(Role::Prefill, TransportChoice::Nccl, &pipes), true, vec![K::Grpc, K::Tcp, K::Nccl]),
+            // NCCL asked for but not available (a CPU worker): the host transports.
+            (cfg(Role::Prefill, TransportChoice::Nccl, &None), true, vec![K::Grpc, K::Tcp]),
+            (cfg(Role::Decode, TransportChoice::Tcp, &None), true, vec![K::Grpc, K::Tcp]),
+            (cfg(Role::Decode, TransportChoice::Tcp, &None), false, vec![K::Grpc]),
+            (cfg(Role::Decode, TransportChoice::Grpc, &pipes), true, vec![K::Grpc]),
+            (cfg(Role::Colocated, TransportChoice::Tcp, &None), true, vec![]),
+        ];
+        for (c, data, want) in cases {
+            let want: Vec<i32> = want.into_iter().map(|k| k as i32).collect();
+            assert_eq!(kv_transports(&c, data), want, "{:?} {:?}", c.role, c.transport);
+        }
+    }
 }
 
 /// The sockets a worker serves on, bound by the caller (tests bind port 0).
