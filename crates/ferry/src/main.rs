@@ -118,7 +118,11 @@ fn main() -> std::process::ExitCode {
         Command::Prefill(a) => worker_cmd::run(ferry_worker::Role::Prefill, a),
         Command::Decode(a) => worker_cmd::run(ferry_worker::Role::Decode, a),
         Command::Colocated(a) => worker_cmd::run(ferry_worker::Role::Colocated, a),
-        Command::Fetch => ferry_engine::fetch::ensure_default_model().map(|p| println!("{}", p.display())).map_err(Into::into),
+        // The path on stdout (scripts capture it); a closed stdout is an error, not a panic.
+        Command::Fetch => ferry_engine::fetch::ensure_default_model().map_err(anyhow::Error::from).and_then(|p| {
+            use std::io::Write;
+            writeln!(std::io::stdout(), "{}", p.display()).map_err(|e| anyhow::anyhow!("writing the model's path to stdout: {e}"))
+        }),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
