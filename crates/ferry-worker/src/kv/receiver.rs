@@ -207,10 +207,13 @@ impl KvTransferService {
     }
 }
 
-/// The sender made no progress for `stall`: fail the transfer (its buffer goes back to the pool).
-fn stalled(stall: Duration) -> WorkerError {
-    metrics::counter!("ferry_kv_stalls_total", "side" => "receive").increment(1);
-    WorkerError::PeerUnavailable { peer: "prefill worker".into(), what: format!("stalled: no chunk for {} ms", stall.as_millis()) }
+/// `f`, unless the sender makes no progress for `stall`: then an error that fails the transfer
+/// (its buffer goes back to the pool).
+async fn before_stall<T>(stall: Duration, f: impl std::future::Future<Output = T>) -> Result<T> {
+    tokio::time::timeout(stall, f).await.map_err(|_| {
+        metrics::counter!("ferry_kv_stalls_total", "side" => "receive").increment(1);
+        WorkerError::PeerUnavailable { peer: "prefill worker".into(), what: format!("stalled: no chunk for {} ms", stall.as_millis()) }
+    })
 }
 
 #[tonic::async_trait]
@@ -224,9 +227,9 @@ impl ferry_proto::v1::kv_transfer_server::KvTransfer for KvTransferService {
         };
         let mut inbound = self.receiver.claim(id, &begin)?;
         loop {
-            let next = match tokio::time::timeout(self.stall, s.message()).await {
+            let next = match before_stall(self.stall, s.message()).await {
                 Ok(r) => r,
-                Err(_) => return Err(inbound.fail(stalled(self.stall)).into()),
+                Err(e) => return Err(inbound.fail(e).into()),
             };
             let msg = match next {
                 Ok(Some(m)) => m,
@@ -309,11 +312,7 @@ async fn handle_tcp(receiver: Arc<KvReceiver>, sock: TcpStream, stall: Duration)
 
 async fn receive_tcp<R: tokio::io::AsyncRead + Unpin>(receiver: &KvReceiver, rd: &mut R, stall: Duration) -> Result<KvAck> {
     let eof = || frame::io_err("reading", std::io::ErrorKind::UnexpectedEof.into());
-    let (kind, len) = tokio::time::timeout(stall, frame::read_header(rd))
-        .await
-        .map_err(|_| stalled(stall))?
-        .map_err(|e| frame::io_err("reading", e))?
-        .ok_or_else(eof)?;
+    let (kind, len) = before_stall(stall, frame::read_header(rd)).await?.map_err(|e| frame::io_err("reading", e))?.ok_or_else(eof)?;
     if kind != frame::CONTROL {
         return Err(malformed("the first frame must be `begin`"));
     }
@@ -323,10 +322,7 @@ async fn receive_tcp<R: tokio::io::AsyncRead + Unpin>(receiver: &KvReceiver, rd:
     };
     let mut inbound = receiver.claim(first.transfer_id, &begin)?;
     loop {
-        let header = match tokio::time::timeout(stall, frame::read_header(rd)).await {
-            Ok(h) => h.map_err(|e| frame::io_err("reading", e)),
-            Err(_) => Err(stalled(stall)),
-        };
+        let header = before_stall(stall, frame::read_header(rd)).await.and_then(|h| h.map_err(|e| frame::io_err("reading", e)));
         let (kind, len) = inbound.check(header.and_then(|h| h.ok_or_else(eof)))?;
         match kind {
             frame::DATA if len > frame::DATA_HEADER => {
@@ -334,7 +330,7 @@ async fn receive_tcp<R: tokio::io::AsyncRead + Unpin>(receiver: &KvReceiver, rd:
                 let n = len - frame::DATA_HEADER;
                 let read = match inbound.asm.append_target(offset, n) {
                     // A chunk is at most 1 MiB: it may take `stall` in all.
-                    Ok(buf) => tokio::time::timeout(stall, read_appending(rd, buf, n)).await.unwrap_or_else(|_| Err(stalled(stall))),
+                    Ok(buf) => before_stall(stall, read_appending(rd, buf, n)).await.and_then(|r| r),
                     Err(e) => Err(e),
                 };
                 inbound.check(read)?;

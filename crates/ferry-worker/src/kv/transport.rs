@@ -277,6 +277,7 @@ async fn within<T>(stall: Duration, peer: &str, what: &str, f: impl std::future:
 /// step (opening, each chunk, the acknowledgement) may take at most `stall`.
 pub async fn push(transport: &dyn KvTransport, target: &KvTarget, begin: KvBegin, rx: &mut mpsc::UnboundedReceiver<Outbound>, stall: Duration) -> Result<Pushed> {
     let peer = target.grpc_addr.as_str();
+    let open = || within(stall, peer, "opening the transfer", transport.open(target, begin.clone()));
     let mut link = None;
     let mut started = None;
     let (mut chunks, mut bytes) = (0u32, 0u64);
@@ -285,7 +286,7 @@ pub async fn push(transport: &dyn KvTransport, target: &KvTarget, begin: KvBegin
             Outbound::Layer { offset, data, crcs } => {
                 if link.is_none() {
                     started = Some(Instant::now());
-                    link = Some(within(stall, peer, "opening the transfer", transport.open(target, begin.clone())).await?);
+                    link = Some(open().await?);
                 }
                 let l = link.as_mut().expect("opened above");
                 for (r, crc) in chunk_ranges(data.len(), MAX_CHUNK_BYTES).zip(crcs) {
@@ -300,7 +301,7 @@ pub async fn push(transport: &dyn KvTransport, target: &KvTarget, begin: KvBegin
                     Some(l) => l,
                     None => {
                         started = Some(Instant::now());
-                        within(stall, peer, "opening the transfer", transport.open(target, begin.clone())).await?
+                        open().await?
                     }
                 };
                 let kind = l.kind();
