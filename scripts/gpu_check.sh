@@ -81,26 +81,42 @@ for dev in cuda cpu; do
 done
 if cmp -s "$OUT/smollm2-cuda.txt" "$OUT/smollm2-cpu.txt"; then echo "same text on cuda and cpu"; else echo "note: the texts differ (bf16 GEMMs on cuda)"; fi
 
-step "4. cluster on the GPU: ferry up --device cuda (1 prefill + 1 decode)"
-"$FERRY_BIN" up --device cuda --prefill 1 --decode 1 -m "$MODEL" --listen 127.0.0.1:0 --http 127.0.0.1:0 >"$OUT/up.log" 2>&1 &
-up_pid=$!
-http=""
-for _ in $(seq 1 120); do
-    http="$(grep -o 'http=[0-9.:]*' "$OUT/up.log" | head -1 | cut -d= -f2)"
-    if [ -n "$http" ] && grep -q '^decode' "$OUT/up.log"; then break; fi
-    kill -0 "$up_pid" 2>/dev/null || break
-    sleep 1
-done
-if [ -n "$http" ]; then
+# `ferry up` on the GPU with one prefill and one decode worker, logging to $OUT/up-NAME.log; sets
+# up_pid and http. Fails (and returns 1) if the cluster does not come up.
+cluster_up() {
+    local name="$1"; shift
+    "$FERRY_BIN" up --device cuda --prefill 1 --decode 1 -m "$MODEL" --listen 127.0.0.1:0 --http 127.0.0.1:0 "$@" >"$OUT/up-$name.log" 2>&1 &
+    up_pid=$!
+    http=""
+    for _ in $(seq 1 120); do
+        http="$(grep -o 'http=[0-9.:]*' "$OUT/up-$name.log" | head -1 | cut -d= -f2)"
+        if [ -n "$http" ] && grep -q '^decode' "$OUT/up-$name.log"; then return 0; fi
+        kill -0 "$up_pid" 2>/dev/null || break
+        sleep 1
+    done
+    fail "$name did not come up"; cat "$OUT/up-$name.log" >&2
+    return 1
+}
+
+# One greedy completion through the cluster's HTTP API, into $OUT/NAME.json.
+completion() {
+    local name="$1"
     curl -sS --max-time 120 "http://$http/v1/completions" -H 'content-type: application/json' \
-        -d '{"model":"default","prompt":"The capital of France is","max_tokens":16,"temperature":0}' | tee "$OUT/cluster.json" \
-        || fail "cluster completion"
+        -d '{"model":"default","prompt":"The capital of France is","max_tokens":16,"temperature":0}' | tee "$OUT/$name.json" \
+        || fail "$name completion"
     echo
-    grep -q '"text"' "$OUT/cluster.json" 2>/dev/null || fail "cluster: no completion text"
-else
-    fail "cluster did not come up"; cat "$OUT/up.log" >&2
+    grep -q '"text"' "$OUT/$name.json" 2>/dev/null || fail "$name: no completion text"
+}
+
+cluster_down() {
+    kill "$up_pid" 2>/dev/null; wait "$up_pid" 2>/dev/null
+}
+
+step "4. cluster on the GPU: ferry up --device cuda (1 prefill + 1 decode)"
+if cluster_up cluster; then
+    completion cluster
 fi
-kill "$up_pid" 2>/dev/null; wait "$up_pid" 2>/dev/null
+cluster_down
 
 step "5. --kv-transport nccl on one GPU: the fallback with a real libnccl"
 # cudarc loads `libnccl.so`; the nvidia-nccl-cu12 wheel (torch's) ships only libnccl.so.2.
@@ -109,29 +125,14 @@ if [ -n "$nccl_dir" ] && [ -e "$nccl_dir/libnccl.so.2" ]; then
     mkdir -p "$OUT/nccl-lib" && ln -sf "$nccl_dir/libnccl.so.2" "$OUT/nccl-lib/libnccl.so"
     export LD_LIBRARY_PATH="$PWD/$OUT/nccl-lib:$nccl_dir:${LD_LIBRARY_PATH:-}"
 fi
-"$FERRY_BIN" up --device cuda --kv-transport nccl --prefill 1 --decode 1 -m "$MODEL" --listen 127.0.0.1:0 --http 127.0.0.1:0 >"$OUT/up-nccl.log" 2>&1 &
-up_pid=$!
-http=""
-for _ in $(seq 1 120); do
-    http="$(grep -o 'http=[0-9.:]*' "$OUT/up-nccl.log" | head -1 | cut -d= -f2)"
-    if [ -n "$http" ] && grep -q '^decode' "$OUT/up-nccl.log"; then break; fi
-    kill -0 "$up_pid" 2>/dev/null || break
-    sleep 1
-done
-if [ -n "$http" ]; then
-    curl -sS --max-time 120 "http://$http/v1/completions" -H 'content-type: application/json' \
-        -d '{"model":"default","prompt":"The capital of France is","max_tokens":16,"temperature":0}' | tee "$OUT/cluster-nccl.json" \
-        || fail "nccl cluster completion"
-    echo
-    grep -q '"text"' "$OUT/cluster-nccl.json" 2>/dev/null || fail "nccl cluster: no completion text"
-    for m in $(grep -o 'metrics=[0-9.:]*' "$OUT/up-nccl.log" | cut -d= -f2); do
+if cluster_up cluster-nccl --kv-transport nccl; then
+    completion cluster-nccl
+    for m in $(grep -o 'metrics=[0-9.:]*' "$OUT/up-cluster-nccl.log" | cut -d= -f2); do
         curl -sS --max-time 5 "http://$m/metrics" | grep -E '^ferry_(kv_transport_fallbacks|kv_transfers|kv_nccl)' | sed "s|^|$m |"
     done | tee "$OUT/nccl-metrics.txt"
-    grep -iE 'nccl' "$OUT/up-nccl.log" | head -20
-else
-    fail "nccl cluster did not come up"; cat "$OUT/up-nccl.log" >&2
+    grep -iE 'nccl' "$OUT/up-cluster-nccl.log" | head -20
 fi
-kill "$up_pid" 2>/dev/null; wait "$up_pid" 2>/dev/null
+cluster_down
 
 echo
 [ "$failed" -eq 0 ] && echo "gpu check passed" || echo "gpu check FAILED (logs in $OUT)"
