@@ -50,6 +50,15 @@ pub(crate) fn dot_rows(ty: WeightType, w: &[u8], x: &[f32], k: usize, out: &mut 
 pub(crate) fn dot_many(ty: WeightType, w: &[u8], rb: usize, x: &[f32], k: usize, m: usize, out: &mut [f32]) {
     #[target_feature(enable = "avx2,fma,f16c")]
     fn each<B: Block>(w: &[u8], rb: usize, x: &[f32], k: usize, m: usize, out: &mut [f32]) {
+        if m == 1 && B::SCALED {
+            // The decode case: the activation's block sums once for all rows.
+            let sums = block_sums::<B>(x);
+            for (i, (row, o)) in w.chunks_exact(rb).zip(out.iter_mut()).enumerate() {
+                prefetch_ahead(w, rb, i);
+                row1_scaled::<B>(row, x, &sums, k, std::slice::from_mut(o));
+            }
+            return;
+        }
         for (i, (row, o)) in w.chunks_exact(rb).zip(out.chunks_exact_mut(m)).enumerate() {
             prefetch_ahead(w, rb, i);
             rows::<B>(row, x, k, o);
@@ -133,6 +142,21 @@ trait Block {
     /// # Safety
     /// `b` must point to `BYTES` readable bytes.
     unsafe fn unpack(b: *const u8) -> [__m256; 4];
+
+    /// Whether the block is `d * q + c` with small integer quants `q` (see [`Scaled`]), which the
+    /// decode kernel multiplies before scaling.
+    const SCALED: bool = false;
+    /// Whether `c` is non-zero (a per-block offset, `Q4_1`'s min).
+    const OFFSET: bool = false;
+    /// The block's quants `q` as `f32` (unscaled) and `(d, c)` in lanes 0 and 1. Only called
+    /// when [`SCALED`](Self::SCALED).
+    ///
+    /// # Safety
+    /// `b` must point to `BYTES` readable bytes.
+    #[inline(always)]
+    unsafe fn quants(_b: *const u8) -> ([__m256; 4], __m128) {
+        unreachable!("quants() of a format that is not SCALED")
+    }
 }
 
 struct F32;
@@ -207,6 +231,16 @@ impl Block for Q8_0 {
             })
         }
     }
+    const SCALED: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quants(b: *const u8) -> ([__m256; 4], __m128) {
+        // SAFETY: reads bytes 0..2 (d) and 2..34 (four 8-byte loads): within BYTES.
+        unsafe {
+            let q = [0, 1, 2, 3].map(|j| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(2 + 8 * j).cast()))));
+            (q, load_f16(b))
+        }
+    }
 }
 
 /// The 32 nibbles of a `Q4_0`/`Q4_1` block at `qs` (16 bytes) as `i32` lanes in element order:
@@ -241,6 +275,15 @@ impl Block for Q4_0 {
         let eight = _mm256_set1_epi32(8);
         q.map(|q| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, eight)), d))
     }
+    const SCALED: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quants(b: *const u8) -> ([__m256; 4], __m128) {
+        // SAFETY: reads bytes 0..2 (d) and 2..18 (qs): within BYTES.
+        let (d, q) = unsafe { (load_f16(b), nibbles(b.add(2))) };
+        let eight = _mm256_set1_epi32(8);
+        (q.map(|q| _mm256_cvtepi32_ps(_mm256_sub_epi32(q, eight))), d)
+    }
 }
 
 impl Block for Q4_1 {
@@ -258,6 +301,17 @@ impl Block for Q4_1 {
         let m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
         q.map(|q| _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), d, m))
     }
+    const SCALED: bool = true;
+    const OFFSET: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quants(b: *const u8) -> ([__m256; 4], __m128) {
+        // SAFETY: reads bytes 0..4 (d, m) and 4..20 (qs): within BYTES.
+        unsafe {
+            let dm = b.cast::<i32>().read_unaligned();
+            (nibbles(b.add(4)).map(|q| _mm256_cvtepi32_ps(q)), _mm_cvtph_ps(_mm_cvtsi32_si128(dm)))
+        }
+    }
 }
 
 /// All rows of `out` against one weight row, in tiles of 8, 4, 2 and 1 activation rows.
@@ -272,6 +326,10 @@ fn rows<B: Block>(w: &[u8], x: &[f32], k: usize, out: &mut [f32]) {
             8.. => tile::<B, 8, 1>(w, xs, k, os),
             4..=7 => tile::<B, 4, 2>(w, xs, k, os),
             2 | 3 => tile::<B, 2, 4>(w, xs, k, os),
+            _ if B::SCALED => {
+                let sums = block_sums::<B>(&xs[..k]);
+                row1_scaled::<B>(w, xs, &sums, k, os)
+            }
             _ => row1::<B>(w, xs, k, os),
         };
     }
@@ -364,6 +422,60 @@ fn row1<B: Block>(w: &[u8], x: &[f32], k: usize, out: &mut [f32]) -> usize {
         }
     }
     out[0] = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    1
+}
+
+/// Per block of 32 of `x`, the sum of its elements (for the offset term of [`row1_scaled`]); empty
+/// when the format has no offset. At most 8 blocks are summed per 8-lane reduction.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn block_sums<B: Block>(x: &[f32]) -> Vec<f32> {
+    if !B::OFFSET {
+        return Vec::new();
+    }
+    x.chunks_exact(QK)
+        .map(|b| {
+            // SAFETY: each chunk holds exactly 32 floats.
+            let v = unsafe { [0, 1, 2, 3].map(|j| _mm256_loadu_ps(b.as_ptr().add(8 * j))) };
+            hsum(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])))
+        })
+        .collect()
+}
+
+/// `out[0]` for a [`SCALED`](Block::SCALED) format, the decode case: per block, the dot product
+/// of the unscaled quants with `x` (exact integer-valued `f32` weights, so no rounding but the
+/// summation's), times `d`; plus `Σ c · sums[b]` for formats with an offset. Mathematically the
+/// same sum as `row1`'s `Σ (d q + c) x`, with one FMA per block instead of four for the scaling.
+/// Returns 1.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn row1_scaled<B: Block>(w: &[u8], x: &[f32], sums: &[f32], k: usize, out: &mut [f32]) -> usize {
+    let nb = k / QK;
+    assert!(!out.is_empty() && x.len() >= nb * QK && w.len() >= nb * B::BYTES && (!B::OFFSET || sums.len() >= nb));
+    let (wp, xp) = (w.as_ptr(), x.as_ptr());
+    // SAFETY (both closures' callers): b < nb, so block b's bytes lie within w, x[32b .. 32b + 32]
+    // within x, and sums[b] within sums (checked above).
+    let block = |b: usize, acc: __m256, off: __m128| unsafe {
+        let (q, dc) = B::quants(wp.add(b * B::BYTES));
+        let p = xp.add(QK * b);
+        let t0 = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(p.add(8)), _mm256_mul_ps(q[0], _mm256_loadu_ps(p)));
+        let t1 = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(p.add(24)), _mm256_mul_ps(q[2], _mm256_loadu_ps(p.add(16))));
+        let acc = _mm256_fmadd_ps(_mm256_add_ps(t0, t1), _mm256_broadcastss_ps(dc), acc);
+        let off = if B::OFFSET { _mm_fmadd_ss(_mm_movehdup_ps(dc), _mm_load_ss(sums.as_ptr().add(b)), off) } else { off };
+        (acc, off)
+    };
+    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let (mut o0, mut o1) = (_mm_setzero_ps(), _mm_setzero_ps());
+    let mut b = 0;
+    while b + 2 <= nb {
+        (a0, o0) = block(b, a0, o0);
+        (a1, o1) = block(b + 1, a1, o1);
+        b += 2;
+    }
+    if b < nb {
+        (a0, o0) = block(b, a0, o0);
+    }
+    out[0] = hsum(_mm256_add_ps(a0, a1)) + _mm_cvtss_f32(_mm_add_ss(o0, o1));
     1
 }
 
