@@ -2,7 +2,11 @@
 //!
 //! Structure (shared with `avx512.rs`): every 32-element block type implements [`Block`], which
 //! unpacks one block into four `__m256` of `f32` weights. For the decode case (`m = 1`), `row1`
-//! unpacks two blocks per iteration into four accumulators. For `m > 1`, a tile kernel runs the
+//! unpacks two blocks per iteration into four accumulators; for the formats whose weights are
+//! `d * q + c` with small integer `q` (`Q4_0`, `Q4_1`, `Q8_0`), `row1_scaled` instead multiplies
+//! the integer-valued quants with `x` and scales once per block (`d * Σ q x`), adding `Σ c · Σx`
+//! from the activation's block sums: a third fewer vector operations than dequantizing each
+//! weight (the kernel is instruction-bound, not bandwidth-bound, on AVX2). For `m > 1`, a tile kernel runs the
 //! weight row against `R` activation rows: each block is unpacked once per tile and multiplied
 //! into `R x A` vector accumulators (`A` independent chains per row hide FMA latency when `R` is
 //! small). Tiles are 8, 4 and 2 rows (8 accumulators + 4 weight vectors fit the 16 `ymm`
@@ -426,7 +430,7 @@ fn row1<B: Block>(w: &[u8], x: &[f32], k: usize, out: &mut [f32]) -> usize {
 }
 
 /// Per block of 32 of `x`, the sum of its elements (for the offset term of [`row1_scaled`]); empty
-/// when the format has no offset. At most 8 blocks are summed per 8-lane reduction.
+/// when the format has no offset.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn block_sums<B: Block>(x: &[f32]) -> Vec<f32> {
@@ -435,9 +439,10 @@ fn block_sums<B: Block>(x: &[f32]) -> Vec<f32> {
     }
     x.chunks_exact(QK)
         .map(|b| {
+            let p = b.as_ptr();
             // SAFETY: each chunk holds exactly 32 floats.
-            let v = unsafe { [0, 1, 2, 3].map(|j| _mm256_loadu_ps(b.as_ptr().add(8 * j))) };
-            hsum(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])))
+            let (v0, v1, v2, v3) = unsafe { (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))) };
+            hsum(_mm256_add_ps(_mm256_add_ps(v0, v1), _mm256_add_ps(v2, v3)))
         })
         .collect()
 }

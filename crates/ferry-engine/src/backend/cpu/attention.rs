@@ -5,7 +5,7 @@
 //! values. Prefill chunks gather a tile's keys and values from their pages into contiguous
 //! scratch and use two f32 GEMMs per head (S = Q·Kᵀ, O = P·V), the causal mask applied between.
 
-use super::simd::{axpy, dot, exp_inplace};
+use super::simd::{accumulate, dots, exp_inplace};
 use super::{CpuBackend, CpuKv, CpuTensor, SyncPtr};
 use crate::backend::BatchPlan;
 use rayon::prelude::*;
@@ -143,25 +143,28 @@ pub(crate) fn attention(be: &CpuBackend, q: &CpuTensor, kv: &CpuKv, layer: usize
                 let row = sp.q_start + r;
                 let n_ctx = first_pos + r + 1;
                 let qv = &q.data[row * q.cols + h * hd..row * q.cols + (h + 1) * hd];
-                scores.clear();
+                scores.resize(n_ctx, 0.0);
+                // Each KV block holds this head's keys (and values) of `bs` positions contiguously.
+                for (b, sc) in scores.chunks_mut(bs).enumerate() {
+                    let o = kv.offset(sp.blocks[b], g, 0);
+                    dots(qv, &kc[o..o + sc.len() * hd], sc);
+                }
                 let mut max = f32::NEG_INFINITY;
-                for t in 0..n_ctx {
-                    let o = kv.offset(sp.blocks[t / bs], g, t % bs);
-                    let sc = dot(qv, &kc[o..o + hd]) * scale;
-                    max = max.max(sc);
-                    scores.push(sc);
+                for sc in scores.iter_mut() {
+                    *sc *= scale;
+                    max = max.max(*sc);
                 }
                 scores.iter_mut().for_each(|sc| *sc -= max);
                 exp_inplace(scores);
-                let sum: f32 = scores.iter().sum();
+                let inv = 1.0 / scores.iter().sum::<f32>();
+                scores.iter_mut().for_each(|p| *p *= inv);
                 // SAFETY: each (row, head) pair belongs to exactly one work item, so this
                 // head_dim-long slice of the output is written by this task alone.
                 let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(row * out_cols + h * hd), hd) };
                 dst.fill(0.0);
-                let inv = 1.0 / sum;
-                for (t, p) in scores.iter().enumerate() {
-                    let o = kv.offset(sp.blocks[t / bs], g, t % bs);
-                    axpy(dst, p * inv, &vc[o..o + hd]);
+                for (b, p) in scores.chunks(bs).enumerate() {
+                    let o = kv.offset(sp.blocks[b], g, 0);
+                    accumulate(dst, p, &vc[o..o + p.len() * hd]);
                 }
             }
         });

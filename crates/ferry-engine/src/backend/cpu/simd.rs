@@ -43,6 +43,104 @@ pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
     }
 }
 
+/// `out[t] = q · keys[t*d .. (t+1)*d]` for `t < out.len()`, `d = q.len()`: one query against a run
+/// of contiguous key rows (a KV block). Four keys per pass share the loads of `q`.
+#[inline]
+pub fn dots(q: &[f32], keys: &[f32], out: &mut [f32]) {
+    let d = q.len();
+    assert_eq!(keys.len(), out.len() * d, "dots: {} key values for {} rows of {d}", keys.len(), out.len());
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() && d.is_multiple_of(8) {
+        // SAFETY: AVX2 and FMA were detected at run time; lengths checked above.
+        return unsafe { dots_avx2(q, keys, out) };
+    }
+    for (o, k) in out.iter_mut().zip(keys.chunks_exact(d)) {
+        *o = dot(q, k);
+    }
+}
+
+/// `acc += Σ_t p[t] · values[t*d .. (t+1)*d]`, `d = acc.len()`: the value side of attention over
+/// a run of contiguous value rows, with `acc` held in registers across the run.
+#[inline]
+pub fn accumulate(acc: &mut [f32], p: &[f32], values: &[f32]) {
+    let d = acc.len();
+    assert_eq!(values.len(), p.len() * d, "accumulate: {} values for {} rows of {d}", values.len(), p.len());
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() && d.is_multiple_of(8) {
+        // SAFETY: AVX2 and FMA were detected at run time; lengths checked above.
+        return unsafe { accumulate_avx2(acc, p, values) };
+    }
+    for (&pt, v) in p.iter().zip(values.chunks_exact(d)) {
+        axpy(acc, pt, v);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dots_avx2(q: &[f32], keys: &[f32], out: &mut [f32]) {
+    let d = q.len();
+    let n = out.len();
+    let (pq, pk) = (q.as_ptr(), keys.as_ptr());
+    let mut t = 0;
+    // SAFETY: d is a multiple of 8 and keys holds n rows of d (callers' checks), so every load
+    // below (rows t..t + 4 < n, columns j..j + 8 <= d) is in bounds.
+    unsafe {
+        while t + 4 <= n {
+            let k = pk.add(t * d);
+            let mut a = [_mm256_setzero_ps(); 4];
+            let mut j = 0;
+            while j < d {
+                let qv = _mm256_loadu_ps(pq.add(j));
+                for (r, a) in a.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k.add(r * d + j)), *a);
+                }
+                j += 8;
+            }
+            // [a0 a0 a1 a1 | a0 a0 a1 a1] pairs, then [a0 a1 a2 a3 | ...]: lane sums of each a.
+            let h = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+            let s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+            _mm_storeu_ps(out.as_mut_ptr().add(t), s);
+            t += 4;
+        }
+    }
+    while t < n {
+        // SAFETY: as above; row t < n.
+        out[t] = unsafe { dot_avx2(q, std::slice::from_raw_parts(pk.add(t * d), d)) };
+        t += 1;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn accumulate_avx2(acc: &mut [f32], p: &[f32], values: &[f32]) {
+    const W: usize = 8; // vectors of acc per pass (64 floats)
+    let d = acc.len();
+    let (pa, pv) = (acc.as_mut_ptr(), values.as_ptr());
+    let mut c = 0;
+    // SAFETY: d is a multiple of 8 and values holds p.len() rows of d (callers' checks): columns
+    // c..c + 8w <= d of rows t < p.len() are in bounds, as are acc[c..c + 8w].
+    unsafe {
+        while c < d {
+            let w = ((d - c) / 8).min(W);
+            let mut a = [_mm256_setzero_ps(); W];
+            for (i, a) in a.iter_mut().enumerate().take(w) {
+                *a = _mm256_loadu_ps(pa.add(c + 8 * i));
+            }
+            for (t, &pt) in p.iter().enumerate() {
+                let b = _mm256_set1_ps(pt);
+                let v = pv.add(t * d + c);
+                for (i, a) in a.iter_mut().enumerate().take(w) {
+                    *a = _mm256_fmadd_ps(b, _mm256_loadu_ps(v.add(8 * i)), *a);
+                }
+            }
+            for (i, a) in a.iter().enumerate().take(w) {
+                _mm256_storeu_ps(pa.add(c + 8 * i), *a);
+            }
+            c += 8 * w;
+        }
+    }
+}
+
 /// v[i] = exp(v[i]) (relative error ~2e-7 on the AVX2 path: Cephes' polynomial after range
 /// reduction by ln 2; inputs below -87.3 give ~1e-38 instead of a subnormal or 0).
 #[inline]
@@ -174,6 +272,29 @@ mod tests {
         let mut tiny = vec![-1000.0f32; 9];
         exp_inplace(&mut tiny);
         assert!(tiny.iter().all(|&x| (0.0..1e-37).contains(&x)));
+    }
+
+    #[test]
+    fn block_dots_and_accumulate_match_scalar() {
+        for d in [8, 64, 72, 128, 6] {
+            for n in [1, 3, 4, 5, 16] {
+                let q: Vec<f32> = (0..d).map(|i| (i as f32 * 0.37).sin()).collect();
+                let kv: Vec<f32> = (0..n * d).map(|i| (i as f32 * 0.11).cos()).collect();
+                let mut got = vec![0f32; n];
+                dots(&q, &kv, &mut got);
+                for (t, g) in got.iter().enumerate() {
+                    let want: f64 = q.iter().zip(&kv[t * d..(t + 1) * d]).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    assert!((*g as f64 - want).abs() < 1e-5, "dots d={d} n={n} t={t}: {g} vs {want}");
+                }
+                let p: Vec<f32> = (0..n).map(|t| 0.1 + t as f32 * 0.05).collect();
+                let mut acc: Vec<f32> = (0..d).map(|i| i as f32 * 0.01).collect();
+                let want: Vec<f64> = (0..d).map(|i| i as f64 * 0.01f32 as f64 + (0..n).map(|t| p[t] as f64 * kv[t * d + i] as f64).sum::<f64>()).collect();
+                accumulate(&mut acc, &p, &kv);
+                for i in 0..d {
+                    assert!((acc[i] as f64 - want[i]).abs() < 1e-5, "accumulate d={d} n={n} i={i}");
+                }
+            }
+        }
     }
 
     #[test]
