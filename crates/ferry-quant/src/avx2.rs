@@ -429,11 +429,11 @@ fn row1<B: Block>(w: &[u8], x: &[f32], k: usize, out: &mut [f32]) -> usize {
     1
 }
 
-/// Per block of 32 of `x`, the sum of its elements (for the offset term of [`row1_scaled`]); empty
-/// when the format has no offset.
+/// Per block of 32 of `x`, its sum `S` as `[0, S, 0, 0]` (lane 1 meets the offset `c` in the
+/// block's `(d, c)` vector, see [`row1_scaled`]); empty when the format has no offset.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn block_sums<B: Block>(x: &[f32]) -> Vec<f32> {
+fn block_sums<B: Block>(x: &[f32]) -> Vec<__m128> {
     if !B::OFFSET {
         return Vec::new();
     }
@@ -442,31 +442,36 @@ fn block_sums<B: Block>(x: &[f32]) -> Vec<f32> {
             let p = b.as_ptr();
             // SAFETY: each chunk holds exactly 32 floats.
             let (v0, v1, v2, v3) = unsafe { (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))) };
-            hsum(_mm256_add_ps(_mm256_add_ps(v0, v1), _mm256_add_ps(v2, v3)))
+            _mm_setr_ps(0.0, hsum(_mm256_add_ps(_mm256_add_ps(v0, v1), _mm256_add_ps(v2, v3))), 0.0, 0.0)
         })
         .collect()
 }
 
 /// `out[0]` for a [`SCALED`](Block::SCALED) format, the decode case: per block, the dot product
-/// of the unscaled quants with `x` (exact integer-valued `f32` weights, so no rounding but the
-/// summation's), times `d`; plus `Σ c · sums[b]` for formats with an offset. Mathematically the
-/// same sum as `row1`'s `Σ (d q + c) x`, with one FMA per block instead of four for the scaling.
-/// Returns 1.
+/// of the unscaled quants with `x` (integer-valued `f32` weights: no rounding but the
+/// summation's), times `d`; plus `Σ c · S` over the blocks, from the activation's block sums `S`
+/// (`sums`, from [`block_sums`]). Mathematically the same sum as `row1`'s `Σ (d q + c) x`, with
+/// one FMA per block for the scaling instead of four. Returns 1.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn row1_scaled<B: Block>(w: &[u8], x: &[f32], sums: &[f32], k: usize, out: &mut [f32]) -> usize {
+fn row1_scaled<B: Block>(w: &[u8], x: &[f32], sums: &[__m128], k: usize, out: &mut [f32]) -> usize {
     let nb = k / QK;
     assert!(!out.is_empty() && x.len() >= nb * QK && w.len() >= nb * B::BYTES && (!B::OFFSET || sums.len() >= nb));
     let (wp, xp) = (w.as_ptr(), x.as_ptr());
-    // SAFETY (both closures' callers): b < nb, so block b's bytes lie within w, x[32b .. 32b + 32]
+    // SAFETY (the closure's callers): b < nb, so block b's bytes lie within w, x[32b .. 32b + 32]
     // within x, and sums[b] within sums (checked above).
     let block = |b: usize, acc: __m256, off: __m128| unsafe {
         let (q, dc) = B::quants(wp.add(b * B::BYTES));
         let p = xp.add(QK * b);
-        let t0 = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(p.add(8)), _mm256_mul_ps(q[0], _mm256_loadu_ps(p)));
-        let t1 = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(p.add(24)), _mm256_mul_ps(q[2], _mm256_loadu_ps(p.add(16))));
-        let acc = _mm256_fmadd_ps(_mm256_add_ps(t0, t1), _mm256_broadcastss_ps(dc), acc);
-        let off = if B::OFFSET { _mm_fmadd_ss(_mm_movehdup_ps(dc), _mm_load_ss(sums.as_ptr().add(b)), off) } else { off };
+        // One chain per block: the two blocks in flight per iteration (and the out-of-order
+        // window) hide its latency.
+        let mut t = _mm256_mul_ps(q[0], _mm256_loadu_ps(p));
+        t = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(p.add(8)), t);
+        t = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(p.add(16)), t);
+        t = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(p.add(24)), t);
+        let acc = _mm256_fmadd_ps(t, _mm256_broadcastss_ps(dc), acc);
+        // Lane 1: c * S (lane 0 is d * 0).
+        let off = if B::OFFSET { _mm_fmadd_ps(dc, *sums.as_ptr().add(b), off) } else { off };
         (acc, off)
     };
     let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
@@ -480,7 +485,7 @@ fn row1_scaled<B: Block>(w: &[u8], x: &[f32], sums: &[f32], k: usize, out: &mut 
     if b < nb {
         (a0, o0) = block(b, a0, o0);
     }
-    out[0] = hsum(_mm256_add_ps(a0, a1)) + _mm_cvtss_f32(_mm_add_ss(o0, o1));
+    out[0] = hsum(_mm256_add_ps(a0, a1)) + _mm_cvtss_f32(_mm_movehdup_ps(_mm_add_ps(o0, o1)));
     1
 }
 

@@ -97,10 +97,11 @@ struct Q4_1;
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn nibbles(qs: *const u8) -> __m256i {
-    // SAFETY: one 16-byte load at qs (caller's contract).
-    let v = unsafe { _mm_loadu_si128(qs.cast()) };
-    let mask = _mm_set1_epi8(0x0F);
-    _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(v), mask), _mm_and_si128(v, mask))
+    // SAFETY: one 16-byte load at qs (caller's contract), into both 128-bit halves.
+    let v = unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(qs.cast())) };
+    // The upper half shifted right by 4 within 64-bit lanes: each byte's low 4 bits are then its
+    // high nibble (the bits shifted in from the next byte land above them and are masked off).
+    _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F))
 }
 
 impl Weights for Q8_0 {
