@@ -78,7 +78,9 @@ pub(crate) fn matmul(be: &CpuBackend, x: &CpuTensor, ws: &[(&CpuWeight, Option<&
         });
         return;
     }
-    let tasks = tasks(ws, |rows| (rows / (threads * 4)).div_ceil(16).clamp(1, 16) * 16);
+    // Multiples of 24 columns: whole 6-wide micro-kernel tiles of `gemm` (AVX2 f32: 16 × 6), so
+    // no task ends in a narrow edge tile.
+    let tasks = tasks(ws, |rows| (rows / (threads * 4)).div_ceil(24).clamp(1, 11) * 24);
     be.install(|| {
         tasks.par_iter().for_each_init(Vec::new, |scratch: &mut Vec<f32>, t| {
             let (w, bias) = ws[t.w];
