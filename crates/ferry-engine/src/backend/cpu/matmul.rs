@@ -21,10 +21,11 @@ struct Task {
     r1: usize,
 }
 
-fn tasks(ws: &[(&CpuWeight, Option<&CpuWeight>)], chunk: impl Fn(usize) -> usize) -> Vec<Task> {
+/// Each projection's output columns in tasks of `chunk(w)` columns (the last one shorter).
+fn tasks(ws: &[(&CpuWeight, Option<&CpuWeight>)], chunk: impl Fn(&CpuWeight) -> usize) -> Vec<Task> {
     let mut t = Vec::new();
     for (i, (w, _)) in ws.iter().enumerate() {
-        let c = chunk(w.rows).max(1);
+        let c = chunk(w).max(1);
         let mut r0 = 0;
         while r0 < w.rows {
             let r1 = (r0 + c).min(w.rows);
@@ -49,8 +50,9 @@ pub(crate) fn matmul(be: &CpuBackend, x: &CpuTensor, ws: &[(&CpuWeight, Option<&
     if m <= GEMV_MAX_ROWS {
         // Long runs of rows per task: each thread streams a few long ranges of weights, which the
         // kernels' software prefetch (a page ahead) keeps ahead of; two tasks per thread still
-        // balance the work.
-        let tasks = tasks(ws, |rows| (rows / (threads * 2)).clamp(16, 4096));
+        // balance the work. (Tasks cut to equal bytes across Q/K/V, or four per thread, measured
+        // no better through this machine's noise.)
+        let tasks = tasks(ws, |w| (w.rows / (threads * 2)).clamp(16, 4096));
         let q8 = (m == 1 && be.activations == Activations::Q8).then(|| ferry_quant::Q8Activations::quantize(&x.data, x.cols));
         be.install(|| {
             tasks.par_iter().for_each_init(Vec::new, |tmp: &mut Vec<f32>, t| {
@@ -80,7 +82,7 @@ pub(crate) fn matmul(be: &CpuBackend, x: &CpuTensor, ws: &[(&CpuWeight, Option<&
     }
     // Multiples of 24 columns: whole 6-wide micro-kernel tiles of `gemm` (AVX2 f32: 16 × 6), so
     // no task ends in a narrow edge tile.
-    let tasks = tasks(ws, |rows| (rows / (threads * 4)).div_ceil(24).clamp(1, 11) * 24);
+    let tasks = tasks(ws, |w| (w.rows / (threads * 4)).div_ceil(24).clamp(1, 11) * 24);
     be.install(|| {
         tasks.par_iter().for_each_init(Vec::new, |scratch: &mut Vec<f32>, t| {
             let (w, bias) = ws[t.w];
