@@ -5,7 +5,8 @@
 //! saturating), `vpmaddwd` with ones (→ 8 `i32`), `vcvtdq2ps`, and one FMA with `d_w * d_x`.
 //! `Q8_0` weights are signed: `|w|` is the unsigned operand and the activations take `w`'s signs
 //! (`vpsignb`). Each weight block is unpacked once for a tile of up to 8 activation rows (tiles
-//! 8, 4, 2, 1 as in `avx2.rs`). The `Q4_0`/`Q4_1` min terms (`c_w * s_x`) need one scalar per
+//! 8, 4, 2, 1 as in `avx2.rs`); with one activation row (decode), two weight rows go per pass so
+//! that they share each activation block's load and scale. The `Q4_0`/`Q4_1` min terms (`c_w * s_x`) need one scalar per
 //! weight block: the kernel stores `c_w` to a small buffer and takes its dot product with the
 //! activation sums `s_x` once per chunk of blocks, per row.
 
@@ -180,6 +181,20 @@ impl Weights for Q4_1 {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn many<B: Weights>(w: &[u8], rb: usize, xq: &Q8Activations, out: &mut [f32]) {
     let m = xq.rows();
+    if m == 1 {
+        // Decode: two weight rows per pass share each activation block's load and scale.
+        let mut pairs = w.chunks_exact(2 * rb).zip(out.chunks_exact_mut(2));
+        for (i, (rows, o)) in pairs.by_ref().enumerate() {
+            super::prefetch_ahead(w, rb, 2 * i);
+            super::prefetch_ahead(w, rb, 2 * i + 1);
+            (o[0], o[1]) = row_pair::<B>(&rows[..rb], &rows[rb..], xq);
+        }
+        let done = w.len() / (2 * rb) * 2;
+        if done * rb < w.len() {
+            tile::<B, 1, 4>(&w[done * rb..], xq, 0, &mut out[done..]);
+        }
+        return;
+    }
     for (i, (row, o)) in w.chunks_exact(rb).zip(out.chunks_exact_mut(m)).enumerate() {
         super::prefetch_ahead(w, rb, i);
         let mut r = 0;
@@ -248,6 +263,41 @@ fn tile<B: Weights, const R: usize, const A: usize>(w: &[u8], xq: &Q8Activations
         *o = hsum(v) + B::MIN * mins[r];
     }
     R
+}
+
+/// Two weight rows against the single activation row of `xq` (the decode case, `m = 1`): the
+/// same per-block arithmetic as `tile::<B, 1, _>` (so the same sums up to accumulation order),
+/// with the activation block and its scale loaded once for both rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn row_pair<B: Weights>(w0: &[u8], w1: &[u8], xq: &Q8Activations) -> (f32, f32) {
+    let nb = xq.k() / QK;
+    let (xb, xd, xs) = (xq.blocks(), xq.scales(), xq.sums());
+    // These make every access below in bounds.
+    assert!(w0.len() >= nb * B::BYTES && w1.len() >= nb * B::BYTES && xb.len() >= nb && xd.len() >= nb && xs.len() >= nb);
+    let ones = _mm256_set1_epi16(1);
+    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let (mut m0, mut m1) = (_mm_setzero_ps(), _mm_setzero_ps());
+    for b in 0..nb {
+        // SAFETY: b < nb: block b lies within w0 and w1, entry b within xb, xd and xs; blocks are
+        // 32-byte aligned.
+        unsafe {
+            let x = _mm256_load_si256(xb.as_ptr().add(b).cast());
+            let dx = _mm_load_ss(xd.as_ptr().add(b));
+            let (u0, sg0, dc0) = B::load(w0.as_ptr().add(b * B::BYTES));
+            let (u1, sg1, dc1) = B::load(w1.as_ptr().add(b * B::BYTES));
+            let p0 = _mm256_cvtepi32_ps(_mm256_madd_epi16(B::mul(u0, sg0, x), ones));
+            let p1 = _mm256_cvtepi32_ps(_mm256_madd_epi16(B::mul(u1, sg1, x), ones));
+            a0 = _mm256_fmadd_ps(p0, _mm256_broadcastss_ps(_mm_mul_ss(dc0, dx)), a0);
+            a1 = _mm256_fmadd_ps(p1, _mm256_broadcastss_ps(_mm_mul_ss(dc1, dx)), a1);
+            if B::MIN != 0.0 {
+                let s = _mm_load_ss(xs.as_ptr().add(b));
+                m0 = _mm_fmadd_ss(B::min_coef(dc0), s, m0);
+                m1 = _mm_fmadd_ss(B::min_coef(dc1), s, m1);
+            }
+        }
+    }
+    (hsum(a0) + B::MIN * _mm_cvtss_f32(m0), hsum(a1) + B::MIN * _mm_cvtss_f32(m1))
 }
 
 /// Weight block `b` against block `b` of activation rows `r0..r0 + R`: `acc[r] += (d_w d_x) Σ`;
