@@ -274,11 +274,25 @@ async fn sigterm_drains_a_prefill_and_a_decode_worker_under_load_without_losing_
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let proc_of = |w: &ferry_proto::v1::WorkerInfo| cluster.workers.iter().find(|p| p.grpc == w.grpc_addr).expect("its process").pid;
-    let (dpid, ppid) = (proc_of(&decode_victim), proc_of(&prefill_victim));
+    let proc_of = |w: &ferry_proto::v1::WorkerInfo| cluster.workers.iter().find(|p| p.grpc == w.grpc_addr).expect("its process");
+    let (dpid, ppid) = (proc_of(&decode_victim).pid, proc_of(&prefill_victim).pid);
+    let probe = proc_of(&decode_victim).metrics.clone();
+    let ready = http_get(&probe, "/readyz").await.expect("the decode worker's /readyz");
+    assert!(ready.starts_with("HTTP/1.0 200") || ready.starts_with("HTTP/1.1 200"), "{ready}");
     let signalled = Instant::now();
     signal(dpid, libc::SIGTERM);
     signal(ppid, libc::SIGTERM);
+    // While it finishes its requests, the draining worker is live but not ready (a Service stops
+    // sending it work).
+    let draining = loop {
+        let r = http_get(&probe, "/readyz").await.expect("the draining decode worker still answers its probes");
+        if r.contains(" 503 ") {
+            break r;
+        }
+        assert!(signalled.elapsed() < Duration::from_secs(10), "/readyz never turned 503 while draining: {r}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert!(draining.contains("draining"), "{draining}");
 
     for t in tasks {
         t.await.unwrap();

@@ -26,6 +26,19 @@ pub struct WorkerProc {
     pub name: String,
     pub pid: u32,
     pub grpc: String,
+    /// Its `/metrics`, `/livez` and `/readyz` address.
+    pub metrics: String,
+}
+
+/// `GET path` over HTTP/1.0: the whole response (status line, headers, body), or the connection
+/// error.
+pub async fn http_get(addr: &str, path: &str) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await?;
+    let mut response = String::new();
+    s.read_to_string(&mut response).await?;
+    Ok(response)
 }
 
 /// `ferry up` as a child process; stopped (SIGTERM, which stops its workers) when dropped.
@@ -114,7 +127,7 @@ impl Cluster {
                 tls = Some(TlsFiles { ca: field(&line, "ca=").into(), client_cert: field(&line, "client_cert=").into(), client_key: field(&line, "client_key=").into() });
             }
             if line.starts_with("worker ") {
-                workers.push(WorkerProc { role: field(&line, "role="), name: field(&line, "name="), pid: field(&line, "pid=").parse().unwrap(), grpc: field(&line, "grpc=") });
+                workers.push(WorkerProc { role: field(&line, "role="), name: field(&line, "name="), pid: field(&line, "pid=").parse().unwrap(), grpc: field(&line, "grpc="), metrics: field(&line, "metrics=") });
             }
             if line.starts_with("ready ") {
                 break (field(&line, "router="), field(&line, "http="));
@@ -138,12 +151,7 @@ impl Cluster {
 
     /// The router's `/metrics` text.
     pub async fn router_metrics(&self) -> String {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(&self.router_metrics).await.expect("connect to the router's /metrics");
-        s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {}\r\n\r\n", self.router_metrics).as_bytes()).await.unwrap();
-        let mut body = String::new();
-        s.read_to_string(&mut body).await.unwrap();
-        body
+        http_get(&self.router_metrics, "/metrics").await.expect("connect to the router's /metrics")
     }
 
     /// The sum of a counter's samples in the router's `/metrics` (0 when absent).

@@ -1,7 +1,9 @@
 //! What a worker's `/livez` and `/readyz` report (for Kubernetes probes and load balancers).
 //!
-//! Live: the process serves HTTP. Ready: the model is loaded, and, when the worker has a router,
-//! it is registered and its lease is current (a heartbeat was acknowledged within the lease).
+//! Live: the process serves HTTP. Ready: the model is loaded, the worker is not draining, and,
+//! when it has a router, it is registered and its lease is current (a heartbeat was acknowledged
+//! within the lease). A draining worker answers 503 so that a Kubernetes Service or load balancer
+//! stops sending it work while it finishes what it holds.
 //! [`registration`](crate::registration) flips the registered flag both ways; the HTTP listener
 //! may start before the model loads, so a probe sees "loading the model" rather than a refused
 //! connection.
@@ -24,12 +26,20 @@ pub struct Health {
     router: Option<String>,
     registered: watch::Receiver<bool>,
     engine: Arc<OnceLock<EngineView>>,
+    /// The drain flag of the worker these probes describe, once it serves.
+    draining: Arc<OnceLock<watch::Receiver<bool>>>,
 }
 
 impl Health {
     /// `registered` is the receiving side of the flag given to [`crate::serve`].
     pub fn new(router: Option<String>, registered: watch::Receiver<bool>) -> Health {
-        Health { router, registered, engine: Arc::new(OnceLock::new()) }
+        Health { router, registered, engine: Arc::new(OnceLock::new()), draining: Arc::new(OnceLock::new()) }
+    }
+
+    /// Follow the worker's drain flag (see [`crate::drain::Drain::subscribe`]): not ready once it
+    /// turns true.
+    pub fn follow_drain(&self, draining: watch::Receiver<bool>) {
+        let _ = self.draining.set(draining);
     }
 
     /// The model is loaded and the engine thread runs.
@@ -43,14 +53,18 @@ impl Health {
 
     /// Ok when ready, else the one-line reason.
     pub fn readiness(&self) -> Result<(), String> {
-        readiness(self.engine.get().is_some(), *self.registered.borrow(), self.router.as_deref())
+        let draining = self.draining.get().is_some_and(|d| *d.borrow());
+        readiness(self.engine.get().is_some(), *self.registered.borrow(), draining, self.router.as_deref())
     }
 }
 
 /// The readiness decision, apart from where its inputs come from.
-pub fn readiness(model_loaded: bool, registered: bool, router: Option<&str>) -> Result<(), String> {
+pub fn readiness(model_loaded: bool, registered: bool, draining: bool, router: Option<&str>) -> Result<(), String> {
     if !model_loaded {
         return Err("loading the model".into());
+    }
+    if draining {
+        return Err("draining: finishing the requests it holds, taking no new ones".into());
     }
     match (registered, router) {
         (true, _) => Ok(()),
@@ -66,17 +80,21 @@ mod tests {
     #[test]
     fn readiness_needs_the_model_and_a_current_registration() {
         let r = Some("router:7700");
-        let cases: &[(bool, bool, Option<&str>, Result<(), &str>)] = &[
-            (false, false, r, Err("loading the model")),
-            (false, true, r, Err("loading the model")),
-            (true, false, r, Err("not registered with the router at router:7700 (registering, or its lease lapsed)")),
-            (true, true, r, Ok(())),
-            (true, true, None, Ok(())),
-            (true, false, None, Err("not serving yet")),
+        let draining = "draining: finishing the requests it holds, taking no new ones";
+        let cases: &[(bool, bool, bool, Option<&str>, Result<(), &str>)] = &[
+            (false, false, false, r, Err("loading the model")),
+            (false, true, false, r, Err("loading the model")),
+            (true, false, false, r, Err("not registered with the router at router:7700 (registering, or its lease lapsed)")),
+            (true, true, false, r, Ok(())),
+            (true, true, false, None, Ok(())),
+            (true, false, false, None, Err("not serving yet")),
+            (true, true, true, r, Err(draining)),
+            (true, false, true, r, Err(draining)),
+            (true, true, true, None, Err(draining)),
         ];
-        for (loaded, registered, router, want) in cases {
-            let got = readiness(*loaded, *registered, *router);
-            assert_eq!(got.as_ref().map_err(String::as_str), want.as_ref().map_err(|s| *s), "{loaded} {registered} {router:?}");
+        for (loaded, registered, drain, router, want) in cases {
+            let got = readiness(*loaded, *registered, *drain, *router);
+            assert_eq!(got.as_ref().map_err(String::as_str), want.as_ref().map_err(|s| *s), "{loaded} {registered} {drain} {router:?}");
         }
     }
 }

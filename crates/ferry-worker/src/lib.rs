@@ -185,6 +185,8 @@ pub struct Listeners {
     /// `/metrics`, `/livez`, `/readyz` (None: not served here, e.g. the caller already serves
     /// them with its own [`health::Health`] so that probes answer while the model loads).
     pub metrics: Option<TcpListener>,
+    /// The caller's probes, when it serves them itself: they follow this worker's drain.
+    pub health: Option<health::Health>,
 }
 
 /// A worker's engine thread, started before its services.
@@ -246,9 +248,13 @@ pub async fn serve(
     };
     let opts = advertise::AdvertiseOptions { addr: cfg.advertise.clone(), host: cfg.advertise_host.clone() };
     let advertise::Advertised { grpc: advertise, data: data_addr } = advertise::advertised(grpc_addr, data_bound, &opts);
+    if let Some(h) = &listeners.health {
+        h.follow_drain(drain.subscribe());
+    }
     if let Some(m) = listeners.metrics {
         let health = health::Health::new(cfg.router.clone(), ready.subscribe());
         health.engine_started(health::EngineView { load: engine.load(), role: cfg.role });
+        health.follow_drain(drain.subscribe());
         tokio::spawn(metrics::serve(m, health));
     }
     let reflection = tonic_reflection::server::Builder::configure()

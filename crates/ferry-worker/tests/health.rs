@@ -80,7 +80,7 @@ async fn readyz_follows_registration_and_the_routers_lease() {
     let worker = tokio::spawn(ferry_worker::serve(
         cfg,
         engine,
-        Listeners { grpc, data: None, metrics: Some(metrics) },
+        Listeners { grpc, data: None, metrics: Some(metrics), health: None },
         async move {
             let _ = stopped.await;
         },

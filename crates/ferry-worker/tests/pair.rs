@@ -64,7 +64,7 @@ async fn start_custom(role: Role, path: &Path, kv_tokens: Option<usize>, edit: i
     let load = engine.load();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let (ready, _) = tokio::sync::watch::channel(false);
-    let listeners = Listeners { grpc, data: (role == Role::Decode).then_some(data), metrics: None };
+    let listeners = Listeners { grpc, data: (role == Role::Decode).then_some(data), metrics: None, health: None };
     tokio::spawn(async move {
         ferry_worker::serve(cfg, engine, listeners, async move { let _ = rx.await; }, ready).await.expect("worker");
     });

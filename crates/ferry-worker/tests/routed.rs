@@ -38,7 +38,7 @@ async fn worker(role: Role, router: &str, pipes: &Arc<InProcessConnector>) -> to
     let handle = ferry_worker::EngineHandle::start(role, engine(), "test", None);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (ready, _) = tokio::sync::watch::channel(false);
-    let listeners = Listeners { grpc, data: (role == Role::Decode).then_some(data), metrics: None };
+    let listeners = Listeners { grpc, data: (role == Role::Decode).then_some(data), metrics: None, health: None };
     tokio::spawn(async move {
         ferry_worker::serve(cfg, handle, listeners, async move { let _ = stopped.await; }, ready).await.expect("worker");
     });

@@ -185,7 +185,7 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
         };
         let engine = ferry_worker::EngineHandle::start(role, engine, &cfg.model, args.chunked_prefill);
         health.engine_started(ferry_worker::health::EngineView { load: engine.load(), role });
-        ferry_worker::serve(cfg, engine, Listeners { grpc, data, metrics: None }, shutdown_signal(), ready).await?;
+        ferry_worker::serve(cfg, engine, Listeners { grpc, data, metrics: None, health: Some(health.clone()) }, shutdown_signal(), ready).await?;
         Ok(())
     })
 }
