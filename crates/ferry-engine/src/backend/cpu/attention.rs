@@ -5,7 +5,7 @@
 //! values. Prefill chunks gather a tile's keys and values from their pages into contiguous
 //! scratch and use two f32 GEMMs per head (S = Q·Kᵀ, O = P·V), the causal mask applied between.
 
-use super::simd::{accumulate, dots, exp_inplace};
+use super::simd::{accumulate, dots, softmax_scaled};
 use super::{CpuBackend, CpuKv, CpuTensor, SyncPtr};
 use crate::backend::BatchPlan;
 use rayon::prelude::*;
@@ -70,16 +70,7 @@ fn attention_tile(q: &CpuTensor, kv: &CpuKv, layer: usize, plan: &BatchPlan, t: 
     let scale = 1.0 / (hd as f32).sqrt();
     for (r, row) in scr.s.chunks_mut(n_ctx).enumerate() {
         let visible = first_pos + t.r0 + r % m + 1;
-        let mut max = f32::NEG_INFINITY;
-        for x in row[..visible].iter_mut() {
-            *x *= scale;
-            max = max.max(*x);
-        }
-        row[..visible].iter_mut().for_each(|x| *x -= max);
-        exp_inplace(&mut row[..visible]);
-        let sum: f32 = row[..visible].iter().sum();
-        let inv = 1.0 / sum;
-        row[..visible].iter_mut().for_each(|x| *x *= inv);
+        softmax_scaled(&mut row[..visible], scale);
         row[visible..].fill(0.0);
     }
     scr.o.resize(gm * hd, 0.0);
@@ -149,15 +140,7 @@ pub(crate) fn attention(be: &CpuBackend, q: &CpuTensor, kv: &CpuKv, layer: usize
                     let o = kv.offset(sp.blocks[b], g, 0);
                     dots(qv, &kc[o..o + sc.len() * hd], sc);
                 }
-                let mut max = f32::NEG_INFINITY;
-                for sc in scores.iter_mut() {
-                    *sc *= scale;
-                    max = max.max(*sc);
-                }
-                scores.iter_mut().for_each(|sc| *sc -= max);
-                exp_inplace(scores);
-                let inv = 1.0 / scores.iter().sum::<f32>();
-                scores.iter_mut().for_each(|p| *p *= inv);
+                softmax_scaled(scores, scale);
                 // SAFETY: each (row, head) pair belongs to exactly one work item, so this
                 // head_dim-long slice of the output is written by this task alone.
                 let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(row * out_cols + h * hd), hd) };

@@ -206,9 +206,14 @@ impl Backend for CpuBackend {
     }
 
     fn add(&self, x: &mut CpuTensor, y: &CpuTensor) {
-        for (a, b) in x.data.iter_mut().zip(&y.data) {
-            *a += b;
+        let add = |a: &mut [f32], b: &[f32]| a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+        if x.rows <= matmul::GEMV_MAX_ROWS {
+            add(&mut x.data, &y.data);
+            return;
         }
+        // A prompt's rows: split between the threads (a serial pass here idles the others).
+        let cols = x.cols;
+        self.install(|| x.data.par_chunks_mut(cols * 16).zip(y.data.par_chunks(cols * 16)).for_each(|(a, b)| add(a, b)));
     }
 
     fn matmul(&self, x: &CpuTensor, ws: &[(&CpuWeight, Option<&CpuWeight>)], outs: &mut [&mut CpuTensor]) {
@@ -217,7 +222,7 @@ impl Backend for CpuBackend {
 
     fn rope(&self, x: &mut CpuTensor, batch: &CpuBatch, head_dim: usize) {
         let half = head_dim / 2;
-        for (r, row) in x.data.chunks_mut(x.cols).enumerate() {
+        let rotate = |r: usize, row: &mut [f32]| {
             let (cos, sin) = (&batch.cos[r * half..(r + 1) * half], &batch.sin[r * half..(r + 1) * half]);
             for head in row.chunks_mut(head_dim) {
                 let (a, b) = head.split_at_mut(half);
@@ -227,7 +232,13 @@ impl Backend for CpuBackend {
                     b[i] = x2 * cos[i] + x1 * sin[i];
                 }
             }
+        };
+        let cols = x.cols;
+        if x.rows <= matmul::GEMV_MAX_ROWS {
+            x.data.chunks_mut(cols).enumerate().for_each(|(r, row)| rotate(r, row));
+            return;
         }
+        self.install(|| x.data.par_chunks_mut(cols).enumerate().with_min_len(16).for_each(|(r, row)| rotate(r, row)));
     }
 
     fn silu_mul(&self, gate: &mut CpuTensor, up: &CpuTensor) {

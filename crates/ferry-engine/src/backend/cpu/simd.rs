@@ -141,6 +141,97 @@ unsafe fn accumulate_avx2(acc: &mut [f32], p: &[f32], values: &[f32]) {
     }
 }
 
+/// `v = softmax(scale · v)` in place (`scale > 0`): the maximum is subtracted before the
+/// exponential, as in every exact softmax. Vectorized passes on the AVX2 path (max, exp, sum,
+/// normalize); an empty `v` is left alone.
+pub fn softmax_scaled(v: &mut [f32], scale: f32) {
+    if v.is_empty() {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected at run time.
+        unsafe { scale_sub_max_avx2(v, scale) };
+        exp_inplace(v);
+        // SAFETY: as above.
+        unsafe { normalize_avx2(v) };
+        return;
+    }
+    let max = v.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) * scale;
+    v.iter_mut().for_each(|x| *x = *x * scale - max);
+    exp_inplace(v);
+    let inv = 1.0 / v.iter().sum::<f32>();
+    v.iter_mut().for_each(|x| *x *= inv);
+}
+
+/// `v[i] = v[i] * scale - max(v) * scale` (for `scale > 0`, `max(v · scale)` is `max(v) · scale`
+/// exactly: rounding is monotonic).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scale_sub_max_avx2(v: &mut [f32], scale: f32) {
+    let n = v.len();
+    let p = v.as_mut_ptr();
+    // SAFETY: every vector access below is at i + 8 <= n (loop conditions).
+    unsafe {
+        let mut m = [_mm256_set1_ps(f32::NEG_INFINITY); 2];
+        let mut i = 0;
+        while i + 16 <= n {
+            m[0] = _mm256_max_ps(m[0], _mm256_loadu_ps(p.add(i)));
+            m[1] = _mm256_max_ps(m[1], _mm256_loadu_ps(p.add(i + 8)));
+            i += 16;
+        }
+        if i + 8 <= n {
+            m[0] = _mm256_max_ps(m[0], _mm256_loadu_ps(p.add(i)));
+            i += 8;
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_max_ps(m[0], m[1]));
+        let max = lanes.iter().chain(&v[i..]).fold(f32::NEG_INFINITY, |a, &x| a.max(x)) * scale;
+        let (vs, vm) = (_mm256_set1_ps(scale), _mm256_set1_ps(max));
+        let mut j = 0;
+        while j + 8 <= n {
+            _mm256_storeu_ps(p.add(j), _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(p.add(j)), vs), vm));
+            j += 8;
+        }
+        v[j..].iter_mut().for_each(|x| *x = *x * scale - max);
+    }
+}
+
+/// `v /= sum(v)`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn normalize_avx2(v: &mut [f32]) {
+    let n = v.len();
+    let p = v.as_mut_ptr();
+    // SAFETY: every vector access below is at i + 8 <= n (loop conditions).
+    unsafe {
+        let mut a = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 32 <= n {
+            for (k, a) in a.iter_mut().enumerate() {
+                *a = _mm256_add_ps(*a, _mm256_loadu_ps(p.add(i + 8 * k)));
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            a[0] = _mm256_add_ps(a[0], _mm256_loadu_ps(p.add(i)));
+            i += 8;
+        }
+        let s = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
+        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        let sum = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2))) + v[i..].iter().sum::<f32>();
+        let inv = 1.0 / sum;
+        let vi = _mm256_set1_ps(inv);
+        let mut j = 0;
+        while j + 8 <= n {
+            _mm256_storeu_ps(p.add(j), _mm256_mul_ps(_mm256_loadu_ps(p.add(j)), vi));
+            j += 8;
+        }
+        v[j..].iter_mut().for_each(|x| *x *= inv);
+    }
+}
+
 /// v[i] = exp(v[i]) (relative error ~2e-7 on the AVX2 path: Cephes' polynomial after range
 /// reduction by ln 2; inputs below -87.3 give ~1e-38 instead of a subnormal or 0).
 #[inline]
@@ -295,6 +386,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn softmax_matches_f64() {
+        for n in [1, 5, 8, 17, 40, 130] {
+            let v: Vec<f32> = (0..n).map(|i| ((i * 7919 % 97) as f32 - 40.0) * 0.37).collect();
+            let scale = 0.125f32;
+            let m = v.iter().map(|&x| x as f64 * scale as f64).fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = v.iter().map(|&x| (x as f64 * scale as f64 - m).exp()).collect();
+            let total: f64 = e.iter().sum();
+            let mut got = v.clone();
+            softmax_scaled(&mut got, scale);
+            for (i, (g, w)) in got.iter().zip(&e).enumerate() {
+                let w = w / total;
+                assert!((*g as f64 - w).abs() <= 2e-6 * w + 1e-9, "n={n} i={i}: {g} vs {w}");
+            }
+        }
+        let mut empty: [f32; 0] = [];
+        softmax_scaled(&mut empty, 1.0);
     }
 
     #[test]
