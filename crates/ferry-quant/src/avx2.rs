@@ -6,8 +6,8 @@
 //! `d * q + c` with small integer `q` (`Q4_0`, `Q4_1`, `Q8_0`), `row1_scaled` instead multiplies
 //! the integer-valued quants with `x` and scales once per block (`d * Σ q x`), adding `Σ c · Σx`
 //! from the activation's block sums: a third fewer vector operations than dequantizing each
-//! weight (the kernel is instruction-bound, not bandwidth-bound, on AVX2). For `m > 1`, a tile kernel runs the
-//! weight row against `R` activation rows: each block is unpacked once per tile and multiplied
+//! weight (the kernel is instruction-bound, not bandwidth-bound, on AVX2). For `m > 1`, a tile
+//! kernel runs the weight row against `R` activation rows: each block is unpacked once per tile and multiplied
 //! into `R x A` vector accumulators (`A` independent chains per row hide FMA latency when `R` is
 //! small). Tiles are 8, 4 and 2 rows (8 accumulators + 4 weight vectors fit the 16 `ymm`
 //! registers), so `m = 16` unpacks each block twice, ~10% over the 128 FMAs it then feeds.
@@ -147,7 +147,7 @@ trait Block {
     /// `b` must point to `BYTES` readable bytes.
     unsafe fn unpack(b: *const u8) -> [__m256; 4];
 
-    /// Whether the block is `d * q + c` with small integer quants `q` (see [`Scaled`]), which the
+    /// Whether the block is `d * q + c` with small integer quants `q` (see [`row1_scaled`]), which the
     /// decode kernel multiplies before scaling.
     const SCALED: bool = false;
     /// Whether `c` is non-zero (a per-block offset, `Q4_1`'s min).

@@ -6,8 +6,8 @@
 //! `Q8_0` weights are signed: `|w|` is the unsigned operand and the activations take `w`'s signs
 //! (`vpsignb`). Each weight block is unpacked once for a tile of up to 8 activation rows (tiles
 //! 8, 4, 2, 1 as in `avx2.rs`); with one activation row (decode), two weight rows go per pass so
-//! that they share each activation block's load and scale. The `Q4_0`/`Q4_1` min terms (`c_w * s_x`) need one scalar per
-//! weight block: the kernel stores `c_w` to a small buffer and takes its dot product with the
+//! that they share each activation block's load and scale. The `Q4_0`/`Q4_1` min terms
+//! (`c_w * s_x`) need one scalar per weight block: the kernel stores `c_w` to a small buffer and takes its dot product with the
 //! activation sums `s_x` once per chunk of blocks, per row.
 
 use core::arch::x86_64::*;

@@ -217,10 +217,7 @@ unsafe fn normalize_avx2(v: &mut [f32]) {
             a[0] = _mm256_add_ps(a[0], _mm256_loadu_ps(p.add(i)));
             i += 8;
         }
-        let s = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
-        let s4 = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
-        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        let sum = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2))) + v[i..].iter().sum::<f32>();
+        let sum = hsum_avx2(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]))) + v[i..].iter().sum::<f32>();
         let inv = 1.0 / sum;
         let vi = _mm256_set1_ps(inv);
         let mut j = 0;
@@ -309,18 +306,23 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
         acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
         i += 8;
     }
-    let acc = _mm256_add_ps(acc0, acc1);
-    let hi = _mm256_extractf128_ps(acc, 1);
-    let s4 = _mm_add_ps(_mm256_castps256_ps128(acc), hi);
-    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    let s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-    let mut s = _mm_cvtss_f32(s1);
+    let mut s = hsum_avx2(_mm256_add_ps(acc0, acc1));
     while i < n {
         s += a[i] * b[i];
         i += 1;
     }
     s
     }
+}
+
+/// Sum of the eight lanes.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hsum_avx2(v: __m256) -> f32 {
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)))
 }
 
 #[cfg(target_arch = "x86_64")]
