@@ -142,7 +142,7 @@ impl Engine<DeviceBackend> {
             Device::Cpu => {
                 let be = CpuBackend::with_activations(cfg.threads, cfg.activations)?;
                 let mut loaded = loader::load(path)?;
-                crate::backend::cpu::pack_weights(&mut loaded.weights, loaded.config.n_layers)?;
+                crate::backend::cpu::pack_weights(&mut loaded.weights, loaded.config.n_layers, cfg.activations == crate::backend::cpu::Activations::Q8)?;
                 Self::from_loaded(DeviceBackend::Cpu(be), loaded, cfg)
             }
             Device::Cuda(ordinal) => Self::load_cuda(path, cfg, ordinal),

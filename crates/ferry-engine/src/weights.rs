@@ -32,6 +32,11 @@ pub struct HostWeight {
     pub ty: WeightType,
     pub shape: Vec<usize>,
     pub storage: Storage,
+    /// The same matrix with its rows interleaved in groups of 8 (`ferry_quant::interleave_x8`),
+    /// for the CPU's 8-bit-activation decode kernel; made by [`pack_weights`] when asked.
+    ///
+    /// [`pack_weights`]: crate::backend::cpu::pack_weights
+    pub x8: Option<Storage>,
 }
 
 impl std::fmt::Debug for HostWeight {
@@ -88,7 +93,7 @@ impl HostWeight {
             let r = src_row(i);
             out.extend_from_slice(&src[r * rb..(r + 1) * rb]);
         }
-        HostWeight { storage: Storage::Owned(Arc::new(out)), ..self.clone() }
+        HostWeight { storage: Storage::Owned(Arc::new(out)), x8: None, ..self.clone() }
     }
 }
 

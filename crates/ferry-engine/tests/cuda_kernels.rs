@@ -34,7 +34,7 @@ fn random(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
 }
 
 fn weight(name: &str, ty: WeightType, shape: &[usize], bytes: Vec<u8>) -> HostWeight {
-    HostWeight { name: name.into(), ty, shape: shape.to_vec(), storage: Storage::Owned(Arc::new(bytes)) }
+    HostWeight { name: name.into(), ty, shape: shape.to_vec(), storage: Storage::Owned(Arc::new(bytes)), x8: None }
 }
 
 fn f32_weight(name: &str, shape: &[usize], v: &[f32]) -> HostWeight {

@@ -13,7 +13,7 @@ mod common;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use ferry_quant::{Q8Activations, WeightType, dot_many, dot_many_q8, simd_level};
+use ferry_quant::{Q8Activations, WeightType, dot_many, dot_many_q8, dot_x8_q8, interleave_x8, simd_level, supports_x8};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
@@ -39,7 +39,7 @@ fn time(mut f: impl FnMut()) -> f64 {
 
 fn main() {
     println!("simd level: {}", simd_level());
-    println!("{:<5} {:>10} {:>2} {:>9} {:>9} {:>9} {:>8}", "type", "rows x k", "m", "f32 Gw/s", "q8 Gw/s", "q8+quant", "speedup");
+    println!("{:<5} {:>10} {:>2} {:>9} {:>9} {:>9} {:>8} {:>9}", "type", "rows x k", "m", "f32 Gw/s", "q8 Gw/s", "q8+quant", "speedup", "x8 Gw/s");
     let mut rng = StdRng::seed_from_u64(7);
     for ty in [WeightType::Q4_1, WeightType::Q4_0, WeightType::Q8_0] {
         for (rows, k, out_of_cache) in [(1536usize, 576usize, false), (49152, 576, true)] {
@@ -71,15 +71,33 @@ fn main() {
                     xq2.quantize_into(x, k);
                     dot_many_q8(ty, w, &xq2, o)
                 });
+                // Interleaved rows (decode only): the same matrices, repacked.
+                let x8_gws = if m == 1 && supports_x8(ty) {
+                    let inter: Vec<Vec<u8>> = mats.iter().map(|w| {
+                        let mut d = vec![0u8; w.len()];
+                        interleave_x8(ty, w, k, &mut d);
+                        d
+                    }).collect();
+                    let mut c = 0;
+                    let secs = time(|| {
+                        dot_x8_q8(ty, &inter[c % copies], &xq, &mut out);
+                        c += 1;
+                        black_box(&out);
+                    });
+                    format!("{:.2}", (rows * k) as f64 / secs / 1e9)
+                } else {
+                    "-".into()
+                };
                 println!(
-                    "{:<5} {:>10} {:>2} {:>9.2} {:>9.2} {:>9.2} {:>7.2}x",
+                    "{:<5} {:>10} {:>2} {:>9.2} {:>9.2} {:>9.2} {:>7.2}x {:>9}",
                     ty.name(),
                     format!("{rows}x{k}"),
                     m,
                     f32_gws,
                     q8_gws,
                     q8q_gws,
-                    q8_gws / f32_gws
+                    q8_gws / f32_gws,
+                    x8_gws
                 );
             }
         }

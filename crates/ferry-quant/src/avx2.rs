@@ -27,6 +27,7 @@
 
 mod kquant;
 pub(crate) mod q8;
+pub(crate) mod x8;
 
 use core::arch::x86_64::*;
 

@@ -18,6 +18,7 @@
 mod q8;
 mod scalar;
 mod types;
+mod x8;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -28,6 +29,7 @@ use std::sync::OnceLock;
 
 pub use q8::{Q8Activations, dot_many_q8, dot_many_q8_with, supports_q8};
 pub use types::WeightType;
+pub use x8::{X8_ROWS, dot_x8_q8, dot_x8_q8_with, interleave_x8, supports_x8};
 
 /// An instruction-set level with its own set of kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -72,7 +72,7 @@ fn host_weight(file: &Arc<GgufFile>, index: usize) -> Result<HostWeight> {
     let ty = weight_type(&t.name, &t.ggml_type)?;
     // GGUF lists dims innermost first; row-major shape is the reverse.
     let shape: Vec<usize> = t.dims.iter().rev().map(|&d| d as usize).collect();
-    let w = HostWeight { name: t.name.clone(), ty, shape, storage: Storage::Gguf(file.clone(), index) };
+    let w = HostWeight { name: t.name.clone(), ty, shape, storage: Storage::Gguf(file.clone(), index), x8: None };
     w.check()?;
     Ok(w)
 }

@@ -91,6 +91,7 @@ fn read_safetensors(path: &Path, out: &mut HashMap<String, HostWeight>) -> Resul
             ty,
             shape: view.shape().to_vec(),
             storage: Storage::Mapped { map: map.clone(), offset: data.as_ptr() as usize - base, len: data.len() },
+            x8: None,
         };
         w.check()?;
         out.insert(name, w);

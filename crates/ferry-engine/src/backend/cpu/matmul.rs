@@ -52,7 +52,8 @@ pub(crate) fn matmul(be: &CpuBackend, x: &CpuTensor, ws: &[(&CpuWeight, Option<&
         // kernels' software prefetch (a page ahead) keeps ahead of; two tasks per thread still
         // balance the work. (Tasks cut to equal bytes across Q/K/V, or four per thread, measured
         // no better through this machine's noise.)
-        let tasks = tasks(ws, |w| (w.rows / (threads * 2)).clamp(16, 4096));
+        // Whole groups of 8 rows, for the interleaved kernel.
+        let tasks = tasks(ws, |w| (w.rows / (threads * 2)).clamp(16, 4096).next_multiple_of(ferry_quant::X8_ROWS));
         let q8 = (m == 1 && be.activations == Activations::Q8).then(|| ferry_quant::Q8Activations::quantize(&x.data, x.cols));
         be.install(|| {
             tasks.par_iter().for_each_init(Vec::new, |tmp: &mut Vec<f32>, t| {
@@ -63,8 +64,11 @@ pub(crate) fn matmul(be: &CpuBackend, x: &CpuTensor, ws: &[(&CpuWeight, Option<&
                 tmp.resize(rows * m, 0.0);
                 let tmp = &mut tmp[..];
                 let wb = &w.bytes()[t.r0 * w.row_bytes..t.r1 * w.row_bytes];
-                match &q8 {
-                    Some(xq) if ferry_quant::supports_q8(w.ty) => ferry_quant::dot_many_q8(w.ty, wb, xq, tmp),
+                match (&q8, &w.x8) {
+                    // Tasks start at multiples of 8 rows, and a weight has an interleaved copy
+                    // only if its row count is a multiple of 8: the task is whole groups.
+                    (Some(xq), Some(x8)) => ferry_quant::dot_x8_q8(w.ty, &x8.bytes()[t.r0 * w.row_bytes..t.r1 * w.row_bytes], xq, tmp),
+                    (Some(xq), None) if ferry_quant::supports_q8(w.ty) => ferry_quant::dot_many_q8(w.ty, wb, xq, tmp),
                     _ => ferry_quant::dot_many(w.ty, wb, w.cols, &x.data, tmp),
                 }
                 for (j, vals) in tmp.chunks_exact(m).enumerate() {

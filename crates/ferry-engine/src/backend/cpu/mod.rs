@@ -50,6 +50,8 @@ pub struct CpuWeight {
     /// Dequantized copy for vectors (norm weights, biases), and for f32 matrices whose mapped
     /// bytes are not 4-byte aligned.
     pub(crate) f32_copy: Option<Vec<f32>>,
+    /// Rows interleaved in groups of 8, for the 8-bit-activation decode kernel (Q8 mode only).
+    pub(crate) x8: Option<Storage>,
 }
 
 impl CpuWeight {
@@ -166,7 +168,8 @@ impl Backend for CpuBackend {
         let is_vector = w.shape.len() == 1;
         let aligned = bytemuck::try_cast_slice::<u8, f32>(w.bytes()).is_ok();
         let f32_copy = if is_vector || (w.ty == WeightType::F32 && !aligned) { Some(w.to_f32()) } else { None };
-        Ok(CpuWeight { ty: w.ty, rows: w.rows(), cols: w.cols(), row_bytes: w.row_bytes(), storage: w.storage.clone(), f32_copy })
+        let x8 = if self.activations == Activations::Q8 { w.x8.clone() } else { None };
+        Ok(CpuWeight { ty: w.ty, rows: w.rows(), cols: w.cols(), row_bytes: w.row_bytes(), storage: w.storage.clone(), f32_copy, x8 })
     }
 
     fn tensor(&self, rows: usize, cols: usize) -> CpuTensor {
@@ -330,11 +333,18 @@ impl Backend for CpuBackend {
 /// tensors). Decode streams all weights every step; from the file's page-cache pages (4 KiB,
 /// scattered) the hardware prefetchers stop at every page boundary and the TLB misses, which
 /// costs as much as the arithmetic. The model file stays mapped only for what is not copied.
-pub fn pack_weights(w: &mut crate::weights::WeightSet, n_layers: usize) -> Result<()> {
+///
+/// With `interleave` (the 8-bit-activation mode), every matrix the interleaved decode kernel
+/// supports (`Q4_0`/`Q4_1`, rows a multiple of 8) also gets a copy with its rows in groups of 8
+/// (`HostWeight::x8`), after all the row-layout matrices: decode reads only those copies,
+/// prefill and batched decode only the originals. It costs their size again in memory.
+pub fn pack_weights(w: &mut crate::weights::WeightSet, n_layers: usize, interleave: bool) -> Result<()> {
     const ALIGN: usize = 64;
+    let x8_ok = |t: &HostWeight| interleave && ferry_quant::supports_x8(t.ty) && t.rows().is_multiple_of(ferry_quant::X8_ROWS) && t.rows() > 0;
     let mut total = 0usize;
     for t in w.tensors.values().filter(|t| t.shape.len() == 2) {
-        total += t.bytes().len().next_multiple_of(ALIGN);
+        let n = t.bytes().len().next_multiple_of(ALIGN);
+        total += if x8_ok(t) { 2 * n } else { n };
     }
     if total == 0 {
         return Ok(());
@@ -342,21 +352,32 @@ pub fn pack_weights(w: &mut crate::weights::WeightSet, n_layers: usize) -> Resul
     let mut arena = memmap2::MmapMut::map_anon(total).map_err(|e| EngineError::DeviceUnavailable("cpu".into(), format!("cannot map {total} bytes for weights: {e}")))?;
     #[cfg(target_os = "linux")]
     let _ = arena.advise(memmap2::Advice::HugePage);
+    // (key, offset, len, interleaved copy)
     let mut placed = Vec::new();
     let mut off = 0usize;
     // In the order a forward pass reads them, so a decode step streams the arena front to back.
-    let keys = crate::weights::WeightKey::all(n_layers);
-    for k in keys.into_iter().filter(|k| w.tensors.get(k).is_some_and(|t| t.shape.len() == 2)) {
-        let t = &w.tensors[&k];
+    let keys: Vec<_> = crate::weights::WeightKey::all(n_layers).into_iter().filter(|k| w.tensors.get(k).is_some_and(|t| t.shape.len() == 2)).collect();
+    for k in &keys {
+        let t = &w.tensors[k];
         let n = t.bytes().len();
         arena[off..off + n].copy_from_slice(t.bytes());
-        placed.push((k, off, n));
+        placed.push((*k, off, n, false));
         off += n.next_multiple_of(ALIGN);
     }
+    for k in &keys {
+        let t = &w.tensors[k];
+        if x8_ok(t) {
+            let n = t.bytes().len();
+            ferry_quant::interleave_x8(t.ty, t.bytes(), t.cols(), &mut arena[off..off + n]);
+            placed.push((*k, off, n, true));
+            off += n.next_multiple_of(ALIGN);
+        }
+    }
     let map = std::sync::Arc::new(arena.make_read_only().map_err(|e| EngineError::DeviceUnavailable("cpu".into(), e.to_string()))?);
-    for (k, offset, len) in placed {
+    for (k, offset, len, x8) in placed {
         if let Some(t) = w.tensors.get_mut(&k) {
-            t.storage = Storage::Mapped { map: map.clone(), offset, len };
+            let s = Storage::Mapped { map: map.clone(), offset, len };
+            if x8 { t.x8 = Some(s) } else { t.storage = s }
         }
     }
     Ok(())

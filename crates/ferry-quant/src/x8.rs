@@ -1,0 +1,139 @@
+//! Eight weight rows interleaved, for the 8-bit-activation decode kernel (`m = 1`).
+//!
+//! In the row layout (`crate::q8`), every block of every row pays for its own integer-to-float
+//! conversion, scale multiply and accumulate, and these — not memory — bound the decode kernel on
+//! AVX2. Interleaving eight rows puts one row in each 32-bit lane of a vector: one `vpmaddubsw`
+//! then multiplies 4 weights of each of 8 rows with the same 4 activations (broadcast), the
+//! integer sums of a whole block stay in 16-bit lanes, and the conversion, scale and accumulate
+//! run once per block for all eight rows. (ik_llama.cpp and llamafile repack for the same reason.)
+//!
+//! Layout of one group of 8 rows: per block `b` of 32 elements, the 8 rows' `f16` scales `d`
+//! (16 bytes), for `Q4_1` their `f16` mins `m` (16 bytes), then the quants as four 32-byte
+//! slices `g = 0..4`, each holding bytes `4g..4g + 4` of the 8 rows' 16 quant bytes (row `r` at
+//! bytes `4r..4r + 4`). Byte `j` of a row holds element `j` in its low nibble and element
+//! `j + 16` in its high nibble, as in the row layout. The group is exactly as large as its 8
+//! rows in the row layout, and a matrix is its groups in row order.
+//!
+//! Results: per row, `Σ_b fma(Σ n q, d_w d_x, ·)` and the min term `Σ_b fma(c_w, s_x, ·)`
+//! accumulated separately and added at the end (`c_w = m_w` for `Q4_1`; `-8 d_w` folded in as a
+//! final `fma(-8, ·, ·)` for `Q4_0`). The scalar kernel here does exactly these operations, so the
+//! AVX2 kernel matches it bit for bit; against [`dot_many_q8`](crate::dot_many_q8) the sums are the same
+//! but summed in another order.
+
+use crate::SimdLevel;
+use crate::q8::Q8Activations;
+use crate::types::{QK, WeightType, f16_to_f32, le_u16};
+
+/// Rows per group.
+pub const X8_ROWS: usize = 8;
+
+/// Whether [`interleave_x8`] and [`dot_x8_q8`] support this type (`Q4_0`, `Q4_1`).
+pub fn supports_x8(ty: WeightType) -> bool {
+    matches!(ty, WeightType::Q4_0 | WeightType::Q4_1)
+}
+
+/// Bytes of the scale (and min) header of one block of a group.
+pub(crate) fn header_bytes(ty: WeightType) -> usize {
+    match ty {
+        WeightType::Q4_1 => 4 * X8_ROWS,
+        _ => 2 * X8_ROWS,
+    }
+}
+
+/// Rewrite `src` (whole rows of `k` elements of type `ty`, a multiple of 8 rows) into `dst`
+/// (the same length) in the interleaved layout.
+///
+/// # Panics
+/// If `ty` is not supported, `k` is not a positive multiple of 32, or the lengths do not make
+/// whole groups of 8 rows (caller bugs).
+pub fn interleave_x8(ty: WeightType, src: &[u8], k: usize, dst: &mut [u8]) {
+    assert!(supports_x8(ty), "ferry_quant::interleave_x8: weight type {ty} is not supported");
+    let rb = ty.row_bytes(k).filter(|&rb| rb > 0).expect("ferry_quant::interleave_x8: k is a positive multiple of 32");
+    assert!(src.len().is_multiple_of(rb * X8_ROWS) && dst.len() == src.len(), "ferry_quant::interleave_x8: {} bytes are not whole groups of 8 rows of {rb} bytes", src.len());
+    let (bb, hb) = (ty.block_bytes(), header_bytes(ty));
+    let qoff = bb - QK / 2; // quants start after the block's d (and m)
+    for (g_src, g_dst) in src.chunks_exact(rb * X8_ROWS).zip(dst.chunks_exact_mut(rb * X8_ROWS)) {
+        for (b, out) in g_dst.chunks_exact_mut(bb * X8_ROWS).enumerate() {
+            for r in 0..X8_ROWS {
+                let blk = &g_src[r * rb + b * bb..r * rb + (b + 1) * bb];
+                out[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
+                if ty == WeightType::Q4_1 {
+                    out[2 * X8_ROWS + 2 * r..2 * X8_ROWS + 2 * r + 2].copy_from_slice(&blk[2..4]);
+                }
+                for g in 0..4 {
+                    let o = hb + 32 * g + 4 * r;
+                    out[o..o + 4].copy_from_slice(&blk[qoff + 4 * g..qoff + 4 * g + 4]);
+                }
+            }
+        }
+    }
+}
+
+/// `out[r]` = weight row `r` · the single activation row of `xq`, for the interleaved rows `w`
+/// (`out.len()` rows, a multiple of 8). Uses the kernels of [`SimdLevel::selected`].
+///
+/// # Panics
+/// On inconsistent lengths, an unsupported type, or `xq` with more than one row (caller bugs).
+pub fn dot_x8_q8(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
+    dot_x8_q8_at(SimdLevel::selected(), ty, w, xq, out);
+}
+
+/// [`dot_x8_q8`] with the kernels of a given level (`Avx512` uses the AVX2 kernel).
+///
+/// # Panics
+/// As [`dot_x8_q8`], and if `level` is not supported by this CPU.
+pub fn dot_x8_q8_with(level: SimdLevel, ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
+    assert!(level.is_supported(), "ferry_quant::dot_x8_q8: SIMD level {} not supported by this CPU", level.name());
+    dot_x8_q8_at(level, ty, w, xq, out);
+}
+
+fn dot_x8_q8_at(level: SimdLevel, ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
+    assert!(supports_x8(ty), "ferry_quant::dot_x8_q8: weight type {ty} is not supported");
+    assert!(xq.rows() == 1, "ferry_quant::dot_x8_q8: {} activation rows (the interleaved kernel takes one)", xq.rows());
+    let rb = ty.row_bytes(xq.k()).expect("k is a multiple of 32");
+    assert!(
+        out.len().is_multiple_of(X8_ROWS) && w.len() == out.len() * rb,
+        "ferry_quant::dot_x8_q8: {} weight bytes / {} outputs are not whole groups of 8 rows of {rb} bytes",
+        w.len(),
+        out.len()
+    );
+    match level {
+        SimdLevel::Scalar => dot_x8_scalar(ty, w, xq, out),
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 | SimdLevel::Avx512 => {
+            // SAFETY: callers pass only supported levels (Avx512 includes AVX2, FMA and F16C);
+            // the lengths were checked above.
+            unsafe { crate::avx2::x8::dot(ty, w, xq, out) }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        SimdLevel::Avx2 | SimdLevel::Avx512 => unreachable!("not supported on this architecture"),
+    }
+}
+
+/// The reference: the AVX2 kernel's operations, one lane at a time.
+fn dot_x8_scalar(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
+    let nb = xq.k() / QK;
+    let (bb, hb) = (ty.block_bytes() * X8_ROWS, header_bytes(ty));
+    let (q, d, s) = (xq.quants(), xq.scales(), xq.sums());
+    for (group, out) in w.chunks_exact(bb * nb).zip(out.chunks_exact_mut(X8_ROWS)) {
+        for (r, o) in out.iter_mut().enumerate() {
+            let (mut acc, mut macc) = (0f32, 0f32);
+            for b in 0..nb {
+                let blk = &group[b * bb..(b + 1) * bb];
+                let x = &q[b * QK..(b + 1) * QK];
+                let mut isum = 0i32;
+                for g in 0..4 {
+                    for j in 0..4 {
+                        let byte = blk[hb + 32 * g + 4 * r + j];
+                        isum += i32::from(byte & 0x0F) * i32::from(x[4 * g + j]) + i32::from(byte >> 4) * i32::from(x[16 + 4 * g + j]);
+                    }
+                }
+                let dw = f16_to_f32(le_u16(blk, 2 * r));
+                acc = (isum as f32).mul_add(dw * d[b], acc);
+                let c = if ty == WeightType::Q4_1 { f16_to_f32(le_u16(blk, 2 * X8_ROWS + 2 * r)) } else { dw };
+                macc = c.mul_add(s[b], macc);
+            }
+            *o = if ty == WeightType::Q4_1 { acc + macc } else { (-8f32).mul_add(macc, acc) };
+        }
+    }
+}

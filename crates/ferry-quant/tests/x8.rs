@@ -1,0 +1,102 @@
+//! Interleaved rows (`interleave_x8` + `dot_x8_q8`): every SIMD level bit-identical to the scalar
+//! kernel, and the same sums as the row-layout kernel `dot_many_q8` (which `q8.rs` checks against
+//! an `f64` dot product of the exact weights with the dequantized activations), up to order.
+
+mod common;
+
+use common::random_row;
+use ferry_quant::{Q8Activations, SimdLevel, WeightType, X8_ROWS, dot_many_q8_with, dot_x8_q8, dot_x8_q8_with, interleave_x8, supports_x8};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const TYPES: [WeightType; 2] = [WeightType::Q4_0, WeightType::Q4_1];
+
+fn levels() -> Vec<SimdLevel> {
+    SimdLevel::ALL.into_iter().filter(|l| l.is_supported()).collect()
+}
+
+fn check(ty: WeightType, rows: usize, k: usize, rng: &mut StdRng) {
+    let mut w = Vec::new();
+    for _ in 0..rows {
+        w.extend(random_row(ty, k, rng));
+    }
+    let mut x: Vec<f32> = (0..k).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+    x[..32.min(k)].fill(0.0); // a zero activation block
+    let xq = Q8Activations::quantize(&x, k);
+    let mut inter = vec![0u8; w.len()];
+    interleave_x8(ty, &w, k, &mut inter);
+    let mut want = vec![0f32; rows];
+    dot_many_q8_with(SimdLevel::Scalar, ty, &w, &xq, &mut want);
+    let mut scalar = vec![f32::NAN; rows];
+    dot_x8_q8_with(SimdLevel::Scalar, ty, &inter, &xq, &mut scalar);
+    for level in levels() {
+        let mut got = vec![f32::NAN; rows];
+        dot_x8_q8_with(level, ty, &inter, &xq, &mut got);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&scalar), "{ty} {level:?} rows {rows} k {k}: not bit-identical to the scalar kernel");
+    }
+    // Same per-block terms as the row layout, summed in another order: within f32 rounding of
+    // the sum of their magnitudes.
+    let rb = ty.row_bytes(k).unwrap();
+    let xh: Vec<f32> = xq.quants().iter().enumerate().map(|(j, &q)| xq.scales()[j / 32] * f32::from(q)).collect();
+    let mut deq = vec![0f32; k];
+    for r in 0..rows {
+        ferry_quant::dequantize(ty, &w[r * rb..(r + 1) * rb], &mut deq);
+        let abs: f64 = xh.iter().zip(&deq).map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs()).sum();
+        let (g, e) = (f64::from(scalar[r]), f64::from(want[r]));
+        assert!((g - e).abs() <= 1e-5 * abs + 1e-6, "{ty} rows {rows} k {k} row {r}: interleaved {g}, row layout {e}");
+    }
+}
+
+#[test]
+fn interleaved_rows_match_the_row_layout() {
+    let mut rng = StdRng::seed_from_u64(0x58);
+    for ty in TYPES {
+        assert!(supports_x8(ty));
+        for k in [32, 576, 1536] {
+            for rows in [8, 16, 48] {
+                check(ty, rows, k, &mut rng);
+            }
+        }
+    }
+}
+
+#[test]
+fn interleave_places_every_byte_once() {
+    // Distinct bytes: the interleaved matrix is a permutation of the original.
+    for ty in TYPES {
+        let k = 64;
+        let rb = ty.row_bytes(k).unwrap();
+        let w: Vec<u8> = (0..rb * X8_ROWS * 2).map(|i| (i * 7 % 251) as u8).collect();
+        let mut inter = vec![0u8; w.len()];
+        interleave_x8(ty, &w, k, &mut inter);
+        let (mut a, mut b) = (w.clone(), inter.clone());
+        a.sort_unstable();
+        b.sort_unstable();
+        assert_eq!(a, b, "{ty}");
+        // Row 3's scale of block 1 of group 0 sits at the header's slot 3.
+        let blk = ty.block_bytes();
+        assert_eq!(&inter[blk * X8_ROWS + 6..blk * X8_ROWS + 8], &w[3 * rb + blk..3 * rb + blk + 2], "{ty}");
+    }
+}
+
+#[test]
+#[should_panic(expected = "whole groups of 8 rows")]
+fn partial_groups_panic() {
+    let mut dst = vec![0u8; 20 * 4];
+    interleave_x8(WeightType::Q4_1, &[0u8; 20 * 4], 32, &mut dst);
+}
+
+#[test]
+#[should_panic(expected = "one")]
+fn batched_activations_panic() {
+    let xq = Q8Activations::quantize(&[0f32; 64], 32);
+    dot_x8_q8(WeightType::Q4_1, &[0u8; 160], &xq, &mut [0f32; 8]);
+}
+
+#[test]
+fn unsupported_types() {
+    for ty in [WeightType::F32, WeightType::F16, WeightType::BF16, WeightType::Q8_0, WeightType::Q4_K, WeightType::Q6_K] {
+        assert!(!supports_x8(ty));
+    }
+}
