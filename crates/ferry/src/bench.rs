@@ -35,6 +35,10 @@ pub struct EngineBenchArgs {
     pub gen_tokens: usize,
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
+    /// Also measure batched decode: this many sequences advancing one token each per step (the
+    /// decode pool's steady state under load), reported as aggregate tokens/s.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
 }
 
 #[derive(clap::Args, Debug)]
@@ -103,6 +107,15 @@ fn engine(a: EngineBenchArgs) -> anyhow::Result<()> {
         let g = engine.generate(short, &params, &mut |_| {})?;
         decode.push((g.tokens.len() - 1) as f64 / g.decode_time.as_secs_f64());
     }
+    let batch_decode = if a.batch > 1 {
+        let mut runs = Vec::new();
+        for _ in 0..a.repeats {
+            runs.push(batched_decode(&mut engine, short, a.batch, a.gen_tokens)?);
+        }
+        Some(median(runs))
+    } else {
+        None
+    };
     let bw = memory_read_bandwidth(threads, 512 << 20, 5);
     let bytes = engine.decode_weight_bytes();
     let roofline = bw / bytes as f64;
@@ -122,6 +135,41 @@ fn engine(a: EngineBenchArgs) -> anyhow::Result<()> {
         "decode_roofline_tok_s": (roofline * 10.0).round() / 10.0,
         "roofline_fraction": (decode_med / roofline * 1000.0).round() / 1000.0,
     });
+    let mut json = json;
+    if let Some(b) = batch_decode {
+        json["batch"] = a.batch.into();
+        json["batch_decode_tok_s"] = ((b * 10.0).round() / 10.0).into();
+    }
     println!("{json}");
     Ok(())
+}
+
+/// Aggregate decode tokens/s of `batch` sequences (each prefilled with `prompt`, a different
+/// first token apiece so they diverge) stepping together, greedy, for `steps` steps.
+fn batched_decode(engine: &mut ferry_engine::Engine<ferry_engine::DeviceBackend>, prompt: &[u32], batch: usize, steps: usize) -> anyhow::Result<f64> {
+    use ferry_engine::{Logits, StepItem};
+    let argmax = |l: &[f32]| l.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i as u32);
+    let mut seqs = Vec::with_capacity(batch);
+    let mut last = Vec::with_capacity(batch);
+    for i in 0..batch {
+        let seq = engine.new_sequence();
+        let mut p = prompt.to_vec();
+        p[0] = p[0].wrapping_add(i as u32) % engine.config().vocab_size as u32;
+        last.push(argmax(&engine.prefill(seq, &p)?));
+        seqs.push(seq);
+    }
+    let t = Instant::now();
+    for _ in 0..steps {
+        let toks: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
+        let items: Vec<StepItem> = seqs.iter().zip(&toks).map(|(&seq, t)| StepItem { seq, tokens: t, logits: Logits::Last }).collect();
+        let logits = engine.step(&items, &mut |_, _| {})?;
+        for (l, out) in last.iter_mut().zip(&logits) {
+            *l = argmax(out);
+        }
+    }
+    let secs = t.elapsed().as_secs_f64();
+    for seq in seqs {
+        engine.release(seq)?;
+    }
+    Ok((batch * steps) as f64 / secs)
 }
