@@ -87,3 +87,35 @@ fn mixed_step_prefill_and_decode_together() {
     e.release(a).unwrap();
     e.release(b).unwrap();
 }
+
+#[test]
+fn q8_decode_is_batch_invariant() {
+    // With 8-bit activations, decode rows run the interleaved kernels, whose result for one
+    // sequence does not depend on the others in the step: batched decode logits are bit for bit
+    // those of the sequence alone (the prefill stays exact f32 either way).
+    let cfg = ferry_engine::EngineConfig { threads: 2, activations: ferry_engine::Activations::Q8, ..Default::default() };
+    let mut e = Engine::load(&smollm2_path(), &cfg).unwrap();
+    let ps = prompts(&e);
+    let seqs: Vec<SeqId> = ps.iter().map(|_| e.new_sequence()).collect();
+    let mut next: Vec<u32> = seqs.iter().zip(&ps).map(|(&s, p)| ferry_engine::sampler::argmax(&e.prefill(s, p).unwrap())).collect();
+    for _ in 0..4 {
+        // Each sequence alone, on a copy of its KV (export → import), then all of them together.
+        let mut alone = Vec::new();
+        for (&s, &t) in seqs.iter().zip(&next) {
+            let copy = e.import_kv(&e.export_kv(s).unwrap()).unwrap();
+            alone.push(e.step(&[StepItem { seq: copy, tokens: &[t], logits: Logits::Last }], &mut |_, _| {}).unwrap().remove(0));
+            e.release(copy).unwrap();
+        }
+        let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+        let items: Vec<StepItem> = seqs.iter().zip(&toks).map(|(&seq, t)| StepItem { seq, tokens: t, logits: Logits::Last }).collect();
+        let batched = e.step(&items, &mut |_, _| {}).unwrap();
+        for (i, (a, b)) in alone.iter().zip(&batched).enumerate() {
+            let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "sequence {i}: batched q8 decode logits differ from alone by up to {}", max_abs_diff(a, b));
+        }
+        next = batched.iter().map(|l| ferry_engine::sampler::argmax(l)).collect();
+    }
+    for s in seqs {
+        e.release(s).unwrap();
+    }
+}

@@ -8,15 +8,17 @@
 //! run once per block for all eight rows. (ik_llama.cpp and llamafile repack for the same reason.)
 //!
 //! Layout of one group of 8 rows: per block `b` of 32 elements, the 8 rows' `f16` scales `d`
-//! (16 bytes), for `Q4_1` their `f16` mins `m` (16 bytes), then the quants as four 32-byte
-//! slices `g = 0..4`, each holding bytes `4g..4g + 4` of the 8 rows' 16 quant bytes (row `r` at
-//! bytes `4r..4r + 4`). Byte `j` of a row holds element `j` in its low nibble and element
-//! `j + 16` in its high nibble, as in the row layout. The group is exactly as large as its 8
+//! (16 bytes), for `Q4_1` their `f16` mins `m` (16 bytes), then the quants as 32-byte slices
+//! `g`, each holding bytes `4g..4g + 4` of the 8 rows' quant bytes (row `r` at bytes
+//! `4r..4r + 4`): four slices for `Q4_0`/`Q4_1` (16 quant bytes a row; byte `j` holds element `j`
+//! in its low nibble and element `j + 16` in its high nibble, as in the row layout), eight for
+//! `Q8_0` (32 signed bytes a row, one element each). The group is exactly as large as its 8
 //! rows in the row layout, and a matrix is its groups in row order.
 //!
 //! Results: per row, `Σ_b fma(Σ n q, d_w d_x, ·)` and the min term `Σ_b fma(c_w, s_x, ·)`
 //! accumulated separately and added at the end (`c_w = m_w` for `Q4_1`; `-8 d_w` folded in as a
-//! final `fma(-8, ·, ·)` for `Q4_0`). The scalar kernel here does exactly these operations, so the
+//! final `fma(-8, ·, ·)` for `Q4_0`; none for `Q8_0`). An activation row's result does not depend
+//! on the other rows of the batch: batched decode gives each sequence the bits it gets alone. The scalar kernel here does exactly these operations, so the
 //! AVX2 kernel matches it bit for bit; against [`dot_many_q8`](crate::dot_many_q8) the sums are the same
 //! but summed in another order.
 
@@ -27,9 +29,9 @@ use crate::types::{QK, WeightType, f16_to_f32, le_u16};
 /// Rows per group.
 pub const X8_ROWS: usize = 8;
 
-/// Whether [`interleave_x8`] and [`dot_x8_q8`] support this type (`Q4_0`, `Q4_1`).
+/// Whether [`interleave_x8`] and [`dot_x8_q8`] support this type (`Q4_0`, `Q4_1`, `Q8_0`).
 pub fn supports_x8(ty: WeightType) -> bool {
-    matches!(ty, WeightType::Q4_0 | WeightType::Q4_1)
+    matches!(ty, WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q8_0)
 }
 
 /// Bytes of the scale (and min) header of one block of a group.
@@ -51,7 +53,8 @@ pub fn interleave_x8(ty: WeightType, src: &[u8], k: usize, dst: &mut [u8]) {
     let rb = ty.row_bytes(k).filter(|&rb| rb > 0).expect("ferry_quant::interleave_x8: k is a positive multiple of 32");
     assert!(src.len().is_multiple_of(rb * X8_ROWS) && dst.len() == src.len(), "ferry_quant::interleave_x8: {} bytes are not whole groups of 8 rows of {rb} bytes", src.len());
     let (bb, hb) = (ty.block_bytes(), header_bytes(ty));
-    let qoff = bb - QK / 2; // quants start after the block's d (and m)
+    let qoff = hb / X8_ROWS; // quants start after the block's d (and m)
+    let slices = (bb - qoff) / 4;
     for (g_src, g_dst) in src.chunks_exact(rb * X8_ROWS).zip(dst.chunks_exact_mut(rb * X8_ROWS)) {
         for (b, out) in g_dst.chunks_exact_mut(bb * X8_ROWS).enumerate() {
             for r in 0..X8_ROWS {
@@ -60,7 +63,7 @@ pub fn interleave_x8(ty: WeightType, src: &[u8], k: usize, dst: &mut [u8]) {
                 if ty == WeightType::Q4_1 {
                     out[2 * X8_ROWS + 2 * r..2 * X8_ROWS + 2 * r + 2].copy_from_slice(&blk[2..4]);
                 }
-                for g in 0..4 {
+                for g in 0..slices {
                     let o = hb + 32 * g + 4 * r;
                     out[o..o + 4].copy_from_slice(&blk[qoff + 4 * g..qoff + 4 * g + 4]);
                 }
@@ -69,11 +72,13 @@ pub fn interleave_x8(ty: WeightType, src: &[u8], k: usize, dst: &mut [u8]) {
     }
 }
 
-/// `out[r]` = weight row `r` · the single activation row of `xq`, for the interleaved rows `w`
-/// (`out.len()` rows, a multiple of 8). Uses the kernels of [`SimdLevel::selected`].
+/// `out[r * m + i]` = weight row `r` · activation row `i` of `xq` (`m = xq.rows()`), for the
+/// interleaved rows `w` (`out.len() / m` rows, a multiple of 8). Each group of 8 weight rows is
+/// read from memory once and runs against every activation row from the L1 cache (batched
+/// decode). Uses the kernels of [`SimdLevel::selected`].
 ///
 /// # Panics
-/// On inconsistent lengths, an unsupported type, or `xq` with more than one row (caller bugs).
+/// On inconsistent lengths or an unsupported type (caller bugs).
 pub fn dot_x8_q8(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
     dot_x8_q8_at(SimdLevel::selected(), ty, w, xq, out);
 }
@@ -89,10 +94,11 @@ pub fn dot_x8_q8_with(level: SimdLevel, ty: WeightType, w: &[u8], xq: &Q8Activat
 
 fn dot_x8_q8_at(level: SimdLevel, ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
     assert!(supports_x8(ty), "ferry_quant::dot_x8_q8: weight type {ty} is not supported");
-    assert!(xq.rows() == 1, "ferry_quant::dot_x8_q8: {} activation rows (the interleaved kernel takes one)", xq.rows());
+    let m = xq.rows();
+    assert!(m > 0, "ferry_quant::dot_x8_q8: no activation rows");
     let rb = ty.row_bytes(xq.k()).expect("k is a multiple of 32");
     assert!(
-        out.len().is_multiple_of(X8_ROWS) && w.len() == out.len() * rb,
+        out.len().is_multiple_of(X8_ROWS * m) && w.len() * m == out.len() * rb,
         "ferry_quant::dot_x8_q8: {} weight bytes / {} outputs are not whole groups of 8 rows of {rb} bytes",
         w.len(),
         out.len()
@@ -112,28 +118,44 @@ fn dot_x8_q8_at(level: SimdLevel, ty: WeightType, w: &[u8], xq: &Q8Activations, 
 
 /// The reference: the AVX2 kernel's operations, one lane at a time.
 fn dot_x8_scalar(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
-    let nb = xq.k() / QK;
+    let (nb, m) = (xq.k() / QK, xq.rows());
     let (bb, hb) = (ty.block_bytes() * X8_ROWS, header_bytes(ty));
-    let (q, d, s) = (xq.quants(), xq.scales(), xq.sums());
-    for (group, out) in w.chunks_exact(bb * nb).zip(out.chunks_exact_mut(X8_ROWS)) {
-        for (r, o) in out.iter_mut().enumerate() {
+    for (group, out) in w.chunks_exact(bb * nb).zip(out.chunks_exact_mut(X8_ROWS * m)) {
+        for (ri, o) in out.iter_mut().enumerate() {
+            let (r, i) = (ri / m, ri % m);
+            let (q, d, s) = (&xq.quants()[i * nb * QK..], &xq.scales()[i * nb..], &xq.sums()[i * nb..]);
             let (mut acc, mut macc) = (0f32, 0f32);
             for b in 0..nb {
                 let blk = &group[b * bb..(b + 1) * bb];
                 let x = &q[b * QK..(b + 1) * QK];
                 let mut isum = 0i32;
-                for g in 0..4 {
-                    for j in 0..4 {
-                        let byte = blk[hb + 32 * g + 4 * r + j];
-                        isum += i32::from(byte & 0x0F) * i32::from(x[4 * g + j]) + i32::from(byte >> 4) * i32::from(x[16 + 4 * g + j]);
+                if ty == WeightType::Q8_0 {
+                    for g in 0..8 {
+                        for j in 0..4 {
+                            isum += i32::from(blk[hb + 32 * g + 4 * r + j] as i8) * i32::from(x[4 * g + j]);
+                        }
+                    }
+                } else {
+                    for g in 0..4 {
+                        for j in 0..4 {
+                            let byte = blk[hb + 32 * g + 4 * r + j];
+                            isum += i32::from(byte & 0x0F) * i32::from(x[4 * g + j]) + i32::from(byte >> 4) * i32::from(x[16 + 4 * g + j]);
+                        }
                     }
                 }
                 let dw = f16_to_f32(le_u16(blk, 2 * r));
                 acc = (isum as f32).mul_add(dw * d[b], acc);
+                if ty == WeightType::Q8_0 {
+                    continue;
+                }
                 let c = if ty == WeightType::Q4_1 { f16_to_f32(le_u16(blk, 2 * X8_ROWS + 2 * r)) } else { dw };
                 macc = c.mul_add(s[b], macc);
             }
-            *o = if ty == WeightType::Q4_1 { acc + macc } else { (-8f32).mul_add(macc, acc) };
+            *o = match ty {
+                WeightType::Q4_1 => acc + macc,
+                WeightType::Q4_0 => (-8f32).mul_add(macc, acc),
+                _ => acc,
+            };
         }
     }
 }

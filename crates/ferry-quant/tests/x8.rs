@@ -1,4 +1,4 @@
-//! Interleaved rows (`interleave_x8` + `dot_x8_q8`): every SIMD level bit-identical to the scalar
+//! Interleaved rows (`interleave_x8` + `dot_x8_q8`, one and several activation rows): every SIMD level bit-identical to the scalar
 //! kernel, and the same sums as the row-layout kernel `dot_many_q8` (which `q8.rs` checks against
 //! an `f64` dot product of the exact weights with the dequantized activations), up to order.
 
@@ -9,28 +9,28 @@ use ferry_quant::{Q8Activations, SimdLevel, WeightType, X8_ROWS, dot_many_q8_wit
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const TYPES: [WeightType; 2] = [WeightType::Q4_0, WeightType::Q4_1];
+const TYPES: [WeightType; 3] = [WeightType::Q4_0, WeightType::Q4_1, WeightType::Q8_0];
 
 fn levels() -> Vec<SimdLevel> {
     SimdLevel::ALL.into_iter().filter(|l| l.is_supported()).collect()
 }
 
-fn check(ty: WeightType, rows: usize, k: usize, rng: &mut StdRng) {
+fn check(ty: WeightType, rows: usize, k: usize, m: usize, rng: &mut StdRng) {
     let mut w = Vec::new();
     for _ in 0..rows {
         w.extend(random_row(ty, k, rng));
     }
-    let mut x: Vec<f32> = (0..k).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+    let mut x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-3.0f32..3.0)).collect();
     x[..32.min(k)].fill(0.0); // a zero activation block
     let xq = Q8Activations::quantize(&x, k);
     let mut inter = vec![0u8; w.len()];
     interleave_x8(ty, &w, k, &mut inter);
-    let mut want = vec![0f32; rows];
+    let mut want = vec![0f32; rows * m];
     dot_many_q8_with(SimdLevel::Scalar, ty, &w, &xq, &mut want);
-    let mut scalar = vec![f32::NAN; rows];
+    let mut scalar = vec![f32::NAN; rows * m];
     dot_x8_q8_with(SimdLevel::Scalar, ty, &inter, &xq, &mut scalar);
     for level in levels() {
-        let mut got = vec![f32::NAN; rows];
+        let mut got = vec![f32::NAN; rows * m];
         dot_x8_q8_with(level, ty, &inter, &xq, &mut got);
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&got), bits(&scalar), "{ty} {level:?} rows {rows} k {k}: not bit-identical to the scalar kernel");
@@ -42,9 +42,11 @@ fn check(ty: WeightType, rows: usize, k: usize, rng: &mut StdRng) {
     let mut deq = vec![0f32; k];
     for r in 0..rows {
         ferry_quant::dequantize(ty, &w[r * rb..(r + 1) * rb], &mut deq);
-        let abs: f64 = xh.iter().zip(&deq).map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs()).sum();
-        let (g, e) = (f64::from(scalar[r]), f64::from(want[r]));
-        assert!((g - e).abs() <= 1e-5 * abs + 1e-6, "{ty} rows {rows} k {k} row {r}: interleaved {g}, row layout {e}");
+        for (i, xr) in xh.chunks_exact(k).enumerate() {
+            let abs: f64 = xr.iter().zip(&deq).map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs()).sum();
+            let (g, e) = (f64::from(scalar[r * m + i]), f64::from(want[r * m + i]));
+            assert!((g - e).abs() <= 1e-5 * abs + 1e-6, "{ty} rows {rows} k {k} m {m} row {r} act {i}: interleaved {g}, row layout {e}");
+        }
     }
 }
 
@@ -55,7 +57,9 @@ fn interleaved_rows_match_the_row_layout() {
         assert!(supports_x8(ty));
         for k in [32, 576, 1536] {
             for rows in [8, 16, 48] {
-                check(ty, rows, k, &mut rng);
+                for m in [1, 2, 5, 8] {
+                    check(ty, rows, k, m, &mut rng);
+                }
             }
         }
     }
@@ -88,15 +92,15 @@ fn partial_groups_panic() {
 }
 
 #[test]
-#[should_panic(expected = "one")]
-fn batched_activations_panic() {
-    let xq = Q8Activations::quantize(&[0f32; 64], 32);
+#[should_panic(expected = "whole groups")]
+fn outputs_that_do_not_fit_panic() {
+    let xq = Q8Activations::quantize(&[0f32; 64], 32); // two activation rows
     dot_x8_q8(WeightType::Q4_1, &[0u8; 160], &xq, &mut [0f32; 8]);
 }
 
 #[test]
 fn unsupported_types() {
-    for ty in [WeightType::F32, WeightType::F16, WeightType::BF16, WeightType::Q8_0, WeightType::Q4_K, WeightType::Q6_K] {
+    for ty in [WeightType::F32, WeightType::F16, WeightType::BF16, WeightType::Q4_K, WeightType::Q6_K] {
         assert!(!supports_x8(ty));
     }
 }

@@ -54,7 +54,9 @@ pub(crate) fn matmul(be: &CpuBackend, x: &CpuTensor, ws: &[(&CpuWeight, Option<&
         // no better through this machine's noise.)
         // Whole groups of 8 rows, for the interleaved kernel.
         let tasks = tasks(ws, |w| (w.rows / (threads * 2)).clamp(16, 4096).next_multiple_of(ferry_quant::X8_ROWS));
-        let q8 = (m == 1 && be.activations == Activations::Q8).then(|| ferry_quant::Q8Activations::quantize(&x.data, x.cols));
+        // 8-bit activations: for one row (any Q4_0/Q4_1/Q8_0 weight), or for a few rows against
+        // interleaved weights (the row-layout q8 kernel loses to the exact one for m > 1).
+        let q8 = (be.activations == Activations::Q8 && (m == 1 || ws.iter().any(|(w, _)| w.x8.is_some()))).then(|| ferry_quant::Q8Activations::quantize(&x.data, x.cols));
         be.install(|| {
             tasks.par_iter().for_each_init(Vec::new, |tmp: &mut Vec<f32>, t| {
                 let (w, bias) = ws[t.w];
@@ -68,7 +70,7 @@ pub(crate) fn matmul(be: &CpuBackend, x: &CpuTensor, ws: &[(&CpuWeight, Option<&
                     // Tasks start at multiples of 8 rows, and a weight has an interleaved copy
                     // only if its row count is a multiple of 8: the task is whole groups.
                     (Some(xq), Some(x8)) => ferry_quant::dot_x8_q8(w.ty, &x8.bytes()[t.r0 * w.row_bytes..t.r1 * w.row_bytes], xq, tmp),
-                    (Some(xq), None) if ferry_quant::supports_q8(w.ty) => ferry_quant::dot_many_q8(w.ty, wb, xq, tmp),
+                    (Some(xq), None) if m == 1 && ferry_quant::supports_q8(w.ty) => ferry_quant::dot_many_q8(w.ty, wb, xq, tmp),
                     _ => ferry_quant::dot_many(w.ty, wb, w.cols, &x.data, tmp),
                 }
                 for (j, vals) in tmp.chunks_exact(m).enumerate() {
