@@ -9,6 +9,10 @@
 //! - [`dequantize`] for prefill: whole rows to `f32` scratch for an `f32` GEMM. It is exact: the
 //!   same `f32` values as llama.cpp's `dequantize_row_*`.
 //!
+//! The opt-in 8-bit-activation decode path has its own entry points: [`dot_many_q8`] on the row
+//! layout, and [`dot_x8_q8`] on a copy made by [`interleave_x8`] with eight rows interleaved (one
+//! vector lane per row; the fast one, see `x8.rs`).
+//!
 //! Kernels exist for three [`SimdLevel`]s: AVX-512 (F+BW+VL), AVX2 (+FMA+F16C) and portable
 //! scalar code. The best level the CPU supports is detected once, at first use; the environment
 //! variable `FERRY_QUANT_SIMD` (`scalar`, `avx2`, `avx512`) can lower it, for debugging and

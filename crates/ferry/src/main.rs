@@ -68,7 +68,8 @@ pub struct ModelArgs {
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
     /// Quantize decode activations to 8 bits for integer dot products with Q4_0/Q4_1/Q8_0
-    /// weights (as llama.cpp does): faster decode, no longer the exact f32 reference math.
+    /// weights (as llama.cpp does), over a row-interleaved copy of those weights: faster decode,
+    /// no longer the exact f32 reference math, and twice the weights' memory.
     #[arg(long)]
     pub q8_activations: bool,
 }
