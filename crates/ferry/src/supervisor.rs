@@ -129,7 +129,9 @@ impl Supervisor {
 
     /// Start one more worker of `role`; prints its `worker …` line and returns its name.
     pub fn start_worker(&mut self, role: &'static str) -> anyhow::Result<String> {
-        let i = *self.next_index.entry(role).and_modify(|i| *i += 1).or_insert(0);
+        // Numbered from 1, as the router numbers its worker ids: on a fresh cluster a worker's
+        // name and its id (`prefill-1`) then agree in logs, `ferry pool list` and request summaries.
+        let i = *self.next_index.entry(role).and_modify(|i| *i += 1).or_insert(1);
         let name = format!("{role}-{i}");
         let t = &self.template;
         let mut args = vec![role.to_string(), "--name".into(), name.clone()];

@@ -51,6 +51,10 @@ pub struct UpArgs {
     /// KV cache capacity per worker, in tokens.
     #[arg(long)]
     pub kv_tokens: Option<usize>,
+    /// Every worker decodes with 8-bit activations (`--q8-activations` of the workers: faster
+    /// CPU decode, llama.cpp's math instead of the exact f32 reference; prefill stays exact).
+    #[arg(long)]
+    pub q8_activations: bool,
     /// Seconds to wait for every worker to load and register.
     #[arg(long, default_value_t = 300)]
     pub ready_timeout: u64,
@@ -151,6 +155,9 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         common.extend(node_flags.iter().cloned());
         if let Some(k) = a.kv_tokens {
             common.extend(["--kv-tokens".into(), k.to_string()]);
+        }
+        if a.q8_activations {
+            common.push("--q8-activations".into());
         }
     }
     for (role, n) in [("prefill", a.prefill), ("decode", a.decode), ("colocated", a.colocated)] {
