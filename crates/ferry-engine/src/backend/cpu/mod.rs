@@ -341,6 +341,7 @@ impl Backend for CpuBackend {
 pub fn pack_weights(w: &mut crate::weights::WeightSet, n_layers: usize, interleave: bool) -> Result<()> {
     const ALIGN: usize = 64;
     let x8_ok = |t: &HostWeight| interleave && ferry_quant::supports_x8(t.ty) && t.rows().is_multiple_of(ferry_quant::X8_ROWS) && t.rows() > 0;
+    // Arena size: every matrix, plus room for an interleaved copy of each that may get one.
     let mut total = 0usize;
     for t in w.tensors.values().filter(|t| t.shape.len() == 2) {
         let n = t.bytes().len().next_multiple_of(ALIGN);
@@ -364,9 +365,11 @@ pub fn pack_weights(w: &mut crate::weights::WeightSet, n_layers: usize, interlea
         placed.push((*k, off, n, false));
         off += n.next_multiple_of(ALIGN);
     }
+    // The embedding table is only looked up by row, unless it doubles as the output projection.
+    let untied = w.tensors.contains_key(&crate::weights::WeightKey::LmHead);
     for k in &keys {
         let t = &w.tensors[k];
-        if x8_ok(t) {
+        if x8_ok(t) && !(untied && *k == crate::weights::WeightKey::Embed) {
             let n = t.bytes().len();
             ferry_quant::interleave_x8(t.ty, t.bytes(), t.cols(), &mut arena[off..off + n]);
             placed.push((*k, off, n, true));
