@@ -56,7 +56,10 @@ pub(crate) fn matmul(be: &CpuBackend, x: &CpuTensor, ws: &[(&CpuWeight, Option<&
         let tasks = tasks(ws, |w| (w.rows / (threads * 2)).clamp(16, 4096).next_multiple_of(ferry_quant::X8_ROWS));
         // 8-bit activations: for one row (any Q4_0/Q4_1/Q8_0 weight), or for a few rows against
         // interleaved weights (the row-layout q8 kernel loses to the exact one for m > 1).
-        let q8 = (be.activations == Activations::Q8 && (m == 1 || ws.iter().any(|(w, _)| w.x8.is_some()))).then(|| ferry_quant::Q8Activations::quantize(&x.data, x.cols));
+        // (Only when some weight takes them: f32/bf16/f16 and K-quant weights, whose rows need not
+        // be whole blocks of 32, keep the exact path.)
+        let takes_q8 = |w: &CpuWeight| w.x8.is_some() || (m == 1 && ferry_quant::supports_q8(w.ty));
+        let q8 = (be.activations == Activations::Q8 && ws.iter().any(|(w, _)| takes_q8(w))).then(|| ferry_quant::Q8Activations::quantize(&x.data, x.cols));
         be.install(|| {
             tasks.par_iter().for_each_init(Vec::new, |tmp: &mut Vec<f32>, t| {
                 let (w, bias) = ws[t.w];
