@@ -145,3 +145,28 @@ pub(crate) fn matmul(be: &CpuBackend, x: &CpuTensor, ws: &[(&CpuWeight, Option<&
         });
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::Storage;
+    use ferry_quant::WeightType;
+
+    #[test]
+    fn q8_mode_leaves_f32_weights_of_any_width_exact() {
+        // 48 columns is not a whole number of Q8 blocks: the f32 weight must take the exact path
+        // (it used to reach the activation quantizer, which panics on such a width).
+        let be = CpuBackend::with_activations(1, Activations::Q8).unwrap();
+        let (n, k) = (3, 48);
+        let wv: Vec<f32> = (0..n * k).map(|i| (i % 7) as f32 - 3.0).collect();
+        let storage = Storage::Owned(std::sync::Arc::new(bytemuck::cast_slice(&wv).to_vec()));
+        let w = CpuWeight { ty: WeightType::F32, rows: n, cols: k, row_bytes: 4 * k, storage, f32_copy: None, x8: None };
+        let x = CpuTensor::from_data(1, k, (0..k).map(|i| i as f32 * 0.25).collect());
+        let mut out = CpuTensor::from_data(1, n, Vec::new());
+        matmul(&be, &x, &[(&w, None)], &mut [&mut out]);
+        for r in 0..n {
+            let want: f32 = (0..k).map(|c| wv[r * k + c] * x.data[c]).sum();
+            assert!((out.data[r] - want).abs() <= 1e-4 * want.abs().max(1.0), "row {r}: {} vs {want}", out.data[r]);
+        }
+    }
+}
