@@ -123,7 +123,13 @@ impl Supervisor {
         let timeout = self.template.timeout;
         match rx.recv_timeout(timeout) {
             Ok(line) => Ok(format!("{line} pid={pid}")),
-            Err(_) => bail!("{what} did not become ready within {} s (see its log above)", timeout.as_secs()),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                // Its stdout closed before a `ready` line: it exited (a port in use, a bad flag…).
+                let status = self.procs.last_mut().and_then(|p| p.child.wait().ok());
+                let how = status.map_or_else(|| "exited".to_string(), |s| format!("exited ({s})"));
+                bail!("{what} {how} before it was ready (see its error above)")
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => bail!("{what} did not become ready within {} s (see its log above)", timeout.as_secs()),
         }
     }
 

@@ -110,3 +110,19 @@ fn a_cpu_worker_asked_for_nccl_warns_and_serves() {
     assert!(err.contains("--kv-transport nccl") && err.contains(why), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// `ferry up` whose router cannot bind its HTTP port stops at once and says why (not after
+/// waiting out `--ready-timeout`).
+#[test]
+fn up_with_a_taken_http_port_fails_at_once() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let model = golden("llama-gqa");
+    let started = std::time::Instant::now();
+    let o = ferry().args(["up", "--model", model.to_str().unwrap(), "--listen", "127.0.0.1:0", "--http", &addr, "--ready-timeout", "600"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "ferry up succeeded with {addr} taken: {err}");
+    assert!(err.contains(&addr) && err.contains("before it was ready"), "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(120), "took {:?}", started.elapsed());
+    drop(busy);
+}
