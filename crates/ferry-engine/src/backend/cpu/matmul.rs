@@ -6,6 +6,10 @@
 //! weight rows are dequantized exactly to f32 and multiplied with an f32 GEMM. Both are exact f32
 //! math over exactly dequantized weights. Threads split the output columns of all the projections
 //! of one call, so Q/K/V (or gate/up) cost one parallel region.
+//!
+//! With `Activations::Q8` (opt-in), the few-row regime quantizes the activations to 8 bits and
+//! uses integer kernels instead: on the interleaved copy of the weights (`CpuWeight::x8`) when
+//! there is one, else (one row only) on the row layout.
 
 use super::{Activations, CpuBackend, CpuTensor, CpuWeight, SyncPtr};
 use rayon::prelude::*;
@@ -51,8 +55,8 @@ pub(crate) fn matmul(be: &CpuBackend, x: &CpuTensor, ws: &[(&CpuWeight, Option<&
         // Long runs of rows per task: each thread streams a few long ranges of weights, which the
         // kernels' software prefetch (a page ahead) keeps ahead of; two tasks per thread still
         // balance the work. (Tasks cut to equal bytes across Q/K/V, or four per thread, measured
-        // no better through this machine's noise.)
-        // Whole groups of 8 rows, for the interleaved kernel.
+        // no better through this machine's noise.) Whole groups of 8 rows, for the interleaved
+        // kernel.
         let tasks = tasks(ws, |w| (w.rows / (threads * 2)).clamp(16, 4096).next_multiple_of(ferry_quant::X8_ROWS));
         // 8-bit activations: for one row (any Q4_0/Q4_1/Q8_0 weight), or for a few rows against
         // interleaved weights (the row-layout q8 kernel loses to the exact one for m > 1).
