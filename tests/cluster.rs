@@ -342,7 +342,7 @@ async fn pool_scale_under_ferry_up_starts_and_drains_workers() {
     };
     let (ok, out) = pool(vec!["scale".into(), "decode".into(), "2".into()]).await.unwrap();
     assert!(ok, "{out}");
-    assert!(out.contains("decode pool: 1 -> 2") && out.contains("started  decode-1"), "{out}");
+    assert!(out.contains("decode pool: 1 -> 2") && out.contains("started  decode-2"), "{out}");
     let decode_ready = |ws: &[ferry_proto::v1::WorkerInfo]| ws.iter().filter(|w| w.role == ferry_proto::v1::WorkerRole::Decode as i32 && w.state == ferry_proto::v1::WorkerState::Ready as i32).count();
     assert_eq!(decode_ready(&cluster.workers().await), 2);
 
@@ -353,13 +353,13 @@ async fn pool_scale_under_ferry_up_starts_and_drains_workers() {
         tasks.push(tokio::spawn(async move { run(&mut client, token_request(&[1, 504 + i % 2, 3575, 28], 40)).await }));
     }
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !cluster.workers().await.iter().any(|w| w.name == "decode-1" && w.inflight > 0) {
+    while !cluster.workers().await.iter().any(|w| w.name == "decode-2" && w.inflight > 0) {
         assert!(Instant::now() < deadline, "the new decode worker never got work");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (ok, out) = pool(vec!["scale".into(), "decode".into(), "1".into()]).await.unwrap();
     assert!(ok, "{out}");
-    assert!(out.contains("decode pool: 2 -> 1") && out.contains("draining decode worker 1"), "{out}");
+    assert!(out.contains("decode pool: 2 -> 1") && out.contains("draining decode worker 2"), "{out}");
     let mut by_prompt: std::collections::HashMap<u32, Vec<u32>> = Default::default();
     for (i, t) in tasks.into_iter().enumerate() {
         let o = t.await.unwrap().unwrap_or_else(|e| panic!("request {i} failed while the pool shrank: {e:?}"));
@@ -369,7 +369,7 @@ async fn pool_scale_under_ferry_up_starts_and_drains_workers() {
     }
     let ws = cluster.workers().await;
     assert_eq!(decode_ready(&ws), 1, "{ws:?}");
-    assert!(ws.iter().all(|w| w.name != "decode-1"), "the drained worker left: {ws:?}");
+    assert!(ws.iter().all(|w| w.name != "decode-2"), "the drained worker left: {ws:?}");
     assert_eq!(cluster.router_counter("ferry_router_retries_total").await, 0.0);
     // A bad pool size is refused with a clear message.
     let (ok, out) = pool(vec!["scale".into(), "decode".into(), "100000".into(), "--no-wait".into()]).await.unwrap();

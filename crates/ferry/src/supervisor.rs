@@ -12,7 +12,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 struct Proc {
-    /// For messages: `router`, `prefill worker 0`, …
+    /// For messages: `router`, `prefill worker 1`, …
     what: String,
     /// Workers: their role; None for the router.
     role: Option<&'static str>,
