@@ -130,9 +130,15 @@ fn groups<F: Format>(w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
                 if i == 0 && ahead + bb <= w.len() {
                     // The first activation row streams the group from memory; the others find
                     // it in L1.
-                    for l in (0..bb).step_by(64).chain([bb - 1]) {
-                        // SAFETY: ahead + l < w.len(); a prefetch has no architectural effect.
-                        unsafe { _mm_prefetch::<_MM_HINT_T0>(wp.add(ahead + l).cast()) };
+                    // SAFETY: ahead + bb <= w.len(); a prefetch has no architectural effect.
+                    unsafe {
+                        let p = wp.add(ahead);
+                        let mut l = 0;
+                        while l + 64 < bb {
+                            _mm_prefetch::<_MM_HINT_T0>(p.add(l).cast());
+                            l += 64;
+                        }
+                        _mm_prefetch::<_MM_HINT_T0>(p.add(bb - 1).cast());
                     }
                 }
                 let xb = i * nb + b;
