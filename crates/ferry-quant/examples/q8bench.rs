@@ -1,11 +1,12 @@
-//! Single-thread throughput of the 8-bit-activation path (`dot_many_q8`) next to the `f32` one
+//! Single-thread throughput of the 8-bit-activation paths (`dot_many_q8`, `dot_x8_q8`) next to the `f32` one
 //! (`dot_many`), at the selected SIMD level.
 //!
 //! `cargo run --release -p ferry-quant --example q8bench`
 //!
 //! Shapes: 1536x576 (in cache) and 49152x576 (rotated over copies exceeding 96 MB, so it streams
 //! from memory), m = 1 and 8 activation rows. Reported in G weights/s (each weight feeds m
-//! products). "q8+quant" includes quantizing the activations on every matvec.
+//! products). "q8+quant" includes quantizing the activations on every matvec; "x8" is the
+//! 8-bit-activation kernel on the same matrices with eight rows interleaved (`dot_x8_q8`, m = 1).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
