@@ -1,4 +1,4 @@
-//! Eight weight rows interleaved, for the 8-bit-activation decode kernel (`m = 1`).
+//! Eight weight rows interleaved, for the 8-bit-activation decode kernel.
 //!
 //! In the row layout (`crate::q8`), every block of every row pays for its own integer-to-float
 //! conversion, scale multiply and accumulate, and these — not memory — bound the decode kernel on
@@ -18,9 +18,10 @@
 //! Results: per row, `Σ_b fma(Σ n q, d_w d_x, ·)` and the min term `Σ_b fma(c_w, s_x, ·)`
 //! accumulated separately and added at the end (`c_w = m_w` for `Q4_1`; `-8 d_w` folded in as a
 //! final `fma(-8, ·, ·)` for `Q4_0`; none for `Q8_0`). An activation row's result does not depend
-//! on the other rows of the batch: batched decode gives each sequence the bits it gets alone. The scalar kernel here does exactly these operations, so the
-//! AVX2 kernel matches it bit for bit; against [`dot_many_q8`](crate::dot_many_q8) the sums are the same
-//! but summed in another order.
+//! on the other rows of the batch: batched decode gives each sequence the bits it gets alone.
+//! The scalar kernel here does exactly these operations, so the AVX2 kernel matches it bit for
+//! bit; against [`dot_many_q8`](crate::dot_many_q8) the sums are the same but summed in another
+//! order.
 
 use crate::SimdLevel;
 use crate::q8::Q8Activations;
@@ -53,15 +54,16 @@ pub fn interleave_x8(ty: WeightType, src: &[u8], k: usize, dst: &mut [u8]) {
     let rb = ty.row_bytes(k).filter(|&rb| rb > 0).expect("ferry_quant::interleave_x8: k is a positive multiple of 32");
     assert!(src.len().is_multiple_of(rb * X8_ROWS) && dst.len() == src.len(), "ferry_quant::interleave_x8: {} bytes are not whole groups of 8 rows of {rb} bytes", src.len());
     let (bb, hb) = (ty.block_bytes(), header_bytes(ty));
-    let qoff = hb / X8_ROWS; // quants start after the block's d (and m)
+    let qoff = hb / X8_ROWS; // a row's block: its f16 d (and m), then its quants
     let slices = (bb - qoff) / 4;
     for (g_src, g_dst) in src.chunks_exact(rb * X8_ROWS).zip(dst.chunks_exact_mut(rb * X8_ROWS)) {
         for (b, out) in g_dst.chunks_exact_mut(bb * X8_ROWS).enumerate() {
             for r in 0..X8_ROWS {
                 let blk = &g_src[r * rb + b * bb..r * rb + (b + 1) * bb];
-                out[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
-                if ty == WeightType::Q4_1 {
-                    out[2 * X8_ROWS + 2 * r..2 * X8_ROWS + 2 * r + 2].copy_from_slice(&blk[2..4]);
+                // Header field f (d, then m) of row r at 2 (8 f + r).
+                for f in 0..qoff / 2 {
+                    let o = 2 * (X8_ROWS * f + r);
+                    out[o..o + 2].copy_from_slice(&blk[2 * f..2 * f + 2]);
                 }
                 for g in 0..slices {
                     let o = hb + 32 * g + 4 * r;

@@ -9,12 +9,10 @@
 
 use core::arch::x86_64::*;
 
+use super::prefetch_ahead;
 use crate::q8::Q8Activations;
 use crate::types::{QK, WeightType};
 use crate::x8::{X8_ROWS, header_bytes};
-
-/// Bytes ahead of the current block that the kernel prefetches (as `prefetch_ahead`).
-const PREFETCH_BYTES: usize = 4096;
 
 /// `out[r * m + i]` for every row `r` of the interleaved groups `w` and activation row `i`
 /// (lengths checked by the caller).
@@ -126,20 +124,11 @@ fn groups<F: Format>(w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
             let (mut acc, mut macc) = (_mm256_setzero_ps(), _mm256_setzero_ps());
             for b in 0..nb {
                 let off = (gi * nb + b) * bb;
-                let ahead = off + PREFETCH_BYTES;
-                if i == 0 && ahead + bb <= w.len() {
-                    // The first activation row streams the group from memory; the others find
-                    // it in L1.
-                    // SAFETY: ahead + bb <= w.len(); a prefetch has no architectural effect.
-                    unsafe {
-                        let p = wp.add(ahead);
-                        let mut l = 0;
-                        while l + 64 < bb {
-                            _mm_prefetch::<_MM_HINT_T0>(p.add(l).cast());
-                            l += 64;
-                        }
-                        _mm_prefetch::<_MM_HINT_T0>(p.add(bb - 1).cast());
-                    }
+                if i == 0 {
+                    // The first activation row streams the group from memory (a block's bytes a
+                    // page ahead are asked for, as in the row-layout kernels); the others find it
+                    // in L1.
+                    prefetch_ahead(w, bb, gi * nb + b);
                 }
                 let xb = i * nb + b;
                 // SAFETY: group gi's block b is bytes off..off + bb of w, row i's x block b is
