@@ -120,7 +120,7 @@ fn engine(a: EngineBenchArgs) -> anyhow::Result<()> {
     let bytes = engine.decode_weight_bytes();
     let roofline = bw / bytes as f64;
     let decode_med = median(decode);
-    let json = serde_json::json!({
+    let mut json = serde_json::json!({
         "bench": "engine",
         "model": a.model.model,
         "backend": ferry_engine::backend::Backend::describe(engine.backend()),
@@ -135,7 +135,6 @@ fn engine(a: EngineBenchArgs) -> anyhow::Result<()> {
         "decode_roofline_tok_s": (roofline * 10.0).round() / 10.0,
         "roofline_fraction": (decode_med / roofline * 1000.0).round() / 1000.0,
     });
-    let mut json = json;
     if let Some(b) = batch_decode {
         json["batch"] = a.batch.into();
         json["batch_decode_tok_s"] = ((b * 10.0).round() / 10.0).into();
@@ -147,8 +146,8 @@ fn engine(a: EngineBenchArgs) -> anyhow::Result<()> {
 /// Aggregate decode tokens/s of `batch` sequences (each prefilled with `prompt`, a different
 /// first token apiece so they diverge) stepping together, greedy, for `steps` steps.
 fn batched_decode(engine: &mut ferry_engine::Engine<ferry_engine::DeviceBackend>, prompt: &[u32], batch: usize, steps: usize) -> anyhow::Result<f64> {
+    use ferry_engine::sampler::argmax;
     use ferry_engine::{Logits, StepItem};
-    let argmax = |l: &[f32]| l.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i as u32);
     let mut seqs = Vec::with_capacity(batch);
     let mut last = Vec::with_capacity(batch);
     for i in 0..batch {
