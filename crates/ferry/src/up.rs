@@ -52,7 +52,8 @@ pub struct UpArgs {
     #[arg(long)]
     pub kv_tokens: Option<usize>,
     /// Every worker decodes with 8-bit activations (`--q8-activations` of the workers: faster
-    /// CPU decode, llama.cpp's math instead of the exact f32 reference; prefill stays exact).
+    /// CPU decode, llama.cpp's math instead of the exact f32 reference; prompts over 8 tokens stay
+    /// exact).
     #[arg(long)]
     pub q8_activations: bool,
     /// Seconds to wait for every worker to load and register.
