@@ -162,6 +162,33 @@ impl KvPayloadHeader {
     }
 }
 
+/// The checksum of KV moved between device buffers (the NCCL path's frames), where CRC-32's
+/// serial pass over the bytes would need a copy to the host: the bytes as little-endian 32-bit
+/// words (a short tail zero-padded), each mixed with its index, summed modulo 2³². The sum's
+/// order does not matter, so a GPU computes it in one parallel reduction (`kernels/kv_checksum.cu`;
+/// this function is its oracle). The mix is a bijection of the word for each index, so a changed
+/// word always changes the sum, and two words that trade places almost always do.
+pub fn word_checksum(bytes: &[u8]) -> u32 {
+    bytes.chunks(4).enumerate().fold(0u32, |sum, (i, c)| {
+        let mut w = [0u8; 4];
+        w[..c.len()].copy_from_slice(c);
+        sum.wrapping_add(mix_word(u32::from_le_bytes(w), i as u32))
+    })
+}
+
+/// One word's term of [`word_checksum`]: `fmix32(w ^ fmix32(i·φ + c))` (MurmurHash3's finalizer).
+pub fn mix_word(w: u32, i: u32) -> u32 {
+    fmix32(w ^ fmix32(i.wrapping_mul(0x9E37_79B9).wrapping_add(0x7F4A_7C15)))
+}
+
+fn fmix32(mut h: u32) -> u32 {
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85EB_CA6B);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xC2B2_AE35);
+    h ^ (h >> 16)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,5 +242,28 @@ mod tests {
         fn decode_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..64)) {
             let _ = KvPayloadHeader::decode_checked(&bytes, &layout());
         }
+    }
+
+    #[test]
+    fn word_checksum_sees_changed_and_swapped_words() {
+        let data: Vec<u8> = (0..4096u32).flat_map(|i| (i.wrapping_mul(2_654_435_761) >> 7).to_le_bytes()).collect();
+        let sum = word_checksum(&data);
+        // Known value: the CUDA kernel is checked against this function, this pins the function.
+        assert_eq!(word_checksum(&[1, 0, 0, 0, 2]), mix_word(1, 0).wrapping_add(mix_word(2, 1)));
+        assert_eq!(word_checksum(&[]), 0);
+        for i in [0, 1, 17, 4095] {
+            let mut d = data.clone();
+            d[4 * i + 2] ^= 0x10;
+            assert_ne!(word_checksum(&d), sum, "flipped a bit of word {i}");
+            let mut d = data.clone();
+            d.swap(4 * i, 4 * ((i + 1) % 4096));
+            d.swap(4 * i + 1, 4 * ((i + 1) % 4096) + 1);
+            d.swap(4 * i + 2, 4 * ((i + 1) % 4096) + 2);
+            d.swap(4 * i + 3, 4 * ((i + 1) % 4096) + 3);
+            assert_ne!(word_checksum(&d), sum, "swapped words {i} and {}", (i + 1) % 4096);
+        }
+        // Zero words still count (a zero-filled frame is not a zero checksum).
+        assert_ne!(word_checksum(&[0; 64]), 0);
+        assert_ne!(word_checksum(&[0; 64]), word_checksum(&[0; 68]));
     }
 }

@@ -6,7 +6,7 @@
 //! into another engine. [`Engine::generate`] is the single-sequence loop used by the CLI.
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{Backend, BatchPlan, Device, DeviceBackend, SeqPlan};
+use crate::backend::{Backend, BatchPlan, Device, DeviceBackend, KvBuffer, SeqPlan};
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::loader::{self, LoadedModel};
@@ -115,6 +115,13 @@ impl<B: Backend> KvView<'_, B> {
     pub fn export_layer(&self, seq: SeqId, layer: usize, out: &mut Vec<u8>) -> Result<()> {
         let t = self.seqs.get(&seq).ok_or(EngineError::UnknownSequence(seq.0))?;
         self.be.kv_export_layer(self.kv, layer, &t.blocks, t.tokens, out)
+    }
+
+    /// `layer`'s K then V for `seq` in the backend's own memory (device memory on a GPU), for a
+    /// transport that sends from there.
+    pub fn export_layer_buffer(&self, seq: SeqId, layer: usize) -> Result<KvBuffer> {
+        let t = self.seqs.get(&seq).ok_or(EngineError::UnknownSequence(seq.0))?;
+        self.be.kv_export_layer_buffer(self.kv, layer, &t.blocks, t.tokens)
     }
 }
 
@@ -385,16 +392,38 @@ impl<B: Backend> Engine<B> {
     /// Import a payload as a new sequence. Nothing is stored unless layout, size and capacity all fit.
     pub fn import_kv(&mut self, payload: &[u8]) -> Result<SeqId> {
         let h = KvPayloadHeader::decode_checked(payload, &self.layout)?;
+        let per_layer = self.layout.layer_bytes(h.tokens);
+        self.import_sections(&h, |be, kv, l, blocks| {
+            let section = &payload[HEADER_BYTES + l * per_layer..HEADER_BYTES + (l + 1) * per_layer];
+            be.kv_import_layer(kv, l, blocks, h.tokens, section)
+        })
+    }
+
+    /// Import a payload whose body is in `body` (a buffer received device to device): `header`
+    /// is the payload's header alone. The backend scatters each layer from the buffer where it is.
+    pub fn import_kv_buffer(&mut self, header: &[u8], body: &KvBuffer) -> Result<SeqId> {
+        let h = KvPayloadHeader::decode(header)?;
+        if !h.layout.compatible(&self.layout) {
+            return Err(ferry_core::KvPayloadError::LayoutMismatch { got: h.layout, want: self.layout }.into());
+        }
+        if body.len() != h.body_bytes() {
+            return Err(ferry_core::KvPayloadError::SizeMismatch { got: body.len(), want: h.body_bytes() }.into());
+        }
+        let per_layer = self.layout.layer_bytes(h.tokens);
+        self.import_sections(&h, |be, kv, l, blocks| be.kv_import_layer_buffer(kv, l, blocks, h.tokens, body, l * per_layer..(l + 1) * per_layer))
+    }
+
+    /// Reserve blocks for `h.tokens` and fill them layer by layer with `import`; on any failure
+    /// the blocks go back and no sequence exists.
+    fn import_sections(&mut self, h: &KvPayloadHeader, mut import: impl FnMut(&B, &mut B::Kv, usize, &[u32]) -> Result<()>) -> Result<SeqId> {
         if h.tokens > self.model.config.max_position {
             return Err(EngineError::ContextOverflow { tokens: h.tokens, max_new: 0, context: self.model.config.max_position });
         }
         let mut table = BlockTable::default();
         table.reserve(&mut self.pool, h.tokens, self.layout.block_size)?;
         table.tokens = h.tokens;
-        let per_layer = self.layout.layer_bytes(h.tokens);
         for l in 0..self.layout.n_layers {
-            let section = &payload[HEADER_BYTES + l * per_layer..HEADER_BYTES + (l + 1) * per_layer];
-            if let Err(e) = self.be.kv_import_layer(&mut self.kv, l, &table.blocks, h.tokens, section) {
+            if let Err(e) = import(&self.be, &mut self.kv, l, &table.blocks) {
                 self.pool.release_table(&mut table)?;
                 return Err(e);
             }

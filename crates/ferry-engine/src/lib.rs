@@ -18,7 +18,7 @@ pub mod stop;
 pub mod weights;
 
 pub use backend::cpu::{Activations, CpuBackend};
-pub use backend::{Device, DeviceBackend};
+pub use backend::{Device, DeviceBackend, KvBuffer};
 pub use config::ModelConfig;
 pub use engine::{Engine, EngineConfig, FinishReason, Generation, KvView, Logits, SeqId, StepItem};
 pub use error::{EngineError, Result};

@@ -264,6 +264,26 @@ fn paged_attention_and_kv_transfer_match_the_cpu() {
     g.kv_export_layer(&gkv, 0, &other, *len, &mut again).unwrap();
     assert_eq!(again, cp, "kv_scatter_f32 then kv_gather_f32 round trip");
     assert!(g.kv_import_layer(&mut gkv, 0, &other, *len, &gp[1..]).is_err(), "a short section is refused");
+
+    // The device-to-device path: the export stays on the GPU, its word checksum (kv_checksum_f32)
+    // matches the host oracle, and importing from it (no host copy) gives the same cache.
+    let buf = g.kv_export_layer_buffer(&gkv, 1, blocks, *len).unwrap();
+    assert!(buf.as_host().is_none(), "the export buffer is on the device");
+    assert_eq!(buf.to_host(0..buf.len()).unwrap(), cp, "kv_gather_f32 into a device buffer");
+    for r in [0..buf.len(), 4..buf.len() - 8, 0..4, 0..0] {
+        assert_eq!(buf.checksum(r.clone()).unwrap(), ferry_core::kv_payload::word_checksum(&cp[r.clone()]), "kv_checksum_f32 over {r:?}");
+    }
+    let other2 = [3u32, 9, 27];
+    g.kv_import_layer_buffer(&mut gkv, 0, &other2, *len, &buf, 0..buf.len()).unwrap();
+    let mut again = Vec::new();
+    g.kv_export_layer(&gkv, 0, &other2, *len, &mut again).unwrap();
+    assert_eq!(again, cp, "kv_scatter_f32 from a device buffer");
+    assert!(g.kv_import_layer_buffer(&mut gkv, 0, &other2, *len, &buf, 4..buf.len()).is_err(), "a short section is refused");
+    // A large buffer, so the checksum runs many blocks and the atomics meet.
+    let big: Vec<u8> = (0..(3usize << 20) + 4).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let mut dev = ferry_engine::KvBuffer::Cuda(ferry_engine::backend::cuda::DeviceBytes::alloc(0, big.len()).unwrap());
+    dev.write(0, &big).unwrap();
+    assert_eq!(dev.checksum(0..big.len()).unwrap(), ferry_core::kv_payload::word_checksum(&big), "kv_checksum_f32 over 3 MiB");
 }
 
 /// Host reference of sample_top_p_f32 (same threshold rule, same index-order walk), in f64.

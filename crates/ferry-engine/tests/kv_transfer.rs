@@ -39,6 +39,13 @@ fn roundtrip(model: &std::path::Path, prompt: &[u32], n: usize) {
     assert_eq!(resumed, uninterrupted, "decode after import differs from uninterrupted generation");
     b.release(seq_b).unwrap();
     assert_eq!(b.free_blocks(), b.total_blocks());
+
+    // The buffer path (what a device pipe delivers): a header, and the body in a buffer where
+    // the backend keeps KV; the same tokens again.
+    let body = ferry_engine::KvBuffer::Host(payload[header..].to_vec());
+    let seq_c = b.import_kv_buffer(&payload[..header], &body).unwrap();
+    assert_eq!(continue_greedy(&mut b, seq_c, first, n), uninterrupted, "decode after a buffer import");
+    b.release(seq_c).unwrap();
 }
 
 #[test]
@@ -88,5 +95,22 @@ fn import_rejects_bad_payloads_and_stores_nothing() {
     }
     // The good one still imports.
     let s = b.import_kv(&payload).unwrap();
+    b.release(s).unwrap();
+
+    // The same checks on a body delivered in a buffer.
+    let h = ferry_core::kv_payload::HEADER_BYTES;
+    let body = |bytes: &[u8]| ferry_engine::KvBuffer::Host(bytes.to_vec());
+    for (what, header, buf) in [
+        ("short body", &payload[..h], body(&payload[h..payload.len() - 4])),
+        ("long body", &payload[..h], body(&[&payload[h..], &[0; 4][..]].concat())),
+        ("truncated header", &payload[..h - 1], body(&payload[h..])),
+    ] {
+        let err = b.import_kv_buffer(header, &buf).unwrap_err().to_string();
+        assert!(!err.is_empty(), "{what}");
+        assert_eq!(b.free_blocks(), free, "{what} body stored blocks");
+    }
+    let err = other.import_kv_buffer(&payload[..h], &body(&payload[h..])).unwrap_err().to_string();
+    assert!(err.contains("layout"), "{err}");
+    let s = b.import_kv_buffer(&payload[..h], &body(&payload[h..])).unwrap();
     b.release(s).unwrap();
 }

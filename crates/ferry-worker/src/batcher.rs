@@ -35,7 +35,8 @@ pub enum DecodeEvent {
 /// Where an admitted sequence's KV comes from.
 pub enum Source {
     /// Shipped by a prefill worker: import it; `imported` gets the outcome and the buffer back.
-    Kv { payload: Vec<u8>, end: KvEnd, imported: oneshot::Sender<(std::result::Result<(), Status>, Vec<u8>)> },
+    /// `device`: the body, when it arrived device to device (`payload` is then the header alone).
+    Kv { payload: Vec<u8>, device: Option<ferry_engine::KvBuffer>, end: KvEnd, imported: oneshot::Sender<(std::result::Result<(), Status>, Vec<u8>)> },
     /// Colocated: prefill the prompt here.
     Prompt(Vec<u32>),
 }
@@ -288,8 +289,13 @@ impl Loop {
 
     fn admit(&mut self, a: Admission) {
         match a.source {
-            Source::Kv { payload, end, imported } => {
-                let seq = match self.engine.import_kv(&payload) {
+            Source::Kv { payload, device, end, imported } => {
+                let seq = match &device {
+                    Some(body) => self.engine.import_kv_buffer(&payload, body),
+                    None => self.engine.import_kv(&payload),
+                };
+                drop(device);
+                let seq = match seq {
                     Ok(seq) => seq,
                     Err(e) => {
                         let _ = imported.send((Err(Status::from(WorkerError::from(e))), payload));

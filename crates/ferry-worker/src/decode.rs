@@ -127,7 +127,7 @@ async fn receive_kv(
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
     let (imp_tx, imp_rx) = oneshot::channel();
     let Delivery { assembled, ack } = delivery;
-    admission.source = Source::Kv { payload: assembled.payload, end: assembled.end, imported: imp_tx };
+    admission.source = Source::Kv { payload: assembled.payload, device: assembled.device, end: assembled.end, imported: imp_tx };
     admission.events = ev_tx;
     let imported = match engine.admit(admission) {
         Ok(()) => match imp_rx.await {

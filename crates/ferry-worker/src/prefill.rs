@@ -27,6 +27,9 @@ pub struct PrefillJob {
     pub out: mpsc::UnboundedSender<Outbound>,
     pub cancelled: Arc<AtomicBool>,
     pub enqueued: Instant,
+    /// Export each layer as a [`ferry_engine::KvBuffer`] (kept on the GPU for a device pipe)
+    /// rather than as host bytes.
+    pub buffers: bool,
 }
 
 enum Cmd {
@@ -214,10 +217,10 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
         plan.push((i, a.done..a.done + n));
         left -= n;
     }
-    let finishing: Vec<(SeqId, usize, mpsc::UnboundedSender<Outbound>)> = plan
+    let finishing: Vec<(SeqId, usize, bool, mpsc::UnboundedSender<Outbound>)> = plan
         .iter()
         .filter(|(i, r)| r.end == active[*i].job.prompt.len())
-        .map(|(i, r)| (active[*i].seq, r.end, active[*i].job.out.clone()))
+        .map(|(i, r)| (active[*i].seq, r.end, active[*i].job.buffers, active[*i].job.out.clone()))
         .collect();
     let layout = engine.kv_layout();
     let items: Vec<StepItem> = plan
@@ -231,11 +234,16 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
     let t0 = Instant::now();
     // Layer-wise streaming: each finishing prompt's layer leaves as soon as it is computed.
     let result = engine.step(&items, &mut |l, kv| {
-        for (seq, tokens, out) in &finishing {
-            let mut buf = Vec::with_capacity(layout.layer_bytes(*tokens));
-            if kv.export_layer(*seq, l, &mut buf).is_ok() {
-                let _ = out.send(Outbound::layer((l * layout.layer_bytes(*tokens)) as u64, Bytes::from(buf)));
-            }
+        for (seq, tokens, buffers, out) in &finishing {
+            let offset = (l * layout.layer_bytes(*tokens)) as u64;
+            let msg = if *buffers {
+                kv.export_layer_buffer(*seq, l).map(|buf| Outbound::Buffer { offset, buf })
+            } else {
+                let mut buf = Vec::with_capacity(layout.layer_bytes(*tokens));
+                kv.export_layer(*seq, l, &mut buf).map(|()| Outbound::layer(offset, Bytes::from(buf)))
+            };
+            // A layer that cannot be exported fails the transfer now (not as a short body later).
+            let _ = out.send(msg.unwrap_or_else(|e| Outbound::Failed(WorkerError::Internal(format!("exporting KV layer {l}: {e}")))));
         }
     });
     drop(items);
@@ -355,7 +363,8 @@ impl PrefillService {
         let cancelled = Arc::new(AtomicBool::new(false));
         let _cancel = CancelOnDrop(cancelled.clone());
         let tokens = req.prompt.len();
-        self.engine.submit(PrefillJob { request_id: req.request_id.clone(), prompt: req.prompt, params, out, cancelled, enqueued: Instant::now() })?;
+        let buffers = transport.kind() == KvTransportKind::Nccl;
+        self.engine.submit(PrefillJob { request_id: req.request_id.clone(), prompt: req.prompt, params, out, cancelled, enqueued: Instant::now(), buffers })?;
         let begin = KvBegin {
             transfer_token: target.transfer_token.clone(),
             fingerprint: facts.fingerprint.clone(),

@@ -340,10 +340,13 @@ async fn kv_over_pipes_equals_single_process() {
         let want = single.generate(&prompt, params, &mut |_| {}).unwrap().tokens;
         // The router's choice, and the worker's own preference (unspecified): both NCCL.
         for via in [Kind::Nccl, Kind::Unspecified] {
+            let sent_before = pipes.buffer_sends();
             let (got, kv) = generate_via(&p, &d, &prompt, params, via).await.unwrap();
             assert_eq!(got, want, "prompt of {len}");
             assert_eq!(kv.transport, Kind::Nccl as i32, "{kv:?}");
             assert!(kv.bytes > 0 && kv.chunks > 0, "{kv:?}");
+            // Every chunk left as a layer buffer (on a GPU: device to device), none as host data.
+            assert_eq!(pipes.buffer_sends() - sent_before, kv.chunks as usize, "{kv:?}");
         }
     }
     // Concurrent requests to the same decode worker.
@@ -360,6 +363,14 @@ async fn kv_over_pipes_equals_single_process() {
         assert_eq!(got, want);
         assert_eq!(kv.transport, Kind::Nccl as i32);
     }
+    // A link that corrupts the layers: the decode worker's checksum refuses the transfer, the
+    // request fails saying so, nothing leaks, and the pipe (still in step) serves the next one.
+    pipes.corrupt_buffers.store(true, Relaxed);
+    let err = generate_via(&p, &d, &prompts[0], &greedy, Kind::Nccl).await.unwrap_err();
+    assert!(err.message().contains("checksum"), "{err:?}");
+    pipes.corrupt_buffers.store(false, Relaxed);
+    let (got, kv) = generate_via(&p, &d, &prompts[0], &greedy, Kind::Nccl).await.unwrap();
+    assert_eq!((got, kv.transport), (single.generate(&prompts[0], &greedy, &mut |_| {}).unwrap().tokens, Kind::Nccl as i32));
     p.assert_pool_whole().await;
     d.assert_pool_whole().await;
 }

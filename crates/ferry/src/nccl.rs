@@ -4,6 +4,8 @@
 
 use ferry_worker::kv::pipe::{PipeConnector, Pipes};
 #[cfg(feature = "cuda")]
+use ferry_engine::KvBuffer;
+#[cfg(feature = "cuda")]
 use ferry_worker::kv::pipe::BytePipe;
 use std::sync::Arc;
 
@@ -51,6 +53,38 @@ impl BytePipe for Pipe {
 
     fn recv(&mut self, buf: &mut [u8], deadline: std::time::Instant) -> Result<(), String> {
         self.0.recv(buf, deadline)
+    }
+
+    /// A layer on this GPU goes device to device, with no host copy on either side. (Host
+    /// bytes, which a GPU worker does not produce, go through a device buffer of their own, so
+    /// each frame is still one message of its full size.)
+    fn send_buffer(&mut self, buf: &KvBuffer, range: std::ops::Range<usize>, deadline: std::time::Instant) -> Result<(), String> {
+        match buf {
+            KvBuffer::Cuda(d) => self.0.send_device(d, range, deadline),
+            KvBuffer::Host(_) => {
+                let mut staged = KvBuffer::Cuda(self.0.alloc(range.len())?);
+                staged.write(0, &buf.to_host(range).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+                let KvBuffer::Cuda(d) = &staged else { unreachable!("made above") };
+                self.0.send_device(d, 0..d.len(), deadline)
+            }
+        }
+    }
+
+    fn recv_buffer(&mut self, buf: &mut KvBuffer, range: std::ops::Range<usize>, deadline: std::time::Instant) -> Result<(), String> {
+        match buf {
+            KvBuffer::Cuda(d) => self.0.recv_device(d, range, deadline),
+            KvBuffer::Host(_) => {
+                let mut d = self.0.alloc(range.len())?;
+                self.0.recv_device(&mut d, 0..range.len(), deadline)?;
+                let bytes = KvBuffer::Cuda(d).to_host(0..range.len()).map_err(|e| e.to_string())?;
+                buf.write(range.start, &bytes).map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// The payload body is received on this GPU, where the decode engine scatters it from.
+    fn alloc_buffer(&mut self, len: usize) -> Result<KvBuffer, String> {
+        self.0.alloc(len).map(KvBuffer::Cuda)
     }
 }
 

@@ -10,7 +10,7 @@
 use super::cpu::{CpuBackend, CpuBatch, CpuKv, CpuTensor, CpuWeight};
 #[cfg(feature = "cuda")]
 use super::cuda::{CudaBackend, CudaBatch, CudaKv, CudaTensor, CudaWeight};
-use super::{Backend, BatchPlan, RopeTable};
+use super::{Backend, BatchPlan, KvBuffer, RopeTable};
 use crate::error::{EngineError, Result};
 use crate::weights::HostWeight;
 use ferry_core::KvLayout;
@@ -218,6 +218,12 @@ impl Backend for DeviceBackend {
     }
     fn kv_import_layer(&self, kv: &mut DeviceKv, layer: usize, blocks: &[u32], tokens: usize, section: &[u8]) -> Result<()> {
         dispatch!(self, |b| b.kv_import_layer(kv.pick_mut(), layer, blocks, tokens, section))
+    }
+    fn kv_export_layer_buffer(&self, kv: &DeviceKv, layer: usize, blocks: &[u32], tokens: usize) -> Result<KvBuffer> {
+        dispatch!(self, |b| b.kv_export_layer_buffer(kv.pick(), layer, blocks, tokens))
+    }
+    fn kv_import_layer_buffer(&self, kv: &mut DeviceKv, layer: usize, blocks: &[u32], tokens: usize, buf: &KvBuffer, section: std::ops::Range<usize>) -> Result<()> {
+        dispatch!(self, |b| b.kv_import_layer_buffer(kv.pick_mut(), layer, blocks, tokens, buf, section))
     }
 }
 

@@ -11,11 +11,13 @@
 //! device backend records its first failure and reports it from [`Backend::run`], which wraps the
 //! whole step, and skips the remaining work of that step.
 
+mod buffer;
 pub mod cpu;
 pub mod cuda;
 pub mod device;
 mod rope;
 
+pub use buffer::KvBuffer;
 pub use device::{Device, DeviceBackend};
 pub use rope::RopeTable;
 
@@ -98,4 +100,27 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn kv_export_layer(&self, kv: &Self::Kv, layer: usize, blocks: &[u32], tokens: usize, out: &mut Vec<u8>) -> Result<()>;
     /// The inverse of `kv_export_layer`: scatter `section` (K then V) into the given blocks.
     fn kv_import_layer(&self, kv: &mut Self::Kv, layer: usize, blocks: &[u32], tokens: usize, section: &[u8]) -> Result<()>;
+
+    /// As [`Backend::kv_export_layer`], into a buffer in the backend's own memory (a device
+    /// backend gathers into device memory and returns without waiting for the copy; users of the
+    /// buffer wait for it).
+    fn kv_export_layer_buffer(&self, kv: &Self::Kv, layer: usize, blocks: &[u32], tokens: usize) -> Result<KvBuffer> {
+        let mut out = Vec::new();
+        self.kv_export_layer(kv, layer, blocks, tokens, &mut out)?;
+        Ok(KvBuffer::Host(out))
+    }
+
+    /// As [`Backend::kv_import_layer`], from bytes `section` of `buf` (a device backend
+    /// scatters straight from a buffer on its own device).
+    fn kv_import_layer_buffer(&self, kv: &mut Self::Kv, layer: usize, blocks: &[u32], tokens: usize, buf: &KvBuffer, section: std::ops::Range<usize>) -> Result<()> {
+        match buf.as_host() {
+            Some(host) => {
+                let bytes = host.get(section.clone()).ok_or_else(|| {
+                    crate::error::EngineError::Config(format!("KV section {}..{} outside a {}-byte buffer", section.start, section.end, host.len()))
+                })?;
+                self.kv_import_layer(kv, layer, blocks, tokens, bytes)
+            }
+            None => self.kv_import_layer(kv, layer, blocks, tokens, &buf.to_host(section)?),
+        }
+    }
 }

@@ -6,6 +6,12 @@
 //! cuts it into checksummed chunks and sends them over a [`transport::KvTransport`]; the decode
 //! side's [`receiver::KvReceiver`] validates and assembles them into one payload
 //! (`ferry_core::KvPayloadHeader` + body), whatever transport carried them.
+//!
+//! A prefill worker with device pipes (NCCL) exports each layer as a [`ferry_engine::KvBuffer`]
+//! instead ([`Outbound::Buffer`]): on a GPU the layer stays in the gather buffer on the device,
+//! and the pipe sends it device to device into a payload body the decode worker allocated on its
+//! own device, which its engine then scatters from. A host transport (the fallback) copies the
+//! buffer out and sends it like any other layer.
 
 pub mod assembler;
 pub mod frame;
@@ -33,6 +39,9 @@ pub enum Outbound {
     /// One layer's K and V for the whole prompt, at `offset` in the payload body, with the
     /// CRC-32 of each of its [`MAX_CHUNK_BYTES`] chunks (see [`Outbound::layer`]).
     Layer { offset: u64, data: Bytes, crcs: Vec<u32> },
+    /// One layer's K and V at `offset`, in the engine's own memory (device memory on a GPU):
+    /// a pipe sends it from there; a host transport copies it out first.
+    Buffer { offset: u64, buf: ferry_engine::KvBuffer },
     /// The prompt is done: the first token, and the lease that keeps its KV until acknowledged.
     End {
         first_token: u32,

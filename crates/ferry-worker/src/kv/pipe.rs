@@ -27,10 +27,12 @@ use super::transport::{Channels, KvLink, KvTransport};
 use super::MAX_CHUNK_BYTES;
 use crate::{Result, WorkerError};
 use bytes::Bytes;
+use ferry_engine::KvBuffer;
 use ferry_proto::v1::kv_transfer_client::KvTransferClient;
 use ferry_proto::v1::{kv_ack_frame, kv_chunk, KvAck, KvAckFrame, KvBegin, KvChunk, KvEnd, KvError, KvTarget, KvTransport as Kind, NcclConnectRequest};
 use prost::Message;
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,6 +43,23 @@ pub trait BytePipe: Send {
     fn send(&mut self, data: &[u8], deadline: Instant) -> std::result::Result<(), String>;
     /// Receive exactly `buf.len()` bytes.
     fn recv(&mut self, buf: &mut [u8], deadline: Instant) -> std::result::Result<(), String>;
+    /// Send bytes `range` of `buf` as one message, from where they are (an NCCL pipe sends a
+    /// device buffer device to device; this default copies to the host and sends that).
+    fn send_buffer(&mut self, buf: &KvBuffer, range: Range<usize>, deadline: Instant) -> std::result::Result<(), String> {
+        let host = buf.to_host(range).map_err(|e| e.to_string())?;
+        self.send(&host, deadline)
+    }
+    /// Receive one message of `range.len()` bytes into bytes `range` of `buf`.
+    fn recv_buffer(&mut self, buf: &mut KvBuffer, range: Range<usize>, deadline: Instant) -> std::result::Result<(), String> {
+        let mut host = vec![0u8; range.len()];
+        self.recv(&mut host, deadline)?;
+        buf.write(range.start, &host).map_err(|e| e.to_string())
+    }
+    /// A buffer of `len` bytes to receive a payload body into, where this pipe delivers (the
+    /// GPU's memory for NCCL; host memory by default).
+    fn alloc_buffer(&mut self, len: usize) -> std::result::Result<KvBuffer, String> {
+        Ok(KvBuffer::Host(vec![0; len]))
+    }
 }
 
 /// Makes pipes: the rendezvous half that each side runs.
@@ -94,7 +113,15 @@ pub mod kind {
     pub const REPLY: u8 = 5;
     /// The prefill side retires the pipe.
     pub const CLOSE: u8 = 6;
+    /// A piece of the payload body at `offset`, sent from a buffer where it lives (device to
+    /// device under NCCL); `crc` holds its `ferry_core::kv_payload::word_checksum`, computed on
+    /// the device on both sides. The receiver takes it into the body buffer it allocated.
+    pub const BUFFER: u8 = 7;
 }
+
+/// Largest [`kind::BUFFER`] frame: a bigger layer goes as several (each bounds the receiver's
+/// drain of a frame it refuses, and one NCCL operation).
+pub const MAX_BUFFER_FRAME: usize = 64 << 20;
 
 const MAGIC: u32 = u32::from_le_bytes(*b"FKV1");
 pub const HEADER_BYTES: usize = 32;
@@ -134,12 +161,16 @@ impl FrameHeader {
         let h = FrameHeader { kind: b[4], len: u64_at(8), offset: u64_at(16), crc: u32::from_le_bytes(b[24..28].try_into().expect("4 bytes")) };
         let max = match h.kind {
             kind::DATA => MAX_CHUNK_BYTES,
+            kind::BUFFER => MAX_BUFFER_FRAME,
             kind::BEGIN | kind::END | kind::REPLY | kind::ABORT => MAX_CONTROL_BYTES,
             kind::CLOSE => 0,
             k => return Err(format!("unknown frame kind {k}")),
         };
-        if h.len > max as u64 || (h.kind == kind::DATA && h.len == 0) {
+        if h.len > max as u64 || (matches!(h.kind, kind::DATA | kind::BUFFER) && h.len == 0) {
             return Err(format!("frame kind {} announces {} bytes (at most {max})", h.kind, h.len));
+        }
+        if h.kind == kind::BUFFER && (h.len % 4 != 0 || h.offset % 4 != 0) {
+            return Err(format!("a buffer frame of {} bytes at offset {}: not whole 32-bit words", h.len, h.offset));
         }
         Ok(h)
     }
@@ -154,12 +185,16 @@ fn send_frame(pipe: &mut dyn BytePipe, h: FrameHeader, body: &[u8], deadline: In
     Ok(())
 }
 
-/// Receive one frame; its body goes into `body` (cleared first).
+/// Receive one frame; its body goes into `body` (cleared first), except a [`kind::BUFFER`]
+/// frame's, which the caller receives where it belongs.
 fn recv_frame(pipe: &mut dyn BytePipe, body: &mut Vec<u8>, deadline: Instant) -> std::result::Result<FrameHeader, String> {
     let mut hb = [0u8; HEADER_BYTES];
     pipe.recv(&mut hb, deadline)?;
     let h = FrameHeader::decode(&hb)?;
     body.clear();
+    if h.kind == kind::BUFFER {
+        return Ok(h);
+    }
     body.resize(h.len as usize, 0);
     if h.len > 0 {
         pipe.recv(body, deadline)?;
@@ -399,6 +434,31 @@ impl KvLink for PipeLink {
         self.op("sending data", move |p| send_frame(p, h, &data, deadline)).await
     }
 
+    fn takes_buffers(&self) -> bool {
+        true
+    }
+
+    async fn buffer(&mut self, offset: u64, buf: KvBuffer) -> Result<u32> {
+        let deadline = Instant::now() + self.op_timeout;
+        let len = buf.len();
+        let frames = self
+            .op("sending a layer from its buffer", move |p| {
+                let mut frames = 0;
+                for r in super::chunk_ranges(len, MAX_BUFFER_FRAME) {
+                    // On a GPU: waits for the gather, then one reduction kernel.
+                    let sum = buf.checksum(r.clone()).map_err(|e| format!("checksum of the layer: {e}"))?;
+                    let h = FrameHeader { kind: kind::BUFFER, len: r.len() as u64, offset: offset + r.start as u64, crc: sum };
+                    p.send(&h.encode(), deadline)?;
+                    p.send_buffer(&buf, r, deadline)?;
+                    frames += 1;
+                }
+                Ok(frames)
+            })
+            .await?;
+        metrics::counter!("ferry_kv_buffer_bytes_total", "side" => "send").increment(len as u64);
+        Ok(frames)
+    }
+
     async fn end(mut self: Box<Self>, end: KvEnd) -> Result<KvAck> {
         let deadline = Instant::now() + self.op_timeout;
         let reply = self
@@ -514,6 +574,12 @@ enum State<'a> {
     Failed(WorkerError),
 }
 
+/// Receive and drop a buffer frame's body of `len` bytes.
+fn drain_buffer(pipe: &mut dyn BytePipe, len: usize, deadline: Instant) -> std::result::Result<(), String> {
+    let mut scratch = pipe.alloc_buffer(len)?;
+    pipe.recv_buffer(&mut scratch, 0..len, deadline)
+}
+
 fn serve(receiver: &Arc<KvReceiver>, mut pipe: Box<dyn BytePipe>, rt: &tokio::runtime::Handle, op_timeout: Duration) -> std::result::Result<(), String> {
     let mut state = State::Idle;
     let mut body = Vec::with_capacity(MAX_CHUNK_BYTES);
@@ -545,6 +611,39 @@ fn serve(receiver: &Arc<KvReceiver>, mut pipe: Box<dyn BytePipe>, rt: &tokio::ru
                 }
             }
             (kind::DATA, failed @ State::Failed(_)) => failed,
+            (kind::BUFFER, State::Receiving(mut inbound)) => {
+                let len = h.len as usize;
+                let target = inbound.asm.buffer_target(h.offset, len, |n| pipe.alloc_buffer(n)).map(|(buf, r)| pipe.recv_buffer(buf, r, deadline));
+                match target {
+                    // The frame is in the body buffer: check it there.
+                    Ok(Ok(())) => {
+                        let r = inbound.asm.commit_buffer(h.offset, len, h.crc);
+                        match inbound.check(r) {
+                            Ok(()) => {
+                                metrics::counter!("ferry_kv_buffer_bytes_total", "side" => "receive").increment(len as u64);
+                                State::Receiving(inbound)
+                            }
+                            Err(e) => State::Failed(e),
+                        }
+                    }
+                    // The pipe broke mid-frame: it is out of step.
+                    Ok(Err(e)) => {
+                        inbound.fail(WorkerError::PeerUnavailable { peer: "prefill worker".into(), what: format!("NCCL pipe: {e}") });
+                        return Err(e);
+                    }
+                    // Refused (out of order, no memory for the body, ...): drain the frame so the
+                    // pipe stays in step; the transfer fails at its `end`.
+                    Err(e) => {
+                        let e = inbound.fail(e);
+                        drain_buffer(pipe.as_mut(), len, deadline)?;
+                        State::Failed(e)
+                    }
+                }
+            }
+            (kind::BUFFER, failed @ State::Failed(_)) => {
+                drain_buffer(pipe.as_mut(), h.len as usize, deadline)?;
+                failed
+            }
             (kind::END, state) => {
                 let result = match (state, KvChunk::decode(&body[..])) {
                     (State::Receiving(inbound), Ok(KvChunk { part: Some(kv_chunk::Part::End(end)), .. })) => rt.block_on(inbound.finish(end)),
@@ -600,6 +699,10 @@ pub struct InProcessConnector {
     pub fail_after_sends: Mutex<Option<usize>>,
     /// Rendezvous timeout in milliseconds (0: the default).
     connect_timeout_ms: std::sync::atomic::AtomicU64,
+    /// Buffer messages sent (the layers that went "device to device").
+    buffer_sends: Arc<std::sync::atomic::AtomicUsize>,
+    /// Test hook: flip one byte of every buffer message sent (a corrupting link).
+    pub corrupt_buffers: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl InProcessConnector {
@@ -610,11 +713,18 @@ impl InProcessConnector {
     pub fn set_connect_timeout(&self, t: Duration) {
         self.connect_timeout_ms.store(t.as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
     }
+
+    /// Buffer messages sent so far over this connector's pipes.
+    pub fn buffer_sends(&self) -> usize {
+        self.buffer_sends.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 struct InProcessPipe {
     half: Half,
     sends_left: Option<usize>,
+    buffer_sends: Arc<std::sync::atomic::AtomicUsize>,
+    corrupt_buffers: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl BytePipe for InProcessPipe {
@@ -639,6 +749,18 @@ impl BytePipe for InProcessPipe {
             return Err(format!("message of {} bytes received into {} (sizes must match)", msg.len(), buf.len()));
         }
         buf.copy_from_slice(&msg);
+        Ok(())
+    }
+
+    fn send_buffer(&mut self, buf: &KvBuffer, range: Range<usize>, deadline: Instant) -> std::result::Result<(), String> {
+        let mut host = buf.to_host(range).map_err(|e| e.to_string())?;
+        if self.corrupt_buffers.load(std::sync::atomic::Ordering::Relaxed)
+            && let Some(b) = host.last_mut()
+        {
+            *b ^= 0x40;
+        }
+        self.send(&host, deadline)?;
+        self.buffer_sends.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 }
@@ -691,7 +813,7 @@ impl PipeConnector for InProcessConnector {
         w.remove(id);
         drop(w);
         let sends_left = if rank == 0 { self.fail_after_sends.lock().unwrap_or_else(|p| p.into_inner()).take() } else { None };
-        Ok(Box::new(InProcessPipe { half: half.expect("checked"), sends_left }))
+        Ok(Box::new(InProcessPipe { half: half.expect("checked"), sends_left, buffer_sends: self.buffer_sends.clone(), corrupt_buffers: self.corrupt_buffers.clone() }))
     }
 }
 

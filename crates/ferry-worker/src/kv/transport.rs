@@ -23,6 +23,16 @@ pub trait KvLink: Send {
     /// The transport carrying this transfer.
     fn kind(&self) -> Kind;
     async fn data(&mut self, offset: u64, data: Bytes, crc: u32) -> Result<()>;
+    /// Whether [`KvLink::buffer`] sends from a buffer where it is (device to device).
+    fn takes_buffers(&self) -> bool {
+        false
+    }
+    /// Send a layer from the buffer holding it, at `offset` of the body; returns the number of
+    /// frames it took (each counts as a chunk). Only called when [`KvLink::takes_buffers`].
+    async fn buffer(&mut self, offset: u64, buf: ferry_engine::KvBuffer) -> Result<u32> {
+        let _ = (offset, buf);
+        Err(WorkerError::Internal(format!("the {} link sends no buffers", self.kind())))
+    }
     /// Send `end` and wait for the receiver's acknowledgement (sent after it stored the KV).
     async fn end(self: Box<Self>, end: KvEnd) -> Result<KvAck>;
 }
@@ -289,11 +299,26 @@ pub async fn push(transport: &dyn KvTransport, target: &KvTarget, begin: KvBegin
                     link = Some(open().await?);
                 }
                 let l = link.as_mut().expect("opened above");
-                for (r, crc) in chunk_ranges(data.len(), MAX_CHUNK_BYTES).zip(crcs) {
-                    let piece = data.slice(r.clone());
-                    within(stall, peer, "sending a chunk", l.data(offset + r.start as u64, piece, crc)).await?;
-                    chunks += 1;
-                    bytes += (r.end - r.start) as u64;
+                send_chunks(l.as_mut(), peer, stall, offset, data, Some(crcs), &mut chunks, &mut bytes).await?;
+            }
+            Outbound::Buffer { offset, buf } => {
+                if link.is_none() {
+                    started = Some(Instant::now());
+                    link = Some(open().await?);
+                }
+                let l = link.as_mut().expect("opened above");
+                let len = buf.len() as u64;
+                if l.takes_buffers() {
+                    chunks += within(stall, peer, "sending a layer from its buffer", l.buffer(offset, buf)).await?;
+                    bytes += len;
+                } else {
+                    // A host transport (NCCL fell back): copy the layer out, off the runtime
+                    // (on a GPU this waits for the gather), and send it in checksummed chunks.
+                    let data = tokio::task::spawn_blocking(move || buf.to_host(0..buf.len()))
+                        .await
+                        .map_err(|e| WorkerError::Internal(e.to_string()))?
+                        .map_err(|e| WorkerError::Internal(format!("copying a KV layer to the host: {e}")))?;
+                    send_chunks(l.as_mut(), peer, stall, offset, Bytes::from(data), None, &mut chunks, &mut bytes).await?;
                 }
             }
             Outbound::End { first_token, first_is_stop, sampler_state, queued, computed, computed_at, lease } => {
@@ -326,6 +351,23 @@ pub async fn push(transport: &dyn KvTransport, target: &KvTarget, begin: KvBegin
         }
     }
     Err(WorkerError::Cancelled)
+}
+
+/// Send `data` (at `offset` of the body) in chunks of at most [`MAX_CHUNK_BYTES`], with their
+/// CRC-32s (`crcs` when the producer computed them, else here).
+#[allow(clippy::too_many_arguments)]
+async fn send_chunks(l: &mut dyn KvLink, peer: &str, stall: Duration, offset: u64, data: Bytes, crcs: Option<Vec<u32>>, chunks: &mut u32, bytes: &mut u64) -> Result<()> {
+    for (i, r) in chunk_ranges(data.len(), MAX_CHUNK_BYTES).enumerate() {
+        let piece = data.slice(r.clone());
+        let crc = match &crcs {
+            Some(c) => c.get(i).copied().ok_or_else(|| WorkerError::Internal(format!("layer at {offset}: no CRC for chunk {i}")))?,
+            None => crc32fast::hash(&piece),
+        };
+        within(stall, peer, "sending a chunk", l.data(offset + r.start as u64, piece, crc)).await?;
+        *chunks += 1;
+        *bytes += (r.end - r.start) as u64;
+    }
+    Ok(())
 }
 
 /// Try one transport, and if a transfer cannot be set up on it (NCCL missing on a side, its

@@ -85,6 +85,8 @@ pub struct CudaBackend {
     f32_weights: bool,
     /// The first failure since the last [`CudaBackend::take_error`].
     error: Mutex<Option<EngineError>>,
+    /// This device's KV buffer kit (exported layers are handed out in its buffers).
+    pub(crate) kit: Arc<super::bytes::Kit>,
 }
 
 impl CudaBackend {
@@ -113,7 +115,8 @@ impl CudaBackend {
         }
         let blas = CudaBlas::new(stream.clone()).map_err(|e| fail("cannot create a cuBLAS handle", format!("{e:?}")))?;
         let f32_weights = std::env::var("FERRY_CUDA_F32_WEIGHTS").is_ok_and(|v| v == "1");
-        Ok(Self { ordinal, ctx, stream, blas, fns, name, arch, f32_weights, error: Mutex::new(None) })
+        let kit = super::bytes::Kit::for_device(ordinal)?;
+        Ok(Self { ordinal, ctx, stream, blas, fns, name, arch, f32_weights, error: Mutex::new(None), kit })
     }
 
     pub fn ordinal(&self) -> usize {

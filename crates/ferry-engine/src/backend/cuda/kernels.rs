@@ -28,6 +28,7 @@ pub const KERNELS: &[KernelSource] = &[
     kernel!("attention.cu", ["paged_attention_prefill_f32", "paged_attention_decode_f32"]),
     kernel!("dequant.cu", ["dequant_q8_0_bf16", "dequant_q4_0_bf16", "dequant_q4_1_bf16"]),
     kernel!("sampling.cu", ["argmax_f32", "sample_top_p_f32"]),
+    kernel!("kv_checksum.cu", ["kv_checksum_f32"]),
 ];
 
 /// The file that defines `function`.

@@ -8,7 +8,8 @@
 //!   through cuBLAS with f32 accumulation.
 //! - The paged KV cache is f32, `[blocks, kv_heads, block_size, head_dim]` per layer like the CPU
 //!   backend's, sized from free device memory; export/import gather/scatter through a contiguous
-//!   device buffer in the payload layout.
+//!   device buffer in the payload layout; [`DeviceBytes`] hands such a buffer to a device-to-device
+//!   transport (NCCL) without a copy to the host.
 //!
 //! Without the feature, [`CudaBackend`] still exists (uninhabited) and [`CudaBackend::new`] says
 //! the build has no CUDA.
@@ -17,6 +18,8 @@ pub mod kernels;
 
 #[cfg(feature = "cuda")]
 mod backend;
+#[cfg(feature = "cuda")]
+mod bytes;
 #[cfg(feature = "cuda")]
 mod direct;
 #[cfg(feature = "cuda")]
@@ -30,6 +33,8 @@ mod ops;
 
 #[cfg(feature = "cuda")]
 pub use backend::{CudaBackend, CudaBatch, CudaKv, CudaTensor, CudaWeight};
+#[cfg(feature = "cuda")]
+pub use bytes::DeviceBytes;
 
 /// Stands in for the CUDA backend in a build without the `cuda` feature: it cannot be created.
 #[cfg(not(feature = "cuda"))]

@@ -5,11 +5,14 @@
 //! dynamic loading panics on a missing library); the communicator is created *non-blocking* so
 //! its set-up can be abandoned at a deadline; every send and receive is polled to completion
 //! against a deadline, and on expiry the communicator is aborted (which also releases the
-//! kernels waiting in it). Messages are staged through one device buffer of the pipe's capacity.
+//! kernels waiting in it). Host messages (frame headers, control bodies) are staged through one
+//! device buffer of the pipe's capacity; KV goes straight from and to [`DeviceBytes`]
+//! ([`NcclPipe::send_device`], [`NcclPipe::recv_device`]).
 //!
 //! Status: built and type-checked in CI; **never run on a GPU** (no GPU machine was available
 //! when it was written).
 
+use super::bytes::DeviceBytes;
 use super::driver;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, sys as cu};
 use cudarc::nccl::sys as nc;
@@ -59,6 +62,7 @@ pub struct NcclPipe {
     /// Staging buffer for each message (the pipe's capacity).
     buf: CudaSlice<u8>,
     peer: i32,
+    ordinal: usize,
 }
 
 // SAFETY: the communicator handle is only used by the thread holding the pipe (`&mut self`);
@@ -112,6 +116,10 @@ impl NcclPipe {
             return Err(format!("bad rendezvous: a {}-byte id (want 128), rank {rank}", id.len()));
         }
         let ctx = driver::open(ordinal).map_err(|e| e.to_string())?;
+        // SAFETY: every operation of the pipe completes (polled) before the call returns, and
+        // device buffers are ordered by their own events (`DeviceBytes`), so cudarc's event
+        // tracking is not needed.
+        unsafe { ctx.disable_event_tracking() };
         ctx.bind_to_thread().map_err(|e| format!("cuda:{ordinal}: {}", driver::describe(&e)))?;
         let stream = ctx.new_stream().map_err(|e| format!("cuda:{ordinal}: a stream: {}", driver::describe(&e)))?;
         let buf = stream.alloc_zeros::<u8>(capacity.max(64)).map_err(|e| format!("cuda:{ordinal}: {capacity} bytes of staging: {}", driver::describe(&e)))?;
@@ -145,7 +153,7 @@ impl NcclPipe {
         // SAFETY: all arguments are valid; in non-blocking mode this returns at once (success or
         // in progress) and `comm` is usable for polling and abort.
         let r = unsafe { nc::ncclCommInitRankConfig(&mut comm, 2, uid, rank as _, &mut config) };
-        let pipe = NcclPipe { ctx, comm, stream, buf, peer: 1 - rank as i32 };
+        let pipe = NcclPipe { ctx, comm, stream, buf, peer: 1 - rank as i32, ordinal };
         match r {
             nc::ncclResult_t::ncclSuccess | nc::ncclResult_t::ncclInProgress => {}
             e => return Err(format!("ncclCommInitRankConfig: {}", describe(e))),
@@ -186,14 +194,60 @@ impl NcclPipe {
         let mut dst = self.buf.slice_mut(0..data.len());
         self.stream.memcpy_htod(data, &mut dst).map_err(|e| format!("staging a message: {}", driver::describe(&e)))?;
         let (ptr, _sync) = self.buf.device_ptr(&self.stream);
-        // SAFETY: `ptr` holds `data.len()` bytes on this communicator's device, ordered on its stream.
-        let r = unsafe { nc::ncclSend(ptr as *const _, data.len(), nc::ncclDataType_t::ncclUint8, self.peer, self.comm, self.stream.cu_stream() as _) };
-        match r {
+        let (len, peer) = (data.len(), self.peer);
+        // SAFETY: `ptr` holds `len` bytes on this communicator's device, ordered on its stream
+        // after the staging copy; the call waits for the send.
+        self.device_op("ncclSend", deadline, |comm, stream| unsafe { nc::ncclSend(ptr as *const _, len, nc::ncclDataType_t::ncclUint8, peer, comm, stream) })
+    }
+
+    /// Enqueue one point-to-point operation on this pipe's stream and wait for it.
+    fn device_op(&self, what: &str, deadline: Instant, op: impl FnOnce(nc::ncclComm_t, nc::cudaStream_t) -> nc::ncclResult_t) -> R<()> {
+        self.ctx.bind_to_thread().map_err(|e| driver::describe(&e))?;
+        match op(self.comm, self.stream.cu_stream() as _) {
             nc::ncclResult_t::ncclSuccess | nc::ncclResult_t::ncclInProgress => {}
-            e => return Err(format!("ncclSend: {}", describe(e))),
+            e => return Err(format!("{what}: {}", describe(e))),
         }
-        wait_comm(self.comm, deadline, "ncclSend")?;
-        self.wait_stream(deadline, "ncclSend")
+        wait_comm(self.comm, deadline, what)?;
+        self.wait_stream(deadline, what)
+    }
+
+    /// Send bytes `range` of `src` straight from device memory (no staging, no host copy).
+    /// `src` must live on this pipe's device.
+    pub fn send_device(&mut self, src: &DeviceBytes, range: std::ops::Range<usize>, deadline: Instant) -> R<()> {
+        self.check_device(src, &range)?;
+        let ptr = src.device_ptr(range.start).map_err(|e| e.to_string())?;
+        let peer = self.peer;
+        // SAFETY: `ptr` addresses `range.len()` bytes of `src` on this device; `src` is ready
+        // (device_ptr waited for its event) and outlives the call, which waits for the send.
+        self.device_op("ncclSend (device buffer)", deadline, |comm, stream| unsafe {
+            nc::ncclSend(ptr as *const _, range.len(), nc::ncclDataType_t::ncclUint8, peer, comm, stream)
+        })
+    }
+
+    /// Receive `range.len()` bytes straight into bytes `range` of `dst` in device memory.
+    pub fn recv_device(&mut self, dst: &mut DeviceBytes, range: std::ops::Range<usize>, deadline: Instant) -> R<()> {
+        self.check_device(dst, &range)?;
+        let ptr = dst.device_ptr(range.start).map_err(|e| e.to_string())?;
+        let peer = self.peer;
+        // SAFETY: as in send_device; `dst` is borrowed mutably, so nothing else touches it.
+        self.device_op("ncclRecv (device buffer)", deadline, |comm, stream| unsafe {
+            nc::ncclRecv(ptr as *mut _, range.len(), nc::ncclDataType_t::ncclUint8, peer, comm, stream)
+        })
+    }
+
+    /// A zeroed device buffer of `len` bytes on this pipe's device, to receive into.
+    pub fn alloc(&self, len: usize) -> R<DeviceBytes> {
+        DeviceBytes::alloc(self.ordinal, len).map_err(|e| e.to_string())
+    }
+
+    fn check_device(&self, b: &DeviceBytes, range: &std::ops::Range<usize>) -> R<()> {
+        if b.ordinal() != self.ordinal {
+            return Err(format!("a buffer on cuda:{} given to a pipe on cuda:{}", b.ordinal(), self.ordinal));
+        }
+        if range.start > range.end || range.end > b.len() {
+            return Err(format!("bytes {}..{} of a {}-byte device buffer", range.start, range.end, b.len()));
+        }
+        Ok(())
     }
 
     /// Receive exactly `out.len()` bytes from the other rank.
@@ -202,17 +256,10 @@ impl NcclPipe {
             return Err(format!("a {}-byte message exceeds the pipe's {} bytes", out.len(), self.buf.len()));
         }
         self.ctx.bind_to_thread().map_err(|e| driver::describe(&e))?;
-        {
-            let (ptr, _sync) = self.buf.device_ptr(&self.stream);
-            // SAFETY: the staging buffer holds at least `out.len()` bytes.
-            let r = unsafe { nc::ncclRecv(ptr as *mut _, out.len(), nc::ncclDataType_t::ncclUint8, self.peer, self.comm, self.stream.cu_stream() as _) };
-            match r {
-                nc::ncclResult_t::ncclSuccess | nc::ncclResult_t::ncclInProgress => {}
-                e => return Err(format!("ncclRecv: {}", describe(e))),
-            }
-        }
-        wait_comm(self.comm, deadline, "ncclRecv")?;
-        self.wait_stream(deadline, "ncclRecv")?;
+        let (ptr, _sync) = self.buf.device_ptr(&self.stream);
+        let (len, peer) = (out.len(), self.peer);
+        // SAFETY: the staging buffer holds at least `len` bytes; the call waits for the receive.
+        self.device_op("ncclRecv", deadline, |comm, stream| unsafe { nc::ncclRecv(ptr as *mut _, len, nc::ncclDataType_t::ncclUint8, peer, comm, stream) })?;
         let src = self.buf.slice(0..out.len());
         self.stream.memcpy_dtoh(&src, out).map_err(|e| format!("copying a message out: {}", driver::describe(&e)))
     }

@@ -3,12 +3,13 @@
 //! returned, and the step's [`Backend::run`] reports it.
 
 use super::backend::{BLOCK, BatchBufs, CudaBackend, CudaBatch, CudaKv, CudaTensor, CudaWeight, WeightData};
+use super::bytes::DeviceBytes;
 use super::driver::describe;
-use crate::backend::{Backend, BatchPlan, RopeTable};
+use crate::backend::{Backend, BatchPlan, KvBuffer, RopeTable};
 use crate::error::{EngineError, Result};
 use crate::weights::HostWeight;
 use cudarc::cublas::sys as blas;
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use ferry_core::KvLayout;
 use std::ffi::c_void;
 
@@ -97,7 +98,8 @@ impl CudaBackend {
         self.check("rms_norm_f32", unsafe { b.launch(cfg) }).map(drop)
     }
 
-    fn export(&self, kv: &CudaKv, layer: usize, blocks: &[u32], tokens: usize) -> Option<Vec<f32>> {
+    /// Gather a layer of a sequence into a new device buffer, K then V (queued on the stream).
+    fn export(&self, kv: &CudaKv, layer: usize, blocks: &[u32], tokens: usize) -> Option<CudaSlice<f32>> {
         let l = kv.layout;
         let per = tokens * l.n_kv_heads * l.head_dim;
         let op = "kv_export_layer";
@@ -114,15 +116,15 @@ impl CudaBackend {
             // tokens*kv_heads*head_dim f32.
             self.check("kv_gather_f32", unsafe { b.launch(Self::grid(per)) })?;
         }
-        self.check(op, self.stream.clone_dtoh(&out))
+        Some(out)
     }
 
-    fn import(&self, kv: &mut CudaKv, layer: usize, blocks: &[u32], tokens: usize, section: &[u8]) -> Option<()> {
+    /// Scatter a layer section (K then V, `2 * tokens * kv_heads * head_dim` f32 on this device)
+    /// into the sequence's blocks.
+    fn import(&self, kv: &mut CudaKv, layer: usize, blocks: &[u32], tokens: usize, src: &CudaView<'_, f32>) -> Option<()> {
         let l = kv.layout;
         let per = tokens * l.n_kv_heads * l.head_dim;
         let op = "kv_import_layer";
-        let host: Vec<f32> = section.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-        let src = self.upload_slice(op, &host)?;
         let table = self.upload_slice(op, blocks)?;
         let ints = [tokens, l.n_kv_heads, l.head_dim, l.block_size].map(|v| i32_of(op, self, v));
         let [t, h, d, bs] = [ints[0]?, ints[1]?, ints[2]?, ints[3]?];
@@ -136,6 +138,20 @@ impl CudaBackend {
             self.check("kv_scatter_f32", unsafe { b.launch(Self::grid(per)) })?;
         }
         Some(())
+    }
+
+    /// Run an export or import (`f` records failures), wait for the stream, and report.
+    fn kv_op<T>(&self, op: &str, f: impl FnOnce() -> Option<T>) -> Result<T> {
+        self.ctx.bind_to_thread().map_err(|e| EngineError::Cuda { op: "bind the context".into(), reason: describe(&e) })?;
+        let r = f();
+        if let Err(e) = self.stream.synchronize() {
+            self.fail(op, describe(&e));
+        }
+        match (r, self.take_error()) {
+            (Some(v), None) => Ok(v),
+            (_, Some(e)) => Err(e),
+            (None, None) => Err(EngineError::Cuda { op: op.into(), reason: "failed".into() }),
+        }
     }
 
     /// Checks shared by export and import: the layer exists and the blocks cover the tokens.
@@ -456,16 +472,12 @@ impl Backend for CudaBackend {
         if tokens == 0 {
             return Ok(());
         }
-        self.ctx.bind_to_thread().map_err(|e| EngineError::Cuda { op: "bind the context".into(), reason: describe(&e) })?;
-        let r = self.export(kv, layer, blocks, tokens);
-        match (r, self.take_error()) {
-            (Some(v), None) => {
-                out.extend_from_slice(bytemuck::cast_slice(&v));
-                Ok(())
-            }
-            (_, Some(e)) => Err(e),
-            (None, None) => Err(EngineError::Cuda { op: "kv_export_layer".into(), reason: "failed".into() }),
-        }
+        let host = self.kv_op("kv_export_layer", || {
+            let dev = self.export(kv, layer, blocks, tokens)?;
+            self.check("kv_export_layer", self.stream.clone_dtoh(&dev))
+        })?;
+        out.extend_from_slice(bytemuck::cast_slice(&host));
+        Ok(())
     }
 
     fn kv_import_layer(&self, kv: &mut CudaKv, layer: usize, blocks: &[u32], tokens: usize, section: &[u8]) -> Result<()> {
@@ -477,15 +489,50 @@ impl Backend for CudaBackend {
         if tokens == 0 {
             return Ok(());
         }
+        let host: Vec<f32> = section.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        self.kv_op("kv_import_layer", || {
+            let src = self.upload_slice("kv_import_layer", &host)?;
+            self.import(kv, layer, blocks, tokens, &src.slice(..))
+        })
+    }
+
+    /// The gather stays on the device: the buffer is handed out with an event recorded after
+    /// it, without waiting (prefill goes on with the next layer while the transport waits).
+    fn kv_export_layer_buffer(&self, kv: &CudaKv, layer: usize, blocks: &[u32], tokens: usize) -> Result<KvBuffer> {
+        Self::check_kv_range(kv, layer, blocks, tokens)?;
         self.ctx.bind_to_thread().map_err(|e| EngineError::Cuda { op: "bind the context".into(), reason: describe(&e) })?;
-        let r = self.import(kv, layer, blocks, tokens, section);
-        if let Err(e) = self.stream.synchronize() {
-            self.fail("kv_import_layer", describe(&e));
+        if tokens == 0 {
+            return Ok(KvBuffer::Cuda(DeviceBytes::zeroed(&self.kit, 0)?));
         }
-        match (r, self.take_error()) {
-            (Some(()), None) => Ok(()),
+        let dev = self.export(kv, layer, blocks, tokens);
+        match (dev, self.take_error()) {
+            (Some(dev), None) => Ok(KvBuffer::Cuda(DeviceBytes::filled(dev, self.kit.clone(), &self.stream)?)),
             (_, Some(e)) => Err(e),
-            (None, None) => Err(EngineError::Cuda { op: "kv_import_layer".into(), reason: "failed".into() }),
+            (None, None) => Err(EngineError::Cuda { op: "kv_export_layer".into(), reason: "failed".into() }),
         }
+    }
+
+    /// A buffer on this device is scattered from where it is; anything else goes through the host.
+    fn kv_import_layer_buffer(&self, kv: &mut CudaKv, layer: usize, blocks: &[u32], tokens: usize, buf: &KvBuffer, section: std::ops::Range<usize>) -> Result<()> {
+        let KvBuffer::Cuda(db) = buf else {
+            let host = buf.as_host().and_then(|h| h.get(section.clone())).ok_or_else(|| EngineError::Config(format!("KV section {}..{} outside a {}-byte buffer", section.start, section.end, buf.len())))?;
+            return self.kv_import_layer(kv, layer, blocks, tokens, host);
+        };
+        if db.ordinal() != self.ordinal {
+            return self.kv_import_layer(kv, layer, blocks, tokens, &buf.to_host(section)?);
+        }
+        Self::check_kv_range(kv, layer, blocks, tokens)?;
+        let want = kv.layout.layer_bytes(tokens);
+        if section.len() != want || section.end > db.len() || section.start % 4 != 0 {
+            return Err(EngineError::Cuda {
+                op: "kv_import_layer".into(),
+                reason: format!("section {}..{} of a {}-byte buffer for {tokens} tokens (expected {want} bytes, word-aligned)", section.start, section.end, db.len()),
+            });
+        }
+        if tokens == 0 {
+            return Ok(());
+        }
+        let words = db.slice()?;
+        self.kv_op("kv_import_layer", || self.import(kv, layer, blocks, tokens, &words.slice(section.start / 4..section.end / 4)))
     }
 }

@@ -1,0 +1,175 @@
+//! [`DeviceBytes`]: KV bytes in device memory (a layer gathered for export, or a payload body
+//! received from a peer), the CUDA side of [`KvBuffer`](crate::backend::KvBuffer).
+//!
+//! Ordering: a buffer filled on the backend's stream carries an event recorded after the fill;
+//! every user ([`DeviceBytes::device_ptr`], the checksum, the copy to the host) waits for it on
+//! the host first, so a consumer on another stream (the NCCL pipe's) never reads a half-written
+//! buffer. Users finish their own work before they return (the NCCL pipe polls its stream to
+//! completion), so a buffer is never freed under a transfer still reading it. Each device has one
+//! [`Kit`] (a context handle with event tracking off, a stream, the checksum kernel) shared by
+//! the buffers of that device, whoever made them.
+//!
+//! Status: built and type-checked in CI; **never run on a GPU**.
+
+use super::driver::{self, describe};
+use super::kernels;
+use super::nvrtc;
+use crate::error::{EngineError, Result};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Per device: its context, a stream for the buffers' own work, the checksum kernel.
+pub(crate) struct Kit {
+    ordinal: usize,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    checksum: CudaFunction,
+}
+
+fn err(op: &str, reason: impl std::fmt::Display) -> EngineError {
+    EngineError::Cuda { op: op.into(), reason: reason.to_string() }
+}
+
+impl Kit {
+    /// The kit of device `ordinal`, made on first use (the checksum kernel through NVRTC and its
+    /// caches).
+    pub(crate) fn for_device(ordinal: usize) -> Result<Arc<Kit>> {
+        static KITS: OnceLock<Mutex<HashMap<usize, Arc<Kit>>>> = OnceLock::new();
+        let mut kits = KITS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = kits.get(&ordinal) {
+            return Ok(k.clone());
+        }
+        let ctx = driver::open(ordinal)?;
+        // SAFETY: every buffer made here is ordered by hand (the events above and host waits), so
+        // cudarc's per-argument event tracking is not needed.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(|e| err("kv buffer stream", describe(&e)))?;
+        let (major, minor) = ctx.compute_capability().map_err(|e| err("compute capability", describe(&e)))?;
+        let source = kernels::source_of("kv_checksum_f32").ok_or_else(|| err("kv_checksum_f32", "not in the kernel list"))?;
+        let ptx = nvrtc::compile(source, &nvrtc::CompileOptions::for_arch(format!("compute_{major}{minor}")))?;
+        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(|e| err("load kv_checksum.cu", describe(&e)))?;
+        let checksum = module.load_function("kv_checksum_f32").map_err(|e| err("load kv_checksum_f32", describe(&e)))?;
+        let kit = Arc::new(Kit { ordinal, ctx, stream, checksum });
+        kits.insert(ordinal, kit.clone());
+        Ok(kit)
+    }
+}
+
+/// Bytes in device memory (a whole number of 32-bit words: KV is f32).
+pub struct DeviceBytes {
+    /// At least one word (CUDA has no empty allocations); `len` says how many bytes count.
+    buf: CudaSlice<f32>,
+    len: usize,
+    kit: Arc<Kit>,
+    /// Recorded after the work that fills `buf`, on the stream that does it.
+    ready: Option<CudaEvent>,
+}
+
+impl DeviceBytes {
+    /// `len` zeroed bytes on the kit's device (`len` a multiple of 4).
+    pub(crate) fn zeroed(kit: &Arc<Kit>, len: usize) -> Result<Self> {
+        if !len.is_multiple_of(4) {
+            return Err(err("kv buffer", format!("{len} bytes is not a whole number of 32-bit words")));
+        }
+        kit.ctx.bind_to_thread().map_err(|e| err("bind the context", describe(&e)))?;
+        let buf = kit.stream.alloc_zeros::<f32>((len / 4).max(1)).map_err(|e| err("kv buffer", format!("cannot allocate {len} bytes: {}", describe(&e))))?;
+        kit.stream.synchronize().map_err(|e| err("kv buffer", describe(&e)))?;
+        Ok(DeviceBytes { buf, len, kit: kit.clone(), ready: None })
+    }
+
+    /// A buffer for `len` bytes on device `ordinal` (what a receiving pipe allocates).
+    pub fn alloc(ordinal: usize, len: usize) -> Result<Self> {
+        Self::zeroed(&Kit::for_device(ordinal)?, len)
+    }
+
+    /// Wrap `buf`, filled by work queued on `stream` (an event is recorded after it).
+    pub(crate) fn filled(buf: CudaSlice<f32>, kit: Arc<Kit>, stream: &CudaStream) -> Result<Self> {
+        let ready = stream.record_event(None).map_err(|e| err("record the kv export event", describe(&e)))?;
+        Ok(DeviceBytes { len: buf.len() * 4, buf, kit, ready: Some(ready) })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.kit.ordinal
+    }
+
+    /// Wait (on the host) until the work that fills the buffer is done.
+    pub fn wait_ready(&self) -> Result<()> {
+        self.kit.ctx.bind_to_thread().map_err(|e| err("bind the context", describe(&e)))?;
+        if let Some(ev) = &self.ready {
+            ev.synchronize().map_err(|e| err("wait for the kv buffer", describe(&e)))?;
+        }
+        Ok(())
+    }
+
+    fn words(range: &Range<usize>) -> Result<Range<usize>> {
+        if range.start % 4 != 0 || range.end % 4 != 0 {
+            return Err(err("kv buffer", format!("bytes {}..{} are not whole 32-bit words", range.start, range.end)));
+        }
+        Ok(range.start / 4..range.end / 4)
+    }
+
+    /// The device address of byte `offset`, once the buffer is ready. The caller keeps `self`
+    /// alive, and finishes its device work before it lets go of it.
+    pub fn device_ptr(&self, offset: usize) -> Result<u64> {
+        self.wait_ready()?;
+        let (ptr, _guard) = self.buf.device_ptr(&self.kit.stream);
+        Ok(ptr + offset as u64)
+    }
+
+    /// The device slice (for kernels of the same device), once the buffer is ready.
+    pub(crate) fn slice(&self) -> Result<&CudaSlice<f32>> {
+        self.wait_ready()?;
+        Ok(&self.buf)
+    }
+
+    pub(crate) fn checksum(&self, range: Range<usize>) -> Result<u32> {
+        let w = Self::words(&range)?;
+        self.wait_ready()?;
+        let k = &self.kit;
+        let mut out = k.stream.alloc_zeros::<u32>(1).map_err(|e| err("kv_checksum_f32", describe(&e)))?;
+        if !w.is_empty() {
+            let n = w.len() as u64;
+            let words = self.buf.slice(w.clone());
+            let mut b = k.stream.launch_builder(&k.checksum);
+            b.arg(&words).arg(&n).arg(&mut out);
+            let blocks = w.len().div_ceil(256).clamp(1, 1024) as u32;
+            let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: `words` holds n 32-bit words of this device; `out` one zeroed u32.
+            unsafe { b.launch(cfg) }.map_err(|e| err("kv_checksum_f32", describe(&e)))?;
+        }
+        let v = k.stream.clone_dtoh(&out).map_err(|e| err("kv_checksum_f32", describe(&e)))?;
+        Ok(v[0])
+    }
+
+    pub(crate) fn to_host(&self, range: Range<usize>) -> Result<Vec<u8>> {
+        let w = Self::words(&range)?;
+        self.wait_ready()?;
+        if w.is_empty() {
+            return Ok(Vec::new());
+        }
+        let v = self.kit.stream.clone_dtoh(&self.buf.slice(w)).map_err(|e| err("copy a kv buffer to the host", describe(&e)))?;
+        Ok(bytemuck::cast_slice(&v).to_vec())
+    }
+
+    pub(crate) fn write(&mut self, offset: usize, data: &[u8]) -> Result<()> {
+        let w = Self::words(&(offset..offset + data.len()))?;
+        self.wait_ready()?;
+        if w.is_empty() {
+            return Ok(());
+        }
+        let host: Vec<f32> = data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let mut dst = self.buf.slice_mut(w);
+        self.kit.stream.memcpy_htod(host.as_slice(), &mut dst).map_err(|e| err("copy to a kv buffer", describe(&e)))?;
+        self.kit.stream.synchronize().map_err(|e| err("copy to a kv buffer", describe(&e)))
+    }
+}
