@@ -7,6 +7,12 @@
 //! [`KvAssembler`](super::assembler::KvAssembler) checks (token, fingerprint, layout, size,
 //! order, CRC), so a pipe changes how bytes move and nothing about what is accepted.
 //!
+//! - **Layers as buffers.** A layer the engine exported as a [`KvBuffer`] goes as
+//!   [`kind::BUFFER`] frames: the header on the host, the body by [`BytePipe::send_buffer`] from
+//!   where it lives (on a GPU: device to device, no host copy), checked with a word checksum
+//!   computed where the bytes are. The decode side receives them into one body buffer from
+//!   [`BytePipe::alloc_buffer`] (on its GPU), which its engine imports from.
+//!
 //! - **Rendezvous** over the gRPC control plane: the prefill worker (rank 0) creates the unique
 //!   id and joins; at the same time it calls `KvTransfer.NcclConnect` on the decode worker, which
 //!   joins as rank 1. Both give up after a timeout (NCCL's own init would wait forever).
