@@ -62,3 +62,18 @@ gather_rows_f32(const float* x, const unsigned int* rows, float* out, int n, int
         out[i] = x[(size_t)rows[i / cols] * cols + i % cols];
     }
 }
+
+// fill_random_bf16: a synthetic model's weights, made on the device: value i is
+// scale * (2u - 1) rounded to bf16, u in [0, 1) the top 24 bits of a hash of (seed, i)
+// (SplitMix64's finalizer). CPU oracle: ferry_engine::weights::random_bf16.
+extern "C" __global__ void __launch_bounds__(256)
+fill_random_bf16(unsigned short* out, unsigned long long n, unsigned int seed, float scale) {
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (unsigned long long)gridDim.x * blockDim.x) {
+        unsigned long long z = i ^ ((unsigned long long)seed << 32) ^ 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        const float u = (float)(unsigned int)(z >> 40) * (1.0f / 16777216.0f);
+        out[i] = f32_to_bf16_bits(__fmul_rn(scale, 2.0f * u - 1.0f));
+    }
+}

@@ -58,7 +58,7 @@ impl<B: Backend> Model<B> {
         let up = |key: WeightKey, shape: &[usize], w: &mut WeightSet| -> Result<B::Weight> {
             let t = w.take(key, shape)?;
             if shape.len() == 2 {
-                bytes.set(bytes.get() + t.bytes().len());
+                bytes.set(bytes.get() + t.byte_len());
             }
             be.upload(&t)
         };
@@ -90,7 +90,7 @@ impl<B: Backend> Model<B> {
         let embed_w = w.take(WeightKey::Embed, &[c.vocab_size, hid])?;
         let embed = be.upload(&embed_w)?;
         let lm_head = if tied {
-            bytes.set(bytes.get() + embed_w.bytes().len());
+            bytes.set(bytes.get() + embed_w.byte_len());
             None
         } else {
             Some(up(WeightKey::LmHead, &[c.vocab_size, hid], &mut w)?)

@@ -13,6 +13,9 @@ pub enum Storage {
     Owned(Arc<Vec<u8>>),
     /// Tensor `index` of a memory-mapped GGUF file.
     Gguf(Arc<ferry_gguf::GgufFile>, usize),
+    /// Random bf16 values (a synthetic model, for benchmarks): a GPU backend generates them on
+    /// the device; [`Storage::bytes`] makes them on the host the first time it is asked.
+    Random(Arc<RandomBf16>),
 }
 
 impl Storage {
@@ -21,8 +24,40 @@ impl Storage {
             Storage::Mapped { map, offset, len } => &map[*offset..*offset + *len],
             Storage::Owned(v) => v,
             Storage::Gguf(file, i) => file.tensor_data(&file.tensors()[*i]),
+            Storage::Random(r) => r.bytes(),
         }
     }
+}
+
+/// `numel` bf16 values uniform in [-scale, scale), value `i` a function of (`seed`, `i`) alone
+/// ([`random_bf16`]), so the host and a GPU kernel (`fill_random_bf16`) make the same tensor.
+pub struct RandomBf16 {
+    pub seed: u32,
+    pub scale: f32,
+    pub numel: usize,
+    bytes: std::sync::OnceLock<Vec<u8>>,
+}
+
+impl RandomBf16 {
+    pub fn new(seed: u32, scale: f32, numel: usize) -> Self {
+        RandomBf16 { seed, scale, numel, bytes: std::sync::OnceLock::new() }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.bytes.get_or_init(|| (0..self.numel).flat_map(|i| random_bf16(self.seed, i as u64, self.scale).to_le_bytes()).collect())
+    }
+}
+
+/// Value `i` of a [`RandomBf16`] tensor, as bf16 bits: a 64-bit index hash (SplitMix64's
+/// finalizer) of `i` and `seed`, its top 24 bits as u in [0, 1), then `scale·(2u − 1)` rounded to
+/// bf16 (nearest, ties to even). The CPU oracle of `fill_random_bf16` (kernels/elementwise.cu).
+pub fn random_bf16(seed: u32, i: u64, scale: f32) -> u16 {
+    let mut z = i ^ ((seed as u64) << 32) ^ 0x9E37_79B9_7F4A_7C15;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    let u = (z >> 40) as f32 * (1.0 / 16_777_216.0);
+    half::bf16::from_f32(scale * (2.0 * u - 1.0)).to_bits()
 }
 
 /// One tensor as stored: `shape` is row-major (`[rows, cols]` for a matrix, rows = output features).
@@ -48,6 +83,10 @@ impl std::fmt::Debug for HostWeight {
 impl HostWeight {
     pub fn bytes(&self) -> &[u8] {
         self.storage.bytes()
+    }
+    /// The stored size in bytes, from the type and shape (without touching the data).
+    pub fn byte_len(&self) -> usize {
+        self.ty.row_bytes(self.cols()).map_or(0, |rb| rb * self.rows())
     }
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
@@ -203,6 +242,6 @@ impl WeightSet {
     }
     /// Bytes of all tensors (what one full pass over the weights reads).
     pub fn total_bytes(&self) -> usize {
-        self.tensors.values().map(|w| w.bytes().len()).sum()
+        self.tensors.values().map(HostWeight::byte_len).sum()
     }
 }

@@ -181,6 +181,31 @@ fn matmul_and_embedding_match_the_cpu_for_every_weight_type() {
     }
 }
 
+/// A synthetic model's random bf16 weights made on the device (`fill_random_bf16`) are the bits
+/// the host makes (`weights::random_bf16`), read back through the embedding kernel.
+#[test]
+fn random_weights_on_the_device_match_the_host() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let (rows, cols) = (300, 256);
+    let w = HostWeight {
+        name: "random".into(),
+        ty: WeightType::BF16,
+        shape: vec![rows, cols],
+        storage: Storage::Random(Arc::new(ferry_engine::weights::RandomBf16::new(42, 0.035, rows * cols))),
+        x8: None,
+    };
+    let (gw, cw) = (g.upload(&w).unwrap(), c.upload(&w).unwrap());
+    let ids: Vec<u32> = (0..rows as u32).collect();
+    g.run(|| {
+        let (mut ge, mut ce) = (g.tensor(rows, cols), c.tensor(rows, cols));
+        g.embed(&gw, &ids, &mut ge);
+        c.embed(&cw, &ids, &mut ce);
+        assert_eq!(g.to_host(&ge), c.to_host(&ce), "fill_random_bf16 vs random_bf16");
+    })
+    .unwrap();
+}
+
 /// A cache with two sequences: one decoding with a long prefix, one prefilling a chunk after a
 /// cached prefix; GQA (8 query heads over 2 KV heads); blocks out of order.
 #[test]

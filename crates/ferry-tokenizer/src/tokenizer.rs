@@ -35,6 +35,12 @@ impl Tokenizer {
         })
     }
 
+    /// A tokenizer from the text of a `tokenizer.json` (`what` names it in errors).
+    pub fn from_json(json: &str, what: &str) -> Result<Tokenizer, TokenizerError> {
+        let inner = json.parse::<tokenizers::Tokenizer>().map_err(|source| TokenizerError::Load { path: what.into(), source })?;
+        Ok(Tokenizer { inner, bos: None, eos: vec![], add_bos: false, add_eos: false })
+    }
+
     /// Text to ids. With `add_special_tokens`, the tokenizer's own post-processing applies
     /// (and, for GGUF tokenizers, BOS/EOS per `tokenizer.ggml.add_bos_token` / `add_eos_token`).
     /// Special tokens written in the text (`<|im_start|>`) are always recognized.

@@ -116,10 +116,17 @@ fn engine(a: EngineBenchArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    let bw = memory_read_bandwidth(threads, 512 << 20, 5);
+    // The limits, measured now: on a GPU its memory bandwidth (a device copy) and bf16 GEMM
+    // throughput; on the CPU the memory read bandwidth of this many threads.
+    let limits = device_limits(&engine)?;
+    let bw = match limits {
+        Some((bw, _)) => bw,
+        None => memory_read_bandwidth(threads, 512 << 20, 5),
+    };
     let bytes = engine.decode_weight_bytes();
     let roofline = bw / bytes as f64;
     let decode_med = median(decode);
+    let prefill_med = median(prefill);
     let mut json = serde_json::json!({
         "bench": "engine",
         "model": a.model.model,
@@ -128,7 +135,7 @@ fn engine(a: EngineBenchArgs) -> anyhow::Result<()> {
         "prompt_len": a.prompt_len,
         "gen": a.gen_tokens,
         "repeats": a.repeats,
-        "prefill_tok_s": (median(prefill) * 10.0).round() / 10.0,
+        "prefill_tok_s": (prefill_med * 10.0).round() / 10.0,
         "decode_tok_s": (decode_med * 10.0).round() / 10.0,
         "weight_bytes_per_decode_step": bytes,
         "memory_read_gb_s": (bw / 1e8).round() / 10.0,
@@ -138,9 +145,39 @@ fn engine(a: EngineBenchArgs) -> anyhow::Result<()> {
     if let Some(b) = batch_decode {
         json["batch"] = a.batch.into();
         json["batch_decode_tok_s"] = ((b * 10.0).round() / 10.0).into();
+        // Each step still streams every weight once: the roofline of `batch` tokens per step
+        // (the KV reads, small at these contexts, left out).
+        json["batch_roofline_fraction"] = ((b / (roofline * a.batch as f64) * 1000.0).round() / 1000.0).into();
+    }
+    if let Some((_, peak)) = limits {
+        let achieved = prefill_flops(engine.config(), a.prompt_len) * prefill_med / a.prompt_len as f64;
+        json["prefill_tflop_s"] = ((achieved / 1e11).round() / 10.0).into();
+        json["bf16_gemm_peak_tflop_s"] = ((peak / 1e11).round() / 10.0).into();
+        json["prefill_peak_fraction"] = ((achieved / peak * 1000.0).round() / 1000.0).into();
     }
     println!("{json}");
     Ok(())
+}
+
+/// On a GPU: (memory bandwidth in bytes/s from a 4 GiB device copy, bf16 GEMM FLOP/s at
+/// 8192³); None on the CPU.
+fn device_limits(engine: &ferry_engine::Engine) -> anyhow::Result<Option<(f64, f64)>> {
+    match engine.backend() {
+        ferry_engine::DeviceBackend::Cpu(_) => Ok(None),
+        #[cfg(feature = "cuda")]
+        ferry_engine::DeviceBackend::Cuda(b) => Ok(Some((b.copy_bandwidth(4 << 30, 5)?, b.bf16_gemm_flops(8192, 10)?))),
+    }
+}
+
+/// Floating-point operations of one prefill of `tokens` tokens: every layer's matrices for each
+/// token, causal attention (QKᵀ and PV over the tokens before each), and the output head for the
+/// last token only (what `prefill` computes).
+fn prefill_flops(c: &ferry_engine::ModelConfig, tokens: usize) -> f64 {
+    let (hid, q, kv, ff) = (c.hidden_size as f64, c.q_dim() as f64, c.kv_dim() as f64, c.intermediate_size as f64);
+    let per_token_layer = 2.0 * (hid * q + 2.0 * hid * kv + q * hid + 3.0 * hid * ff);
+    let t = tokens as f64;
+    let attention = 2.0 * 2.0 * q * t * (t + 1.0) / 2.0;
+    c.n_layers as f64 * (per_token_layer * t + attention) + 2.0 * hid * c.vocab_size as f64
 }
 
 /// Aggregate decode tokens/s of `batch` sequences (each prefilled with `prompt`, a different

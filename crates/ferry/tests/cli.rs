@@ -52,6 +52,22 @@ fn generate_streams_text_and_prints_timings() {
     assert!(!o.stdout.is_empty());
 }
 
+/// `bench engine` on a synthetic model (random weights in a preset's shapes; what the GPU
+/// benchmark runs at Llama-3-8B size): the figures and the limits they are compared with.
+#[test]
+fn bench_engine_runs_on_a_synthetic_model() {
+    let o = ferry().args(["bench", "engine", "--model", "synthetic:tiny", "--prompt-len", "32", "--gen", "4", "--repeats", "1", "--batch", "3"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON line");
+    for key in ["prefill_tok_s", "decode_tok_s", "batch_decode_tok_s", "roofline_fraction", "batch_roofline_fraction"] {
+        assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {v}");
+    }
+    // tiny: 2 layers of 64×64 (q, o), 2×32×64 (k, v), 3×128×64 (MLP), and a 256×64 output head, bf16.
+    assert_eq!(v["weight_bytes_per_decode_step"], 2 * (2 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 128 * 64) + 256 * 64));
+    let o = ferry().args(["bench", "engine", "--model", "synthetic:llama9"]).output().unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("llama3-8b"), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 #[test]
 fn bad_invocations_fail_clearly() {
     // Without the `cuda` feature, `--device cuda` names the feature; with it (and no GPU, as in

@@ -3,6 +3,7 @@
 
 mod gguf;
 mod hf;
+pub mod synthetic;
 
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
@@ -15,6 +16,8 @@ use std::path::{Path, PathBuf};
 pub enum ModelFormat {
     HfSafetensors,
     Gguf,
+    /// `synthetic:NAME`: random weights in a preset's shapes ([`synthetic`]).
+    Synthetic,
 }
 
 pub struct LoadedModel {
@@ -31,8 +34,12 @@ pub struct LoadedModel {
     pub add_special_tokens: bool,
 }
 
-/// Open a model from a path: a `.gguf` file, or a folder with `config.json`.
+/// Open a model from a path: a `.gguf` file, or a folder with `config.json`; or
+/// `synthetic:NAME`, random weights in the shapes of a preset ([`synthetic::presets`]).
 pub fn load(path: &Path) -> Result<LoadedModel> {
+    if let Some(name) = path.to_str().and_then(|p| p.strip_prefix("synthetic:")) {
+        return synthetic::load(name, 1);
+    }
     let meta = std::fs::metadata(path).map_err(|e| EngineError::io(path, e))?;
     let mut m = if meta.is_dir() {
         hf::load(path)?

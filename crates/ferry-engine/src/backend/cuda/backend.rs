@@ -181,6 +181,17 @@ impl CudaBackend {
     pub(crate) fn upload_weight(&self, w: &HostWeight) -> Result<CudaWeight> {
         let (rows, cols) = (w.rows(), w.cols());
         let err = |reason: String| EngineError::Cuda { op: format!("upload {}", w.name), reason };
+        if let (crate::weights::Storage::Random(r), WeightType::BF16, false) = (&w.storage, w.ty, self.f32_weights) {
+            // A synthetic model: generate on the device (16 GB for an 8B model, no host copy).
+            let mut dst = self.stream.alloc_zeros::<u16>(r.numel).map_err(|e| err(describe(&e)))?;
+            let f = self.func("fill_random_bf16").ok_or_else(|| err("kernel fill_random_bf16 missing".into()))?;
+            let n = r.numel as u64;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&mut dst).arg(&n).arg(&r.seed).arg(&r.scale);
+            // SAFETY: dst holds numel u16; the kernel writes only below n.
+            unsafe { b.launch(Self::grid(r.numel)) }.map_err(|e| err(describe(&e)))?;
+            return Ok(CudaWeight { data: WeightData::Bf16(dst), rows, cols });
+        }
         let data = if w.shape.len() == 1 || w.ty == WeightType::F32 || self.f32_weights {
             WeightData::F32(self.stream.clone_htod(w.to_f32().as_slice()).map_err(|e| err(describe(&e)))?)
         } else {

@@ -22,7 +22,7 @@ macro_rules! kernel {
 pub const KERNELS: &[KernelSource] = &[
     kernel!("rms_norm.cu", ["rms_norm_f32", "add_rms_norm_f32"]),
     kernel!("rope.cu", ["rope_f32"]),
-    kernel!("elementwise.cu", ["silu_mul_f32", "add_f32", "add_bias_f32", "to_bf16_f32", "to_f16_f32", "gather_rows_f32"]),
+    kernel!("elementwise.cu", ["silu_mul_f32", "add_f32", "add_bias_f32", "to_bf16_f32", "to_f16_f32", "gather_rows_f32", "fill_random_bf16"]),
     kernel!("embedding.cu", ["embedding_f32", "embedding_bf16", "embedding_f16"]),
     kernel!("kv_cache.cu", ["kv_write_f32", "kv_gather_f32", "kv_scatter_f32"]),
     kernel!("attention.cu", ["paged_attention_prefill_f32", "paged_attention_decode_f32"]),

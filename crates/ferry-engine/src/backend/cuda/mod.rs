@@ -25,6 +25,8 @@ mod direct;
 #[cfg(feature = "cuda")]
 mod driver;
 #[cfg(feature = "cuda")]
+mod measure;
+#[cfg(feature = "cuda")]
 pub mod nccl;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
