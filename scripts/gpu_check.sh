@@ -4,53 +4,101 @@
 #
 # Build here (x86_64, no CUDA toolkit needed), then carry the binaries to the GPU machine:
 #   cargo build --release -p ferry --features cuda
-#   cargo test --release -p ferry-engine --features cuda --test cuda_kernels --test cuda_engine --no-run
-#   strip -o target/gpu/ferry target/release/ferry; cp <the two test binaries it printed> target/gpu/
+#   cargo test --release -p ferry-engine --features cuda --test cuda_kernels --test cuda_engine --test smollm2 --no-run
+#   mkdir -p .gpu && strip -o .gpu/ferry target/release/ferry; strip the three test binaries it printed into .gpu/
+#   (.gpu/ ignored through .git/info/exclude, named in `carry`)
 # and on the GPU machine, from the repository root:
-#   FERRY_BIN=target/gpu/ferry KERNEL_TESTS="target/gpu/cuda_kernels-* target/gpu/cuda_engine-*" \
-#       OUT=$OUT bash scripts/gpu_check.sh
+#   FERRY_BIN=.gpu/ferry TEST_BINS=".gpu/cuda_kernels-* .gpu/cuda_engine-* .gpu/smollm2-*" OUT=$OUT bash scripts/gpu_check.sh
+# STEPS="1 6" runs only those steps.
+#
+# The device machine takes at most 64 MiB of tree and carried files per call, and the SmolLM2
+# GGUF alone is 98 MB: steps 3 and 4 need it at $FERRY_SMOLLM2_GGUF (default
+# /tmp/ferry-model/SmolLM2-135M-Instruct.Q4_1.gguf). Bring it in pieces over calls to one warm
+# machine (it stays warm 30 s after a call): `split -b 40M` the GGUF into .gpu-model/ here, carry
+# one piece per call and append it to the file under /tmp/ferry-model/ there. Without it those
+# steps say they are skipped and the clusters of steps 4-5 serve the golden llama-gqa model.
 #
 # Steps (each logged under $OUT; the script goes on after a failure and exits non-zero at the end):
-# 1. every kernel against its CPU oracle, and the engine on cuda (the cuda_kernels and cuda_engine
-#    test binaries, FERRY_REQUIRE_GPU=1, fixtures from FERRY_FIXTURES=tests/fixtures);
+# 0. make the CUDA libraries loadable under the names cudarc asks for (libnvrtc.so, libcublas.so,
+#    libcublasLt.so, libnccl.so: the CUDA 13 wheels ship only versioned names);
+# 1. every kernel against its CPU oracle (cuda_kernels, FERRY_REQUIRE_GPU=1), the engine on cuda
+#    (cuda_engine), and SmolLM2 on cuda against HF transformers (the smollm2 test with
+#    FERRY_TEST_DEVICE=cuda and f32 weights: logits within 1e-3, the reference greedy text of
+#    `capital` and `story`), fixtures from FERRY_FIXTURES=tests/fixtures;
 # 2. the golden fixtures through `ferry score --device cuda`: logits within 1e-3 of HF transformers
 #    (weights uploaded as f32 with FERRY_CUDA_F32_WEIGHTS=1; the bf16 fixture is also scored with
 #    bf16 GEMMs and its difference printed);
 # 3. SmolLM2 greedy generation on cuda and on cpu (the texts are printed and compared);
 # 4. a cluster on the one GPU: `ferry up --device cuda` with a prefill and a decode worker, one
-#    streamed completion over HTTP;
+#    completion over HTTP;
 # 5. the same with `--kv-transport nccl`: both workers on one GPU cannot form a NCCL pair (NCCL
 #    refuses two ranks on one device), so this checks, with a real libnccl, that the rendezvous
 #    fails fast without hanging or crashing and the KV falls back to TCP (the workers' metrics are
-#    printed). A real NCCL transfer needs two GPUs.
-# Needs: python3 with numpy and safetensors (for step 2); libcuda, libnvrtc and libcublas loadable
-# (NVRTC/cuBLAS from the CUDA toolkit or the nvidia-*-cu12 wheels on LD_LIBRARY_PATH).
+#    printed). A real NCCL transfer needs two GPUs;
+# 6. the benchmark of issue 5: a Llama-3-8B-shaped model with random bf16 weights made on the
+#    device (`--model synthetic:llama3-8b`), prefill of 2,048 tokens, decode at batch 1 and 32,
+#    with the device's copy bandwidth and bf16 GEMM peak measured in the same run
+#    ($OUT/bench-ferry.json), then HF transformers eager on the same shapes
+#    (scripts/bench_hf_gpu.py, $OUT/bench-hf.json).
+# Needs: python3 with numpy and safetensors (step 2), torch and transformers (step 6); libcuda.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 FERRY_BIN="${FERRY_BIN:-target/release/ferry}"
-KERNEL_TESTS="${KERNEL_TESTS:-}"
+TEST_BINS="${TEST_BINS:-${KERNEL_TESTS:-}}"
 OUT="${OUT:-target/gpu-check}"
-MODEL="${FERRY_SMOLLM2_GGUF:-default}"
+MODEL="${FERRY_SMOLLM2_GGUF:-/tmp/ferry-model/SmolLM2-135M-Instruct.Q4_1.gguf}"
+CLUSTER_MODEL="$MODEL"
+[ -f "$MODEL" ] || CLUSTER_MODEL=tests/fixtures/golden/llama-gqa
 mkdir -p "$OUT"
+STEPS="${STEPS:-1 2 3 4 5 6}"
 failed=0
 step() { echo; echo "== $*"; }
 fail() { echo "FAIL: $*" >&2; failed=1; }
+want() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+step "0. CUDA libraries under the names cudarc loads"
+libdir=/tmp/ferry-cuda-lib
+mkdir -p "$libdir"
+search="$(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, d, "lib") for p in nvidia.__path__ for d in os.listdir(p)))' 2>/dev/null) /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu"
+for lib in nvrtc cublas cublasLt nccl; do
+    found=""
+    for d in $search; do
+        f="$(ls "$d"/lib$lib.so* 2>/dev/null | sort -V | tail -1)"
+        [ -n "$f" ] && { found="$f"; break; }
+    done
+    if [ -n "$found" ]; then
+        ln -sf "$found" "$libdir/lib$lib.so"
+        export LD_LIBRARY_PATH="$libdir:$(dirname "$found"):${LD_LIBRARY_PATH:-}"
+        echo "lib$lib.so -> $found"
+    else
+        echo "lib$lib.so: not found (searched $search)"
+    fi
+done
 
 step "device"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$OUT/nvidia-smi.txt" || true
 
-step "1. kernels vs CPU oracles"
-if [ -n "$KERNEL_TESTS" ]; then
-    for t in $KERNEL_TESTS; do
-        FERRY_REQUIRE_GPU=1 FERRY_FIXTURES="$PWD/tests/fixtures" "$t" --nocapture --test-threads=1 2>&1 | tee -a "$OUT/kernels.log"
-        [ "${PIPESTATUS[0]}" -eq 0 ] || fail "$t"
+if want 1; then
+step "1. kernels vs CPU oracles, the engine and SmolLM2 on cuda"
+if [ -n "$TEST_BINS" ]; then
+    for t in $TEST_BINS; do
+        case "$t" in
+            *smollm2*)
+                [ -f "$MODEL" ] || { echo "skipped $t: no SmolLM2 GGUF at $MODEL"; continue; }
+                FERRY_TEST_DEVICE=cuda FERRY_CUDA_F32_WEIGHTS=1 FERRY_SMOLLM2_GGUF="$MODEL" FERRY_FIXTURES="$PWD/tests/fixtures" "$t" --nocapture --test-threads=1 2>&1 | tee -a "$OUT/kernels.log"; rc=${PIPESTATUS[0]} ;;
+            *)
+                FERRY_REQUIRE_GPU=1 FERRY_FIXTURES="$PWD/tests/fixtures" "$t" --nocapture --test-threads=1 2>&1 | tee -a "$OUT/kernels.log"; rc=${PIPESTATUS[0]} ;;
+        esac
+        [ "$rc" -eq 0 ] || fail "$t"
     done
 else
-    echo "skipped: KERNEL_TESTS (the cuda_kernels test binary) not given"
+    echo "skipped: TEST_BINS (the cuda_kernels, cuda_engine and smollm2 test binaries) not given"
+fi
 fi
 
+if want 2; then
 step "2. golden fixtures on cuda"
 for dir in tests/fixtures/golden/*/; do
     name="$(basename "$dir")"
@@ -71,21 +119,28 @@ sys.exit(0 if d <= (1e-3 if mode == "f32" else 0.25) else 1)
 PY
     done
 done
+fi
 
+if want 3; then
 step "3. SmolLM2 greedy generation, cuda vs cpu"
-prompt="Write one sentence about ferries."
-for dev in cuda cpu; do
-    "$FERRY_BIN" generate --device "$dev" -m "$MODEL" --max-tokens 48 --temperature 0 "$prompt" >"$OUT/smollm2-$dev.txt" 2>"$OUT/smollm2-$dev.log" \
-        || { fail "generate on $dev"; cat "$OUT/smollm2-$dev.log" >&2; }
-    echo "--- $dev:"; cat "$OUT/smollm2-$dev.txt"; tail -3 "$OUT/smollm2-$dev.log"
-done
-if cmp -s "$OUT/smollm2-cuda.txt" "$OUT/smollm2-cpu.txt"; then echo "same text on cuda and cpu"; else echo "note: the texts differ (bf16 GEMMs on cuda)"; fi
+if [ -f "$MODEL" ]; then
+    prompt="Write one sentence about ferries."
+    for dev in cuda cpu; do
+        "$FERRY_BIN" generate --device "$dev" -m "$MODEL" --max-tokens 48 --temperature 0 "$prompt" >"$OUT/smollm2-$dev.txt" 2>"$OUT/smollm2-$dev.log" \
+            || { fail "generate on $dev"; cat "$OUT/smollm2-$dev.log" >&2; }
+        echo "--- $dev:"; cat "$OUT/smollm2-$dev.txt"; tail -3 "$OUT/smollm2-$dev.log"
+    done
+    if cmp -s "$OUT/smollm2-cuda.txt" "$OUT/smollm2-cpu.txt"; then echo "same text on cuda and cpu"; else echo "note: the texts differ (bf16 GEMMs on cuda)"; fi
+else
+    echo "skipped: no SmolLM2 GGUF at $MODEL (see the header)"
+fi
+fi
 
 # `ferry up` on the GPU with one prefill and one decode worker, logging to $OUT/up-NAME.log; sets
 # up_pid and http. Fails (and returns 1) if the cluster does not come up.
 cluster_up() {
     local name="$1"; shift
-    "$FERRY_BIN" up --device cuda --prefill 1 --decode 1 -m "$MODEL" --listen 127.0.0.1:0 --http 127.0.0.1:0 "$@" >"$OUT/up-$name.log" 2>&1 &
+    "$FERRY_BIN" up --device cuda --prefill 1 --decode 1 -m "$CLUSTER_MODEL" --listen 127.0.0.1:0 --http 127.0.0.1:0 "$@" >"$OUT/up-$name.log" 2>&1 &
     up_pid=$!
     http=""
     for _ in $(seq 1 120); do
@@ -112,19 +167,17 @@ cluster_down() {
     kill "$up_pid" 2>/dev/null; wait "$up_pid" 2>/dev/null
 }
 
-step "4. cluster on the GPU: ferry up --device cuda (1 prefill + 1 decode)"
+if want 4; then
+step "4. cluster on the GPU: ferry up --device cuda (1 prefill + 1 decode), model $CLUSTER_MODEL"
 if cluster_up cluster; then
     completion cluster
 fi
 cluster_down
-
-step "5. --kv-transport nccl on one GPU: the fallback with a real libnccl"
-# cudarc loads `libnccl.so`; the nvidia-nccl-cu12 wheel (torch's) ships only libnccl.so.2.
-nccl_dir="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)"
-if [ -n "$nccl_dir" ] && [ -e "$nccl_dir/libnccl.so.2" ]; then
-    mkdir -p "$OUT/nccl-lib" && ln -sf "$nccl_dir/libnccl.so.2" "$OUT/nccl-lib/libnccl.so"
-    export LD_LIBRARY_PATH="$PWD/$OUT/nccl-lib:$nccl_dir:${LD_LIBRARY_PATH:-}"
 fi
+
+if want 5; then
+step "5. --kv-transport nccl on one GPU: the fallback with a real libnccl"
+# (libnccl.so was linked in step 0.)
 if cluster_up cluster-nccl --kv-transport nccl; then
     completion cluster-nccl
     for m in $(grep -o 'metrics=[0-9.:]*' "$OUT/up-cluster-nccl.log" | cut -d= -f2); do
@@ -133,6 +186,18 @@ if cluster_up cluster-nccl --kv-transport nccl; then
     grep -iE 'nccl' "$OUT/up-cluster-nccl.log" | head -20
 fi
 cluster_down
+
+fi
+
+if want 6; then
+step "6. benchmark: Llama-3-8B shapes, random bf16 weights on the device; Ferry, then HF transformers"
+"$FERRY_BIN" bench engine --device cuda --model synthetic:llama3-8b --prompt-len 2048 --gen 64 --repeats 3 --batch 32 \
+    >"$OUT/bench-ferry.json" 2>"$OUT/bench-ferry.log" || { fail "ferry bench engine"; tail -20 "$OUT/bench-ferry.log" >&2; }
+cat "$OUT/bench-ferry.json"
+PYTHONUNBUFFERED=1 python3 scripts/bench_hf_gpu.py --model llama3-8b --prompt-len 2048 --gen 64 --repeats 3 --batch 32 \
+    >"$OUT/bench-hf.json" 2>"$OUT/bench-hf.log" || { fail "HF transformers benchmark"; tail -20 "$OUT/bench-hf.log" >&2; }
+cat "$OUT/bench-hf.json"
+fi
 
 echo
 [ "$failed" -eq 0 ] && echo "gpu check passed" || echo "gpu check FAILED (logs in $OUT)"
