@@ -14,7 +14,11 @@
 //   grid.x is the sequence, which sees all ctx_len keys.
 //
 // Batch arrays (per sequence): q_start, q_len, ctx_len, and block_start into `blocks`, the
-// concatenated block tables. CPU oracle: backend/cpu/attention.rs.
+// concatenated block tables; `skip` marks the sequences the prefill kernel leaves alone.
+// - causal_softmax_f32: for long prefill chunks the backend attends with tensor-core GEMMs instead
+//   (S = scale·Q·Kᵀ over the gathered context, then P·V, as HF's eager attention): this is the
+//   softmax between them, row i of a chunk of q_len seeing the first offset + i + 1 keys.
+// CPU oracle (of the whole attention, either way): backend/cpu/attention.rs.
 
 #define ATT_WARPS 4
 #define ATT_DIMS_PER_LANE 8
@@ -90,10 +94,12 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
 paged_attention_prefill_f32(const float* q, const float* k_cache, const float* v_cache, float* out,
                             const unsigned int* row_seq, const unsigned int* q_start, const unsigned int* q_len,
                             const unsigned int* ctx_len, const unsigned int* block_start, const unsigned int* blocks,
-                            int rows, int n_heads, int kv_heads, int head_dim, int block_size, float scale) {
+                            const unsigned int* skip, int rows, int n_heads, int kv_heads, int head_dim, int block_size,
+                            float scale) {
     const int row = blockIdx.x, head = blockIdx.y;
     if (row >= rows || head >= n_heads || head_dim > 32 * ATT_DIMS_PER_LANE) return;
     const unsigned int s = row_seq[row];
+    if (skip[s]) return; // a long chunk: attended with GEMMs (causal_softmax_f32 below)
     const int visible = (int)(ctx_len[s] - q_len[s]) + (row - (int)q_start[s]) + 1;
     const size_t cols = (size_t)n_heads * head_dim;
     att_row(q + row * cols + (size_t)head * head_dim, out + row * cols + (size_t)head * head_dim, k_cache, v_cache,
@@ -111,4 +117,37 @@ paged_attention_decode_f32(const float* q, const float* k_cache, const float* v_
     const size_t cols = (size_t)n_heads * head_dim;
     att_row(q + row * cols + (size_t)head * head_dim, out + row * cols + (size_t)head * head_dim, k_cache, v_cache,
             blocks + block_start[s], (int)ctx_len[s], head / (n_heads / kv_heads), kv_heads, head_dim, block_size, scale);
+}
+
+// s: `rows` rows of `ctx` scores (row r is chunk row r % q_len of its head); in place: the
+// softmax over the first offset + i + 1 entries, zeros after them. One block per row.
+extern "C" __global__ void __launch_bounds__(256)
+causal_softmax_f32(float* s, int rows, int q_len, int ctx, int offset) {
+    __shared__ float red[32];
+    const int r = blockIdx.x;
+    if (r >= rows) return;
+    const int visible = min(ctx, offset + (r % q_len) + 1);
+    float* row = s + (size_t)r * ctx;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    float m = ATT_NEG_INF;
+    for (int j = threadIdx.x; j < visible; j += blockDim.x) m = fmaxf(m, row[j]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    m = ATT_NEG_INF;
+    for (int w = 0; w < warps; w++) m = fmaxf(m, red[w]);
+    __syncthreads();
+    float sum = 0.0f;
+    for (int j = threadIdx.x; j < visible; j += blockDim.x) {
+        const float e = expf(row[j] - m);
+        row[j] = e;
+        sum += e;
+    }
+    sum = att_warp_sum(sum);
+    if (lane == 0) red[warp] = sum;
+    __syncthreads();
+    sum = 0.0f;
+    for (int w = 0; w < warps; w++) sum += red[w];
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int j = threadIdx.x; j < ctx; j += blockDim.x) row[j] = j < visible ? row[j] * inv : 0.0f;
 }

@@ -217,8 +217,9 @@ fn paged_attention_and_kv_transfer_match_the_cpu() {
     let layout = KvLayout { dtype: KvDtype::F32, block_size: bs, n_layers: 2, n_kv_heads: kvh, head_dim: hd };
     let (mut gkv, mut ckv) = (g.kv_alloc(&layout, 32).unwrap(), c.kv_alloc(&layout, 32).unwrap());
     let rope = RopeTable::new(&RopeConfig { theta: 10000.0, llama3: None, freq_factors: None, freq_dtype: FreqDtype::F32 }, hd);
-    // Sequence A: 40 tokens, blocks [7, 2, 19]; sequence B: 21 tokens, blocks [4, 30].
-    let seqs = [(40usize, vec![7u32, 2, 19]), (21, vec![4, 30])];
+    // Sequence A: 40 tokens, blocks [7, 2, 19]; sequence B: 21 tokens, blocks [4, 30]; sequence
+    // C: 100 tokens, so its chunks of 64 rows or more attend with GEMMs (causal_softmax_f32).
+    let seqs = [(40usize, vec![7u32, 2, 19]), (21, vec![4, 30]), (100, vec![8, 9, 10, 11, 12, 13, 14])];
     // Step 1: write everything (each sequence's whole context as one prefill).
     let mut plan = BatchPlan::default();
     for (len, blocks) in &seqs {
@@ -256,11 +257,11 @@ fn paged_attention_and_kv_transfer_match_the_cpu() {
         .unwrap();
     }
     check(&plan, &q, &gkv, &ckv, "paged_attention_prefill_f32 (whole prompts)");
-    // A chunk after a cached prefix: the last 5 tokens of A and the last 9 of B.
+    // A chunk after a cached prefix: the last 5 tokens of A, the last 9 of B, the last 70 of C.
     let mut chunk = BatchPlan::default();
     let mut qc = Vec::new();
     for (i, (len, blocks)) in seqs.iter().enumerate() {
-        let n = [5, 9][i];
+        let n = [5, 9, 70][i];
         let q_start = chunk.positions.len();
         chunk.positions.extend((len - n) as u32..*len as u32);
         chunk.slots.extend((len - n..*len).map(|p| blocks[p / bs] * bs as u32 + (p % bs) as u32));
@@ -275,7 +276,7 @@ fn paged_attention_and_kv_transfer_match_the_cpu() {
         dec.slots.push(0);
         dec.seqs.push(SeqPlan { q_start: i, q_len: 1, ctx_len: *len, blocks: blocks.clone() });
     }
-    let qd = random(&mut rng, 2 * nh * hd, 1.0);
+    let qd = random(&mut rng, seqs.len() * nh * hd, 1.0);
     check(&dec, &qd, &gkv, &ckv, "paged_attention_decode_f32");
     // Export: the same payload bytes; import into other blocks and export again.
     let (len, blocks) = &seqs[0];

@@ -58,6 +58,18 @@ pub struct CudaBatch {
     pub(crate) max_slot: u32,
     pub(crate) max_block: u32,
     pub(crate) bufs: Option<BatchBufs>,
+    /// The sequences whose chunk is long enough to attend with GEMMs (see `ops.rs`).
+    pub(crate) dense: Vec<DenseSeq>,
+}
+
+/// A sequence of a batch attended with GEMMs: where its rows and block table are.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DenseSeq {
+    pub(crate) q_start: usize,
+    pub(crate) q_len: usize,
+    pub(crate) ctx_len: usize,
+    pub(crate) block_start: usize,
+    pub(crate) n_blocks: usize,
 }
 
 pub(crate) struct BatchBufs {
@@ -70,6 +82,8 @@ pub(crate) struct BatchBufs {
     pub(crate) ctx_len: CudaSlice<u32>,
     pub(crate) block_start: CudaSlice<u32>,
     pub(crate) blocks: CudaSlice<u32>,
+    /// Per sequence: 1 if it is in `CudaBatch::dense` (the prefill kernel skips it).
+    pub(crate) skip: CudaSlice<u32>,
 }
 
 pub struct CudaBackend {
@@ -87,6 +101,9 @@ pub struct CudaBackend {
     error: Mutex<Option<EngineError>>,
     /// This device's KV buffer kit (exported layers are handed out in its buffers).
     pub(crate) kit: Arc<super::bytes::Kit>,
+    /// A half-precision matrix was uploaded (the model computes in bf16/f16): attention GEMMs may
+    /// then use TF32 tensor cores; an f32 model keeps exact f32 GEMMs.
+    pub(crate) half_weights: std::sync::atomic::AtomicBool,
 }
 
 impl CudaBackend {
@@ -116,7 +133,7 @@ impl CudaBackend {
         let blas = CudaBlas::new(stream.clone()).map_err(|e| fail("cannot create a cuBLAS handle", format!("{e:?}")))?;
         let f32_weights = std::env::var("FERRY_CUDA_F32_WEIGHTS").is_ok_and(|v| v == "1");
         let kit = super::bytes::Kit::for_device(ordinal)?;
-        Ok(Self { ordinal, ctx, stream, blas, fns, name, arch, f32_weights, error: Mutex::new(None), kit })
+        Ok(Self { ordinal, ctx, stream, blas, fns, name, arch, f32_weights, error: Mutex::new(None), kit, half_weights: Default::default() })
     }
 
     pub fn ordinal(&self) -> usize {
@@ -190,6 +207,7 @@ impl CudaBackend {
             b.arg(&mut dst).arg(&n).arg(&r.seed).arg(&r.scale);
             // SAFETY: dst holds numel u16; the kernel writes only below n.
             unsafe { b.launch(Self::grid(r.numel)) }.map_err(|e| err(describe(&e)))?;
+            self.half_weights.store(true, std::sync::atomic::Ordering::Relaxed);
             return Ok(CudaWeight { data: WeightData::Bf16(dst), rows, cols });
         }
         let data = if w.shape.len() == 1 || w.ty == WeightType::F32 || self.f32_weights {
@@ -226,6 +244,9 @@ impl CudaBackend {
                 }
             }
         };
+        if matches!(data, WeightData::Bf16(_) | WeightData::F16(_)) {
+            self.half_weights.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         Ok(CudaWeight { data, rows, cols })
     }
 

@@ -25,7 +25,7 @@ pub const KERNELS: &[KernelSource] = &[
     kernel!("elementwise.cu", ["silu_mul_f32", "add_f32", "add_bias_f32", "to_bf16_f32", "to_f16_f32", "gather_rows_f32", "fill_random_bf16"]),
     kernel!("embedding.cu", ["embedding_f32", "embedding_bf16", "embedding_f16"]),
     kernel!("kv_cache.cu", ["kv_write_f32", "kv_gather_f32", "kv_scatter_f32"]),
-    kernel!("attention.cu", ["paged_attention_prefill_f32", "paged_attention_decode_f32"]),
+    kernel!("attention.cu", ["paged_attention_prefill_f32", "paged_attention_decode_f32", "causal_softmax_f32"]),
     kernel!("dequant.cu", ["dequant_q8_0_bf16", "dequant_q4_0_bf16", "dequant_q4_1_bf16"]),
     kernel!("sampling.cu", ["argmax_f32", "sample_top_p_f32"]),
     kernel!("kv_checksum.cu", ["kv_checksum_f32"]),

@@ -14,6 +14,7 @@
 //! Without the feature, [`CudaBackend`] still exists (uninhabited) and [`CudaBackend::new`] says
 //! the build has no CUDA.
 
+pub mod dense;
 pub mod kernels;
 
 #[cfg(feature = "cuda")]

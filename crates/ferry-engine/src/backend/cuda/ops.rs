@@ -2,8 +2,9 @@
 //! kernel (`kernels/*.cu`) or cuBLAS GEMM on the backend's stream. A failure is recorded, not
 //! returned, and the step's [`Backend::run`] reports it.
 
-use super::backend::{BLOCK, BatchBufs, CudaBackend, CudaBatch, CudaKv, CudaTensor, CudaWeight, WeightData};
+use super::backend::{BLOCK, BatchBufs, CudaBackend, CudaBatch, CudaKv, CudaTensor, CudaWeight, DenseSeq, WeightData};
 use super::bytes::DeviceBytes;
+use super::dense::{Chunk, Gemm};
 use super::driver::describe;
 use crate::backend::{Backend, BatchPlan, KvBuffer, RopeTable};
 use crate::error::{EngineError, Result};
@@ -17,6 +18,9 @@ use std::ffi::c_void;
 const ATT_THREADS: u32 = 128;
 /// Largest head_dim the attention kernels take (32 lanes × ATT_DIMS_PER_LANE).
 const ATT_MAX_HEAD_DIM: usize = 256;
+/// Prefill chunks of at least this many rows attend with GEMMs (tensor cores; the kernel reads
+/// each key once per query row, which long prompts cannot afford).
+const DENSE_ATTENTION_MIN_Q: usize = 64;
 
 fn i32_of(op: &str, be: &CudaBackend, v: usize) -> Option<i32> {
     i32::try_from(v).map_err(|_| be.fail(op, format!("size {v} does not fit the kernel's int argument"))).ok()
@@ -154,6 +158,100 @@ impl CudaBackend {
         }
     }
 
+    /// Attention of one long chunk with GEMMs, as HF's eager attention: gather the sequence's
+    /// K and V from the paged cache, then per KV head `S = scale·Q·Kᵀ` for its query heads (one
+    /// strided-batched GEMM), the causal softmax, and `O = P·V` written into the chunk's rows of
+    /// `out` (the GEMMs as [`super::dense::Chunk`] describes them; a CPU test runs the same
+    /// descriptions). Half-precision models run the GEMMs on TF32 tensor cores, f32 models in
+    /// exact f32.
+    #[allow(clippy::too_many_arguments)]
+    fn dense_attention(&self, q: &CudaSlice<f32>, kv: &CudaKv, layer: usize, blocks: &CudaSlice<u32>, d: &DenseSeq, n_heads: usize, out: &mut CudaSlice<f32>) -> Option<()> {
+        let l = kv.layout;
+        let c = Chunk { q_start: d.q_start, q_len: d.q_len, ctx_len: d.ctx_len, n_heads, kv_heads: l.n_kv_heads, head_dim: l.head_dim };
+        let op = "dense attention";
+        let ints = [d.ctx_len, l.n_kv_heads, l.head_dim, l.block_size, c.group() * d.q_len, d.q_len, d.ctx_len - d.q_len].map(|v| i32_of(op, self, v));
+        let [Some(ctx), Some(kvh), Some(hd), Some(bs), Some(rows), Some(q_len), Some(offset)] = ints else { return None };
+        // The context's K and V, token-contiguous: [ctx, kv_heads·head_dim] each.
+        let table = blocks.slice(d.block_start..d.block_start + d.n_blocks);
+        let per = d.ctx_len * l.n_kv_heads * l.head_dim;
+        let (mut kbuf, mut vbuf) = (self.zeros::<f32>(op, per)?, self.zeros::<f32>(op, per)?);
+        let gather = self.func("kv_gather_f32")?;
+        for (cache, dst) in [(&kv.k[layer], &mut kbuf), (&kv.v[layer], &mut vbuf)] {
+            let mut b = self.stream.launch_builder(gather);
+            b.arg(cache).arg(&table).arg(dst).arg(&ctx).arg(&kvh).arg(&hd).arg(&bs);
+            // SAFETY: the block table covers ctx_len tokens (the engine reserved them) and every
+            // block is below num_blocks (checked by the caller); dst holds ctx·kv_heads·head_dim.
+            self.check("kv_gather_f32", unsafe { b.launch(Self::grid(per)) })?;
+        }
+        // Scores of one KV head's query heads: [group, q_len, ctx], reused across KV heads.
+        let mut scores = self.zeros::<f32>(op, c.group() * d.q_len * d.ctx_len)?;
+        let compute = if self.half_weights.load(std::sync::atomic::Ordering::Relaxed) {
+            blas::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+        } else {
+            blas::cublasComputeType_t::CUBLAS_COMPUTE_32F
+        };
+        let softmax = self.func("causal_softmax_f32")?;
+        for g in 0..l.n_kv_heads {
+            {
+                let (pk, _gk) = kbuf.device_ptr(&self.stream);
+                let (pq, _gq) = q.device_ptr(&self.stream);
+                let (ps, _gs) = scores.device_ptr_mut(&self.stream);
+                self.strided_gemm("QKᵀ", &c.scores(g), pk, pq, ps, compute)?;
+            }
+            let mut b = self.stream.launch_builder(softmax);
+            b.arg(&mut scores).arg(&rows).arg(&q_len).arg(&ctx).arg(&offset);
+            let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: scores holds rows·ctx f32.
+            self.check("causal_softmax_f32", unsafe { b.launch(cfg) })?;
+            let (pv, _gv) = vbuf.device_ptr(&self.stream);
+            let (ps, _gs) = scores.device_ptr(&self.stream);
+            let (po, _go) = out.device_ptr_mut(&self.stream);
+            self.strided_gemm("PV", &c.values(g), pv, ps, po, compute)?;
+        }
+        Some(())
+    }
+
+    /// One f32 strided-batched GEMM as `g` describes it, over buffers at device addresses a, b, c.
+    fn strided_gemm(&self, what: &str, g: &Gemm, a: u64, b: u64, c: u64, compute: blas::cublasComputeType_t) -> Option<()> {
+        let op = "dense attention";
+        let dims = [g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.batch].map(|v| i32_of(op, self, v));
+        let [Some(m), Some(n), Some(k), Some(lda), Some(ldb), Some(ldc), Some(batch)] = dims else { return None };
+        let t = |x: bool| if x { blas::cublasOperation_t::CUBLAS_OP_T } else { blas::cublasOperation_t::CUBLAS_OP_N };
+        let at = |base: u64, off: usize| base + (off * 4) as u64;
+        let f32t = blas::cudaDataType::CUDA_R_32F;
+        let zero = 0.0f32;
+        // SAFETY: the caller passes buffers holding the extents `g` addresses (the chunk's rows of
+        // Q and the output, the gathered K/V, the scores), all used on this handle's stream.
+        let r = unsafe {
+            cudarc::cublas::result::gemm_strided_batched_ex(
+                *self.blas.handle(),
+                t(g.trans_a),
+                t(g.trans_b),
+                m,
+                n,
+                k,
+                &g.alpha as *const f32 as *const c_void,
+                at(a, g.a_off) as *const c_void,
+                f32t,
+                lda,
+                g.stride_a as i64,
+                at(b, g.b_off) as *const c_void,
+                f32t,
+                ldb,
+                g.stride_b as i64,
+                &zero as *const f32 as *const c_void,
+                at(c, g.c_off) as *mut c_void,
+                f32t,
+                ldc,
+                g.stride_c as i64,
+                batch,
+                compute,
+                blas::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
+            )
+        };
+        self.check(&format!("cublasGemmStridedBatchedEx ({what})"), r)
+    }
+
     /// Checks shared by export and import: the layer exists and the blocks cover the tokens.
     fn check_kv_range(kv: &CudaKv, layer: usize, blocks: &[u32], tokens: usize) -> Result<()> {
         let bs = kv.layout.block_size;
@@ -216,6 +314,14 @@ impl Backend for CudaBackend {
             block_start.push(blocks.len() as u32);
             blocks.extend_from_slice(&s.blocks);
         }
+        let dense: Vec<DenseSeq> = plan
+            .seqs
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.q_len >= DENSE_ATTENTION_MIN_Q)
+            .map(|(i, s)| DenseSeq { q_start: s.q_start, q_len: s.q_len, ctx_len: s.ctx_len, block_start: block_start[i] as usize, n_blocks: s.blocks.len() })
+            .collect();
+        let skip: Vec<u32> = plan.seqs.iter().map(|s| u32::from(s.q_len >= DENSE_ATTENTION_MIN_Q)).collect();
         let op = "prepare";
         let bufs = (|| {
             Some(BatchBufs {
@@ -228,6 +334,7 @@ impl Backend for CudaBackend {
                 ctx_len: self.upload_slice(op, &ctx_len)?,
                 block_start: self.upload_slice(op, &block_start)?,
                 blocks: self.upload_slice(op, &blocks)?,
+                skip: self.upload_slice(op, &skip)?,
             })
         })();
         CudaBatch {
@@ -237,6 +344,7 @@ impl Backend for CudaBackend {
             max_slot: plan.slots.iter().copied().max().unwrap_or(0),
             max_block: blocks.iter().copied().max().unwrap_or(0),
             bufs,
+            dense,
         }
     }
 
@@ -421,13 +529,21 @@ impl Backend for CudaBackend {
             // reserves them before the step) and every block is below num_blocks (checked).
             self.check("paged_attention_decode_f32", unsafe { b.launch(cfg) });
         } else {
-            let Some(f) = self.func("paged_attention_prefill_f32") else { return };
-            let mut b = self.stream.launch_builder(f);
-            b.arg(qb).arg(kc).arg(vc).arg(ob).arg(&bb.row_seq).arg(&bb.q_start).arg(&bb.q_len).arg(&bb.ctx_len).arg(&bb.block_start).arg(&bb.blocks);
-            b.arg(&rows).arg(&nh).arg(&kvh).arg(&hd).arg(&bs).arg(&scale);
-            let cfg = LaunchConfig { grid_dim: (q.rows as u32, n_heads as u32, 1), block_dim: block, shared_mem_bytes: 0 };
-            // SAFETY: as for decode; every row maps to its sequence through row_seq.
-            self.check("paged_attention_prefill_f32", unsafe { b.launch(cfg) });
+            let dense_rows: usize = batch.dense.iter().map(|d| d.q_len).sum();
+            if dense_rows < q.rows {
+                let Some(f) = self.func("paged_attention_prefill_f32") else { return };
+                let mut b = self.stream.launch_builder(f);
+                b.arg(qb).arg(kc).arg(vc).arg(&mut *ob).arg(&bb.row_seq).arg(&bb.q_start).arg(&bb.q_len).arg(&bb.ctx_len).arg(&bb.block_start).arg(&bb.blocks);
+                b.arg(&bb.skip).arg(&rows).arg(&nh).arg(&kvh).arg(&hd).arg(&bs).arg(&scale);
+                let cfg = LaunchConfig { grid_dim: (q.rows as u32, n_heads as u32, 1), block_dim: block, shared_mem_bytes: 0 };
+                // SAFETY: as for decode; every row maps to its sequence through row_seq.
+                self.check("paged_attention_prefill_f32", unsafe { b.launch(cfg) });
+            }
+            for d in &batch.dense {
+                if self.dense_attention(qb, kv, layer, &bb.blocks, d, n_heads, ob).is_none() {
+                    return;
+                }
+            }
         }
     }
 
