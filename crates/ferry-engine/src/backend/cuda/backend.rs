@@ -181,6 +181,18 @@ impl CudaBackend {
         r.map_err(|e| self.fail(op, format!("cannot allocate {} bytes: {}", n * std::mem::size_of::<T>(), describe(&e)))).ok()
     }
 
+    /// A device buffer of `n` elements left uninitialized (one allocation, no memset launch): for
+    /// scratch whose every element the next operation writes before anything reads it.
+    pub(crate) fn uninit<T: DeviceRepr + ValidAsZeroBits>(&self, op: &str, n: usize) -> Option<CudaSlice<T>> {
+        if n == 0 {
+            return self.zeros(op, 0);
+        }
+        // SAFETY: the callers write every element before reading it (see each call); T is plain
+        // data (ValidAsZeroBits), so no value of it is invalid.
+        let r = unsafe { self.stream.alloc::<T>(n) };
+        r.map_err(|e| self.fail(op, format!("cannot allocate {} bytes: {}", n * std::mem::size_of::<T>(), describe(&e)))).ok()
+    }
+
     /// Copy a host slice to a new device buffer.
     pub(crate) fn upload_slice<T: DeviceRepr>(&self, op: &str, host: &[T]) -> Option<CudaSlice<T>> {
         let r = if host.is_empty() { self.stream.null() } else { self.stream.clone_htod(host) };

@@ -28,14 +28,14 @@ fn i32_of(op: &str, be: &CudaBackend, v: usize) -> Option<i32> {
 
 impl CudaBackend {
     /// `out = x · wᵀ` (row-major), by cuBLAS with f32 accumulation; x is cast to the weight's
-    /// half type first when the weight is bf16/f16.
-    fn gemm(&self, x: &CudaSlice<f32>, m: usize, w: &CudaWeight, out: &mut CudaSlice<f32>) -> Option<()> {
+    /// half type first when the weight is bf16/f16 (once per matmul call: `half_x` keeps the
+    /// bf16 and the f16 copy for the call's other weights).
+    fn gemm(&self, x: &CudaSlice<f32>, m: usize, w: &CudaWeight, out: &mut CudaSlice<f32>, half_x: &mut [Option<CudaSlice<u16>>; 2]) -> Option<()> {
         let (n, k) = (w.rows, w.cols);
         let op = "matmul";
         let (mi, ni, ki) = (i32_of(op, self, m)?, i32_of(op, self, n)?, i32_of(op, self, k)?);
         let (alpha, beta) = (1.0f32, 0.0f32);
         // Column-major view: outᵀ[n, m] = W[k, n]ᵀ · xᵀ[k, m], so A = W (transposed), B = x.
-        let half_x;
         let (a_ptr, a_ty, b_ptr, b_ty, _ga, _gb);
         match &w.data {
             WeightData::F32(wd) => {
@@ -44,20 +44,24 @@ impl CudaBackend {
                 (a_ptr, a_ty, b_ptr, b_ty, _ga, _gb) = (pa, blas::cudaDataType::CUDA_R_32F, pb, blas::cudaDataType::CUDA_R_32F, ga, gb);
             }
             WeightData::Bf16(wd) | WeightData::F16(wd) => {
-                let (cast, ty) = match &w.data {
-                    WeightData::Bf16(_) => ("to_bf16_f32", blas::cudaDataType::CUDA_R_16BF),
-                    _ => ("to_f16_f32", blas::cudaDataType::CUDA_R_16F),
+                let (cast, ty, slot) = match &w.data {
+                    WeightData::Bf16(_) => ("to_bf16_f32", blas::cudaDataType::CUDA_R_16BF, 0),
+                    _ => ("to_f16_f32", blas::cudaDataType::CUDA_R_16F, 1),
                 };
-                let mut h = self.zeros::<u16>(op, m * k)?;
-                let count = m * k;
-                let f = self.func(cast)?;
-                let mut b = self.stream.launch_builder(f);
-                b.arg(x).arg(&mut h).arg(&count);
-                // SAFETY: x holds m*k f32 (checked by the caller) and h m*k u16.
-                self.check(cast, unsafe { b.launch(Self::grid(count)) })?;
-                half_x = h;
+                if half_x[slot].is_none() {
+                    let count = m * k;
+                    let mut h = self.uninit::<u16>(op, count)?;
+                    let f = self.func(cast)?;
+                    let mut b = self.stream.launch_builder(f);
+                    b.arg(x).arg(&mut h).arg(&count);
+                    // SAFETY: x holds m*k f32 (checked by the caller) and h m*k u16, every one
+                    // written here.
+                    self.check(cast, unsafe { b.launch(Self::grid(count)) })?;
+                    half_x[slot] = Some(h);
+                }
+                let h = half_x[slot].as_ref()?;
                 let (pa, ga) = wd.device_ptr(&self.stream);
-                let (pb, gb) = half_x.device_ptr(&self.stream);
+                let (pb, gb) = h.device_ptr(&self.stream);
                 (a_ptr, a_ty, b_ptr, b_ty, _ga, _gb) = (pa, ty, pb, ty, ga, gb);
             }
         }
@@ -174,7 +178,8 @@ impl CudaBackend {
         // The context's K and V, token-contiguous: [ctx, kv_heads·head_dim] each.
         let table = blocks.slice(d.block_start..d.block_start + d.n_blocks);
         let per = d.ctx_len * l.n_kv_heads * l.head_dim;
-        let (mut kbuf, mut vbuf) = (self.zeros::<f32>(op, per)?, self.zeros::<f32>(op, per)?);
+        // Every element of these is written (the gathers, the QKᵀ GEMM) before it is read.
+        let (mut kbuf, mut vbuf) = (self.uninit::<f32>(op, per)?, self.uninit::<f32>(op, per)?);
         let gather = self.func("kv_gather_f32")?;
         for (cache, dst) in [(&kv.k[layer], &mut kbuf), (&kv.v[layer], &mut vbuf)] {
             let mut b = self.stream.launch_builder(gather);
@@ -184,7 +189,7 @@ impl CudaBackend {
             self.check("kv_gather_f32", unsafe { b.launch(Self::grid(per)) })?;
         }
         // Scores of one KV head's query heads: [group, q_len, ctx], reused across KV heads.
-        let mut scores = self.zeros::<f32>(op, c.group() * d.q_len * d.ctx_len)?;
+        let mut scores = self.uninit::<f32>(op, c.group() * d.q_len * d.ctx_len)?;
         let compute = if self.half_weights.load(std::sync::atomic::Ordering::Relaxed) {
             blas::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
         } else {
@@ -425,12 +430,13 @@ impl Backend for CudaBackend {
             return self.fail("matmul", format!("{} weights for {} outputs", ws.len(), outs.len()));
         }
         let Some(xb) = x.buf.as_ref() else { return };
+        let mut half_x = [None, None];
         for ((w, bias), out) in ws.iter().zip(outs.iter_mut()) {
             if w.cols != x.cols || (out.rows, out.cols) != (x.rows, w.rows) {
                 return self.fail("matmul", format!("x {}x{} · w {}x{}ᵀ into {}x{}", x.rows, x.cols, w.rows, w.cols, out.rows, out.cols));
             }
             let Some(ob) = out.buf.as_mut() else { return };
-            if self.gemm(xb, x.rows, w, ob).is_none() {
+            if self.gemm(xb, x.rows, w, ob, &mut half_x).is_none() {
                 return;
             }
             if let Some(bias) = bias {
