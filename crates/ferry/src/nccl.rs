@@ -64,8 +64,7 @@ impl BytePipe for Pipe {
             KvBuffer::Host(_) => {
                 let mut staged = KvBuffer::Cuda(self.0.alloc(range.len())?);
                 staged.write(0, &buf.to_host(range).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
-                let KvBuffer::Cuda(d) = &staged else { unreachable!("made above") };
-                self.0.send_device(d, 0..d.len(), deadline)
+                self.send_buffer(&staged, 0..staged.len(), deadline)
             }
         }
     }
@@ -74,10 +73,9 @@ impl BytePipe for Pipe {
         match buf {
             KvBuffer::Cuda(d) => self.0.recv_device(d, range, deadline),
             KvBuffer::Host(_) => {
-                let mut d = self.0.alloc(range.len())?;
-                self.0.recv_device(&mut d, 0..range.len(), deadline)?;
-                let bytes = KvBuffer::Cuda(d).to_host(0..range.len()).map_err(|e| e.to_string())?;
-                buf.write(range.start, &bytes).map_err(|e| e.to_string())
+                let mut staged = KvBuffer::Cuda(self.0.alloc(range.len())?);
+                self.recv_buffer(&mut staged, 0..range.len(), deadline)?;
+                buf.write(range.start, &staged.to_host(0..range.len()).map_err(|e| e.to_string())?).map_err(|e| e.to_string())
             }
         }
     }

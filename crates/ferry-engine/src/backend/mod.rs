@@ -113,14 +113,21 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// As [`Backend::kv_import_layer`], from bytes `section` of `buf` (a device backend
     /// scatters straight from a buffer on its own device).
     fn kv_import_layer_buffer(&self, kv: &mut Self::Kv, layer: usize, blocks: &[u32], tokens: usize, buf: &KvBuffer, section: std::ops::Range<usize>) -> Result<()> {
-        match buf.as_host() {
-            Some(host) => {
-                let bytes = host.get(section.clone()).ok_or_else(|| {
-                    crate::error::EngineError::Config(format!("KV section {}..{} outside a {}-byte buffer", section.start, section.end, host.len()))
-                })?;
-                self.kv_import_layer(kv, layer, blocks, tokens, bytes)
-            }
-            None => self.kv_import_layer(kv, layer, blocks, tokens, &buf.to_host(section)?),
+        import_layer_via_host(self, kv, layer, blocks, tokens, buf, section)
+    }
+}
+
+/// [`Backend::kv_import_layer`] from bytes `section` of `buf` through host memory: a host buffer
+/// in place, a device buffer copied out first. The default of `kv_import_layer_buffer`, and a
+/// device backend's way for a buffer that is not on its device.
+pub(crate) fn import_layer_via_host<B: Backend>(be: &B, kv: &mut B::Kv, layer: usize, blocks: &[u32], tokens: usize, buf: &KvBuffer, section: std::ops::Range<usize>) -> Result<()> {
+    match buf.as_host() {
+        Some(host) => {
+            let bytes = host.get(section.clone()).ok_or_else(|| {
+                crate::error::EngineError::Config(format!("KV section {}..{} outside a {}-byte buffer", section.start, section.end, host.len()))
+            })?;
+            be.kv_import_layer(kv, layer, blocks, tokens, bytes)
         }
+        None => be.kv_import_layer(kv, layer, blocks, tokens, &buf.to_host(section)?),
     }
 }

@@ -162,6 +162,16 @@ impl CudaBackend {
         self.error.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
+    /// The value an operation returned, or the first failure recorded meanwhile (one that
+    /// returned nothing without recording why is reported under `op`).
+    pub(crate) fn outcome<T>(&self, op: &str, r: Option<T>) -> Result<T> {
+        match (r, self.take_error()) {
+            (_, Some(e)) => Err(e),
+            (Some(v), None) => Ok(v),
+            (None, None) => Err(EngineError::Cuda { op: op.into(), reason: "failed without a recorded cause".into() }),
+        }
+    }
+
     /// `Ok(v)` → `Some(v)`; an error is recorded under `op` → `None`.
     pub(crate) fn check<T, E: std::fmt::Debug>(&self, op: &str, r: std::result::Result<T, E>) -> Option<T> {
         r.map_err(|e| self.fail(op, format!("{e:?}"))).ok()
@@ -210,7 +220,7 @@ impl CudaBackend {
     pub(crate) fn upload_weight(&self, w: &HostWeight) -> Result<CudaWeight> {
         let (rows, cols) = (w.rows(), w.cols());
         let err = |reason: String| EngineError::Cuda { op: format!("upload {}", w.name), reason };
-        if let (crate::weights::Storage::Random(r), WeightType::BF16, false) = (&w.storage, w.ty, self.f32_weights) {
+        let data = if let (crate::weights::Storage::Random(r), WeightType::BF16, false) = (&w.storage, w.ty, self.f32_weights) {
             // A synthetic model: generate on the device (16 GB for an 8B model, no host copy).
             let mut dst = self.stream.alloc_zeros::<u16>(r.numel).map_err(|e| err(describe(&e)))?;
             let f = self.func("fill_random_bf16").ok_or_else(|| err("kernel fill_random_bf16 missing".into()))?;
@@ -219,10 +229,8 @@ impl CudaBackend {
             b.arg(&mut dst).arg(&n).arg(&r.seed).arg(&r.scale);
             // SAFETY: dst holds numel u16; the kernel writes only below n.
             unsafe { b.launch(Self::grid(r.numel)) }.map_err(|e| err(describe(&e)))?;
-            self.half_weights.store(true, std::sync::atomic::Ordering::Relaxed);
-            return Ok(CudaWeight { data: WeightData::Bf16(dst), rows, cols });
-        }
-        let data = if w.shape.len() == 1 || w.ty == WeightType::F32 || self.f32_weights {
+            WeightData::Bf16(dst)
+        } else if w.shape.len() == 1 || w.ty == WeightType::F32 || self.f32_weights {
             WeightData::F32(self.stream.clone_htod(w.to_f32().as_slice()).map_err(|e| err(describe(&e)))?)
         } else {
             let bytes = w.bytes();

@@ -57,6 +57,11 @@ impl Kit {
     }
 }
 
+/// Little-endian bytes as f32 words (KV as the payload carries it; a short tail is dropped).
+pub(crate) fn f32s_of(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
 /// Bytes in device memory (a whole number of 32-bit words: KV is f32).
 pub struct DeviceBytes {
     /// At least one word (CUDA has no empty allocations); `len` says how many bytes count.
@@ -167,7 +172,7 @@ impl DeviceBytes {
         if w.is_empty() {
             return Ok(());
         }
-        let host: Vec<f32> = data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let host = f32s_of(data);
         let mut dst = self.buf.slice_mut(w);
         self.kit.stream.memcpy_htod(host.as_slice(), &mut dst).map_err(|e| err("copy to a kv buffer", describe(&e)))?;
         self.kit.stream.synchronize().map_err(|e| err("copy to a kv buffer", describe(&e)))

@@ -1,7 +1,8 @@
-//! The GEMMs that attend a long prefill chunk on the GPU (`CudaBackend::dense_attention`), as
-//! plain data: which matrices, strides and transposes cuBLAS gets for one KV head's group of
-//! query heads. Present in every build, so a CPU test runs the same descriptions through a
-//! reference column-major GEMM and compares the attention with the CPU backend's.
+//! cuBLAS GEMMs as plain data ([`Gemm`]: the one description the backend's GEMM calls are made
+//! from), and the ones that attend a long prefill chunk on the GPU (`CudaBackend::dense_attention`):
+//! which matrices, strides and transposes cuBLAS gets for one KV head's group of query heads.
+//! Present in every build, so a CPU test runs the same descriptions through a reference
+//! column-major GEMM and compares the attention with the CPU backend's.
 
 /// One `cublasGemmStridedBatchedEx` call in cuBLAS's column-major terms: for each `i < batch`,
 /// `C_i = alpha · op(A_i) · op(B_i)` (beta = 0), `op(A_i)` m×k, `op(B_i)` k×n, `C_i` m×n, with
@@ -24,6 +25,14 @@ pub struct Gemm {
     pub ldc: usize,
     pub stride_c: usize,
     pub batch: usize,
+}
+
+impl Gemm {
+    /// One product (no batch), `alpha` 1, every operand at its buffer's start.
+    #[allow(clippy::too_many_arguments)]
+    pub fn single(trans_a: bool, trans_b: bool, m: usize, n: usize, k: usize, lda: usize, ldb: usize, ldc: usize) -> Gemm {
+        Gemm { trans_a, trans_b, m, n, k, alpha: 1.0, a_off: 0, lda, stride_a: 0, b_off: 0, ldb, stride_b: 0, c_off: 0, ldc, stride_c: 0, batch: 1 }
+    }
 }
 
 /// A chunk of `q_len` rows starting at row `q_start` of the step's Q/output (each row
@@ -95,47 +104,47 @@ impl Chunk {
     }
 }
 
-/// Reference column-major strided-batched GEMM (what cuBLAS computes for `g`), f64 accumulation.
-pub fn reference_gemm(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
-    for i in 0..g.batch {
-        let (ao, bo, co) = (g.a_off + i * g.stride_a, g.b_off + i * g.stride_b, g.c_off + i * g.stride_c);
-        for col in 0..g.n {
-            for row in 0..g.m {
-                let mut acc = 0f64;
-                for l in 0..g.k {
-                    // op(A)[row][l], op(B)[l][col] in column-major storage.
-                    let av = if g.trans_a { a[ao + l + row * g.lda] } else { a[ao + row + l * g.lda] };
-                    let bv = if g.trans_b { b[bo + col + l * g.ldb] } else { b[bo + l + col * g.ldb] };
-                    acc += av as f64 * bv as f64;
-                }
-                c[co + row + col * g.ldc] = g.alpha * acc as f32;
-            }
-        }
-    }
-}
-
-/// Reference of `causal_softmax_f32` (kernels/attention.cu): rows of `ctx` scores, row r being
-/// row `r % q_len` of the chunk, which sees the first `offset + r % q_len + 1` keys.
-pub fn reference_causal_softmax(s: &mut [f32], q_len: usize, ctx: usize, offset: usize) {
-    for (r, row) in s.chunks_mut(ctx).enumerate() {
-        let visible = (offset + r % q_len + 1).min(ctx);
-        let m = row[..visible].iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let sum: f32 = row[..visible].iter_mut().map(|x| {
-            *x = (*x - m).exp();
-            *x
-        }).sum();
-        for (j, x) in row.iter_mut().enumerate() {
-            *x = if j < visible { *x / sum } else { 0.0 };
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::backend::cpu::CpuTensor;
     use crate::backend::{Backend, BatchPlan, SeqPlan};
     use ferry_core::{KvDtype, KvLayout};
+
+    /// Reference column-major strided-batched GEMM (what cuBLAS computes for `g`), f64 accumulation.
+    fn reference_gemm(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+        for i in 0..g.batch {
+            let (ao, bo, co) = (g.a_off + i * g.stride_a, g.b_off + i * g.stride_b, g.c_off + i * g.stride_c);
+            for col in 0..g.n {
+                for row in 0..g.m {
+                    let mut acc = 0f64;
+                    for l in 0..g.k {
+                        // op(A)[row][l], op(B)[l][col] in column-major storage.
+                        let av = if g.trans_a { a[ao + l + row * g.lda] } else { a[ao + row + l * g.lda] };
+                        let bv = if g.trans_b { b[bo + col + l * g.ldb] } else { b[bo + l + col * g.ldb] };
+                        acc += av as f64 * bv as f64;
+                    }
+                    c[co + row + col * g.ldc] = g.alpha * acc as f32;
+                }
+            }
+        }
+    }
+
+    /// Reference of `causal_softmax_f32` (kernels/attention.cu): rows of `ctx` scores, row r being
+    /// row `r % q_len` of the chunk, which sees the first `offset + r % q_len + 1` keys.
+    fn reference_causal_softmax(s: &mut [f32], q_len: usize, ctx: usize, offset: usize) {
+        for (r, row) in s.chunks_mut(ctx).enumerate() {
+            let visible = (offset + r % q_len + 1).min(ctx);
+            let m = row[..visible].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let sum: f32 = row[..visible].iter_mut().map(|x| {
+                *x = (*x - m).exp();
+                *x
+            }).sum();
+            for (j, x) in row.iter_mut().enumerate() {
+                *x = if j < visible { *x / sum } else { 0.0 };
+            }
+        }
+    }
 
     /// The GEMM descriptions, executed by the reference GEMM and softmax, attend exactly as the
     /// CPU backend does: a chunk after a cached prefix, GQA, inside a larger step.

@@ -17,11 +17,7 @@ impl CudaBackend {
         if let Err(e) = self.stream.synchronize() {
             self.fail("stream synchronize", super::driver::describe(&e));
         }
-        match (r, self.take_error()) {
-            (_, Some(e)) => Err(e),
-            (Some(v), None) => Ok(v),
-            (None, None) => Err(EngineError::Cuda { op: "direct operation".into(), reason: "failed without a recorded cause".into() }),
-        }
+        self.outcome("direct operation", r)
     }
 
     /// A device tensor holding `data` (`rows × cols`, row-major).

@@ -3,11 +3,11 @@
 //! prefill ceiling). Status: built, **never run on a GPU**.
 
 use super::backend::CudaBackend;
+use super::dense::Gemm;
 use super::driver::describe;
 use crate::error::{EngineError, Result};
 use cudarc::cublas::sys as blas;
 use cudarc::driver::{DevicePtr, DevicePtrMut};
-use std::ffi::c_void;
 use std::time::Instant;
 
 fn err(op: &str, e: impl std::fmt::Display) -> EngineError {
@@ -39,12 +39,11 @@ impl CudaBackend {
     /// GEMMs), best of `repeats` after one warm-up.
     pub fn bf16_gemm_flops(&self, n: usize, repeats: usize) -> Result<f64> {
         self.ctx.bind_to_thread().map_err(|e| err("bind the context", describe(&e)))?;
-        let ni = i32::try_from(n).map_err(|_| err("bf16_gemm_flops", format!("n = {n} is too large")))?;
-        // Non-zero operands (a GEMM over zeros runs faster than over data): 1.0 and 0.5 in bf16.
         let a = self.stream.clone_htod(&vec![0x3f80u16; n * n]).map_err(|e| err("bf16_gemm_flops", describe(&e)))?;
         let b = self.stream.clone_htod(&vec![0x3f00u16; n * n]).map_err(|e| err("bf16_gemm_flops", describe(&e)))?;
         let mut c = self.stream.alloc_zeros::<u16>(n * n).map_err(|e| err("bf16_gemm_flops", describe(&e)))?;
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let bf16 = blas::cudaDataType::CUDA_R_16BF;
+        let g = Gemm::single(false, false, n, n, n, n, n, n);
         let mut best = 0f64;
         for i in 0..=repeats.max(1) {
             self.stream.synchronize().map_err(|e| err("bf16_gemm_flops", describe(&e)))?;
@@ -53,32 +52,8 @@ impl CudaBackend {
                 let (pa, _ga) = a.device_ptr(&self.stream);
                 let (pb, _gb) = b.device_ptr(&self.stream);
                 let (pc, _gc) = c.device_ptr_mut(&self.stream);
-                // SAFETY: A, B, C are n×n bf16 on this handle's stream, alive past the call;
-                // alpha/beta are host f32 as CUBLAS_COMPUTE_32F expects.
-                unsafe {
-                    cudarc::cublas::result::gemm_ex(
-                        *self.blas.handle(),
-                        blas::cublasOperation_t::CUBLAS_OP_N,
-                        blas::cublasOperation_t::CUBLAS_OP_N,
-                        ni,
-                        ni,
-                        ni,
-                        &alpha as *const f32 as *const c_void,
-                        pa as *const c_void,
-                        blas::cudaDataType::CUDA_R_16BF,
-                        ni,
-                        pb as *const c_void,
-                        blas::cudaDataType::CUDA_R_16BF,
-                        ni,
-                        &beta as *const f32 as *const c_void,
-                        pc as *mut c_void,
-                        blas::cudaDataType::CUDA_R_16BF,
-                        ni,
-                        blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                        blas::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
-                    )
-                }
-                .map_err(|e| err("cublasGemmEx", format!("{e:?}")))?;
+                let r = self.cublas_gemm("bf16_gemm_flops", &g, (pa, bf16), (pb, bf16), (pc, bf16), blas::cublasComputeType_t::CUBLAS_COMPUTE_32F);
+                self.outcome("bf16_gemm_flops", r)?;
             }
             self.stream.synchronize().map_err(|e| err("bf16_gemm_flops", describe(&e)))?;
             if i > 0 {

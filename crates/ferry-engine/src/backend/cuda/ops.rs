@@ -3,7 +3,7 @@
 //! returned, and the step's [`Backend::run`] reports it.
 
 use super::backend::{BLOCK, BatchBufs, CudaBackend, CudaBatch, CudaKv, CudaTensor, CudaWeight, DenseSeq, WeightData};
-use super::bytes::DeviceBytes;
+use super::bytes::{f32s_of, DeviceBytes};
 use super::dense::{Chunk, Gemm};
 use super::driver::describe;
 use crate::backend::{Backend, BatchPlan, KvBuffer, RopeTable};
@@ -33,8 +33,6 @@ impl CudaBackend {
     fn gemm(&self, x: &CudaSlice<f32>, m: usize, w: &CudaWeight, out: &mut CudaSlice<f32>, half_x: &mut [Option<CudaSlice<u16>>; 2]) -> Option<()> {
         let (n, k) = (w.rows, w.cols);
         let op = "matmul";
-        let (mi, ni, ki) = (i32_of(op, self, m)?, i32_of(op, self, n)?, i32_of(op, self, k)?);
-        let (alpha, beta) = (1.0f32, 0.0f32);
         // Column-major view: outᵀ[n, m] = W[k, n]ᵀ · xᵀ[k, m], so A = W (transposed), B = x.
         let (a_ptr, a_ty, b_ptr, b_ty, _ga, _gb);
         match &w.data {
@@ -66,33 +64,10 @@ impl CudaBackend {
             }
         }
         let (c_ptr, _gc) = out.device_ptr_mut(&self.stream);
-        // SAFETY: A is n×k (row-major weight, lda = k), B is m×k (row-major activations, ldb = k),
-        // C is m×n (row-major output, ldc = n), all on this handle's stream and alive until the
-        // guards drop after the call; alpha/beta are host f32 as CUBLAS_COMPUTE_32F expects.
-        let r = unsafe {
-            cudarc::cublas::result::gemm_ex(
-                *self.blas.handle(),
-                blas::cublasOperation_t::CUBLAS_OP_T,
-                blas::cublasOperation_t::CUBLAS_OP_N,
-                ni,
-                mi,
-                ki,
-                &alpha as *const f32 as *const c_void,
-                a_ptr as *const c_void,
-                a_ty,
-                ki,
-                b_ptr as *const c_void,
-                b_ty,
-                ki,
-                &beta as *const f32 as *const c_void,
-                c_ptr as *mut c_void,
-                blas::cudaDataType::CUDA_R_32F,
-                ni,
-                blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                blas::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
-            )
-        };
-        self.check("cublasGemmEx", r)
+        // A is n×k (row-major weight, lda = k), B is m×k (row-major activations, ldb = k), C is
+        // m×n (row-major output, ldc = n); the guards keep them alive past the call.
+        let g = Gemm::single(true, false, n, m, k, k, k, n);
+        self.cublas_gemm("matmul", &g, (a_ptr, a_ty), (b_ptr, b_ty), (c_ptr, blas::cudaDataType::CUDA_R_32F), blas::cublasComputeType_t::CUBLAS_COMPUTE_32F)
     }
 
     fn launch_rms_norm(&self, x: u64, w: &CudaSlice<f32>, out: u64, rows: usize, cols: usize, eps: f32) -> Option<()> {
@@ -155,11 +130,7 @@ impl CudaBackend {
         if let Err(e) = self.stream.synchronize() {
             self.fail(op, describe(&e));
         }
-        match (r, self.take_error()) {
-            (Some(v), None) => Ok(v),
-            (_, Some(e)) => Err(e),
-            (None, None) => Err(EngineError::Cuda { op: op.into(), reason: "failed".into() }),
-        }
+        self.outcome(op, r)
     }
 
     /// Attention of one long chunk with GEMMs, as HF's eager attention: gather the sequence's
@@ -196,12 +167,13 @@ impl CudaBackend {
             blas::cublasComputeType_t::CUBLAS_COMPUTE_32F
         };
         let softmax = self.func("causal_softmax_f32")?;
+        let f32t = blas::cudaDataType::CUDA_R_32F;
         for g in 0..l.n_kv_heads {
             {
                 let (pk, _gk) = kbuf.device_ptr(&self.stream);
                 let (pq, _gq) = q.device_ptr(&self.stream);
                 let (ps, _gs) = scores.device_ptr_mut(&self.stream);
-                self.strided_gemm("QKᵀ", &c.scores(g), pk, pq, ps, compute)?;
+                self.cublas_gemm("attention QKᵀ", &c.scores(g), (pk, f32t), (pq, f32t), (ps, f32t), compute)?;
             }
             let mut b = self.stream.launch_builder(softmax);
             b.arg(&mut scores).arg(&rows).arg(&q_len).arg(&ctx).arg(&offset);
@@ -211,50 +183,59 @@ impl CudaBackend {
             let (pv, _gv) = vbuf.device_ptr(&self.stream);
             let (ps, _gs) = scores.device_ptr(&self.stream);
             let (po, _go) = out.device_ptr_mut(&self.stream);
-            self.strided_gemm("PV", &c.values(g), pv, ps, po, compute)?;
+            self.cublas_gemm("attention PV", &c.values(g), (pv, f32t), (ps, f32t), (po, f32t), compute)?;
         }
         Some(())
     }
 
-    /// One f32 strided-batched GEMM as `g` describes it, over buffers at device addresses a, b, c.
-    fn strided_gemm(&self, what: &str, g: &Gemm, a: u64, b: u64, c: u64, compute: blas::cublasComputeType_t) -> Option<()> {
-        let op = "dense attention";
-        let dims = [g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.batch].map(|v| i32_of(op, self, v));
+    /// One cuBLAS GEMM as `g` describes it (column-major, beta 0, f32 alpha), over operands
+    /// at device addresses a, b, c of the given types: `cublasGemmEx` for one product,
+    /// `cublasGemmStridedBatchedEx` for a batch. Failures are recorded under `what`.
+    pub(crate) fn cublas_gemm(&self, what: &str, g: &Gemm, a: (u64, blas::cudaDataType), b: (u64, blas::cudaDataType), c: (u64, blas::cudaDataType), compute: blas::cublasComputeType_t) -> Option<()> {
+        let dims = [g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.batch].map(|v| i32_of(what, self, v));
         let [Some(m), Some(n), Some(k), Some(lda), Some(ldb), Some(ldc), Some(batch)] = dims else { return None };
         let t = |x: bool| if x { blas::cublasOperation_t::CUBLAS_OP_T } else { blas::cublasOperation_t::CUBLAS_OP_N };
-        let at = |base: u64, off: usize| base + (off * 4) as u64;
-        let f32t = blas::cudaDataType::CUDA_R_32F;
-        let zero = 0.0f32;
-        // SAFETY: the caller passes buffers holding the extents `g` addresses (the chunk's rows of
-        // Q and the output, the gathered K/V, the scores), all used on this handle's stream.
-        let r = unsafe {
-            cudarc::cublas::result::gemm_strided_batched_ex(
-                *self.blas.handle(),
-                t(g.trans_a),
-                t(g.trans_b),
-                m,
-                n,
-                k,
-                &g.alpha as *const f32 as *const c_void,
-                at(a, g.a_off) as *const c_void,
-                f32t,
-                lda,
-                g.stride_a as i64,
-                at(b, g.b_off) as *const c_void,
-                f32t,
-                ldb,
-                g.stride_b as i64,
-                &zero as *const f32 as *const c_void,
-                at(c, g.c_off) as *mut c_void,
-                f32t,
-                ldc,
-                g.stride_c as i64,
-                batch,
-                compute,
-                blas::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
-            )
+        let at = |(base, ty): (u64, blas::cudaDataType), off: usize| {
+            let size = if matches!(ty, blas::cudaDataType::CUDA_R_32F) { 4 } else { 2 };
+            (base + (off * size) as u64) as *const c_void
         };
-        self.check(&format!("cublasGemmStridedBatchedEx ({what})"), r)
+        let (pa, pb, pc) = (at(a, g.a_off), at(b, g.b_off), at(c, g.c_off) as *mut c_void);
+        let (alpha, zero) = (&g.alpha as *const f32 as *const c_void, &0.0f32 as *const f32 as *const c_void);
+        let algo = blas::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT;
+        // SAFETY: the caller passes operands on this handle's stream, alive past the call and
+        // holding the extents `g` addresses; alpha/beta are host f32 as the f32 compute types expect.
+        let r = unsafe {
+            if g.batch == 1 {
+                cudarc::cublas::result::gemm_ex(*self.blas.handle(), t(g.trans_a), t(g.trans_b), m, n, k, alpha, pa, a.1, lda, pb, b.1, ldb, zero, pc, c.1, ldc, compute, algo)
+            } else {
+                cudarc::cublas::result::gemm_strided_batched_ex(
+                    *self.blas.handle(),
+                    t(g.trans_a),
+                    t(g.trans_b),
+                    m,
+                    n,
+                    k,
+                    alpha,
+                    pa,
+                    a.1,
+                    lda,
+                    g.stride_a as i64,
+                    pb,
+                    b.1,
+                    ldb,
+                    g.stride_b as i64,
+                    zero,
+                    pc,
+                    c.1,
+                    ldc,
+                    g.stride_c as i64,
+                    batch,
+                    compute,
+                    algo,
+                )
+            }
+        };
+        self.check(&format!("cuBLAS GEMM ({what})"), r)
     }
 
     /// Checks shared by export and import: the layer exists and the blocks cover the tokens.
@@ -611,7 +592,7 @@ impl Backend for CudaBackend {
         if tokens == 0 {
             return Ok(());
         }
-        let host: Vec<f32> = section.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let host = f32s_of(section);
         self.kv_op("kv_import_layer", || {
             let src = self.upload_slice("kv_import_layer", &host)?;
             self.import(kv, layer, blocks, tokens, &src.slice(..))
@@ -626,23 +607,16 @@ impl Backend for CudaBackend {
         if tokens == 0 {
             return Ok(KvBuffer::Cuda(DeviceBytes::zeroed(&self.kit, 0)?));
         }
-        let dev = self.export(kv, layer, blocks, tokens);
-        match (dev, self.take_error()) {
-            (Some(dev), None) => Ok(KvBuffer::Cuda(DeviceBytes::filled(dev, self.kit.clone(), &self.stream)?)),
-            (_, Some(e)) => Err(e),
-            (None, None) => Err(EngineError::Cuda { op: "kv_export_layer".into(), reason: "failed".into() }),
-        }
+        let dev = self.outcome("kv_export_layer", self.export(kv, layer, blocks, tokens))?;
+        Ok(KvBuffer::Cuda(DeviceBytes::filled(dev, self.kit.clone(), &self.stream)?))
     }
 
     /// A buffer on this device is scattered from where it is; anything else goes through the host.
     fn kv_import_layer_buffer(&self, kv: &mut CudaKv, layer: usize, blocks: &[u32], tokens: usize, buf: &KvBuffer, section: std::ops::Range<usize>) -> Result<()> {
-        let KvBuffer::Cuda(db) = buf else {
-            let host = buf.as_host().and_then(|h| h.get(section.clone())).ok_or_else(|| EngineError::Config(format!("KV section {}..{} outside a {}-byte buffer", section.start, section.end, buf.len())))?;
-            return self.kv_import_layer(kv, layer, blocks, tokens, host);
+        let db = match buf {
+            KvBuffer::Cuda(db) if db.ordinal() == self.ordinal => db,
+            _ => return crate::backend::import_layer_via_host(self, kv, layer, blocks, tokens, buf, section),
         };
-        if db.ordinal() != self.ordinal {
-            return self.kv_import_layer(kv, layer, blocks, tokens, &buf.to_host(section)?);
-        }
         Self::check_kv_range(kv, layer, blocks, tokens)?;
         let want = kv.layout.layer_bytes(tokens);
         if section.len() != want || section.end > db.len() || section.start % 4 != 0 {
