@@ -6,9 +6,11 @@
 //!   ships from a prefill worker to a decode worker.
 //! - [`sampling`]: sampling parameters and their validation.
 //! - [`stop`]: stop strings over streamed text.
+//! - [`failure`]: what the router does when a call to a worker fails (retry, migrate, wait, final).
 //! - [`routing`]: the router's policy: prefill pick, decode ranking, leases.
 
 pub mod block_pool;
+pub mod failure;
 pub mod kv_payload;
 pub mod loadgen;
 pub mod routing;
