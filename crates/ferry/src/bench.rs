@@ -17,6 +17,8 @@ pub enum BenchCommand {
     Disagg(crate::bench_cluster::DisaggBenchArgs),
     /// Open-loop load against a router: latency percentiles, throughput and goodput over a sweep of rates.
     Serve(crate::bench_serve::ServeBenchArgs),
+    /// A soak under random kills and freezes of workers and routers: lost, hung, corrupted, leaked.
+    Chaos(crate::bench_chaos::ChaosBenchArgs),
     /// Draw `bench serve` results (JSON from --out) in one SVG: p99 TTFT and TPOT against the rate.
     Plot(PlotArgs),
     /// The receiving process of `bench kv` (started by it).
@@ -70,6 +72,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Kv(a) => crate::bench_kv::run(a),
         BenchCommand::Serve(a) => crate::bench_serve::run(a),
         BenchCommand::Plot(a) => plot(a),
+        BenchCommand::Chaos(a) => crate::bench_chaos::run(a),
         BenchCommand::Router(a) => crate::bench_cluster::router(a),
         BenchCommand::Disagg(a) => crate::bench_cluster::disagg(a),
         BenchCommand::KvSink(a) => crate::bench_kv::sink(a),

@@ -1,6 +1,7 @@
 //! The `ferry` command line: one binary, roles and tools as subcommands.
 
 mod bench;
+mod bench_chaos;
 mod bench_cluster;
 mod bench_kv;
 mod bench_serve;
