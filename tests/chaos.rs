@@ -17,11 +17,15 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Tokens each request generates.
-const MAX_TOKENS: u32 = 32;
+const MAX_TOKENS: u32 = 24;
 /// A client that sees no end within this is hung.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a settled cluster may take to show whole pools.
 const SETTLE: Duration = Duration::from_secs(30);
+
+/// Every request is done within this of a worker's freeze (detection within a few seconds, then
+/// the rest of the work on the workers left).
+const FROZEN_HANDLED: Duration = Duration::from_secs(30);
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -29,21 +33,24 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Six prompts of 150-350 tokens (long enough that a prefill is still running when a fault
+/// Six prompts of 100-250 tokens (long enough that a prefill is still running when a fault
 /// strikes) and the single-process engine's greedy ids for each, computed once.
 fn cases() -> &'static [(Vec<u32>, Vec<u32>)] {
     static CASES: OnceLock<Vec<(Vec<u32>, Vec<u32>)>> = OnceLock::new();
     CASES.get_or_init(|| {
+        let t = Instant::now();
         let mut single = engine(&smollm2());
         let text = "The harbour master keeps a ledger of every ship: its name, its cargo, the tide it came in on, and the day it left again for the open sea. ";
         let base = single.encode(&text.repeat(16)).expect("encode the prompt text");
-        (0..6usize)
+        let out = (0..6usize)
             .map(|i| {
-                let p = base[i * 7..i * 7 + 150 + i * 40].to_vec();
+                let p = base[i * 7..i * 7 + 100 + i * 30].to_vec();
                 let want = reference(&mut single, &p, MAX_TOKENS as usize);
                 (p, want)
             })
-            .collect()
+            .collect::<Vec<_>>();
+        eprintln!("references for {} prompts: {:.1} s", out.len(), t.elapsed().as_secs_f64());
+        out
     })
 }
 
@@ -71,25 +78,33 @@ async fn all_correct(streams: Vec<Stream>, label: &str) -> Vec<ferry_proto::v1::
     finals
 }
 
-/// The decode worker holding the most streams while some client has seen `tokens` tokens.
+/// The worker to strike. Decode: one whose own counters show a sequence decoding while some
+/// client is mid-stream (>= `min_tokens` seen, not done), so the fault surely hits a stream that
+/// has sent tokens. Prefill: the one with the most prompts in flight (as the router counts them).
 async fn busy(chaos: &Chaos, streams: &[Stream], role: Role, min_tokens: usize) -> Proc {
     let router = chaos.router();
-    let wire = match role {
-        Role::Prefill => ferry_proto::v1::WorkerRole::Prefill,
-        _ => ferry_proto::v1::WorkerRole::Decode,
-    } as i32;
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        let progressed = streams.iter().any(|s| s.seen() >= min_tokens);
-        // Mid-prompt: no client has its first token yet from the prefill about to be struck.
-        let ws = chaos.listed(&router).await;
-        if let Some(w) = ws.iter().filter(|w| w.role == wire && w.inflight > 0).max_by_key(|w| w.inflight)
-            && (progressed || role == Role::Prefill)
-        {
-            return chaos.proc_of(w);
+        if role == Role::Decode {
+            let mid_stream = streams.iter().any(|s| (min_tokens..MAX_TOKENS as usize - 4).contains(&s.seen()));
+            let mut best: Option<(f64, Proc)> = None;
+            for w in chaos.live_workers().into_iter().filter(|w| w.role == Role::Decode) {
+                let active = pool(&w.metrics).await.map(|p| p.active).unwrap_or(0.0);
+                if active >= 1.0 && best.as_ref().is_none_or(|(a, _)| active > *a) {
+                    best = Some((active, w));
+                }
+            }
+            if let (true, Some((_, w))) = (mid_stream, best) {
+                return w;
+            }
+        } else {
+            let ws = chaos.listed(&router).await;
+            if let Some(w) = ws.iter().filter(|w| w.role == ferry_proto::v1::WorkerRole::Prefill as i32 && w.inflight > 0).max_by_key(|w| w.inflight) {
+                return chaos.proc_of(w);
+            }
         }
-        assert!(Instant::now() < deadline, "no busy {role:?} worker (progress {:?}): {ws:?}", streams.iter().map(Stream::seen).collect::<Vec<_>>());
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(Instant::now() < deadline, "no busy {role:?} worker (progress {:?})", streams.iter().map(Stream::seen).collect::<Vec<_>>());
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -107,6 +122,7 @@ async fn a_decode_worker_killed_mid_stream_its_requests_migrate() {
     let t = Instant::now();
     cases();
     let chaos = Chaos::up(&smollm2(), 2, 2, &[]);
+    eprintln!("cluster up after {:.1} s", t.elapsed().as_secs_f64());
     let streams = load(&chaos, &[chaos.router()]).await;
     let victim = busy(&chaos, &streams, Role::Decode, 3).await;
     chaos.kill(victim.pid);
@@ -122,6 +138,7 @@ async fn b_a_prefill_worker_killed_mid_prompt_its_prompts_go_elsewhere() {
     let t = Instant::now();
     cases();
     let chaos = Chaos::up(&smollm2(), 2, 2, &[]);
+    eprintln!("cluster up after {:.1} s", t.elapsed().as_secs_f64());
     let streams = load(&chaos, &[chaos.router()]).await;
     let victim = busy(&chaos, &streams, Role::Prefill, 0).await;
     chaos.kill(victim.pid);
@@ -136,12 +153,14 @@ async fn c_a_decode_worker_frozen_mid_stream_its_requests_migrate() {
     let t = Instant::now();
     cases();
     let chaos = Chaos::up(&smollm2(), 2, 2, &[]);
+    eprintln!("cluster up after {:.1} s", t.elapsed().as_secs_f64());
     let streams = load(&chaos, &[chaos.router()]).await;
     let victim = busy(&chaos, &streams, Role::Decode, 3).await;
     chaos.stop(victim.pid);
     let struck = Instant::now();
     all_correct(streams, "decode frozen").await;
     eprintln!("decode frozen: every request done {:.1} s after the SIGSTOP", struck.elapsed().as_secs_f64());
+    assert!(struck.elapsed() < FROZEN_HANDLED, "a frozen decode worker held its requests for {:?}", struck.elapsed());
     migrated(&chaos, "decode frozen").await;
     // Thawed, it finds its streams gone and frees them (and registers again, or is cleaned up).
     chaos.resume(victim.pid);
@@ -155,12 +174,14 @@ async fn d_a_prefill_worker_frozen_mid_prompt_its_prompts_go_elsewhere() {
     let t = Instant::now();
     cases();
     let chaos = Chaos::up(&smollm2(), 2, 2, &[]);
+    eprintln!("cluster up after {:.1} s", t.elapsed().as_secs_f64());
     let streams = load(&chaos, &[chaos.router()]).await;
     let victim = busy(&chaos, &streams, Role::Prefill, 0).await;
     chaos.stop(victim.pid);
     let struck = Instant::now();
     all_correct(streams, "prefill frozen").await;
     eprintln!("prefill frozen: every request done {:.1} s after the SIGSTOP", struck.elapsed().as_secs_f64());
+    assert!(struck.elapsed() < FROZEN_HANDLED, "a frozen prefill worker held its prompts for {:?}", struck.elapsed());
     chaos.resume(victim.pid);
     chaos.assert_pools_whole(SETTLE).await;
     eprintln!("d_a_prefill_worker_frozen_mid_prompt: {:.1} s", t.elapsed().as_secs_f64());

@@ -51,7 +51,7 @@ pub struct ChaosBenchArgs {
     #[arg(long, default_value_t = 8)]
     pub prompts: usize,
     /// Prompt length in tokens: `N` or `LO..HI`.
-    #[arg(long, default_value = "32..192")]
+    #[arg(long, default_value = "16..128")]
     pub prompt_len: String,
     /// Tokens per request (EOS ignored).
     #[arg(long, default_value_t = 24)]
@@ -472,8 +472,11 @@ async fn soak(a: &ChaosBenchArgs, up: &Up, prompts: Arc<Vec<(Vec<u32>, Vec<u32>)
         }
         // One fault at a time: wait (a while) for the cluster to be whole again.
         let settle = Instant::now() + Duration::from_secs(60);
-        while !whole(up) && Instant::now() < settle {
+        while !whole(up) && Instant::now() < settle && finished.load(SeqCst) < a.requests {
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if finished.load(SeqCst) >= a.requests {
+            break;
         }
         let mut targets: Vec<Proc> = up.live(Role::Prefill).into_iter().chain(up.live(Role::Decode)).collect();
         let rs = up.live(Role::Router);
