@@ -280,6 +280,21 @@ async fn ready_counts(router: &str) -> Option<(usize, usize)> {
     Some((n(v1::WorkerRole::Prefill), n(v1::WorkerRole::Decode)))
 }
 
+/// Every router is up and lists every worker ready (one fault at a time: the last one is healed).
+async fn whole(up: &Up, a: &ChaosBenchArgs) -> bool {
+    let rs = up.live(Role::Router);
+    if rs.len() < a.routers.max(1) {
+        return false;
+    }
+    for r in &rs {
+        match ready_counts(&r.grpc).await {
+            Some((p, d)) if p >= a.prefill && d >= a.decode => {}
+            _ => return false,
+        }
+    }
+    true
+}
+
 async fn http_get(addr: &str, path: &str) -> std::io::Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr)).await.map_err(|_| std::io::Error::other("connect timed out"))??;
@@ -461,7 +476,6 @@ async fn soak(a: &ChaosBenchArgs, up: &Up, prompts: Arc<Vec<(Vec<u32>, Vec<u32>)
     let deadline = t0 + Duration::from_secs(a.timeout);
     let mut faults: Vec<Fault> = Vec::new();
     let mut figures: HashMap<String, RouterFigures> = HashMap::new();
-    let whole = |up: &Up| up.live(Role::Prefill).len() >= a.prefill && up.live(Role::Decode).len() >= a.decode && up.live(Role::Router).len() >= a.routers.max(1);
     for k in 0..a.kills {
         let due = (k + 1) * a.requests / (a.kills + 1);
         while finished.load(SeqCst) < due && Instant::now() < deadline {
@@ -472,7 +486,7 @@ async fn soak(a: &ChaosBenchArgs, up: &Up, prompts: Arc<Vec<(Vec<u32>, Vec<u32>)
         }
         // One fault at a time: wait (a while) for the cluster to be whole again.
         let settle = Instant::now() + Duration::from_secs(60);
-        while !whole(up) && Instant::now() < settle && finished.load(SeqCst) < a.requests {
+        while !whole(up, a).await && Instant::now() < settle && finished.load(SeqCst) < a.requests {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         if finished.load(SeqCst) >= a.requests {
