@@ -155,6 +155,8 @@ impl Up {
             .args(["--prefill", &a.prefill.to_string(), "--decode", &a.decode.to_string(), "--model"])
             .arg(model);
         if a.routers > 1 {
+            let help = std::process::Command::new(std::env::current_exe()?).args(["up", "--help"]).output().context("ferry up --help")?;
+            anyhow::ensure!(String::from_utf8_lossy(&help.stdout).contains("--routers"), "this ferry up has no --routers: run with --routers 1");
             cmd.args(["--routers", &a.routers.to_string()]);
         }
         let mut child = cmd
