@@ -2,7 +2,7 @@
 //! and one fault each at a moment chosen by watching progress (a decode worker killed or frozen
 //! mid-stream, a prefill worker killed or frozen mid-prompt, a router killed, a KV transfer cut
 //! mid-payload, a whole role gone). Each scenario checks that every request ends with the
-//! single-process engine's greedy ids (or, where the brief allows it, a prompt clear error), that
+//! single-process engine's greedy ids (or, where nothing can serve it, a clear error within seconds), that
 //! none hangs, and that once settled every live worker's own counters show a whole KV pool.
 //!
 //! The scenarios run one at a time (a lock): each starts five or six processes on a 2-core
