@@ -19,6 +19,9 @@ pub struct SamplingParams {
     /// Generation stops when the text contains one of these; the stop string is not returned.
     pub stop_strings: Vec<String>,
     pub ignore_eos: bool,
+    /// The index, within the completion, of the first token this call samples (0 for a fresh
+    /// request; the tokens already generated when a request moves to other workers).
+    pub token_offset: u32,
 }
 
 impl Default for SamplingParams {
@@ -32,6 +35,7 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             stop_strings: Vec::new(),
             ignore_eos: false,
+            token_offset: 0,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The router's one error type, and its exhaustive mappings to gRPC status codes and to HTTP
-//! statuses (the OpenAI-compatible API). Each variant says whether another worker might succeed
-//! (`retryable`): only worker-side unavailability is.
+//! statuses (the OpenAI-compatible API). Whether a failed call to a worker moves the request
+//! elsewhere is not decided here but by `ferry_core::failure::classify`, from the worker's status.
 
 use std::path::PathBuf;
 
@@ -21,6 +21,15 @@ pub enum RouterError {
         "every decode worker that could hold {need_blocks} KV blocks refused the request (tried {tried})"
     )]
     DecodeExhausted { need_blocks: u32, tried: usize },
+    /// The admission queue is full: the client should come back later (`Retry-After`).
+    #[error("the router's admission queue is full ({depth} of {max} waiting): retry in {retry_after_s} s")]
+    QueueFull { depth: usize, max: usize, retry_after_s: u32 },
+    /// The request waited the queue's timeout and no decode worker had room.
+    #[error("no decode worker had room for the request within {waited_ms} ms in the admission queue: retry in {retry_after_s} s")]
+    QueueTimeout { waited_ms: u64, retry_after_s: u32 },
+    /// The request moved between workers as often as allowed and failed again.
+    #[error("request {request_id}: gave up after {moves} moves to other workers (the limit): {last}")]
+    MovesExhausted { request_id: String, moves: u32, last: Box<RouterError> },
     #[error(
         "worker {worker} serves model fingerprint {worker_fingerprint} but the pool's is {pool_fingerprint}"
     )]
@@ -89,15 +98,39 @@ pub enum RouterError {
 }
 
 impl RouterError {
-    /// Whether the same request may succeed on another worker.
-    pub fn retryable(&self) -> bool {
-        matches!(self, RouterError::WorkerUnavailable { .. })
+    /// Seconds a client should wait before trying again, for the refusals that say so.
+    pub fn retry_after_s(&self) -> Option<u32> {
+        match self {
+            RouterError::QueueFull { retry_after_s, .. } | RouterError::QueueTimeout { retry_after_s, .. } => {
+                Some(*retry_after_s)
+            }
+            _ => None,
+        }
     }
+}
+
+/// The gRPC metadata key that carries [`RouterError::retry_after_s`] (the HTTP header's name).
+pub const RETRY_AFTER_KEY: &str = "retry-after";
+
+/// The `retry-after` seconds a status carries, if any.
+pub fn retry_after_of(s: &Status) -> Option<u32> {
+    s.metadata().get(RETRY_AFTER_KEY)?.to_str().ok()?.parse().ok()
 }
 
 impl From<RouterError> for Status {
     fn from(e: RouterError) -> Status {
-        let code = match &e {
+        let mut status = Status::new(e.grpc_code(), e.to_string());
+        if let Some(s) = e.retry_after_s() {
+            status.metadata_mut().insert(RETRY_AFTER_KEY, s.into());
+        }
+        status
+    }
+}
+
+impl RouterError {
+    /// The gRPC code this error answers with.
+    pub fn grpc_code(&self) -> Code {
+        match self {
             RouterError::InvalidRequest(_)
             | RouterError::Tokenize(_)
             | RouterError::BadRegistration(_) => Code::InvalidArgument,
@@ -105,7 +138,10 @@ impl From<RouterError> for Status {
             RouterError::NoWorker { .. }
             | RouterError::WorkerUnavailable { .. }
             | RouterError::Protocol { .. } => Code::Unavailable,
-            RouterError::DecodeExhausted { .. } => Code::ResourceExhausted,
+            RouterError::DecodeExhausted { .. }
+            | RouterError::QueueFull { .. }
+            | RouterError::QueueTimeout { .. } => Code::ResourceExhausted,
+            RouterError::MovesExhausted { last, .. } => last.grpc_code(),
             RouterError::FingerprintMismatch { .. }
             | RouterError::ShuttingDown(_)
             | RouterError::NoScaler => Code::FailedPrecondition,
@@ -117,8 +153,7 @@ impl From<RouterError> for Status {
             | RouterError::Reflection(_)
             | RouterError::Io { .. }
             | RouterError::Metrics(_) => Code::Internal,
-        };
-        Status::new(code, e.to_string())
+        }
     }
 }
 
@@ -138,6 +173,8 @@ impl RouterError {
             | RouterError::Protocol { .. }
             | RouterError::DecodeExhausted { .. }
             | RouterError::ScaleFailed { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            RouterError::QueueFull { .. } | RouterError::QueueTimeout { .. } => StatusCode::TOO_MANY_REQUESTS,
+            RouterError::MovesExhausted { last, .. } => last.http_status(),
             RouterError::ShuttingDown(_) | RouterError::NoScaler => StatusCode::CONFLICT,
             RouterError::FingerprintMismatch { .. }
             | RouterError::LoadModel { .. }

@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod mock;
 pub mod openai;
 pub mod orchestrate;
+pub mod queue;
 pub mod registry;
 pub mod scale;
 pub mod service;
@@ -48,8 +49,23 @@ pub struct RouterConfig {
     pub lease: Duration,
     /// How often workers are told to heartbeat.
     pub heartbeat: Duration,
-    /// Times a request is retried on other workers after a transport failure before any output.
+    /// Times a request starts again on other workers after a failure before any output.
     pub max_retries: u32,
+    /// Times a request that has streamed tokens moves to other workers (its prompt and the
+    /// tokens so far prefilled again) when its decode worker dies or freezes.
+    pub max_migrations: u32,
+    /// Requests that may wait in the admission queue for room on a decode worker; beyond it
+    /// they are refused (RESOURCE_EXHAUSTED / HTTP 429 with `Retry-After`).
+    pub queue_max: usize,
+    /// How long a request waits in the admission queue before it is refused the same way.
+    pub queue_timeout: Duration,
+    /// Deadline of a decode admission (the worker answers `admitted` at once or not at all).
+    pub admit_timeout: Duration,
+    /// Deadline of one prefill call (the prompt's computation and its KV transfer).
+    pub prefill_timeout: Duration,
+    /// Longest silence of a decode stream between two messages before the worker is taken as
+    /// frozen and the request moves.
+    pub token_timeout: Duration,
     /// Connect timeout for worker channels.
     pub connect_timeout: Duration,
     /// How long a decode worker waits for the KV after admission (zero: the worker's default).
@@ -76,7 +92,13 @@ impl RouterConfig {
             model_path: model_path.into(),
             lease: Duration::from_secs(3),
             heartbeat: Duration::from_secs(1),
-            max_retries: 1,
+            max_retries: 3,
+            max_migrations: 3,
+            queue_max: 256,
+            queue_timeout: Duration::from_secs(30),
+            admit_timeout: Duration::from_secs(10),
+            prefill_timeout: Duration::from_secs(120),
+            token_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(1),
             kv_timeout: Duration::ZERO,
             scaler: None,
@@ -143,6 +165,7 @@ pub async fn serve(
     };
     let registry = Arc::new(Registry::new(cfg.lease, cfg.heartbeat, dial.clone()));
     let shared = Arc::new(service::Shared {
+        queue: queue::AdmissionQueue::new(cfg.queue_max, cfg.queue_timeout, registry.room.clone()),
         registry: registry.clone(),
         text,
         cfg: cfg.clone(),
@@ -202,7 +225,9 @@ pub async fn serve(
     let mut server = tonic::transport::Server::builder()
         .initial_stream_window_size(Some(WINDOW_BYTES))
         .initial_connection_window_size(Some(WINDOW_BYTES))
-        .tcp_nodelay(true);
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(registry::KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(registry::KEEPALIVE_TIMEOUT));
     if let Some(tls) = &cfg.tls.server {
         server = server.tls_config(tls.config())?;
     }

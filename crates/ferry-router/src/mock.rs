@@ -1,8 +1,10 @@
 //! Mock workers, fast and scriptable, for the router's tests and `ferry bench router` (after
 //! sglang's router test mocks). A [`MockWorker`] serves both `Prefill` and `Decode` on its
 //! listener and registers with a router in one role, heart-beating (and re-registering after a
-//! NOT_FOUND). Decode answers `admitted`, then the scripted ids one message each, then `final`;
-//! prefill answers the first token at once (the mock moves no KV).
+//! NOT_FOUND). The script is one completion, `first_token` then `tokens`: prefill answers its
+//! token at the request's `token_offset` at once (the mock moves no KV); decode answers
+//! `admitted`, then the script's ids after that one, a message each, then `final` (so a request
+//! migrated after n tokens continues the script where it was).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -37,6 +39,11 @@ pub struct MockConfig {
     pub token_delay: Duration,
     /// Decode refuses every request with RESOURCE_EXHAUSTED.
     pub refuse_decode: bool,
+    /// Decode breaks every stream after this many token messages (a dying worker's stream).
+    pub break_after_tokens: Option<usize>,
+    /// Decode goes silent on every stream after this many token messages and stops
+    /// heart-beating (a frozen worker: its connections stay open).
+    pub freeze_after_tokens: Option<usize>,
     /// Prefill fails every request with this code.
     pub fail_prefill: Option<Code>,
     pub kv_blocks_free: u32,
@@ -59,12 +66,23 @@ impl Default for MockConfig {
             tokens: (29..45).collect(),
             token_delay: Duration::ZERO,
             refuse_decode: false,
+            break_after_tokens: None,
+            freeze_after_tokens: None,
             fail_prefill: None,
             kv_blocks_free: 1000,
             block_size: 16,
             router_tls: None,
             kv_transports: Vec::new(),
         }
+    }
+}
+
+impl MockConfig {
+    /// The whole scripted completion: the first token, then the rest.
+    pub fn script(&self) -> Vec<u32> {
+        let mut s = vec![self.first_token];
+        s.extend_from_slice(&self.tokens);
+        s
     }
 }
 
@@ -81,6 +99,8 @@ pub struct MockStats {
     pub prefill_tokens: std::sync::Mutex<Vec<String>>,
     /// The KV transport each prefill request's target asked for.
     pub prefill_transports: std::sync::Mutex<Vec<v1::KvTransport>>,
+    /// Set when a stream froze (`freeze_after_tokens`): heartbeats stop.
+    pub frozen: std::sync::atomic::AtomicBool,
 }
 
 pub struct MockWorker {
@@ -152,6 +172,7 @@ impl MockWorker {
             client,
             reg,
             id.clone(),
+            stats.clone(),
             Duration::from_millis(r.heartbeat_ms.max(1) as u64),
         ));
         Ok(MockWorker {
@@ -186,11 +207,15 @@ async fn heartbeat_loop(
     mut client: v1::registry_client::RegistryClient<tonic::transport::Channel>,
     reg: v1::RegisterRequest,
     id: Arc<Mutex<String>>,
+    stats: Arc<MockStats>,
     every: Duration,
 ) {
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
+        if stats.frozen.load(Ordering::Relaxed) {
+            return;
+        }
         let worker_id = id.lock().unwrap_or_else(|p| p.into_inner()).clone();
         match client
             .heartbeat(v1::HeartbeatRequest {
@@ -245,8 +270,10 @@ impl v1::prefill_server::Prefill for MockService {
             duration_ms: 0.05,
             exposed_ms: 0.0,
         };
+        let offset = req.get_ref().sampling.as_ref().map_or(0, |s| s.token_offset) as usize;
+        let first_token = self.cfg.script().get(offset).copied().unwrap_or(self.cfg.first_token);
         Ok(Response::new(v1::PrefillResponse {
-            first_token: self.cfg.first_token,
+            first_token,
             first_is_stop: false,
             queue_ms: 0.0,
             prefill_ms: 0.0,
@@ -266,8 +293,14 @@ impl v1::decode_server::Decode for MockService {
         self.stats.decode_calls.fetch_add(1, Ordering::Relaxed);
         record(&self.stats.decode_tokens, req.get_ref().transfer_token.clone());
         if self.cfg.refuse_decode {
-            return Err(Status::resource_exhausted("mock: no room in the KV cache"));
+            let mut s = Status::resource_exhausted("mock: no room in the KV cache");
+            s.metadata_mut().insert(
+                ferry_core::failure::FAULT_KEY,
+                tonic::metadata::MetadataValue::from_static(ferry_core::failure::WorkerFault::Overloaded.as_str()),
+            );
+            return Err(s);
         }
+        let offset = req.get_ref().sampling.as_ref().map_or(0, |s| s.token_offset) as usize;
         let max = req.get_ref().stop.as_ref().map_or(0, |s| s.max_tokens);
         let max = if max == 0 {
             ferry_proto::DEFAULT_MAX_TOKENS
@@ -286,9 +319,22 @@ impl v1::decode_server::Decode for MockService {
                 return;
             }
             let mut sent = 1;
-            for &id in cfg.tokens.iter().take(max.saturating_sub(1)) {
+            let script = cfg.script();
+            let rest = script.get(offset + 1..).unwrap_or_default();
+            for (i, &id) in rest.iter().take(max.saturating_sub(1)).enumerate() {
                 if !cfg.token_delay.is_zero() {
                     tokio::time::sleep(cfg.token_delay).await;
+                }
+                if cfg.break_after_tokens == Some(i) {
+                    let _ = tx.send(Err(Status::unknown("mock: h2 stream broken"))).await;
+                    return;
+                }
+                if cfg.freeze_after_tokens == Some(i) {
+                    stats.frozen.store(true, Ordering::Relaxed);
+                    // Silent, with the stream open, until the router gives up on it.
+                    tx.closed().await;
+                    stats.decode_cancelled.fetch_add(1, Ordering::Relaxed);
+                    return;
                 }
                 if tx
                     .send(msg(Event::Tokens(v1::DecodeTokens { ids: vec![id] })))

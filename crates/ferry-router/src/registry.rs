@@ -12,6 +12,7 @@ use ferry_core::routing::{DecodeCandidate, PrefillCandidate, lease_expired};
 use ferry_core::{WorkerRole, WorkerState};
 use ferry_proto::v1;
 use ferry_proto::tls::ClientTls;
+use tokio::sync::{Notify, watch};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::RouterError;
@@ -19,6 +20,10 @@ use crate::wire::{role_from_wire, role_to_wire, state_to_wire};
 
 /// HTTP/2 flow-control windows for worker channels and the server (KV chunks are large).
 pub const WINDOW_BYTES: u32 = 32 << 20;
+/// HTTP/2 keepalive on every channel the router dials: a ping this often, and the connection
+/// is dropped when one goes unanswered this long.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(4);
 /// Largest gRPC message the router sends or accepts.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
@@ -45,6 +50,19 @@ pub struct Worker {
     pub kv_transports: Vec<v1::KvTransport>,
     /// Lazily connected; cached for the worker's life.
     pub channel: Channel,
+    /// Turns true when the worker is marked dead (lease expired, a call found it gone) or
+    /// leaves: every call in flight to it ends then, and its requests move.
+    pub gone: Arc<watch::Sender<bool>>,
+}
+
+impl Worker {
+    /// Resolves once the worker is dead or gone from the registry (at once if it already is).
+    pub fn gone(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.gone.subscribe();
+        async move {
+            let _ = rx.wait_for(|g| *g).await;
+        }
+    }
 }
 
 impl Worker {
@@ -90,6 +108,9 @@ pub struct Registry {
     pub lease: Duration,
     pub heartbeat: Duration,
     dial: Dial,
+    /// Woken whenever room may have appeared on a decode worker (a request ended, a worker
+    /// registered or reported its load): the admission queue's head looks again.
+    pub room: Arc<Notify>,
 }
 
 impl Registry {
@@ -99,6 +120,7 @@ impl Registry {
             lease,
             heartbeat,
             dial,
+            room: Arc::new(Notify::new()),
         }
     }
 
@@ -158,8 +180,11 @@ impl Registry {
             shutting_down: req.draining,
             kv_transports: crate::transport::registered(&req.kv_transports, role == WorkerRole::Prefill, &req.data_addr),
             channel,
+            gone: Arc::new(watch::channel(false).0),
         };
         inner.workers.insert(id.clone(), worker);
+        drop(inner);
+        self.room.notify_waiters();
         tracing::info!(worker = %id, addr = %req.grpc_addr, "worker registered");
         Ok(v1::RegisterResponse {
             worker_id: id,
@@ -192,7 +217,10 @@ impl Registry {
             w.state = WorkerState::Draining;
             tracing::info!(worker = %w.id, "worker is draining to shut down: no new requests go to it");
         }
-        Ok(w.state)
+        let state = w.state;
+        drop(inner);
+        self.room.notify_waiters();
+        Ok(state)
     }
 
     /// Marks every worker whose lease ran out at `now` dead; returns their ids.
@@ -203,6 +231,7 @@ impl Registry {
             let since = now.saturating_duration_since(w.last_heartbeat);
             if w.state != WorkerState::Dead && lease_expired(Duration::ZERO, since, self.lease) {
                 w.state = WorkerState::Dead;
+                w.gone.send_replace(true);
                 expired.push(w.id.clone());
             }
         }
@@ -221,6 +250,7 @@ impl Registry {
             && w.state != WorkerState::Dead
         {
             w.state = WorkerState::Dead;
+            w.gone.send_replace(true);
             tracing::warn!(worker = %id, reason = why, "worker marked dead");
             metrics::counter!("ferry_router_workers_marked_dead_total", "cause" => "call_failed")
                 .increment(1);
@@ -241,7 +271,8 @@ impl Registry {
 
     /// A worker that finished draining leaves (idempotent: unknown ids are fine).
     pub fn deregister(&self, id: &str) {
-        if self.lock().workers.remove(id).is_some() {
+        if let Some(w) = self.lock().workers.remove(id) {
+            w.gone.send_replace(true);
             tracing::info!(worker = %id, "worker drained and deregistered");
         }
     }
@@ -275,6 +306,7 @@ impl Registry {
             .workers
             .remove(id)
             .ok_or_else(|| RouterError::UnknownWorker(id.into()))?;
+        w.gone.send_replace(true);
         Ok(w.info(Instant::now()))
     }
 
@@ -399,6 +431,9 @@ impl Registry {
                 (w.outstanding_prefill_tokens as i64 + tokens).max(0) as u64;
             w.promised_blocks = (w.promised_blocks as i64 + blocks).max(0) as u64;
         }
+        if inflight < 0 {
+            self.room.notify_waiters();
+        }
     }
 }
 
@@ -458,7 +493,12 @@ pub fn endpoint(addr: &str, dial: &Dial) -> Result<Endpoint, RouterError> {
         .connect_timeout(dial.connect_timeout)
         .initial_stream_window_size(WINDOW_BYTES)
         .initial_connection_window_size(WINDOW_BYTES)
-        .tcp_nodelay(true))
+        .tcp_nodelay(true)
+        // A frozen worker (SIGSTOP, a hung host) keeps its TCP connections open; HTTP/2 pings
+        // find it within interval + timeout and fail every call on the connection.
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true))
 }
 
 #[cfg(test)]

@@ -19,6 +19,8 @@ use crate::{RouterConfig, RouterError};
 /// State shared by the router's services.
 pub struct Shared {
     pub registry: Arc<Registry>,
+    /// Requests waiting for room on a decode worker.
+    pub queue: Arc<crate::queue::AdmissionQueue>,
     /// The model's tokenizer and chat template; `text.name` is the served name clients see.
     pub text: ModelText,
     pub cfg: RouterConfig,
@@ -118,6 +120,11 @@ pub fn prepare(
             "the prompt has {} tokens but the context is {ctx}",
             ids.len()
         )));
+    }
+    if req.sampling.as_ref().is_some_and(|s| s.token_offset != 0) {
+        return Err(RouterError::InvalidRequest(
+            "sampling.token_offset is set by the router when it moves a request between workers; clients leave it 0".into(),
+        ));
     }
     let params = ferry_proto::sampling_from_wire(req.sampling.as_ref(), req.stop.as_ref());
     params

@@ -114,7 +114,7 @@ async fn streams_deltas_then_final_and_metrics() {
 
 #[tokio::test]
 async fn resource_exhausted_decode_falls_through_to_the_next() {
-    let r = TestRouter::start(cfg()).await;
+    let r = TestRouter::start(RouterConfig { queue_timeout: Duration::from_millis(300), ..cfg() }).await;
     let _p = r.mock(WorkerRole::Prefill, scripted(SCRIPT)).await;
     let full = r
         .mock(
@@ -137,7 +137,8 @@ async fn resource_exhausted_decode_falls_through_to_the_next() {
         "decode-1 was asked first"
     );
 
-    // With only refusing decode workers the client gets RESOURCE_EXHAUSTED.
+    // With only refusing decode workers the client gets RESOURCE_EXHAUSTED (after waiting its
+    // queue timeout for room).
     let mut admin = r.admin().await;
     admin
         .drain(v1::WorkerRef {

@@ -27,6 +27,26 @@ pub struct RouterArgs {
     /// How often workers heartbeat.
     #[arg(long, default_value_t = 1000)]
     pub heartbeat_ms: u64,
+    /// Times a request that has streamed tokens moves to other workers when its decode worker
+    /// dies or freezes (prompt + tokens so far prefilled again; the client's stream goes on).
+    #[arg(long, default_value_t = 3)]
+    pub max_migrations: u32,
+    /// Times a request starts again on other workers after a failure before any token.
+    #[arg(long, default_value_t = 3)]
+    pub max_retries: u32,
+    /// Requests that may wait for room on a decode worker; beyond it: RESOURCE_EXHAUSTED / 429.
+    #[arg(long, default_value_t = 256)]
+    pub queue_max: usize,
+    /// How long a request waits for room before it is refused (RESOURCE_EXHAUSTED / 429).
+    #[arg(long, default_value_t = 30_000)]
+    pub queue_timeout_ms: u64,
+    /// Deadline of one prefill call (computation and KV transfer).
+    #[arg(long, default_value_t = 120_000)]
+    pub prefill_timeout_ms: u64,
+    /// Longest silence between two messages of a decode stream before its worker is taken as
+    /// frozen and the request moves.
+    #[arg(long, default_value_t = 30_000)]
+    pub token_timeout_ms: u64,
     /// `ferry pool scale` patches the pools' Deployments (in-cluster service account, or the
     /// kubeconfig when run outside a cluster).
     #[arg(long)]
@@ -132,6 +152,12 @@ pub fn run(args: RouterArgs) -> anyhow::Result<()> {
         scaler,
         lease: Duration::from_millis(args.lease_ms),
         heartbeat: Duration::from_millis(args.heartbeat_ms),
+        max_migrations: args.max_migrations,
+        max_retries: args.max_retries,
+        queue_max: args.queue_max,
+        queue_timeout: Duration::from_millis(args.queue_timeout_ms),
+        prefill_timeout: Duration::from_millis(args.prefill_timeout_ms),
+        token_timeout: Duration::from_millis(args.token_timeout_ms),
         api_keys: args.keys.keys()?,
         admin_token: ferry_router::AdminToken::new(args.admin_token.as_deref()),
         served_model_names: served_model_names(&args.served_model_name)?,

@@ -16,6 +16,8 @@ pub struct ApiError {
     /// The request field at fault, if one is.
     pub param: Option<&'static str>,
     pub code: Option<&'static str>,
+    /// Seconds a client should wait before trying again (the `Retry-After` header of a 429).
+    pub retry_after: Option<u32>,
 }
 
 impl ApiError {
@@ -26,6 +28,7 @@ impl ApiError {
             message: message.into(),
             param,
             code: None,
+            retry_after: None,
         }
     }
 
@@ -36,6 +39,7 @@ impl ApiError {
             message: f.message().into(),
             param: None,
             code: Some("invalid_api_key"),
+            retry_after: None,
         }
     }
 
@@ -46,6 +50,7 @@ impl ApiError {
             message: format!("the model `{requested}` does not exist"),
             param: Some("model"),
             code: Some("model_not_found"),
+            retry_after: None,
         }
     }
 
@@ -56,6 +61,7 @@ impl ApiError {
             message: message.into(),
             param: None,
             code: None,
+            retry_after: None,
         }
     }
 
@@ -66,6 +72,7 @@ impl ApiError {
             message: s.message().to_owned(),
             param: None,
             code: None,
+            retry_after: crate::error::retry_after_of(s),
         }
     }
 
@@ -103,6 +110,7 @@ impl From<RouterError> for ApiError {
         };
         ApiError {
             status: e.http_status(),
+            retry_after: e.retry_after_s(),
             message: e.to_string(),
             param,
             code,
@@ -113,12 +121,16 @@ impl From<RouterError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = self.body().to_string();
-        (
+        let mut r = (
             self.status,
             [(header::CONTENT_TYPE, "application/json")],
             body,
         )
-            .into_response()
+            .into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut().insert(header::RETRY_AFTER, s.into());
+        }
+        r
     }
 }
 

@@ -104,6 +104,7 @@ async fn not_found(req: Request) -> ApiError {
         message: format!("no route {} {}", req.method(), req.uri().path()),
         param: None,
         code: None,
+        retry_after: None,
     }
 }
 
@@ -158,6 +159,7 @@ async fn run(
         message: r.body_text(),
         param: None,
         code: None,
+        retry_after: None,
     })?;
     let parsed = request::parse(kind, &body)?;
     if !h.shared.serves(&parsed.model) {

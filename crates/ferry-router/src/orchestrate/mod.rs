@@ -1,0 +1,304 @@
+//! One request's life on the cluster (the lifecycle in `proto/ferry/v1/worker.proto`):
+//! admission on a decode worker ([`admit`]), prefill with that KV target ([`prefill`]), then the
+//! decode stream relayed to the client ([`relay`]). Every call is watched ([`call`]): a deadline,
+//! the client, and the death of the workers it involves end it.
+//!
+//! When a call fails, `ferry_core::failure::classify` decides from the status alone: start again
+//! elsewhere (nothing reached the client), **migrate** (tokens were streamed: the prompt plus
+//! those tokens are prefilled again on other workers and the stream goes on, as Dynamo's request
+//! migration does; the sampler's draws depend only on the seed and the token index, so greedy
+//! and seeded requests continue exactly), wait in the admission queue for room, or end with the
+//! error. Dropping a worker call (client gone, stop string, error) cancels the request on that
+//! worker; in-flight counts are held by guards.
+
+mod admit;
+mod call;
+mod prefill;
+mod relay;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_core::failure::{self, Blame, Decision, Phase, WorkerFault};
+use ferry_core::{SamplingParams, WorkerRole};
+use ferry_proto::v1::{self, generate_response::Event};
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use crate::RouterError;
+use crate::queue::Place;
+use crate::registry::Worker;
+use crate::service::Shared;
+use call::{Interrupt, reachable};
+
+type Tx = mpsc::Sender<Result<v1::GenerateResponse, Status>>;
+
+/// A validated request.
+pub struct Job {
+    pub request_id: String,
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    pub start: Instant,
+}
+
+/// Why an attempt stopped short of the end.
+enum Halt {
+    ClientGone,
+    Failed(Failed),
+}
+
+/// A failed attempt and what to do about it.
+struct Failed {
+    error: RouterError,
+    decision: Decision,
+}
+
+impl From<Failed> for Halt {
+    fn from(f: Failed) -> Halt {
+        Halt::Failed(f)
+    }
+}
+
+impl Failed {
+    fn fatal(error: RouterError) -> Failed {
+        Failed { error, decision: Decision::Final }
+    }
+}
+
+/// What the request has done so far, across its attempts.
+struct Progress<'a> {
+    /// Detokenizer and stop strings: they run on across a migration.
+    relay: relay::Relay<'a>,
+    /// Ids streamed to the client, in order.
+    generated: Vec<u32>,
+    /// Since the request started.
+    ttft: Option<Duration>,
+    last_token: Duration,
+    retries: u32,
+    migrations: u32,
+    /// When the attempt that failed after tokens had been streamed failed (the start of the
+    /// stall the client sees).
+    fault_at: Option<Duration>,
+    /// Time spent waiting on workers (the rest is the router's own overhead).
+    waited: Duration,
+    /// Workers that failed this request: not tried again for it.
+    avoid: Vec<String>,
+    /// The place in the admission queue, held until a decode worker admits the request.
+    place: Option<Place>,
+    /// The workers and KV transfer of the last attempt, for the summary.
+    prefill_worker: String,
+    decode_worker: String,
+    kv: v1::KvTransferStats,
+}
+
+impl Progress<'_> {
+    fn phase(&self) -> Phase {
+        if self.generated.is_empty() { Phase::BeforeFirstToken } else { Phase::Streaming }
+    }
+
+    /// The prompt and parameters of the next attempt: the tokens streamed so far join the
+    /// prompt, and sampling continues at their index.
+    fn resume(&self, job: &Job) -> (Vec<u32>, SamplingParams) {
+        let n = self.generated.len();
+        let mut prompt = Vec::with_capacity(job.prompt.len() + n);
+        prompt.extend_from_slice(&job.prompt);
+        prompt.extend_from_slice(&self.generated);
+        let mut params = job.params.clone();
+        params.max_tokens = job.params.max_tokens.saturating_sub(n);
+        params.token_offset = n as u32;
+        (prompt, params)
+    }
+
+    /// Records tokens sent to the client now.
+    fn sent(&mut self, job: &Job, ids: &[u32]) {
+        if ids.is_empty() {
+            return;
+        }
+        let now = job.start.elapsed();
+        if let Some(at) = self.fault_at.take() {
+            metrics::histogram!("ferry_router_migration_stall_seconds").record(now.saturating_sub(at).as_secs_f64());
+        }
+        self.ttft.get_or_insert(now);
+        self.last_token = now;
+        self.generated.extend_from_slice(ids);
+    }
+}
+
+/// Runs one request to its end, sending deltas, then a final or an error status, on `tx`.
+pub async fn run(shared: Arc<Shared>, mut job: Job, tx: Tx) {
+    let _inflight = crate::metrics::InflightGauge::new();
+    // A sampled request without a seed gets one here, so that a migration continues its sample.
+    if !job.params.is_greedy() && job.params.seed.is_none() {
+        job.params.seed = Some(rand::random());
+    }
+    let mut prog = Progress {
+        relay: relay::Relay::new(&shared.text.tokenizer, job.params.stop_strings.clone()),
+        generated: Vec::new(),
+        ttft: None,
+        last_token: Duration::ZERO,
+        retries: 0,
+        migrations: 0,
+        fault_at: None,
+        waited: Duration::ZERO,
+        avoid: Vec::new(),
+        place: None,
+        prefill_worker: String::new(),
+        decode_worker: String::new(),
+        kv: v1::KvTransferStats::default(),
+    };
+    let result = drive(&shared, &job, &mut prog, &tx).await;
+    match result {
+        Ok(()) => crate::metrics::request_outcome("ok"),
+        Err(Halt::ClientGone) => {
+            tracing::info!("client went away: request cancelled");
+            crate::metrics::request_outcome("cancelled");
+        }
+        Err(Halt::Failed(f)) => {
+            tracing::warn!(error = %f.error, "request failed");
+            let status = Status::from(f.error);
+            crate::metrics::request_outcome(crate::metrics::outcome_of(status.code()));
+            let _ = tx.send(Err(status)).await;
+        }
+    }
+}
+
+/// Attempts until one ends the request, acting on each failure's decision.
+async fn drive(shared: &Arc<Shared>, job: &Job, prog: &mut Progress<'_>, tx: &Tx) -> Result<(), Halt> {
+    let cfg = &shared.cfg;
+    // Requests already waiting for room are not overtaken.
+    if shared.queue.depth() > 0 {
+        queue_wait(shared, prog, tx).await?;
+    }
+    loop {
+        let f = match attempt(shared, job, prog, tx).await {
+            Ok(()) => return Ok(()),
+            Err(Halt::ClientGone) => return Err(Halt::ClientGone),
+            Err(Halt::Failed(f)) => f,
+        };
+        match f.decision {
+            Decision::Final => return Err(f.into()),
+            Decision::Wait => queue_wait(shared, prog, tx).await?,
+            Decision::Retry { .. } | Decision::Migrate { .. } => match prog.phase() {
+                Phase::BeforeFirstToken => {
+                    if prog.retries >= cfg.max_retries {
+                        return Err(gave_up(job, prog.retries, f.error).into());
+                    }
+                    prog.retries += 1;
+                    tracing::warn!(error = %f.error, attempt = prog.retries, "retrying on other workers");
+                    metrics::counter!("ferry_router_retries_total").increment(1);
+                }
+                // Tokens were streamed: the request continues elsewhere from them (and a
+                // failure while re-prefilling a migrated request is one more migration).
+                Phase::Streaming => {
+                    if prog.migrations >= cfg.max_migrations {
+                        return Err(gave_up(job, prog.migrations, f.error).into());
+                    }
+                    prog.migrations += 1;
+                    prog.fault_at.get_or_insert(job.start.elapsed());
+                    tracing::warn!(error = %f.error, migration = prog.migrations, streamed = prog.generated.len(), "migrating to other workers");
+                    metrics::counter!("ferry_router_migrations_total").increment(1);
+                }
+            },
+        }
+    }
+}
+
+fn gave_up(job: &Job, moves: u32, last: RouterError) -> Failed {
+    Failed::fatal(RouterError::MovesExhausted { request_id: job.request_id.clone(), moves, last: Box::new(last) })
+}
+
+/// Joins the admission queue (or keeps this request's place) and waits for its turn.
+async fn queue_wait(shared: &Arc<Shared>, prog: &mut Progress<'_>, tx: &Tx) -> Result<(), Halt> {
+    if prog.place.is_none() {
+        prog.place = Some(shared.queue.enter().map_err(Failed::fatal)?);
+    }
+    let Some(place) = prog.place.as_mut() else {
+        return Ok(());
+    };
+    tokio::select! {
+        r = place.wait_turn() => r.map_err(|e| Halt::Failed(Failed::fatal(e))),
+        _ = tx.closed() => Err(Halt::ClientGone),
+    }
+}
+
+/// One attempt: admission, prefill (unless colocated), relay.
+async fn attempt(shared: &Arc<Shared>, job: &Job, prog: &mut Progress<'_>, tx: &Tx) -> Result<(), Halt> {
+    let (prompt, params) = prog.resume(job);
+    if params.max_tokens == 0 {
+        // Every token was streamed; only the worker's `final` was lost.
+        return relay::finish(job, prog, tx, v1::FinishReason::Length, None).await;
+    }
+    let mut adm = admit::admit(shared, job, &prompt, &params, prog, tx).await?;
+    // Admitted: the request's place in the queue goes to the next one.
+    prog.place = None;
+    let pre = match adm.colocated {
+        true => {
+            prog.prefill_worker = adm.dw.id.clone();
+            None
+        }
+        false => Some(prefill::prefill(shared, job, &prompt, &params, &adm, prog, tx).await?),
+    };
+    relay::relay(shared, job, &params, prog, tx, &mut adm, pre).await
+}
+
+/// The decision for a failed call to `callee` (with `peer` the other worker of the request, for
+/// a prefill), and its effects on the registry: a draining worker is marked so, a suspect one
+/// that no longer accepts connections is marked dead, and the blamed one is avoided.
+///
+/// `phase` is the attempt's own: admission and prefill pass [`Phase::BeforeFirstToken`] (nothing
+/// of this attempt reached the client; [`drive`] counts a migration by what the request had
+/// streamed before), the relay passes the request's.
+async fn failed(shared: &Shared, prog: &mut Progress<'_>, job: &Job, phase: Phase, role: WorkerRole, callee: &Worker, peer: Option<&Worker>, s: Status) -> Failed {
+    let fault = s.metadata().get(failure::FAULT_KEY).and_then(|v| v.to_str().ok()).and_then(WorkerFault::parse);
+    let decision = failure::classify(s.code() as i32, fault, phase);
+    let reg = &shared.registry;
+    if fault == Some(WorkerFault::Draining) {
+        reg.mark_draining(&callee.id);
+    }
+    let (blame, suspect) = match decision {
+        Decision::Retry { blame, suspect } | Decision::Migrate { blame, suspect } => (blame, suspect),
+        Decision::Wait | Decision::Final => (Blame::Callee, false),
+    };
+    let (blamed, blamed_role) = match (blame, peer) {
+        (Blame::Peer, Some(p)) => (p, WorkerRole::Decode),
+        _ => (callee, role),
+    };
+    if suspect && !reachable(&blamed.grpc_addr).await {
+        reg.mark_dead(&blamed.id, s.message());
+    }
+    if matches!(decision, Decision::Retry { .. } | Decision::Migrate { .. }) && !prog.avoid.contains(&blamed.id) {
+        prog.avoid.push(blamed.id.clone());
+    }
+    let error = match decision {
+        Decision::Final => RouterError::WorkerFailed {
+            role,
+            worker: callee.id.clone(),
+            request_id: job.request_id.clone(),
+            code: s.code(),
+            message: s.message().into(),
+        },
+        _ => RouterError::WorkerUnavailable {
+            role: blamed_role,
+            worker: blamed.id.clone(),
+            request_id: job.request_id.clone(),
+            message: format!("{:?}: {}", s.code(), s.message()),
+        },
+    };
+    Failed { error, decision }
+}
+
+/// Maps a watched call's interruption to the attempt's halt.
+async fn interrupted(shared: &Shared, prog: &mut Progress<'_>, job: &Job, phase: Phase, role: WorkerRole, callee: &Worker, peer: Option<&Worker>, i: Interrupt) -> Halt {
+    match i {
+        Interrupt::ClientGone => Halt::ClientGone,
+        Interrupt::Failed(s) => Halt::Failed(failed(shared, prog, job, phase, role, callee, peer, s).await),
+    }
+}
+
+async fn send_delta(tx: &Tx, rid: &str, text: String, token_ids: Vec<u32>) -> Result<(), Halt> {
+    let msg = v1::GenerateResponse {
+        request_id: rid.into(),
+        event: Some(Event::Delta(v1::TokenDelta { text, token_ids })),
+    };
+    tx.send(Ok(msg)).await.map_err(|_| Halt::ClientGone)
+}

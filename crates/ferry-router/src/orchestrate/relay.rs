@@ -1,0 +1,170 @@
+//! Step 3: the first token from prefill, then the decode stream, relayed to the client. Text is
+//! detokenized and stop strings applied here, exactly as the engine's `generate_seq` does
+//! locally; the detokenizer and the stop matcher live in the request's [`Progress`], so they run
+//! on unbroken across a migration.
+
+use std::sync::Arc;
+
+use ferry_core::{SamplingParams, StopMatcher, WorkerRole};
+use ferry_proto::v1::{self, decode_response::Event as DecodeEvent, generate_response::Event};
+use ferry_tokenizer::{StreamDecoder, Tokenizer};
+use tonic::Status;
+
+use super::admit::Admission;
+use super::call::watched;
+use super::{Failed, Halt, Job, Progress, Tx, interrupted, send_delta};
+use crate::RouterError;
+use crate::service::Shared;
+
+/// Detokenizer plus stop matcher, as `Engine::generate_seq` chains them.
+pub(super) struct Relay<'a> {
+    detok: StreamDecoder<'a>,
+    stops: StopMatcher,
+}
+
+impl<'a> Relay<'a> {
+    pub fn new(tokenizer: &'a Tokenizer, stop_strings: Vec<String>) -> Relay<'a> {
+        Relay { detok: StreamDecoder::new(tokenizer, true), stops: StopMatcher::new(stop_strings) }
+    }
+
+    /// Text released by one more id, and whether it completed a stop string.
+    fn push(&mut self, id: u32) -> Result<(String, bool), String> {
+        match self.detok.push(id).map_err(|e| e.to_string())? {
+            Some(delta) => {
+                let r = self.stops.push(&delta);
+                Ok((r.text, r.stopped))
+            }
+            None => Ok((String::new(), false)),
+        }
+    }
+
+    /// What is held back when generation ends for a reason other than a stop string.
+    fn flush(&mut self) -> Result<String, String> {
+        let rest = self.detok.finish().map_err(|e| e.to_string())?.unwrap_or_default();
+        let r = self.stops.push(&rest);
+        let mut text = r.text;
+        if !r.stopped {
+            text.push_str(&self.stops.finish());
+        }
+        Ok(text)
+    }
+}
+
+fn protocol(job: &Job, worker: &str, message: String) -> Halt {
+    Halt::Failed(Failed::fatal(RouterError::Protocol {
+        worker: worker.into(),
+        request_id: job.request_id.clone(),
+        message,
+    }))
+}
+
+/// Pushes `ids` through the relay and sends what they release with them; whether a stop string
+/// ended the request (the ids after it are not sent).
+async fn forward(job: &Job, worker: &str, prog: &mut Progress<'_>, tx: &Tx, ids: &[u32]) -> Result<bool, Halt> {
+    let mut out = String::new();
+    let mut taken = 0;
+    let mut stopped = false;
+    for &id in ids {
+        taken += 1;
+        let (delta, stop) = prog.relay.push(id).map_err(|m| protocol(job, worker, m))?;
+        out.push_str(&delta);
+        if stop {
+            stopped = true;
+            break;
+        }
+    }
+    prog.sent(job, &ids[..taken]);
+    send_delta(tx, &job.request_id, out, ids[..taken].to_vec()).await?;
+    Ok(stopped)
+}
+
+pub(super) async fn relay(
+    shared: &Arc<Shared>,
+    job: &Job,
+    params: &SamplingParams,
+    prog: &mut Progress<'_>,
+    tx: &Tx,
+    adm: &mut Admission,
+    pre: Option<v1::PrefillResponse>,
+) -> Result<(), Halt> {
+    let dw = adm.dw.clone();
+    match &pre {
+        Some(p) if p.first_is_stop => {
+            return finish(job, prog, tx, v1::FinishReason::StopToken, Some(params.token_offset)).await;
+        }
+        Some(p) => {
+            if forward(job, &dw.id, prog, tx, &[p.first_token]).await? {
+                return finish(job, prog, tx, v1::FinishReason::StopString, None).await;
+            }
+        }
+        // Colocated: the first token comes on the decode stream.
+        None => {}
+    }
+    loop {
+        let phase = prog.phase();
+        let m = watched(tx, &mut prog.waited, &[&dw], shared.cfg.token_timeout, "the decode stream", async {
+            match adm.stream.message().await {
+                // The stream closed without `final`: the worker went away mid-request.
+                Ok(None) => Err(Status::unavailable("the decode stream ended without `final`")),
+                other => other,
+            }
+        })
+        .await;
+        let m = match m {
+            Ok(m) => m,
+            Err(i) => return Err(interrupted(shared, prog, job, phase, WorkerRole::Decode, &dw, None, i).await),
+        };
+        match m {
+            Some(v1::DecodeResponse { event: Some(DecodeEvent::Tokens(t)) }) => {
+                if forward(job, &dw.id, prog, tx, &t.ids).await? {
+                    // A stop string ends the request here: dropping the stream cancels it on the
+                    // decode worker.
+                    return finish(job, prog, tx, v1::FinishReason::StopString, None).await;
+                }
+            }
+            Some(v1::DecodeResponse { event: Some(DecodeEvent::Final(f)) }) => {
+                let reason = v1::FinishReason::try_from(f.finish_reason).unwrap_or(v1::FinishReason::Unspecified);
+                return finish(job, prog, tx, reason, Some(params.token_offset + f.completion_tokens)).await;
+            }
+            Some(other) => return Err(protocol(job, &dw.id, format!("unexpected message {other:?}"))),
+            None => return Err(protocol(job, &dw.id, "the decode stream ended without `final`".into())),
+        }
+    }
+}
+
+/// Ends the request: what the relay held back (unless a stop string ended it), then the final
+/// summary. `completion`: the tokens generated as the worker counted them (else those streamed).
+pub(super) async fn finish(
+    job: &Job,
+    prog: &mut Progress<'_>,
+    tx: &Tx,
+    finish: v1::FinishReason,
+    completion: Option<u32>,
+) -> Result<(), Halt> {
+    if finish != v1::FinishReason::StopString {
+        let rest = prog.relay.flush().map_err(|m| protocol(job, &prog.decode_worker, m))?;
+        if !rest.is_empty() {
+            send_delta(tx, &job.request_id, rest, vec![]).await?;
+        }
+    }
+    let n = prog.generated.len() as u32;
+    let e2e = job.start.elapsed();
+    let ttft = prog.ttft.unwrap_or(e2e);
+    let tpot = if n >= 2 { prog.last_token.saturating_sub(ttft).as_secs_f64() / (n - 1) as f64 } else { 0.0 };
+    crate::metrics::observe_request(ttft, tpot, e2e, &prog.kv, e2e.saturating_sub(prog.waited));
+    let fin = v1::GenerateFinal {
+        finish_reason: finish as i32,
+        prompt_tokens: job.prompt.len() as u32,
+        completion_tokens: completion.unwrap_or(n),
+        ttft_ms: ttft.as_secs_f64() * 1e3,
+        tpot_ms: tpot * 1e3,
+        e2e_ms: e2e.as_secs_f64() * 1e3,
+        prefill_worker: prog.prefill_worker.clone(),
+        decode_worker: prog.decode_worker.clone(),
+        kv: Some(prog.kv),
+        migrations: prog.migrations,
+        retries: prog.retries,
+    };
+    let msg = v1::GenerateResponse { request_id: job.request_id.clone(), event: Some(Event::Final(fin)) };
+    tx.send(Ok(msg)).await.map_err(|_| Halt::ClientGone)
+}
