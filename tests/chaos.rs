@@ -108,12 +108,12 @@ async fn busy(chaos: &Chaos, streams: &[Stream], role: Role, min_tokens: usize) 
     }
 }
 
-/// The router's migration counter, if it has one yet, must have counted the fault.
-async fn migrated(chaos: &Chaos, label: &str) {
-    match chaos.router_metric("ferry_router_migrations_total").await {
-        Some(n) => assert!(n >= 1.0, "{label}: ferry_router_migrations_total = {n}"),
-        None => eprintln!("{label}: the router has no ferry_router_migrations_total (not on main yet)"),
-    }
+/// The fault moved at least one request: counted in the finals and in the routers' metrics.
+async fn migrated(chaos: &Chaos, finals: &[ferry_proto::v1::GenerateFinal], label: &str) {
+    let in_finals: u32 = finals.iter().map(|f| f.migrations).sum();
+    assert!(in_finals >= 1, "{label}: no request says it migrated: {finals:?}");
+    let counted = chaos.router_metric("ferry_router_migrations_total").await.unwrap_or(0.0);
+    assert!(counted >= in_finals as f64, "{label}: ferry_router_migrations_total = {counted}, the finals say {in_finals}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -126,8 +126,8 @@ async fn a_decode_worker_killed_mid_stream_its_requests_migrate() {
     let streams = load(&chaos, &[chaos.router()]).await;
     let victim = busy(&chaos, &streams, Role::Decode, 3).await;
     chaos.kill(victim.pid);
-    all_correct(streams, "decode killed").await;
-    migrated(&chaos, "decode killed").await;
+    let finals = all_correct(streams, "decode killed").await;
+    migrated(&chaos, &finals, "decode killed").await;
     chaos.assert_pools_whole(SETTLE).await;
     eprintln!("a_decode_worker_killed_mid_stream: {:.1} s", t.elapsed().as_secs_f64());
 }
@@ -158,10 +158,10 @@ async fn c_a_decode_worker_frozen_mid_stream_its_requests_migrate() {
     let victim = busy(&chaos, &streams, Role::Decode, 3).await;
     chaos.stop(victim.pid);
     let struck = Instant::now();
-    all_correct(streams, "decode frozen").await;
+    let finals = all_correct(streams, "decode frozen").await;
     eprintln!("decode frozen: every request done {:.1} s after the SIGSTOP", struck.elapsed().as_secs_f64());
     assert!(struck.elapsed() < FROZEN_HANDLED, "a frozen decode worker held its requests for {:?}", struck.elapsed());
-    migrated(&chaos, "decode frozen").await;
+    migrated(&chaos, &finals, "decode frozen").await;
     // Thawed, it finds its streams gone and frees them (and registers again, or is cleaned up).
     chaos.resume(victim.pid);
     chaos.assert_pools_whole(SETTLE).await;
