@@ -97,3 +97,22 @@ async fn a_killed_router_is_restarted_on_its_ports() {
     assert!(live.iter().zip(&cluster.workers).all(|(a, b)| a.pid == b.pid), "{live:?}");
     cluster.assert_no_leaks().await;
 }
+
+/// One of two routers killed with SIGKILL: requests through the other succeed at once, and the
+/// killed one comes back on its ports with both workers listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_of_two_routers_killed_the_other_serves_at_once() {
+    let model = smollm2();
+    let want = reference(&mut engine(&model), &PROMPT, 12);
+    let cluster = Cluster::up(&model, 1, 1, &["--routers", "2"]);
+    let victim = cluster.routers[0].clone();
+    let mut other = cluster.client_at(1).await;
+    signal(victim.pid, libc::SIGKILL);
+    let out = run(&mut other, token_request(&PROMPT, 12)).await.expect("a request through the surviving router");
+    assert_eq!(out.ids, want);
+    let back = cluster.wait_router_restarted(&victim, Duration::from_secs(45)).await;
+    assert_eq!((back.grpc.as_str(), back.restarts), (victim.grpc.as_str(), 1), "{back:?}");
+    let out = run(&mut cluster.client_at(0).await, token_request(&PROMPT, 12)).await.expect("a request through the restarted router");
+    assert_eq!(out.ids, want);
+    cluster.assert_no_leaks().await;
+}
