@@ -105,6 +105,30 @@ for dir in deploy/k8s/base deploy/k8s/overlays/*/; do
     rc=0
     "$VENV/bin/kubernetes-validate" --strict -k "$K8S_VERSION" "$file" >"$log" 2>&1 || rc=$?
     passed="$(grep -c ' passed for resource ' "$log" || true)"
+    # Ferry's own invariants, which a schema cannot see: more than one router, a PDB keeping one,
+    # and the workers pointed at a headless Service over the routers (so they register with each).
+    if ! "$VENV/bin/python" - "$file" >>"$log" 2>&1 <<'EOF_CHECK'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+def one(kind, name):
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+    return found[0]
+router = one("Deployment", "ferry-router")
+assert router["spec"].get("replicas", 1) >= 2, "the router Deployment needs at least 2 replicas"
+assert one("PodDisruptionBudget", "ferry-router")["spec"].get("minAvailable") == 1, "the router PDB keeps minAvailable 1"
+headless = one("Service", "ferry-router-headless")
+assert headless["spec"].get("clusterIP") == "None", "ferry-router-headless must be headless (clusterIP: None)"
+sel = headless["spec"]["selector"]
+labels = router["spec"]["template"]["metadata"]["labels"]
+assert all(labels.get(k) == v for k, v in sel.items()), "ferry-router-headless must select the router pods"
+config = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("ferry-config")]
+assert config and all(c["data"]["FERRY_ROUTER"].split(":")[0] == "ferry-router-headless" for c in config), "FERRY_ROUTER must name ferry-router-headless"
+print("ferry invariants passed")
+EOF_CHECK
+    then
+        rc=1
+    fi
     # A kind without a schema (a custom resource) is only a warning to kubernetes-validate; here it
     # fails: every document must be checked.
     if [ "$rc" -ne 0 ] || [ "$passed" -ne "$docs" ] || grep -q "Couldn't find schema" "$log"; then

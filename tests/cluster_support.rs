@@ -1,5 +1,10 @@
 //! Shared support for the end-to-end tests: a `ferry up` cluster of real processes on loopback,
 //! a gRPC client, and the single-process reference.
+//!
+//! `ferry up` announces every router and worker it (re)starts in a `router …` / `worker …` line on
+//! stdout; [`Cluster`] keeps reading them, so a test can find the processes by name, kill one
+//! ([`signal`]) and wait until `ferry up` has restarted it and every router lists it again
+//! ([`Cluster::wait_restarted`], [`Cluster::wait_router_restarted`]).
 #![allow(dead_code)]
 
 use ferry_proto::v1::admin_client::AdminClient;
@@ -8,6 +13,7 @@ use ferry_proto::v1::{generate_request, generate_response, GenerateFinal, Genera
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 
@@ -21,13 +27,78 @@ pub fn smollm2() -> PathBuf {
         .unwrap_or_else(|| ferry_engine::fetch::ensure_default_model().expect("the default model: run `ferry fetch`"))
 }
 
+/// One worker process, as `ferry up` announced it. A restarted worker keeps its name and gets a
+/// new pid and new addresses (and a new id at each router).
+#[derive(Clone, Debug)]
 pub struct WorkerProc {
     pub role: String,
     pub name: String,
     pub pid: u32,
     pub grpc: String,
+    /// Decode workers: the TCP KV data address (`-` when none).
+    pub data: String,
     /// Its `/metrics`, `/livez` and `/readyz` address.
     pub metrics: String,
+    /// How many times `ferry up` had restarted it when this process started.
+    pub restarts: u32,
+}
+
+/// One router process. A restarted router keeps its name (`router-1`) and its addresses.
+#[derive(Clone, Debug)]
+pub struct RouterProc {
+    pub name: String,
+    pub pid: u32,
+    pub grpc: String,
+    /// The OpenAI-compatible HTTP address.
+    pub http: String,
+    /// Its Prometheus `/metrics` address.
+    pub metrics: String,
+    pub restarts: u32,
+}
+
+/// Every `router …` and `worker …` line `ferry up` printed, in order.
+#[derive(Default)]
+struct Announced {
+    routers: Vec<RouterProc>,
+    workers: Vec<WorkerProc>,
+}
+
+impl Announced {
+    fn read(&mut self, line: &str) {
+        if line.starts_with("router ") {
+            self.routers.push(RouterProc {
+                name: field(line, "name="),
+                pid: field(line, "pid=").parse().unwrap_or(0),
+                grpc: field(line, "grpc="),
+                http: field(line, "http="),
+                metrics: field(line, "metrics="),
+                restarts: field(line, "restarts=").parse().unwrap_or(0),
+            });
+        }
+        if line.starts_with("worker ") {
+            self.workers.push(WorkerProc {
+                role: field(line, "role="),
+                name: field(line, "name="),
+                pid: field(line, "pid=").parse().unwrap(),
+                grpc: field(line, "grpc="),
+                data: field(line, "data="),
+                metrics: field(line, "metrics="),
+                restarts: field(line, "restarts=").parse().unwrap_or(0),
+            });
+        }
+    }
+}
+
+/// The newest announcement of each name, in the order names first appeared.
+fn latest<T: Clone>(all: &[T], name: impl Fn(&T) -> &str) -> Vec<T> {
+    let mut out: Vec<T> = Vec::new();
+    for a in all {
+        match out.iter_mut().find(|o| name(o) == name(a)) {
+            Some(o) => *o = a.clone(),
+            None => out.push(a.clone()),
+        }
+    }
+    out
 }
 
 /// `GET path` over HTTP/1.0: the whole response (status line, headers, body), or the connection
@@ -44,14 +115,22 @@ pub async fn http_get(addr: &str, path: &str) -> std::io::Result<String> {
 /// `ferry up` as a child process; stopped (SIGTERM, which stops its workers) when dropped.
 pub struct Cluster {
     child: Child,
+    /// The first router's gRPC address.
     pub router: String,
-    /// The router's Prometheus `/metrics` address.
+    /// The first router's Prometheus `/metrics` address.
     pub router_metrics: String,
-    /// The router's OpenAI-compatible HTTP address.
+    /// The first router's OpenAI-compatible HTTP address.
     pub http: String,
+    /// Every router, as started (`ferry up --routers N`; addresses stay across restarts, pids
+    /// do not: [`Cluster::live_routers`]).
+    pub routers: Vec<RouterProc>,
+    /// The workers as first started (before any restart: [`Cluster::live_workers`]).
     pub workers: Vec<WorkerProc>,
     /// `ferry up --tls`: the CA and the client certificate it printed (None: plaintext).
     pub tls: Option<TlsFiles>,
+    /// The pool sizes it was started with (prefill, decode).
+    pools: (usize, usize),
+    announced: Arc<Mutex<Announced>>,
 }
 
 /// The PEM files `ferry up --tls` made for clients.
@@ -101,6 +180,8 @@ pub fn signal(pid: u32, sig: i32) {
 }
 
 impl Cluster {
+    /// `ferry up --prefill P --decode D EXTRA…` on free loopback ports (`--routers N` in `extra`
+    /// starts several routers), once it printed `ready`.
     pub fn up(model: &std::path::Path, prefill: usize, decode: usize, extra: &[&str]) -> Cluster {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
             .args(["up", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", "1", "--ready-timeout", "240"])
@@ -111,8 +192,7 @@ impl Cluster {
             .spawn()
             .expect("start ferry up");
         let out = BufReader::new(child.stdout.take().unwrap());
-        let mut workers = Vec::new();
-        let mut router_metrics = String::new();
+        let announced = Arc::new(Mutex::new(Announced::default()));
         let mut tls = None;
         let mut lines = out.lines();
         let (router, http) = loop {
@@ -120,23 +200,128 @@ impl Cluster {
                 Some(Ok(l)) => l,
                 _ => panic!("ferry up exited before it was ready: {:?}", child.wait()),
             };
-            if line.starts_with("router ") {
-                router_metrics = field(&line, "metrics=");
-            }
+            announced.lock().unwrap().read(&line);
             if line.starts_with("tls ") {
                 tls = Some(TlsFiles { ca: field(&line, "ca=").into(), client_cert: field(&line, "client_cert=").into(), client_key: field(&line, "client_key=").into() });
-            }
-            if line.starts_with("worker ") {
-                workers.push(WorkerProc { role: field(&line, "role="), name: field(&line, "name="), pid: field(&line, "pid=").parse().unwrap(), grpc: field(&line, "grpc="), metrics: field(&line, "metrics=") });
             }
             if line.starts_with("ready ") {
                 break (field(&line, "router="), field(&line, "http="));
             }
         };
-        // Keep draining its stdout so it never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+        // Keep reading its stdout (so it never blocks on a full pipe), and learn of restarts.
+        let a = announced.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                a.lock().unwrap().read(&line);
+            }
+        });
         assert!(bound_loopback(&router) && bound_loopback(&http), "router={router} http={http}");
-        Cluster { child, router, router_metrics, http, workers, tls }
+        let (routers, workers) = {
+            let a = announced.lock().unwrap();
+            (a.routers.clone(), a.workers.clone())
+        };
+        assert!(!routers.is_empty() && routers[0].grpc == router, "router lines {routers:?}, ready router={router}");
+        let router_metrics = routers[0].metrics.clone();
+        Cluster { child, router, router_metrics, http, routers, workers, tls, pools: (prefill, decode), announced }
+    }
+
+    /// Each worker's current process (the newest start of each name; one that exited and was
+    /// not restarted is still listed).
+    pub fn live_workers(&self) -> Vec<WorkerProc> {
+        latest(&self.announced.lock().unwrap().workers, |w| &w.name)
+    }
+
+    /// Each router's current process.
+    pub fn live_routers(&self) -> Vec<RouterProc> {
+        latest(&self.announced.lock().unwrap().routers, |r| &r.name)
+    }
+
+    /// A channel to the router at `addr` (over mutual TLS when the cluster has TLS).
+    pub async fn channel_to(&self, addr: &str) -> Result<Channel, tonic::transport::Error> {
+        let tls = self.tls.as_ref().map(TlsFiles::client);
+        ferry_proto::tls::endpoint(addr, tls.as_ref()).unwrap().connect().await
+    }
+
+    /// A client of router `i` (0: the first).
+    pub async fn client_at(&self, i: usize) -> FerryClient<Channel> {
+        let addr = &self.routers[i].grpc;
+        FerryClient::new(self.channel_to(addr).await.unwrap_or_else(|e| panic!("connect to router {i} at {addr}: {e}")))
+    }
+
+    /// The workers router `i` lists (`Admin.ListWorkers`), or why it could not.
+    pub async fn workers_at(&self, i: usize) -> Result<Vec<WorkerInfo>, String> {
+        let ch = self.channel_to(&self.routers[i].grpc).await.map_err(|e| e.to_string())?;
+        let mut a = AdminClient::new(ch);
+        a.list_workers(ListWorkersRequest {}).await.map(|r| r.into_inner().workers).map_err(|e| e.to_string())
+    }
+
+    /// Wait until every router lists a ready worker at each of `grpc` addresses.
+    async fn wait_listed(&self, grpc: &[String], deadline: Instant, what: &str) {
+        for i in 0..self.routers.len() {
+            loop {
+                let listed = self.workers_at(i).await;
+                let ready = |addr: &String| listed.as_ref().is_ok_and(|ws| ws.iter().any(|w| &w.grpc_addr == addr && w.state == ferry_proto::v1::WorkerState::Ready as i32));
+                if grpc.iter().all(ready) {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "{what}: router {i} does not list {grpc:?} as ready: {listed:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+
+    /// Wait until `ferry up` has restarted `old` (same name, a new process) and every router
+    /// lists the new process ready; returns it.
+    pub async fn wait_restarted(&self, old: &WorkerProc, timeout: Duration) -> WorkerProc {
+        let deadline = Instant::now() + timeout;
+        let new = loop {
+            if let Some(w) = self.live_workers().into_iter().find(|w| w.name == old.name && w.pid != old.pid) {
+                break w;
+            }
+            assert!(Instant::now() < deadline, "worker {} (pid {}) was not restarted within {timeout:?}", old.name, old.pid);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        self.wait_listed(std::slice::from_ref(&new.grpc), deadline, &format!("restarted worker {}", new.name)).await;
+        new
+    }
+
+    /// Wait until `ferry up` has restarted router `old` and it lists the cluster's initial pools
+    /// (as many ready prefill and decode workers as it started with) again; returns it.
+    pub async fn wait_router_restarted(&self, old: &RouterProc, timeout: Duration) -> RouterProc {
+        let deadline = Instant::now() + timeout;
+        let new = loop {
+            if let Some(r) = self.live_routers().into_iter().find(|r| r.name == old.name && r.pid != old.pid) {
+                break r;
+            }
+            assert!(Instant::now() < deadline, "router {} (pid {}) was not restarted within {timeout:?}", old.name, old.pid);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let i = self.routers.iter().position(|r| r.name == new.name).expect("a known router");
+        use ferry_proto::v1::WorkerRole::{Decode, Prefill};
+        for (role, n) in [(Prefill, self.pools.0), (Decode, self.pools.1)] {
+            self.wait_ready_at(i, role, n, deadline).await;
+        }
+        new
+    }
+
+    /// Wait until every router lists at least `n` ready workers of `role`.
+    pub async fn wait_registered(&self, role: ferry_proto::v1::WorkerRole, n: usize, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        for i in 0..self.routers.len() {
+            self.wait_ready_at(i, role, n, deadline).await;
+        }
+    }
+
+    async fn wait_ready_at(&self, i: usize, role: ferry_proto::v1::WorkerRole, n: usize, deadline: Instant) {
+        loop {
+            let listed = self.workers_at(i).await;
+            let ready = listed.as_ref().map_or(0, |ws| ws.iter().filter(|w| w.role == role as i32 && w.state == ferry_proto::v1::WorkerState::Ready as i32).count());
+            if ready >= n {
+                return;
+            }
+            assert!(Instant::now() < deadline, "router {i} lists {ready} ready {role:?} workers, not {n}: {listed:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// A channel to the router: over mutual TLS when the cluster has TLS.
@@ -197,7 +382,17 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // `ferry up` stops its routers, then its workers, with 10 s of grace each; past that,
+        // SIGKILL it.
         signal(self.child.id(), libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(40);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }

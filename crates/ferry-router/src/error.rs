@@ -197,7 +197,10 @@ pub fn http_status_of(code: Code) -> StatusCode {
         Code::PermissionDenied => StatusCode::FORBIDDEN,
         Code::NotFound => StatusCode::NOT_FOUND,
         Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
-        Code::ResourceExhausted | Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        // RESOURCE_EXHAUSTED: no room now (the admission queue timed out or is full); OpenAI's
+        // clients back off on 429 and read `Retry-After`.
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         Code::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
         Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
         Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,

@@ -124,3 +124,23 @@ async fn a_full_queue_refuses_at_once() {
     assert!(t.elapsed() < Duration::from_secs(1), "at once: {:?}", t.elapsed());
     first.abort();
 }
+
+#[tokio::test]
+async fn the_http_api_answers_429_with_retry_after_when_no_room_appears() {
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http_addr = http.local_addr().unwrap().to_string();
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cfg = RouterConfig { queue_timeout: Duration::from_millis(300), ..cfg() };
+    let r = TestRouter::with(cfg, ferry_router::Listeners { grpc, http: Some(http), metrics: None }).await;
+    let _p = r.mock(WorkerRole::Prefill, scripted(SCRIPT)).await;
+    let _full = r.mock(WorkerRole::Decode, MockConfig { refuse_decode: true, ..scripted(SCRIPT) }).await;
+    let model = common::text().name;
+    for stream in [false, true] {
+        let body = serde_json::json!({"model": model, "prompt": "Hi", "max_tokens": 4, "stream": stream}).to_string();
+        let a = common::http::post(&http_addr, "/v1/completions", &body).await;
+        let e = a.error(429);
+        assert_eq!(e["type"], "rate_limit_error", "{e}");
+        let secs: u32 = a.retry_after.as_deref().expect("Retry-After").parse().expect("seconds");
+        assert!(secs >= 1, "stream {stream}: {secs}");
+    }
+}

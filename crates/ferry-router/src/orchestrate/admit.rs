@@ -52,7 +52,13 @@ pub(super) async fn admit(
     }
     if ready.iter().all(|c| c.total_blocks > 0 && c.total_blocks < need) {
         // No worker could ever hold it: waiting would not help.
-        return Err(Failed::fatal(RouterError::DecodeExhausted { need_blocks: need, tried: 0 }).into());
+        let most = ready.iter().map(|c| c.total_blocks).max().unwrap_or(0);
+        return Err(Failed::fatal(RouterError::InvalidRequest(format!(
+            "the request needs {need} KV blocks (prompt {} + max_tokens {}) but the largest decode worker has {most}",
+            prompt.len(),
+            params.max_tokens
+        )))
+        .into());
     }
     let order = rank_decode(&cands, need);
     let transfer_token = if colocated { String::new() } else { mint_transfer_token() };

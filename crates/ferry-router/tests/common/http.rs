@@ -9,6 +9,7 @@ use serde_json::Value;
 pub struct Answer {
     pub status: u16,
     pub content_type: String,
+    pub retry_after: Option<String>,
     pub body: String,
 }
 
@@ -35,6 +36,7 @@ impl Answer {
 pub struct Open {
     pub status: u16,
     pub content_type: String,
+    pub retry_after: Option<String>,
     body: Incoming,
     conn: tokio::task::JoinHandle<()>,
     buf: String,
@@ -133,9 +135,11 @@ pub async fn open(
         .get("content-type")
         .map(|v| v.to_str().unwrap().to_owned())
         .unwrap_or_default();
+    let retry_after = resp.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
     Open {
         status: resp.status().as_u16(),
         content_type,
+        retry_after,
         body: resp.into_body(),
         conn,
         buf: String::new(),
@@ -150,10 +154,11 @@ pub async fn request(
     body: Option<&str>,
 ) -> Answer {
     let o = open(addr, method, path, key, body).await;
-    let (status, content_type) = (o.status, o.content_type.clone());
+    let (status, content_type, retry_after) = (o.status, o.content_type.clone(), o.retry_after.clone());
     Answer {
         status,
         content_type,
+        retry_after,
         body: o.text().await,
     }
 }
