@@ -19,6 +19,13 @@ pub struct SamplingParams {
     /// Generation stops when the text contains one of these; the stop string is not returned.
     pub stop_strings: Vec<String>,
     pub ignore_eos: bool,
+    /// The index, within the completion, of the first token this call samples (0 for a fresh
+    /// request). A request continued elsewhere (prompt + the tokens already generated as the new
+    /// prompt, `max_tokens` reduced by their count) passes their count here with the same seed,
+    /// and samples what the first run would have: the sampler's draw for token `i` depends only
+    /// on (seed, `i`).
+    #[serde(default)]
+    pub token_offset: u32,
 }
 
 impl Default for SamplingParams {
@@ -32,6 +39,7 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             stop_strings: Vec::new(),
             ignore_eos: false,
+            token_offset: 0,
         }
     }
 }

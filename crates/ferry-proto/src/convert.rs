@@ -20,13 +20,14 @@ pub fn sampling_from_wire(s: Option<&v1::SamplingParams>, stop: Option<&v1::Stop
         stop_token_ids: stop.stop_token_ids,
         stop_strings: stop.stop,
         ignore_eos: stop.ignore_eos,
+        token_offset: s.token_offset,
     }
 }
 
 /// The wire form of [`SamplingParams`]: (sampling, stop conditions).
 pub fn sampling_to_wire(p: &SamplingParams) -> (v1::SamplingParams, v1::StopConditions) {
     (
-        v1::SamplingParams { temperature: p.temperature, top_k: p.top_k as u32, top_p: Some(p.top_p), seed: p.seed },
+        v1::SamplingParams { temperature: p.temperature, top_k: p.top_k as u32, top_p: Some(p.top_p), seed: p.seed, token_offset: p.token_offset },
         v1::StopConditions {
             max_tokens: p.max_tokens.min(u32::MAX as usize) as u32,
             stop: p.stop_strings.clone(),
@@ -96,6 +97,7 @@ mod tests {
             stop_token_ids: vec![5],
             stop_strings: vec!["\n\n".into()],
             ignore_eos: true,
+            token_offset: 5,
         };
         let (s, st) = sampling_to_wire(&p);
         assert_eq!(sampling_from_wire(Some(&s), Some(&st)), p);

@@ -65,6 +65,7 @@ impl SamplingArgs {
             stop_token_ids: self.stop_token.clone(),
             stop_strings: self.stop.clone(),
             ignore_eos: self.ignore_eos,
+            token_offset: 0,
         }
     }
 }

@@ -98,6 +98,7 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
         top_k: field::<u32>(&obj, "top_k")?.unwrap_or(0),
         top_p: field::<f32>(&obj, "top_p")?,
         seed: seed(obj.get("seed"))?,
+        ..Default::default()
     };
     let stop = v1::StopConditions {
         max_tokens: max_tokens.map_or(0, |(n, _)| n),
