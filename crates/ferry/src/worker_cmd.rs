@@ -56,8 +56,8 @@ pub struct WorkerArgs {
     pub kv_stall_timeout_ms: u64,
     /// Prefill workers: most prompts waiting to start; beyond it a request is refused at once
     /// (RESOURCE_EXHAUSTED, `ferry-error: overloaded`) and the router tries another worker.
-    #[arg(long, default_value_t = ferry_worker::prefill::DEFAULT_QUEUE_MAX, value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
-    pub queue_max: usize,
+    #[arg(long, default_value_t = ferry_worker::prefill::DEFAULT_QUEUE_MAX as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub queue_max: u64,
     /// Colocated workers: chunked prefill (Sarathi-Serve) with this many tokens per step, decodes
     /// included; without it, prompts are prefilled whole before the running decodes continue.
     #[arg(long)]
@@ -192,7 +192,7 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
         };
         let opts = ferry_worker::EngineOptions {
             chunk_tokens: args.chunked_prefill,
-            queue_max: args.queue_max,
+            queue_max: usize::try_from(args.queue_max).unwrap_or(usize::MAX),
             faults: ferry_worker::fault::FaultInjection::from_env(),
         };
         let engine = ferry_worker::EngineHandle::start_with(role, engine, &cfg.model, opts);
