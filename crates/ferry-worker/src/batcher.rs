@@ -179,12 +179,12 @@ impl Loop {
             self.publish();
             if self.running.is_empty() && self.prefilling.is_empty() {
                 match rx.recv() {
-                    Ok(a) => self.admit(a),
+                    Ok(a) => self.admit(a)?,
                     Err(_) => return Ok(()),
                 }
             }
             while let Ok(a) = rx.try_recv() {
-                self.admit(a);
+                self.admit(a)?;
             }
             self.drop_cancelled();
             if self.running.is_empty() && self.prefilling.is_empty() {
@@ -360,7 +360,9 @@ impl Loop {
         Ok(())
     }
 
-    fn admit(&mut self, a: Admission) {
+    /// Take a request in. Err only when importing its KV failed at the backend (the engine is
+    /// broken; the request has its failure already).
+    fn admit(&mut self, a: Admission) -> std::result::Result<(), EngineError> {
         match a.source {
             Source::Kv { payload, device, end, imported } => {
                 let seq = match &device {
@@ -370,14 +372,19 @@ impl Loop {
                 drop(device);
                 let seq = match seq {
                     Ok(seq) => seq,
+                    Err(e) if e.is_device_fault() => {
+                        let what = format!("importing the KV of request {}: {e}", a.request_id);
+                        let _ = imported.send((Err(WorkerError::EngineFailed(what).status()), payload));
+                        return Err(e);
+                    }
                     Err(e) => {
                         let _ = imported.send((Err(Status::from(WorkerError::from(e))), payload));
-                        return;
+                        return Ok(());
                     }
                 };
                 if imported.send((Ok(()), payload)).is_err() {
                     let _ = self.engine.release(seq);
-                    return;
+                    return Ok(());
                 }
                 let sampler = Sampler::resume(&a.params, end.sampler_state);
                 // The router already streamed the first token (it came with prefill's answer).
@@ -396,6 +403,7 @@ impl Loop {
                 });
             }
         }
+        Ok(())
     }
 
     /// A sequence whose first token is known joins the running batch, unless that token already

@@ -96,10 +96,8 @@ impl FaultInjection {
 
     /// Panics when `steps` (counted before this step) reaches the configured count.
     pub fn before_step(&self, steps: u64) {
-        if let Some(n) = self.panic_after_steps {
-            if steps >= n {
-                panic!("injected fault: {}={n}", Self::PANIC_AFTER_STEPS);
-            }
+        if let Some(n) = self.panic_after_steps.filter(|&n| steps >= n) {
+            panic!("injected fault: {}={n}", Self::PANIC_AFTER_STEPS);
         }
     }
 

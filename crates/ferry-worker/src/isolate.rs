@@ -8,6 +8,9 @@
 use crate::WorkerError;
 use ferry_engine::{DeviceBackend, Engine, EngineError, KvView, StepItem};
 
+/// A step's layer callback: (`None` for the whole batch or `Some(item)` alone, layer, the KV).
+pub type OnLayer<'a> = dyn FnMut(Option<usize>, usize, &KvView<DeviceBackend>) + Send + 'a;
+
 /// One item's result: its logits, or why it failed alone.
 pub type Outcome = std::result::Result<Vec<f32>, EngineError>;
 
@@ -17,7 +20,7 @@ pub type Outcome = std::result::Result<Vec<f32>, EngineError>;
 pub fn step_isolating(
     engine: &mut Engine,
     items: &[StepItem],
-    on_layer: &mut (dyn FnMut(Option<usize>, usize, &KvView<DeviceBackend>) + Send),
+    on_layer: &mut OnLayer<'_>,
 ) -> std::result::Result<Vec<Outcome>, EngineError> {
     match engine.step(items, &mut |l, kv| on_layer(None, l, kv)) {
         Ok(logits) => Ok(logits.into_iter().map(Ok).collect()),
