@@ -269,7 +269,7 @@ impl Loop {
             .iter()
             .map(|p| match p {
                 // The test hook: an id outside any vocabulary makes this one item fail.
-                Part::Decode(i) if self.faults.fails(&self.running[*i].request_id, self.running[*i].count) => [u32::MAX],
+                Part::Decode(i) if parts.len() > 1 && self.faults.fails(&self.running[*i].request_id, self.running[*i].count) => [u32::MAX],
                 Part::Decode(i) => [self.running[*i].last],
                 Part::Prefill(..) => [0],
             })

@@ -71,9 +71,10 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// set in production; [`FaultInjection::from_env`] reads the hidden environment variables:
 /// - `FERRY_FAULT_PANIC_AFTER_STEPS=N`: the engine thread panics at its step N+1 (after N
 ///   steps have run);
-/// - `FERRY_FAULT_FAIL_REQUEST=ID`: the request with this id fails in its decode step once it
-///   has two tokens (its step item carries a token id outside the vocabulary, so the batched
-///   step fails and the culprit is isolated), while the rest of its batch goes on.
+/// - `FERRY_FAULT_FAIL_REQUEST=ID`: the request with this id fails in its first decode step
+///   shared with other sequences once it has two tokens (its step item carries a token id
+///   outside the vocabulary, so the batched step fails and the culprit is isolated), while the
+///   rest of its batch goes on.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FaultInjection {
     pub panic_after_steps: Option<u64>,

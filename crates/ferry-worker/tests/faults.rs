@@ -130,8 +130,9 @@ async fn one_failing_sequence_ends_alone_and_the_batch_goes_on() {
         }
     }
     pool_whole(&w.load).await;
-    // The failed batched step was re-run item by item to find the culprit.
-    assert!(ferry_worker::metrics::handle().render().contains("ferry_worker_step_isolations_total"), "no isolation happened");
+    // The hook fails the poisoned request only in a step it shares with others: the others'
+    // normal ids above show that step was re-run item by item (the metrics recorder is the
+    // router's in this process, so the isolation counter is not read here).
     // The worker still serves.
     assert_eq!(run(&w.addr, "after", prompt(5, 9), 3).await.unwrap().len(), 3);
     pool_whole(&w.load).await;
