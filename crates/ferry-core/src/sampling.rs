@@ -20,7 +20,11 @@ pub struct SamplingParams {
     pub stop_strings: Vec<String>,
     pub ignore_eos: bool,
     /// The index, within the completion, of the first token this call samples (0 for a fresh
-    /// request; the tokens already generated when a request moves to other workers).
+    /// request). A request continued elsewhere (prompt + the tokens already generated as the new
+    /// prompt, `max_tokens` reduced by their count) passes their count here with the same seed,
+    /// and samples what the first run would have: the sampler's draw for token `i` depends only
+    /// on (seed, `i`).
+    #[serde(default)]
     pub token_offset: u32,
 }
 

@@ -63,6 +63,13 @@ impl EngineError {
         matches!(self, EngineError::Pool(ferry_core::PoolError::Exhausted { .. }))
     }
 
+    /// True when the backend itself failed (the device is gone, a CUDA call failed): nothing more
+    /// can run on this engine, whichever sequence was in the step. Every other error of a step is
+    /// about its items (a token out of range, a full pool, an unknown sequence).
+    pub fn is_device_fault(&self) -> bool {
+        matches!(self, EngineError::DeviceUnavailable(..) | EngineError::Cuda { .. })
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         EngineError::Io { path: path.into(), source }
     }

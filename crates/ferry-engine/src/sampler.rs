@@ -1,7 +1,16 @@
 //! Choosing the next token from logits: greedy, or temperature with top-k and top-p (nucleus,
 //! Holtzman et al. arXiv:1904.09751) over a seeded generator, so a seed reproduces a sample.
+//!
+//! The random draw for completion token `i` is a function of the seed and `i` alone: SplitMix64's
+//! state after `i` steps is `seed + i·γ`, so a sampler can start at any index
+//! ([`SamplingParams::token_offset`]) and draw exactly what one started at 0 would draw there. A
+//! request moved to another worker mid-stream (prompt + the tokens already sent, as the new
+//! prompt, `token_offset` = their count) continues with the same sample. Greedy draws nothing.
 
 use ferry_core::SamplingParams;
+
+/// SplitMix64's increment γ (the golden ratio in 64 bits).
+const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// SplitMix64 (Steele et al.): tiny, fast, and good enough to draw one uniform per token.
 #[derive(Clone, Debug)]
@@ -11,8 +20,12 @@ impl Rng {
     pub fn new(seed: u64) -> Self {
         Rng(seed)
     }
+    /// The generator `index` steps after `seed` (without taking those steps).
+    pub fn at(seed: u64, index: u64) -> Self {
+        Rng(seed.wrapping_add(index.wrapping_mul(GAMMA)))
+    }
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.0 = self.0.wrapping_add(GAMMA);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -43,16 +56,18 @@ pub fn argmax(logits: &[f32]) -> u32 {
 }
 
 impl Sampler {
+    /// A sampler whose first token is completion token `p.token_offset`.
     pub fn new(p: &SamplingParams) -> Self {
         let seed = p.seed.unwrap_or_else(|| {
             let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
             t ^ (std::process::id() as u64).rotate_left(32)
         });
-        Self { temperature: p.temperature, top_k: p.top_k, top_p: p.top_p, rng: Rng::new(seed) }
+        Self { temperature: p.temperature, top_k: p.top_k, top_p: p.top_p, rng: Rng::at(seed, u64::from(p.token_offset)) }
     }
 
-    /// The generator's state, so another process can continue this sampler exactly
-    /// (a prefill worker samples the first token, the decode worker the rest).
+    /// The generator's state (`seed + index·γ`, index = the next token's place in the
+    /// completion), so another process can continue this sampler exactly (a prefill worker
+    /// samples the first token, the decode worker the rest).
     pub fn rng_state(&self) -> u64 {
         self.rng.0
     }
@@ -62,7 +77,12 @@ impl Sampler {
         Self { temperature: p.temperature, top_k: p.top_k, top_p: p.top_p, rng: Rng::new(state) }
     }
 
+    /// The next token. Every call moves to the next completion index, whether it draws (greedy
+    /// does not) or not, so the draw for index `i` never depends on what came before it.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        // This token's draw, and the generator moved on to the next index.
+        let mut draw = self.rng.clone();
+        self.rng.0 = self.rng.0.wrapping_add(GAMMA);
         if self.temperature == 0.0 || self.top_k == 1 {
             return argmax(logits);
         }
@@ -92,7 +112,7 @@ impl Sampler {
             }
         }
         let mass: f64 = probs[..keep].iter().sum();
-        let mut u = self.rng.uniform() * mass;
+        let mut u = draw.uniform() * mass;
         for (i, p) in probs[..keep].iter().enumerate() {
             if u < *p {
                 return idx[i];
@@ -144,6 +164,40 @@ mod tests {
         let rest_b: Vec<u32> = (0..20).map(|_| b.sample(&logits)).collect();
         assert_eq!(rest_a, rest_b);
         let _ = first;
+    }
+
+    #[test]
+    fn the_draw_for_a_token_depends_only_on_the_seed_and_its_index() {
+        let logits: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin() * 2.0).collect();
+        let p = params(0.8, 0, 0.95, 1234);
+        let mut from_start = Sampler::new(&p);
+        let all: Vec<u32> = (0..40).map(|_| from_start.sample(&logits)).collect();
+        for k in [0u32, 1, 7, 39] {
+            let mut at_k = Sampler::new(&SamplingParams { token_offset: k, ..p.clone() });
+            let rest: Vec<u32> = (k..40).map(|_| at_k.sample(&logits)).collect();
+            assert_eq!(rest, all[k as usize..], "offset {k}");
+        }
+        // A sampler at offset k is the one started at 0 after k tokens, state for state.
+        let mut a = Sampler::new(&p);
+        for _ in 0..5 {
+            a.sample(&logits);
+        }
+        assert_eq!(a.rng_state(), Sampler::new(&SamplingParams { token_offset: 5, ..p.clone() }).rng_state());
+        // Greedy advances the index too and never draws: the same ids at any offset.
+        let g = params(0.0, 0, 1.0, 9);
+        let mut s = Sampler::new(&SamplingParams { token_offset: 3, ..g });
+        assert_eq!(s.sample(&logits), argmax(&logits));
+        // One SplitMix64 step per sampled token, as before token_offset existed: the same
+        // samples for the same seed.
+        let mut s = Sampler::new(&p);
+        for _ in 0..10 {
+            s.sample(&logits);
+        }
+        let mut rng = Rng::new(1234);
+        (0..10).for_each(|_| {
+            rng.next_u64();
+        });
+        assert_eq!(s.rng_state(), rng.0);
     }
 
     #[test]

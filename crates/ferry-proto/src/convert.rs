@@ -97,6 +97,7 @@ mod tests {
             stop_token_ids: vec![5],
             stop_strings: vec!["\n\n".into()],
             ignore_eos: true,
+            token_offset: 5,
         };
         let (s, st) = sampling_to_wire(&p);
         assert_eq!(sampling_from_wire(Some(&s), Some(&st)), p);

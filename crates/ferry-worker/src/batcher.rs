@@ -10,13 +10,18 @@
 //! - **chunked prefill** (`chunk_tokens: Some(B)`, Sarathi-Serve, arXiv:2403.02310): every step
 //!   carries all running decodes plus prompt chunks filling the rest of a budget of B tokens, so
 //!   a long prompt never stalls decodes for more than one bounded step.
+//!
+//! A step that fails for one sequence ends that sequence only ([`crate::isolate`]); a panic or
+//! a device fault ends the engine thread, failing everything it holds ([`crate::fault`]).
 
+use crate::fault::{panic_message, EngineFault, FaultInjection};
+use crate::isolate::{sequence_error, step_isolating, Outcome};
 use crate::load::{LoadGauge, Reservation};
 use crate::prefill::ModelFacts;
 use crate::{Result, WorkerError};
 use ferry_core::SamplingParams;
 use ferry_engine::sampler::Sampler;
-use ferry_engine::{Engine, FinishReason, Logits, SeqId, StepItem};
+use ferry_engine::{Engine, EngineError, FinishReason, Logits, SeqId, StepItem};
 use ferry_proto::v1::KvEnd;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
@@ -29,7 +34,8 @@ use tonic::Status;
 pub enum DecodeEvent {
     Token(u32),
     Finished { reason: FinishReason, completion_tokens: u32 },
-    Failed(String),
+    /// The request ended with this error (its sequence is freed).
+    Failed(WorkerError),
 }
 
 /// Where an admitted sequence's KV comes from.
@@ -61,6 +67,7 @@ pub struct Scheduling {
 }
 
 struct Running {
+    request_id: String,
     seq: SeqId,
     sampler: Sampler,
     stop_ids: Vec<u32>,
@@ -88,6 +95,8 @@ pub struct DecodeHandle {
     pub load: Arc<LoadGauge>,
     pub facts: ModelFacts,
     pub scheduling: Scheduling,
+    /// Set when the engine thread failed (see [`crate::fault`]).
+    pub fault: Arc<EngineFault>,
 }
 
 impl DecodeHandle {
@@ -97,19 +106,51 @@ impl DecodeHandle {
 }
 
 pub fn spawn(engine: Engine, model: String, scheduling: Scheduling) -> DecodeHandle {
+    spawn_with(engine, model, scheduling, FaultInjection::default())
+}
+
+/// [`spawn`], with failures injected on purpose (tests).
+pub fn spawn_with(engine: Engine, model: String, scheduling: Scheduling, faults: FaultInjection) -> DecodeHandle {
     let (tx, rx) = std_mpsc::channel();
     let load = Arc::new(LoadGauge::default());
     load.blocks_total.store(engine.total_blocks() as u64, Relaxed);
     load.blocks_free.store(engine.free_blocks() as u64, Relaxed);
     load.block_size.store(engine.kv_layout().block_size as u64, Relaxed);
     let facts = ModelFacts::of(&engine, model);
-    let handle = DecodeHandle { tx, load: load.clone(), facts, scheduling };
+    let fault = EngineFault::new();
+    let handle = DecodeHandle { tx, load: load.clone(), facts, scheduling, fault: fault.clone() };
     let role = if scheduling.accept_prompts { "colocated" } else { "decode" };
     std::thread::Builder::new()
         .name(format!("ferry-{role}"))
-        .spawn(move || Loop { engine, running: Vec::new(), prefilling: VecDeque::new(), load, scheduling, role }.run(rx))
+        .spawn(move || {
+            let mut lp = Loop { engine, running: Vec::new(), prefilling: VecDeque::new(), load, scheduling, role, faults, steps: 0 };
+            let what = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lp.run(&rx))) {
+                Ok(Ok(())) => return,
+                Ok(Err(e)) => format!("a {role} step failed at the backend: {e}"),
+                Err(p) => format!("the {role} engine thread panicked: {}", panic_message(p.as_ref())),
+            };
+            tracing::error!("{what}: failing every request this worker holds and taking it out");
+            fault.report(what.clone());
+            lp.fail_all(&what);
+            while let Ok(a) = rx.try_recv() {
+                fail_admission(a, &what);
+            }
+        })
         .expect("spawn the engine thread");
     handle
+}
+
+/// An admission the failed engine never took: its request fails, tagged `engine`.
+fn fail_admission(a: Admission, what: &str) {
+    let e = WorkerError::EngineFailed(what.to_string());
+    match a.source {
+        Source::Kv { payload, imported, .. } => {
+            let _ = imported.send((Err(e.status()), payload));
+        }
+        Source::Prompt(_) => {
+            let _ = a.events.send(DecodeEvent::Failed(e));
+        }
+    }
 }
 
 struct Loop {
@@ -119,6 +160,9 @@ struct Loop {
     load: Arc<LoadGauge>,
     scheduling: Scheduling,
     role: &'static str,
+    faults: FaultInjection,
+    /// Steps run so far (for [`FaultInjection::before_step`]).
+    steps: u64,
 }
 
 /// One row group of a step.
@@ -128,26 +172,40 @@ enum Part {
 }
 
 impl Loop {
-    fn run(mut self, rx: std_mpsc::Receiver<Admission>) {
+    /// Step until every handle is gone (Ok) or the backend fails (Err: the engine is broken).
+    fn run(&mut self, rx: &std_mpsc::Receiver<Admission>) -> std::result::Result<(), EngineError> {
         let mut rotate = 0usize;
         loop {
             self.publish();
             if self.running.is_empty() && self.prefilling.is_empty() {
                 match rx.recv() {
-                    Ok(a) => self.admit(a),
-                    Err(_) => return,
+                    Ok(a) => self.admit(a)?,
+                    Err(_) => return Ok(()),
                 }
             }
             while let Ok(a) = rx.try_recv() {
-                self.admit(a);
+                self.admit(a)?;
             }
             self.drop_cancelled();
             if self.running.is_empty() && self.prefilling.is_empty() {
                 continue;
             }
             let parts = self.plan(&mut rotate);
-            self.step(parts);
+            self.step(parts)?;
         }
+    }
+
+    /// The engine failed: every request held ends, tagged `engine` (the router moves them).
+    fn fail_all(&mut self, what: &str) {
+        for r in self.running.drain(..) {
+            let _ = self.engine.release(r.seq);
+            let _ = r.events.send(DecodeEvent::Failed(WorkerError::EngineFailed(what.to_string())));
+        }
+        for p in self.prefilling.drain(..) {
+            let _ = self.engine.release(p.seq);
+            let _ = p.events.send(DecodeEvent::Failed(WorkerError::EngineFailed(what.to_string())));
+        }
+        self.publish();
     }
 
     fn publish(&self) {
@@ -204,10 +262,14 @@ impl Loop {
         parts
     }
 
-    fn step(&mut self, parts: Vec<Part>) {
+    /// One step over `parts`. A part whose sequence fails ends that request alone; Err only
+    /// when the backend failed.
+    fn step(&mut self, parts: Vec<Part>) -> std::result::Result<(), EngineError> {
         let toks: Vec<[u32; 1]> = parts
             .iter()
             .map(|p| match p {
+                // The test hook: an id outside any vocabulary makes this one item fail.
+                Part::Decode(i) if parts.len() > 1 && self.faults.fails(&self.running[*i].request_id, self.running[*i].count) => [u32::MAX],
                 Part::Decode(i) => [self.running[*i].last],
                 Part::Prefill(..) => [0],
             })
@@ -224,58 +286,68 @@ impl Loop {
                 }
             })
             .collect();
+        self.faults.before_step(self.steps);
+        self.steps += 1;
         let t0 = Instant::now();
-        let result = self.engine.step(&items, &mut |_, _| {});
+        let outcomes = step_isolating(&mut self.engine, &items, &mut |_, _, _| {});
         drop(items);
         metrics::histogram!("ferry_worker_step_seconds", "role" => self.role).record(t0.elapsed().as_secs_f64());
         let decodes = parts.iter().filter(|p| matches!(p, Part::Decode(_))).count();
         metrics::histogram!("ferry_worker_decode_batch").record(decodes as f64);
-        let logits = match result {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::error!("step failed: {e}");
-                for r in self.running.drain(..) {
-                    let _ = self.engine.release(r.seq);
-                    let _ = r.events.send(DecodeEvent::Failed(format!("step failed: {e}")));
-                }
-                for p in self.prefilling.drain(..) {
-                    let _ = self.engine.release(p.seq);
-                    let _ = p.events.send(DecodeEvent::Failed(format!("step failed: {e}")));
-                }
-                return;
-            }
-        };
+        let outcomes: Vec<Outcome> = outcomes?;
         let ctx = self.engine.config().max_position;
-        let mut finished = Vec::new();
-        let mut prefilled = Vec::new();
-        for (part, logits) in parts.iter().zip(logits) {
-            match part {
-                Part::Decode(i) => {
+        // Requests that leave the batch: finished, or failed alone.
+        let mut leaving: Vec<(usize, std::result::Result<FinishReason, WorkerError>)> = Vec::new();
+        let mut prefilled: Vec<(usize, std::result::Result<Vec<f32>, WorkerError>)> = Vec::new();
+        for (part, outcome) in parts.iter().zip(outcomes) {
+            match (part, outcome) {
+                (Part::Decode(i), Ok(logits)) => {
                     let r = &mut self.running[*i];
                     let tok = r.sampler.sample(&logits);
                     if let Some(reason) = advance(r, tok, ctx) {
-                        finished.push((*i, reason));
+                        leaving.push((*i, Ok(reason)));
                     }
                 }
-                Part::Prefill(j, range) => {
+                (Part::Decode(i), Err(e)) => {
+                    let r = &self.running[*i];
+                    tracing::warn!(request_id = %r.request_id, "decode step failed for this sequence alone: {e}");
+                    leaving.push((*i, Err(sequence_error(&r.request_id, "decode step", e))));
+                }
+                (Part::Prefill(j, range), Ok(logits)) => {
                     let p = &mut self.prefilling[*j];
                     p.done = range.end;
                     if p.done == p.prompt.len() {
-                        prefilled.push((*j, logits));
+                        prefilled.push((*j, Ok(logits)));
                     }
+                }
+                (Part::Prefill(j, _), Err(e)) => {
+                    let p = &self.prefilling[*j];
+                    tracing::warn!(request_id = %p.request_id, "prefill step failed for this sequence alone: {e}");
+                    prefilled.push((*j, Err(sequence_error(&p.request_id, "prefill step", e))));
                 }
             }
         }
-        finished.sort_by_key(|f| std::cmp::Reverse(f.0));
-        for (i, reason) in finished {
+        leaving.sort_by_key(|f| std::cmp::Reverse(f.0));
+        for (i, end) in leaving {
             let r = self.running.swap_remove(i);
             let _ = self.engine.release(r.seq);
-            let _ = r.events.send(DecodeEvent::Finished { reason, completion_tokens: r.count as u32 });
+            let _ = r.events.send(match end {
+                Ok(reason) => DecodeEvent::Finished { reason, completion_tokens: r.count as u32 },
+                Err(e) => DecodeEvent::Failed(e),
+            });
         }
         // Prompts done: sample their first token here and join the running batch.
         prefilled.sort_by_key(|f| std::cmp::Reverse(f.0));
         for (j, logits) in prefilled {
-            let p = self.prefilling.remove(j).expect("index from this step");
+            let Some(p) = self.prefilling.remove(j) else { continue };
+            let logits = match logits {
+                Ok(l) => l,
+                Err(e) => {
+                    let _ = self.engine.release(p.seq);
+                    let _ = p.events.send(DecodeEvent::Failed(e));
+                    continue;
+                }
+            };
             let mut sampler = Sampler::new(&p.params);
             let first = sampler.sample(&logits);
             let first_is_stop = self.engine.stop_ids(&p.params).contains(&first);
@@ -285,9 +357,12 @@ impl Loop {
             let (seq, prompt_tokens) = (p.seq, p.prompt.len());
             self.start(&p.request_id, seq, first, first_is_stop, sampler, &p.params, prompt_tokens, p.events, p.reservation);
         }
+        Ok(())
     }
 
-    fn admit(&mut self, a: Admission) {
+    /// Take a request in. Err only when importing its KV failed at the backend (the engine is
+    /// broken; the request has its failure already).
+    fn admit(&mut self, a: Admission) -> std::result::Result<(), EngineError> {
         match a.source {
             Source::Kv { payload, device, end, imported } => {
                 let seq = match &device {
@@ -297,14 +372,19 @@ impl Loop {
                 drop(device);
                 let seq = match seq {
                     Ok(seq) => seq,
+                    Err(e) if e.is_device_fault() => {
+                        let what = format!("importing the KV of request {}: {e}", a.request_id);
+                        let _ = imported.send((Err(WorkerError::EngineFailed(what).status()), payload));
+                        return Err(e);
+                    }
                     Err(e) => {
                         let _ = imported.send((Err(Status::from(WorkerError::from(e))), payload));
-                        return;
+                        return Ok(());
                     }
                 };
                 if imported.send((Ok(()), payload)).is_err() {
                     let _ = self.engine.release(seq);
-                    return;
+                    return Ok(());
                 }
                 let sampler = Sampler::resume(&a.params, end.sampler_state);
                 // The router already streamed the first token (it came with prefill's answer).
@@ -323,6 +403,7 @@ impl Loop {
                 });
             }
         }
+        Ok(())
     }
 
     /// A sequence whose first token is known joins the running batch, unless that token already
@@ -358,6 +439,7 @@ impl Loop {
             None => {
                 tracing::debug!(request_id, "joined the running batch");
                 self.running.push(Running {
+                    request_id: request_id.to_string(),
                     seq,
                     sampler,
                     stop_ids: self.engine.stop_ids(params),

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-pub use crate::batcher::{spawn, Admission, DecodeEvent, DecodeHandle, Scheduling, Source};
+pub use crate::batcher::{spawn, spawn_with, Admission, DecodeEvent, DecodeHandle, Scheduling, Source};
 
 /// The gRPC `Decode` service.
 pub struct DecodeService {
@@ -116,7 +116,10 @@ async fn receive_kv(
     let delivery: Delivery = match delivery {
         Ok(Ok(Ok(d))) => d,
         Ok(Ok(Err(status))) => return fail(status).await,
-        Ok(Err(_)) => return fail(Status::aborted("the KV transfer was abandoned by its sender")).await,
+        Ok(Err(_)) => {
+            let status = Status::aborted("the KV transfer was abandoned by its sender");
+            return fail(crate::error::tagged(status, ferry_core::failure::WorkerFault::Transfer)).await;
+        }
         Err(_) => {
             let e = WorkerError::Timeout { id: ticket.id, ms: timeout.as_millis() as u64, what: "the KV" };
             tracing::warn!(transfer = ticket.id, "{e}: the request's KV reservation is released");
@@ -135,11 +138,11 @@ async fn receive_kv(
                 receiver.buffers.give(buf);
                 r
             }
-            Err(_) => Err(Status::unavailable("the decode engine stopped")),
+            Err(_) => Err(WorkerError::EngineFailed("the decode engine stopped before importing the KV".into()).status()),
         },
         Err(e) => Err(e.into()),
     };
-    let _ = ack.send(imported.as_ref().map(|_| ()).map_err(|s| Status::new(s.code(), s.message())));
+    let _ = ack.send(imported.as_ref().map(|_| ()).map_err(Status::clone));
     match imported {
         Ok(()) => Some(ev_rx),
         Err(status) => fail(status).await,
@@ -222,12 +225,15 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
                             let _ = tx.send(Ok(event(decode_response::Event::Final(fin)))).await;
                             return;
                         }
-                        Some(DecodeEvent::Failed(msg)) => {
-                            let _ = tx.send(Err(Status::internal(msg))).await;
+                        Some(DecodeEvent::Failed(e)) => {
+                            metrics::counter!("ferry_worker_requests_total", "role" => role, "outcome" => "error").increment(1);
+                            tracing::warn!(request_id = %request_id, "failed: {e}");
+                            let _ = tx.send(Err(e.into())).await;
                             return;
                         }
                         None => {
-                            let _ = tx.send(Err(Status::unavailable("the engine stopped"))).await;
+                            let e = WorkerError::EngineFailed("the engine thread stopped".into());
+                            let _ = tx.send(Err(e.into())).await;
                             return;
                         }
                     },

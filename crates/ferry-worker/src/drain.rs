@@ -6,7 +6,8 @@
 //!
 //! Every unit of work holds a [`Work`] guard from [`Drain::begin`]; the count can only fall back
 //! to zero through `Drop`, so an early return, an error or a cancelled request cannot wedge a
-//! drain.
+//! drain. A refusal while draining is UNAVAILABLE tagged `ferry-error: draining`
+//! ([`ferry_core::failure::WorkerFault::Draining`]): try another worker, this one is not dead.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
@@ -14,11 +15,6 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 
 use crate::WorkerError;
-
-/// The metadata key on a refusal that means "draining: try another worker" (the status code is
-/// UNAVAILABLE, which otherwise means the worker is gone).
-pub const REFUSAL_KEY: &str = "ferry-refusal";
-pub const REFUSAL_DRAINING: &str = "draining";
 
 /// A worker's drain state: whether it still takes work, and the work it holds.
 pub struct Drain {

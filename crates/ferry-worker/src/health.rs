@@ -1,8 +1,9 @@
 //! What a worker's `/livez` and `/readyz` report (for Kubernetes probes and load balancers).
 //!
-//! Live: the process serves HTTP. Ready: the model is loaded, the worker is not draining, and,
-//! when it has a router, it is registered and its lease is current (a heartbeat was acknowledged
-//! within the lease). A draining worker answers 503 so that a Kubernetes Service or load balancer
+//! Live: the process serves HTTP. Ready: the model is loaded, the engine has not failed, the
+//! worker is not draining, and, when it has routers, it is registered with at least one and that
+//! lease is current (a heartbeat was acknowledged within the lease). A worker whose engine failed
+//! answers 503 naming the fault while it takes itself out ([`crate::fault`]). A draining worker answers 503 so that a Kubernetes Service or load balancer
 //! stops sending it work while it finishes what it holds.
 //! [`registration`](crate::registration) flips the registered flag both ways; the HTTP listener
 //! may start before the model loads, so a probe sees "loading the model" rather than a refused
@@ -28,12 +29,19 @@ pub struct Health {
     engine: Arc<OnceLock<EngineView>>,
     /// The drain flag of the worker these probes describe, once it serves.
     draining: Arc<OnceLock<watch::Receiver<bool>>>,
+    /// The engine's fatal fault, once it serves.
+    fault: Arc<OnceLock<Arc<crate::fault::EngineFault>>>,
 }
 
 impl Health {
     /// `registered` is the receiving side of the flag given to [`crate::serve`].
     pub fn new(router: Option<String>, registered: watch::Receiver<bool>) -> Health {
-        Health { router, registered, engine: Arc::new(OnceLock::new()), draining: Arc::new(OnceLock::new()) }
+        Health { router, registered, engine: Arc::new(OnceLock::new()), draining: Arc::new(OnceLock::new()), fault: Arc::new(OnceLock::new()) }
+    }
+
+    /// Follow the engine's fault: not ready once it failed.
+    pub fn follow_fault(&self, fault: Arc<crate::fault::EngineFault>) {
+        let _ = self.fault.set(fault);
     }
 
     /// Follow the worker's drain flag (see [`crate::drain::Drain::subscribe`]): not ready once it
@@ -54,21 +62,26 @@ impl Health {
     /// Ok when ready, else the one-line reason.
     pub fn readiness(&self) -> Result<(), String> {
         let draining = self.draining.get().is_some_and(|d| *d.borrow());
-        readiness(self.engine.get().is_some(), *self.registered.borrow(), draining, self.router.as_deref())
+        let failed = self.fault.get().and_then(|f| f.get());
+        readiness(self.engine.get().is_some(), failed.as_deref(), *self.registered.borrow(), draining, self.router.as_deref())
     }
 }
 
-/// The readiness decision, apart from where its inputs come from.
-pub fn readiness(model_loaded: bool, registered: bool, draining: bool, router: Option<&str>) -> Result<(), String> {
+/// The readiness decision, apart from where its inputs come from. `router`: the `--router` list.
+pub fn readiness(model_loaded: bool, engine_failed: Option<&str>, registered: bool, draining: bool, router: Option<&str>) -> Result<(), String> {
     if !model_loaded {
         return Err("loading the model".into());
+    }
+    if let Some(what) = engine_failed {
+        return Err(format!("the engine failed ({what}): the worker is taking itself out"));
     }
     if draining {
         return Err("draining: finishing the requests it holds, taking no new ones".into());
     }
     match (registered, router) {
         (true, _) => Ok(()),
-        (false, Some(r)) => Err(format!("not registered with the router at {r} (registering, or its lease lapsed)")),
+        (false, Some(r)) if !r.contains(',') => Err(format!("not registered with the router at {r} (registering, or its lease lapsed)")),
+        (false, Some(r)) => Err(format!("not registered with any of the routers at {r} (registering, or their leases lapsed)")),
         (false, None) => Err("not serving yet".into()),
     }
 }
@@ -91,10 +104,15 @@ mod tests {
             (true, true, true, r, Err(draining)),
             (true, false, true, r, Err(draining)),
             (true, true, true, None, Err(draining)),
+            (true, false, false, Some("a:1, b:2"), Err("not registered with any of the routers at a:1, b:2 (registering, or their leases lapsed)")),
         ];
         for (loaded, registered, drain, router, want) in cases {
-            let got = readiness(*loaded, *registered, *drain, *router);
+            let got = readiness(*loaded, None, *registered, *drain, *router);
             assert_eq!(got.as_ref().map_err(String::as_str), want.as_ref().map_err(|s| *s), "{loaded} {registered} {drain} {router:?}");
         }
+        // A failed engine wins over everything but loading.
+        let failed = readiness(true, Some("the decode engine thread panicked: boom"), true, false, r);
+        assert_eq!(failed, Err("the engine failed (the decode engine thread panicked: boom): the worker is taking itself out".into()));
+        assert_eq!(readiness(false, Some("x"), true, false, r), Err("loading the model".into()));
     }
 }

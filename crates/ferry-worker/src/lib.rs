@@ -4,21 +4,26 @@
 //!
 //! - [`prefill`], [`decode`]: the engine loops and their services;
 //! - [`kv`]: the transfer between them (assembler, receiver, transports: gRPC and TCP);
-//! - [`registration`]: register and heartbeat; [`drain`]: graceful shutdown; [`metrics`]:
-//!   `/metrics`; [`health`]: `/livez` and `/readyz`; [`advertise`]: the addresses told to the
-//!   router and peers.
+//! - [`registration`]: register and heartbeat, with every router of [`routers`]; [`drain`]:
+//!   graceful shutdown; [`metrics`]: `/metrics`; [`health`]: `/livez` and `/readyz`;
+//!   [`advertise`]: the addresses told to the router and peers;
+//! - [`fault`]: a broken engine takes the worker out; [`isolate`]: a step that fails for one
+//!   sequence fails that sequence only.
 
 pub mod advertise;
 pub mod batcher;
 pub mod decode;
 pub mod drain;
 pub mod error;
+pub mod fault;
 pub mod health;
+pub mod isolate;
 pub mod kv;
 pub mod load;
 pub mod metrics;
 pub mod prefill;
 pub mod registration;
+pub mod routers;
 
 pub use error::{Result, WorkerError};
 
@@ -79,7 +84,9 @@ pub struct WorkerConfig {
     pub name: String,
     /// The served model's name.
     pub model: String,
-    /// The router to register with (none: serve unregistered, e.g. in tests).
+    /// The routers to register with: one `host:port`, or several separated by commas; a name
+    /// resolving to several addresses is one router per address (see [`routers`]). None: serve
+    /// unregistered (e.g. in tests).
     pub router: Option<String>,
     /// The address peers should use (default: the gRPC listener's address).
     pub advertise: Option<String>,
@@ -195,17 +202,48 @@ pub enum EngineHandle {
     Decode(decode::DecodeHandle),
 }
 
+/// How a worker's engine thread runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// Chunked prefill's per-step budget for a colocated worker (None: prefill first). Prefill
+    /// workers chunk long prompts at the engine's `max_batch_tokens`.
+    pub chunk_tokens: Option<usize>,
+    /// Prefill workers: most prompts waiting to start (`--queue-max`).
+    pub queue_max: usize,
+    /// Failures injected on purpose (tests; see [`fault::FaultInjection`]).
+    pub faults: fault::FaultInjection,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions { chunk_tokens: None, queue_max: prefill::DEFAULT_QUEUE_MAX, faults: fault::FaultInjection::default() }
+    }
+}
+
 impl EngineHandle {
     /// `chunk_tokens`: chunked prefill's per-step budget for a colocated worker (None: prefill
-    /// first). Prefill workers chunk long prompts at the engine's `max_batch_tokens`.
+    /// first). Fault injection follows this process's environment ([`fault::FaultInjection::from_env`]).
     pub fn start(role: Role, engine: Engine, model: &str, chunk_tokens: Option<usize>) -> Self {
+        Self::start_with(role, engine, model, EngineOptions { chunk_tokens, faults: fault::FaultInjection::from_env(), ..Default::default() })
+    }
+
+    pub fn start_with(role: Role, engine: Engine, model: &str, opts: EngineOptions) -> Self {
         let model = model.to_string();
+        let EngineOptions { chunk_tokens, queue_max, faults } = opts;
         match role {
-            Role::Prefill => EngineHandle::Prefill(prefill::spawn(engine, model)),
-            Role::Decode => EngineHandle::Decode(decode::spawn(engine, model, batcher::Scheduling::default())),
+            Role::Prefill => EngineHandle::Prefill(prefill::spawn_with(engine, model, prefill::PrefillOptions { queue_max, faults })),
+            Role::Decode => EngineHandle::Decode(decode::spawn_with(engine, model, batcher::Scheduling::default(), faults)),
             Role::Colocated => {
-                EngineHandle::Decode(decode::spawn(engine, model, batcher::Scheduling { accept_prompts: true, chunk_tokens }))
+                EngineHandle::Decode(decode::spawn_with(engine, model, batcher::Scheduling { accept_prompts: true, chunk_tokens }, faults))
             }
+        }
+    }
+
+    /// Set once the engine thread has failed.
+    pub fn fault(&self) -> Arc<fault::EngineFault> {
+        match self {
+            EngineHandle::Prefill(h) => h.fault.clone(),
+            EngineHandle::Decode(h) => h.fault.clone(),
         }
     }
 
@@ -218,11 +256,16 @@ impl EngineHandle {
     }
 }
 
-/// Run a worker until `shutdown` resolves, then drain: refuse new requests, tell the router, wait
-/// for the in-flight ones (at most `drain_timeout`), deregister, exit. `ready` turns true once
-/// registered with the router (immediately when there is no router), false while the lease is not
-/// current (heartbeats unanswered for a lease, or the router forgot us), and true again once
+/// Run a worker until `shutdown` resolves, then drain: refuse new requests, tell the routers,
+/// wait for the in-flight ones (at most `drain_timeout`), deregister, exit. `ready` turns true
+/// once registered with a router (immediately when there is no router), false while no lease is
+/// current (heartbeats unanswered for a lease, or the routers forgot us), and true again once
 /// re-registered.
+///
+/// If the engine fails meanwhile ([`fault`]), the worker takes itself out: not ready, its held
+/// requests already failed (tagged `engine`), it deregisters from every router, lets those
+/// failures reach their callers (a few seconds at most) and returns
+/// [`WorkerError::EngineFailed`].
 pub async fn serve(
     cfg: WorkerConfig,
     engine: EngineHandle,
@@ -232,6 +275,7 @@ pub async fn serve(
 ) -> Result<()> {
     let _ = metrics::handle();
     let drain = drain::Drain::new(cfg.name.clone());
+    let fault = engine.fault();
     let grpc_addr = listeners.grpc.local_addr().map_err(|e| WorkerError::Internal(e.to_string()))?;
     // Never KV in cleartext when TLS is configured: the data listener is dropped unused.
     let data_listener = if cfg.tls.enabled() {
@@ -250,11 +294,13 @@ pub async fn serve(
     let advertise::Advertised { grpc: advertise, data: data_addr } = advertise::advertised(grpc_addr, data_bound, &opts);
     if let Some(h) = &listeners.health {
         h.follow_drain(drain.subscribe());
+        h.follow_fault(fault.clone());
     }
     if let Some(m) = listeners.metrics {
         let health = health::Health::new(cfg.router.clone(), ready.subscribe());
         health.engine_started(health::EngineView { load: engine.load(), role: cfg.role });
         health.follow_drain(drain.subscribe());
+        health.follow_fault(fault.clone());
         tokio::spawn(metrics::serve(m, health));
     }
     let reflection = tonic_reflection::server::Builder::configure()
@@ -316,50 +362,60 @@ pub async fn serve(
             (load, facts, router)
         }
     };
-    let worker_id = registration::WorkerId::default();
     let auth = ferry_proto::Bearer::new(cfg.admin_token.as_deref())
         .map_err(|e| WorkerError::InvalidRequest(format!("--admin-token: {e}")))?;
-    let registration = match &cfg.router {
-        Some(r) => {
-            let kv_transports = kv_transports(&cfg, !data_addr.is_empty());
-            let req = RegisterRequest {
-                role: cfg.role.wire() as i32,
-                name: cfg.name.clone(),
-                grpc_addr: advertise.clone(),
-                data_addr,
-                model: facts.model.clone(),
-                fingerprint: facts.fingerprint.clone(),
-                max_context: facts.max_context as u32,
-                load: None,
-                draining: false,
-                kv_transports,
-            };
-            let link = registration::RouterLink { router: r.clone(), auth: auth.clone(), tls: client_tls.clone() };
-            Some(tokio::spawn(registration::keep_registered(link, req, load, ready, drain.subscribe(), worker_id.clone())))
-        }
-        None => {
-            ready.send_replace(true);
-            None
-        }
+    let entries = cfg.router.as_deref().map(routers::entries).unwrap_or_default();
+    let router_set = if entries.is_empty() {
+        ready.send_replace(true);
+        None
+    } else {
+        let kv_transports = kv_transports(&cfg, !data_addr.is_empty());
+        let req = RegisterRequest {
+            role: cfg.role.wire() as i32,
+            name: cfg.name.clone(),
+            grpc_addr: advertise.clone(),
+            data_addr,
+            model: facts.model.clone(),
+            fingerprint: facts.fingerprint.clone(),
+            max_context: facts.max_context as u32,
+            load: None,
+            draining: false,
+            kv_transports,
+        };
+        let link = registration::RouterLink { router: String::new(), auth: auth.clone(), tls: client_tls.clone() };
+        Some(routers::RouterSet::spawn(entries, link, req, load, ready, drain.subscribe(), routers::RouterSetConfig::default()))
     };
     tracing::info!(role = ?cfg.role, name = %cfg.name, addr = %advertise, "worker serving");
-    let abort = registration.as_ref().map(|r| r.abort_handle());
-    let (timeout, router_addr) = (cfg.drain_timeout, cfg.router.clone());
+    let timeout = cfg.drain_timeout;
+    let watch_fault = fault.clone();
     let shutdown = async move {
-        shutdown.await;
+        let failed = tokio::select! {
+            _ = shutdown => None,
+            what = watch_fault.wait() => Some(what),
+        };
         ::metrics::gauge!("ferry_worker_draining").set(1.0);
-        tracing::info!(inflight = drain.inflight(), timeout_s = timeout.as_secs_f64(), "draining: refusing new requests, waiting for in-flight ones");
-        match drain.drain(timeout).await {
-            drain::DrainOutcome::Idle => tracing::info!("drained: every request finished"),
-            drain::DrainOutcome::TimedOut { left } => {
-                tracing::warn!(left, "drain timed out after {} s: exiting with requests in flight", timeout.as_secs_f64())
+        match failed {
+            None => {
+                tracing::info!(inflight = drain.inflight(), timeout_s = timeout.as_secs_f64(), "draining: refusing new requests, waiting for in-flight ones");
+                match drain.drain(timeout).await {
+                    drain::DrainOutcome::Idle => tracing::info!("drained: every request finished"),
+                    drain::DrainOutcome::TimedOut { left } => {
+                        tracing::warn!(left, "drain timed out after {} s: exiting with requests in flight", timeout.as_secs_f64())
+                    }
+                }
+                if let Some(r) = router_set {
+                    r.deregister_all().await;
+                }
             }
-        }
-        if let Some(a) = abort {
-            a.abort();
-        }
-        if let Some(r) = router_addr {
-            registration::deregister(registration::RouterLink { router: r, auth, tls: client_tls }, &worker_id).await;
+            Some(what) => {
+                ::metrics::gauge!("ferry_worker_engine_failed").set(1.0);
+                tracing::error!("the engine failed ({what}): deregistering from every router and exiting");
+                if let Some(r) = router_set {
+                    r.deregister_all().await;
+                }
+                // The held requests have their failure: let those statuses reach the callers.
+                let _ = drain.drain(timeout.min(FAILED_FLUSH)).await;
+            }
         }
     };
     let result = router
@@ -368,8 +424,12 @@ pub async fn serve(
         .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(listeners.grpc).with_nodelay(Some(true)), shutdown)
         .await
         .map_err(|e| WorkerError::Internal(format!("gRPC server: {e}")));
-    if let Some(r) = registration {
-        r.abort();
+    if let Some(what) = fault.get() {
+        return Err(WorkerError::EngineFailed(what));
     }
     result
 }
+
+/// How long a worker whose engine failed waits for the failures of the requests it held to reach
+/// their callers before it exits.
+const FAILED_FLUSH: Duration = Duration::from_secs(5);

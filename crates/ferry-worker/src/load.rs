@@ -32,6 +32,9 @@ pub struct LoadGauge {
     pub blocks_committed: AtomicU64,
     pub active_sequences: AtomicU64,
     pub queued_requests: AtomicU64,
+    /// Prefill: prompts submitted and not yet started (the bounded queue; see
+    /// [`crate::prefill::PrefillOptions::queue_max`]).
+    pub waiting_requests: AtomicU64,
     pub queued_prefill_tokens: AtomicU64,
     pub block_size: AtomicU64,
     /// Prefill throughput (tokens/s, f64 bits): an exponential moving average over steps.
@@ -53,6 +56,7 @@ impl LoadGauge {
             block_size: g(&self.block_size) as u32,
             prefill_tokens_per_s: self.prefill_rate(),
             queue_oldest_ms: self.oldest_queued_age(Instant::now()).as_secs_f64() * 1e3,
+            queued_requests: g(&self.waiting_requests) as u32,
         }
     }
 
@@ -119,6 +123,7 @@ impl LoadGauge {
         metrics::gauge!("ferry_worker_queued_prefill_tokens", "role" => role).set(s.queued_prefill_tokens as f64);
         if role == "prefill" {
             metrics::gauge!("ferry_worker_prefill_tokens_per_second").set(s.prefill_tokens_per_s);
+            metrics::gauge!("ferry_worker_queue_waiting", "role" => role).set(s.queued_requests as f64);
         }
         metrics::gauge!("ferry_worker_kv_utilization", "role" => role).set(self.kv_utilization());
         metrics::gauge!("ferry_worker_queue_oldest_seconds", "role" => role).set(self.oldest_queued_age(Instant::now()).as_secs_f64());

@@ -1,7 +1,15 @@
 //! The prefill worker: one engine thread runs queued prompts in batches up to a token budget,
 //! streams each finished layer's KV to the request's transfer task, samples the first token, and
 //! keeps the sequence's blocks under a lease until the decode worker has acknowledged them.
+//!
+//! The queue of prompts waiting to start is bounded ([`PrefillOptions::queue_max`]): beyond it a
+//! request is refused at once, RESOURCE_EXHAUSTED tagged `overloaded`, so the router tries
+//! another worker or waits instead of piling prompts here. A step that fails for one prompt fails
+//! that prompt alone ([`crate::isolate`]); a panic or a device fault fails them all and takes the
+//! worker out ([`crate::fault`]).
 
+use crate::fault::{panic_message, EngineFault, FaultInjection};
+use crate::isolate::{sequence_error, step_isolating};
 use crate::kv::transport::{self, KvTransport};
 use crate::kv::Outbound;
 use crate::load::LoadGauge;
@@ -10,7 +18,7 @@ use bytes::Bytes;
 use ferry_core::kv_payload::KvPayloadHeader;
 use ferry_core::{BlockTable, SamplingParams};
 use ferry_engine::sampler::Sampler;
-use ferry_engine::{Engine, Logits, SeqId, StepItem};
+use ferry_engine::{Engine, EngineError, Logits, SeqId, StepItem};
 use ferry_proto::v1::{KvBegin, KvTarget, KvTransport as KvTransportKind, PrefillRequest, PrefillResponse};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -89,18 +97,47 @@ impl ModelFacts {
     }
 }
 
+/// The default bound of a prefill worker's queue of waiting prompts (`ferry prefill --queue-max`).
+pub const DEFAULT_QUEUE_MAX: usize = 64;
+
+/// How a prefill engine thread runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrefillOptions {
+    /// Most prompts waiting to start (submitted, not yet being computed); more are refused.
+    pub queue_max: usize,
+    pub faults: FaultInjection,
+}
+
+impl Default for PrefillOptions {
+    fn default() -> Self {
+        PrefillOptions { queue_max: DEFAULT_QUEUE_MAX, faults: FaultInjection::default() }
+    }
+}
+
 #[derive(Clone)]
 pub struct PrefillHandle {
     tx: std_mpsc::Sender<Cmd>,
     pub load: Arc<LoadGauge>,
     pub facts: ModelFacts,
+    queue_max: usize,
+    /// Set when the engine thread failed (see [`crate::fault`]).
+    pub fault: Arc<EngineFault>,
 }
 
 impl PrefillHandle {
+    /// Queue a prompt, or refuse it (tagged `overloaded`) when `queue_max` prompts already wait.
     pub fn submit(&self, job: PrefillJob) -> Result<()> {
+        let max = self.queue_max as u64;
+        if self.load.waiting_requests.fetch_update(Relaxed, Relaxed, |w| (w < max).then_some(w + 1)).is_err() {
+            metrics::counter!("ferry_worker_refusals_total", "role" => "prefill", "reason" => "queue_full").increment(1);
+            return Err(WorkerError::Exhausted(format!("the prefill queue is full: {max} prompts wait to start (--queue-max {max})")));
+        }
         self.load.queued_prefill_tokens.fetch_add(job.prompt.len() as u64, Relaxed);
         self.load.queued_requests.fetch_add(1, Relaxed);
-        self.tx.send(Cmd::Job(job)).map_err(|_| WorkerError::ShuttingDown)
+        self.tx.send(Cmd::Job(job)).map_err(|_| {
+            self.load.waiting_requests.fetch_sub(1, Relaxed);
+            WorkerError::ShuttingDown
+        })
     }
 }
 
@@ -113,45 +150,112 @@ struct Active {
 
 /// Start the engine thread.
 pub fn spawn(engine: Engine, model: String) -> PrefillHandle {
+    spawn_with(engine, model, PrefillOptions::default())
+}
+
+/// [`spawn`] with these options.
+pub fn spawn_with(engine: Engine, model: String, opts: PrefillOptions) -> PrefillHandle {
     let (tx, rx) = std_mpsc::channel();
     let load = Arc::new(LoadGauge::default());
     let facts = ModelFacts::of(&engine, model);
-    let handle = PrefillHandle { tx: tx.clone(), load: load.clone(), facts };
+    let fault = EngineFault::new();
+    let handle = PrefillHandle { tx: tx.clone(), load: load.clone(), facts, queue_max: opts.queue_max.max(1), fault: fault.clone() };
     std::thread::Builder::new()
         .name("ferry-prefill".into())
-        .spawn(move || run(engine, rx, tx, load))
+        .spawn(move || {
+            let mut st = State { engine, queue: VecDeque::new(), active: Vec::new(), load, faults: opts.faults, steps: 0 };
+            let what = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| st.run(&rx, &tx))) {
+                Ok(Ok(())) => return,
+                Ok(Err(e)) => format!("a prefill step failed at the backend: {e}"),
+                Err(p) => format!("the prefill engine thread panicked: {}", panic_message(p.as_ref())),
+            };
+            tracing::error!("{what}: failing every request this worker holds and taking it out");
+            fault.report(what.clone());
+            let fail = |j: PrefillJob| {
+                let _ = j.out.send(Outbound::Failed(WorkerError::EngineFailed(what.clone())));
+            };
+            st.active.drain(..).for_each(|a| fail(a.job));
+            st.queue.drain(..).for_each(fail);
+            while let Ok(cmd) = rx.try_recv() {
+                if let Cmd::Job(j) = cmd {
+                    fail(j);
+                }
+            }
+        })
         .expect("spawn the prefill engine thread");
     handle
 }
 
-fn run(mut engine: Engine, rx: std_mpsc::Receiver<Cmd>, tx: std_mpsc::Sender<Cmd>, load: Arc<LoadGauge>) {
-    let bs = engine.kv_layout().block_size;
-    let budget = engine.max_batch_tokens();
-    let mut queue: VecDeque<PrefillJob> = VecDeque::new();
-    let mut active: Vec<Active> = Vec::new();
-    load.blocks_total.store(engine.total_blocks() as u64, Relaxed);
-    load.block_size.store(bs as u64, Relaxed);
-    loop {
-        publish(&engine, &load, &queue, &active);
-        let handle = |cmd: Cmd, engine: &mut Engine, queue: &mut VecDeque<PrefillJob>| match cmd {
-            Cmd::Job(j) => queue.push_back(j),
+/// The prefill engine thread's state.
+struct State {
+    engine: Engine,
+    /// Prompts waiting to start (counted in `load.waiting_requests`).
+    queue: VecDeque<PrefillJob>,
+    active: Vec<Active>,
+    load: Arc<LoadGauge>,
+    faults: FaultInjection,
+    steps: u64,
+}
+
+impl State {
+    /// One prompt left the waiting queue.
+    fn left_queue(&self) {
+        let _ = self.load.waiting_requests.fetch_update(Relaxed, Relaxed, |w| Some(w.saturating_sub(1)));
+    }
+
+    /// Run until every handle is gone (Ok) or the backend fails (Err: the engine is broken).
+    fn run(&mut self, rx: &std_mpsc::Receiver<Cmd>, tx: &std_mpsc::Sender<Cmd>) -> std::result::Result<(), EngineError> {
+        let bs = self.engine.kv_layout().block_size;
+        let budget = self.engine.max_batch_tokens();
+        self.load.blocks_total.store(self.engine.total_blocks() as u64, Relaxed);
+        self.load.block_size.store(bs as u64, Relaxed);
+        loop {
+            publish(&self.engine, &self.load, &self.queue, &self.active);
+            if self.queue.is_empty() && self.active.is_empty() {
+                match rx.recv() {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(_) => return Ok(()),
+                }
+            }
+            while let Ok(cmd) = rx.try_recv() {
+                self.handle(cmd);
+            }
+            self.admit(bs);
+            if self.active.is_empty() {
+                if !self.queue.is_empty() {
+                    // Waiting for leases to come back: block until something changes.
+                    if let Ok(cmd) = rx.recv() {
+                        self.handle(cmd);
+                    }
+                }
+                continue;
+            }
+            self.faults.before_step(self.steps);
+            self.steps += 1;
+            step(&mut self.engine, &mut self.active, budget, tx, &self.load)?;
+        }
+    }
+
+    fn handle(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Job(j) => self.queue.push_back(j),
             Cmd::Release(seq) => {
-                if let Err(e) = engine.release(seq) {
+                if let Err(e) = self.engine.release(seq) {
                     tracing::error!("releasing prefill sequence {}: {e}", seq.0);
                 }
             }
-        };
-        if queue.is_empty() && active.is_empty() {
-            match rx.recv() {
-                Ok(cmd) => handle(cmd, &mut engine, &mut queue),
-                Err(_) => return,
-            }
         }
-        while let Ok(cmd) = rx.try_recv() {
-            handle(cmd, &mut engine, &mut queue);
+    }
+
+    /// Drop cancelled requests (freeing their blocks), then start queued prompts while the cache
+    /// can hold them whole.
+    fn admit(&mut self, bs: usize) {
+        let before = self.queue.len();
+        self.queue.retain(|j| !j.cancelled.load(Relaxed));
+        for _ in self.queue.len()..before {
+            self.left_queue();
         }
-        // Cancelled requests leave now, freeing their blocks.
-        queue.retain(|j| !j.cancelled.load(Relaxed));
+        let (engine, queue, active) = (&mut self.engine, &mut self.queue, &mut self.active);
         active.retain(|a| {
             let keep = !a.job.cancelled.load(Relaxed) && !a.job.out.is_closed();
             if !keep {
@@ -159,12 +263,13 @@ fn run(mut engine: Engine, rx: std_mpsc::Receiver<Cmd>, tx: std_mpsc::Sender<Cmd
             }
             keep
         });
-        // Admit queued prompts while the cache can hold them whole.
         let mut need_more: usize = active.iter().map(|a| blocks(a.job.prompt.len(), bs) - blocks(a.done, bs)).sum();
+        let mut left = 0usize;
         while let Some(j) = queue.front() {
             let need = blocks(j.prompt.len(), bs);
             if need > engine.total_blocks() {
-                let j = queue.pop_front().expect("front exists");
+                let Some(j) = queue.pop_front() else { break };
+                left += 1;
                 let what = format!("a prompt of {} tokens needs {need} KV blocks; this worker has {}", j.prompt.len(), engine.total_blocks());
                 let _ = j.out.send(Outbound::Failed(WorkerError::Exhausted(what)));
                 continue;
@@ -172,21 +277,15 @@ fn run(mut engine: Engine, rx: std_mpsc::Receiver<Cmd>, tx: std_mpsc::Sender<Cmd
             if need_more + need > engine.free_blocks() {
                 break;
             }
-            let j = queue.pop_front().expect("front exists");
+            let Some(j) = queue.pop_front() else { break };
+            left += 1;
             need_more += need;
             let seq = engine.new_sequence();
             active.push(Active { job: j, seq, done: 0, started: Instant::now() });
         }
-        if active.is_empty() {
-            if !queue.is_empty() {
-                // Waiting for leases to come back: block until something changes.
-                if let Ok(cmd) = rx.recv() {
-                    handle(cmd, &mut engine, &mut queue);
-                }
-            }
-            continue;
+        for _ in 0..left {
+            self.left_queue();
         }
-        step(&mut engine, &mut active, budget, &tx, &load);
     }
 }
 
@@ -205,8 +304,9 @@ fn publish(engine: &Engine, load: &LoadGauge, queue: &VecDeque<PrefillJob>, acti
     load.export(Role::Prefill.as_str());
 }
 
-/// One forward pass over the active prompts' next chunks (FIFO, up to the token budget).
-fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_mpsc::Sender<Cmd>, load: &LoadGauge) {
+/// One forward pass over the active prompts' next chunks (FIFO, up to the token budget). A
+/// prompt whose chunk fails alone fails alone; Err only when the backend failed.
+fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_mpsc::Sender<Cmd>, load: &LoadGauge) -> std::result::Result<(), EngineError> {
     let mut plan = Vec::new(); // (index, range)
     let mut left = budget;
     for (i, a) in active.iter().enumerate() {
@@ -217,10 +317,12 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
         plan.push((i, a.done..a.done + n));
         left -= n;
     }
-    let finishing: Vec<(SeqId, usize, bool, mpsc::UnboundedSender<Outbound>)> = plan
+    // The finishing prompts' (plan item, seq, tokens, buffers, out).
+    let finishing: Vec<(usize, SeqId, usize, bool, mpsc::UnboundedSender<Outbound>)> = plan
         .iter()
-        .filter(|(i, r)| r.end == active[*i].job.prompt.len())
-        .map(|(i, r)| (active[*i].seq, r.end, active[*i].job.buffers, active[*i].job.out.clone()))
+        .enumerate()
+        .filter(|(_, (i, r))| r.end == active[*i].job.prompt.len())
+        .map(|(k, (i, r))| (k, active[*i].seq, r.end, active[*i].job.buffers, active[*i].job.out.clone()))
         .collect();
     let layout = engine.kv_layout();
     let items: Vec<StepItem> = plan
@@ -232,9 +334,13 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
         })
         .collect();
     let t0 = Instant::now();
-    // Layer-wise streaming: each finishing prompt's layer leaves as soon as it is computed.
-    let result = engine.step(&items, &mut |l, kv| {
-        for (seq, tokens, buffers, out) in &finishing {
+    // Layer-wise streaming: each finishing prompt's layer leaves as soon as it is computed (when
+    // an item runs alone, only its own layers).
+    let result = step_isolating(engine, &items, &mut |which, l, kv| {
+        for (k, seq, tokens, buffers, out) in &finishing {
+            if which.is_some_and(|w| w != *k) {
+                continue;
+            }
             let offset = (l * layout.layer_bytes(*tokens)) as u64;
             let msg = if *buffers {
                 kv.export_layer_buffer(*seq, l).map(|buf| Outbound::Buffer { offset, buf })
@@ -248,25 +354,23 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
     });
     drop(items);
     metrics::histogram!("ferry_worker_step_seconds", "role" => "prefill").record(t0.elapsed().as_secs_f64());
-    if result.is_ok() {
+    let outcomes = result?;
+    if outcomes.iter().all(|o| o.is_ok()) {
         load.record_prefill_step(plan.iter().map(|(_, r)| r.len()).sum(), t0.elapsed().as_secs_f64());
     }
-    let logits = match result {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!("prefill step failed: {e}");
-            let msg = e.to_string();
-            for (i, _) in plan.iter().rev() {
-                let a = active.remove(*i);
-                let _ = engine.release(a.seq);
-                let _ = a.job.out.send(Outbound::Failed(WorkerError::Internal(format!("prefill step failed: {msg}"))));
-            }
-            return;
-        }
-    };
-    let mut done_idx = Vec::new();
-    for ((i, r), logits) in plan.iter().zip(logits) {
+    let mut leaving = Vec::new();
+    for ((i, r), outcome) in plan.iter().zip(outcomes) {
         let a = &mut active[*i];
+        let logits = match outcome {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(request_id = %a.job.request_id, "prefill step failed for this prompt alone: {e}");
+                let _ = engine.release(a.seq);
+                let _ = a.job.out.send(Outbound::Failed(sequence_error(&a.job.request_id, "prefill step", e)));
+                leaving.push(*i);
+                continue;
+            }
+        };
         a.done = r.end;
         if a.done == a.job.prompt.len() {
             let mut sampler = Sampler::new(&a.job.params);
@@ -284,12 +388,13 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
             };
             // If the transfer task is gone the message (and its lease) is dropped: blocks freed.
             let _ = a.job.out.send(end);
-            done_idx.push(*i);
+            leaving.push(*i);
         }
     }
-    for i in done_idx.into_iter().rev() {
+    for i in leaving.into_iter().rev() {
         active.remove(i);
     }
+    Ok(())
 }
 
 /// The gRPC `Prefill` service.

@@ -1,10 +1,15 @@
-//! Keeping a worker registered with the router: register at start, renew the lease by heartbeat
-//! (reporting load), and register again whenever the router does not know us (it restarted or
-//! dropped us). Readiness turns true once registered, false once no heartbeat has been
-//! acknowledged for a whole lease (the router is gone or unreachable: it has dropped us by now),
-//! and true again when heartbeats are acknowledged or we register anew. When the worker starts
-//! draining, the router hears it at once (not at the next heartbeat), and once drained the worker
-//! deregisters.
+//! Keeping a worker registered with each of its routers: register at start, renew the lease by
+//! heartbeat (reporting load), and register again whenever a router does not know us (it
+//! restarted or dropped us). A router's link is ready once registered, not ready once no
+//! heartbeat has been acknowledged for a whole lease (the router is gone or unreachable: it has
+//! dropped us by now), and ready again when heartbeats are acknowledged or we register anew.
+//! When the worker starts draining, every router hears it at once (not at the next heartbeat),
+//! and once drained the worker deregisters from all of them.
+//!
+//! Several routers serve the same pools ([`routers`]): the worker is given a list, and each
+//! entry that is a DNS name resolving to several addresses (a headless Service) counts as one
+//! router per address, re-resolved periodically. Each router gives the worker its own id; one
+//! router failing does not touch the others' links.
 
 use crate::kv::transport::Channels;
 use crate::load::LoadGauge;
@@ -39,18 +44,34 @@ pub fn lease_current(last_ok: Instant, now: Instant, lease: Duration) -> bool {
     now.saturating_duration_since(last_ok) < lease
 }
 
-/// Set the ready flag, logging the change (receivers may all be gone: the value is kept anyway).
-fn set_ready(ready: &watch::Sender<bool>, value: bool, router: &str) {
-    if ready.send_replace(value) != value {
-        if value {
-            tracing::info!(%router, "ready: the lease with the router is current");
-        } else {
-            tracing::warn!(%router, "not ready: no lease with the router");
-        }
+/// Where one router link reports whether its lease is current.
+pub trait LeaseFlag: Send + Sync {
+    fn set(&self, current: bool);
+}
+
+/// One router, one flag (the worker's readiness when it has a single router).
+impl LeaseFlag for watch::Sender<bool> {
+    fn set(&self, current: bool) {
+        self.send_replace(current);
     }
 }
 
-pub async fn keep_registered(link: RouterLink, template: RegisterRequest, load: Arc<LoadGauge>, ready: watch::Sender<bool>, mut draining: watch::Receiver<bool>, id: WorkerId) {
+/// Set a link's flag, logging the change.
+fn set_ready(ready: &dyn LeaseFlag, value: bool, router: &str, was: &mut Option<bool>) {
+    ready.set(value);
+    if *was != Some(value) {
+        if value {
+            tracing::info!(%router, "the lease with the router is current");
+        } else {
+            tracing::warn!(%router, "no lease with the router");
+        }
+    }
+    *was = Some(value);
+}
+
+pub async fn keep_registered(link: RouterLink, template: RegisterRequest, load: Arc<LoadGauge>, ready: Arc<dyn LeaseFlag>, mut draining: watch::Receiver<bool>, id: WorkerId) {
+    let mut was = None;
+    let ready = ready.as_ref();
     let RouterLink { router, auth, tls } = link;
     let channels = Channels::new(tls);
     let mut backoff = Duration::from_millis(100);
@@ -86,7 +107,7 @@ pub async fn keep_registered(link: RouterLink, template: RegisterRequest, load: 
         tracing::info!(worker_id = %resp.worker_id, %router, "registered");
         set_id(&id, Some(resp.worker_id.clone()));
         let mut last_ok = Instant::now();
-        set_ready(&ready, true, &router);
+        set_ready(ready, true, &router, &mut was);
         let every = Duration::from_millis(resp.heartbeat_ms.max(50) as u64);
         // A router too old to say its lease: assume three heartbeats.
         let lease = if resp.lease_ms > 0 { Duration::from_millis(resp.lease_ms as u64) } else { every * 3 };
@@ -106,19 +127,19 @@ pub async fn keep_registered(link: RouterLink, template: RegisterRequest, load: 
             match tokio::time::timeout(lease, client.heartbeat(hb)).await {
                 Ok(Ok(_)) => {
                     last_ok = Instant::now();
-                    set_ready(&ready, true, &router);
+                    set_ready(ready, true, &router, &mut was);
                 }
                 Ok(Err(status)) if status.code() == tonic::Code::NotFound => {
                     tracing::warn!("the router no longer knows {}: registering again", resp.worker_id);
                     set_id(&id, None);
-                    set_ready(&ready, false, &router);
+                    set_ready(ready, false, &router, &mut was);
                     break;
                 }
                 Ok(Err(status)) => tracing::debug!("heartbeat to {router}: {}", status.message()),
                 Err(_) => tracing::debug!("heartbeat to {router}: no answer within the lease ({lease:?})"),
             }
             if !lease_current(last_ok, Instant::now(), lease) {
-                set_ready(&ready, false, &router);
+                set_ready(ready, false, &router, &mut was);
             }
         }
     }
@@ -137,7 +158,7 @@ pub async fn deregister(link: RouterLink, id: &WorkerId) {
     let mut client = RegistryClient::with_interceptor(channel, auth);
     let call = client.deregister(WorkerRef { worker_id: worker_id.clone() });
     match tokio::time::timeout(Duration::from_secs(2), call).await {
-        Ok(Ok(_)) => tracing::info!(%worker_id, "deregistered from the router"),
+        Ok(Ok(_)) => tracing::info!(%worker_id, %router, "deregistered from the router"),
         Ok(Err(s)) => tracing::warn!(%worker_id, "deregistering: {}", s.message()),
         Err(_) => tracing::warn!(%worker_id, "deregistering: the router did not answer within 2 s"),
     }

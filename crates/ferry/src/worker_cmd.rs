@@ -9,7 +9,10 @@ use std::time::Duration;
 pub struct WorkerArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// The router to register with (host:port).
+    /// The routers to register with: `host:port`, or several separated by commas. A name that
+    /// resolves to several addresses (a headless Service) is one router per address, re-resolved
+    /// every second. The worker registers and heartbeats with each; it is ready while registered
+    /// with at least one.
     #[arg(long)]
     pub router: Option<String>,
     /// gRPC address to serve on (port 0 picks a free port).
@@ -51,6 +54,10 @@ pub struct WorkerArgs {
     /// transfer fails and frees what it holds; the router then retries the request elsewhere.
     #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub kv_stall_timeout_ms: u64,
+    /// Prefill workers: most prompts waiting to start; beyond it a request is refused at once
+    /// (RESOURCE_EXHAUSTED, `ferry-error: overloaded`) and the router tries another worker.
+    #[arg(long, default_value_t = ferry_worker::prefill::DEFAULT_QUEUE_MAX as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub queue_max: u64,
     /// Colocated workers: chunked prefill (Sarathi-Serve) with this many tokens per step, decodes
     /// included; without it, prompts are prefilled whole before the running decodes continue.
     #[arg(long)]
@@ -149,7 +156,7 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
         c.max_batch_tokens = args.max_batch_tokens;
     })?;
     let model = std::path::Path::new(&args.model.model).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    rt.block_on(async move {
+    let outcome: anyhow::Result<Option<String>> = rt.block_on(async move {
         let grpc = bind(&args.listen).await?.context("--listen cannot be none")?;
         // With TLS, no plaintext data path: KV goes over gRPC (TLS).
         let data = if role == Role::Decode && !tls.enabled() { bind(&args.data_listen).await? } else { None };
@@ -183,11 +190,29 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
             tls,
             pipes,
         };
-        let engine = ferry_worker::EngineHandle::start(role, engine, &cfg.model, args.chunked_prefill);
+        let opts = ferry_worker::EngineOptions {
+            chunk_tokens: args.chunked_prefill,
+            queue_max: usize::try_from(args.queue_max).unwrap_or(usize::MAX),
+            faults: ferry_worker::fault::FaultInjection::from_env(),
+        };
+        let engine = ferry_worker::EngineHandle::start_with(role, engine, &cfg.model, opts);
         health.engine_started(ferry_worker::health::EngineView { load: engine.load(), role });
-        ferry_worker::serve(cfg, engine, Listeners { grpc, data, metrics: None, health: Some(health.clone()) }, shutdown_signal(), ready).await?;
-        Ok(())
-    })
+        match ferry_worker::serve(cfg, engine, Listeners { grpc, data, metrics: None, health: Some(health.clone()) }, shutdown_signal(), ready).await {
+            Ok(()) => Ok(None),
+            Err(ferry_worker::WorkerError::EngineFailed(what)) => Ok(Some(what)),
+            Err(e) => Err(e.into()),
+        }
+    });
+    match outcome? {
+        None => Ok(()),
+        // A broken engine: exit non-zero so that a supervisor (`ferry up`, Kubernetes) restarts it.
+        Some(what) => {
+            let code = ferry_worker::fault::EXIT_ENGINE_FAILED;
+            tracing::error!("the engine failed ({what}); deregistered; exiting with code {code}");
+            eprintln!("ferry {}: the engine failed ({what}); exiting with code {code}", role.as_str());
+            std::process::exit(code);
+        }
+    }
 }
 
 /// Ctrl-C or SIGTERM.

@@ -35,7 +35,7 @@ use crate::{Result, WorkerError};
 use bytes::Bytes;
 use ferry_engine::KvBuffer;
 use ferry_proto::v1::kv_transfer_client::KvTransferClient;
-use ferry_proto::v1::{kv_ack_frame, kv_chunk, KvAck, KvAckFrame, KvBegin, KvChunk, KvEnd, KvError, KvTarget, KvTransport as Kind, NcclConnectRequest};
+use ferry_proto::v1::{kv_ack_frame, kv_chunk, KvAck, KvAckFrame, KvBegin, KvChunk, KvEnd, KvTarget, KvTransport as Kind, NcclConnectRequest};
 use prost::Message;
 use std::collections::HashMap;
 use std::ops::Range;
@@ -659,7 +659,7 @@ fn serve(receiver: &Arc<KvReceiver>, mut pipe: Box<dyn BytePipe>, rt: &tokio::ru
                 };
                 let reply = match result {
                     Ok(ack) => KvAckFrame { result: Some(kv_ack_frame::Result::Ack(ack)) },
-                    Err(e) => KvAckFrame { result: Some(kv_ack_frame::Result::Error(KvError { code: e.code() as i32, message: e.to_string() })) },
+                    Err(e) => KvAckFrame { result: Some(kv_ack_frame::Result::Error(crate::kv::transport::kv_error(&e))) },
                 };
                 send_message(pipe.as_mut(), kind::REPLY, &reply, Instant::now() + op_timeout)?;
                 State::Idle

@@ -7,7 +7,7 @@ use super::assembler::{Assembled, Expectation, KvAssembler};
 use super::frame;
 use crate::{Result, WorkerError};
 use ferry_core::KvLayout;
-use ferry_proto::v1::{kv_ack_frame, kv_chunk, KvAck, KvAckFrame, KvBegin, KvChunk, KvEnd, KvError, NcclConnectRequest, NcclConnectResponse};
+use ferry_proto::v1::{kv_ack_frame, kv_chunk, KvAck, KvAckFrame, KvBegin, KvChunk, KvEnd, NcclConnectRequest, NcclConnectResponse};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -94,7 +94,7 @@ impl Inbound<'_> {
     /// Tell the waiting request, and return the error for the sender.
     pub(crate) fn fail(&mut self, e: WorkerError) -> WorkerError {
         if let Some(tx) = self.tx.take() {
-            let _ = tx.send(Err(Status::new(e.code(), e.to_string())));
+            let _ = tx.send(Err(e.status()));
         }
         e
     }
@@ -268,7 +268,7 @@ impl ferry_proto::v1::kv_transfer_server::KvTransfer for KvTransferService {
                     WorkerError::PeerUnavailable { .. } => tonic::Code::Unavailable,
                     e => e.code(),
                 };
-                Err(Status::new(code, e.to_string()))
+                Err(crate::error::tagged(Status::new(code, e.to_string()), e.fault()))
             }
         }
     }
@@ -303,7 +303,7 @@ async fn handle_tcp(receiver: Arc<KvReceiver>, sock: TcpStream, stall: Duration)
     let result = receive_tcp(&receiver, &mut rd, stall).await;
     let reply = match &result {
         Ok(ack) => KvAckFrame { result: Some(kv_ack_frame::Result::Ack(*ack)) },
-        Err(e) => KvAckFrame { result: Some(kv_ack_frame::Result::Error(KvError { code: e.code() as i32, message: e.to_string() })) },
+        Err(e) => KvAckFrame { result: Some(kv_ack_frame::Result::Error(super::transport::kv_error(e))) },
     };
     frame::write_message(&mut wr, frame::REPLY, &reply).await.map_err(|e| frame::io_err("writing the reply", e))?;
     wr.flush().await.map_err(|e| frame::io_err("writing the reply", e))?;

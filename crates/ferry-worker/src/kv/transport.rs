@@ -49,10 +49,19 @@ pub(crate) fn ack_of(peer: &str, reply: KvAckFrame) -> Result<KvAck> {
     match reply.result {
         Some(kv_ack_frame::Result::Ack(a)) => Ok(a),
         Some(kv_ack_frame::Result::Error(e)) => {
-            Err(WorkerError::PeerRefused { peer: peer.to_string(), status: tonic::Status::new(tonic::Code::from_i32(e.code), e.message) })
+            let mut status = tonic::Status::new(tonic::Code::from_i32(e.code), e.message);
+            if let Some(f) = ferry_core::failure::WorkerFault::parse(&e.fault) {
+                status = crate::error::tagged(status, f);
+            }
+            Err(WorkerError::PeerRefused { peer: peer.to_string(), status })
         }
         None => Err(unavailable(peer, "empty reply")),
     }
+}
+
+/// A receiver's error as a reply frame: its code, message and fault tag.
+pub(crate) fn kv_error(e: &WorkerError) -> ferry_proto::v1::KvError {
+    ferry_proto::v1::KvError { code: e.code() as i32, message: e.to_string(), fault: e.fault().as_str().to_string() }
 }
 
 fn unavailable(peer: &str, what: impl std::fmt::Display) -> WorkerError {
@@ -350,7 +359,8 @@ pub async fn push(transport: &dyn KvTransport, target: &KvTarget, begin: KvBegin
             Outbound::Failed(e) => return Err(e),
         }
     }
-    Err(WorkerError::Cancelled)
+    // Every sender is gone without a word: the engine thread stopped.
+    Err(WorkerError::EngineFailed("the prefill engine stopped before this prompt finished".into()))
 }
 
 /// Send `data` (at `offset` of the body) in chunks of at most [`MAX_CHUNK_BYTES`], with their
