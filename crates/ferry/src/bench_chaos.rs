@@ -67,6 +67,9 @@ pub struct ChaosBenchArgs {
     pub json: bool,
 }
 
+/// A connection to a router killed this long before a request started may still be the broken one.
+const STALE: Duration = Duration::from_secs(5);
+
 const TEXT: &str = "The history of the printing press begins with the first movable type, invented in China, and continues through Gutenberg's workshop in Mainz, where metal type, oil-based ink and a wooden screw press came together. ";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -504,7 +507,7 @@ async fn soak(a: &ChaosBenchArgs, up: &Up, prompts: Arc<Vec<(Vec<u32>, Vec<u32>)
         if target.role == Role::Router
             && let Ok(text) = http_get(&target.metrics, "/metrics").await
         {
-            figures.insert(target.metrics.clone(), router_figures(&text));
+            figures.insert(format!("{}#{}", target.metrics, target.pid), router_figures(&text));
         }
         let at = Instant::now();
         if freeze {
@@ -550,10 +553,11 @@ async fn soak(a: &ChaosBenchArgs, up: &Up, prompts: Arc<Vec<(Vec<u32>, Vec<u32>)
     };
     for r in up.live(Role::Router) {
         if let Ok(text) = http_get(&r.metrics, "/metrics").await {
-            figures.insert(r.metrics.clone(), router_figures(&text));
+            figures.insert(format!("{}#{}", r.metrics, r.pid), router_figures(&text));
         }
     }
-    // Which failures are allowed: through a router that was killed while the request ran, or
+    // Which failures are allowed: through a router that was killed while the request ran (or in
+    // the STALE seconds before it started: a client's connection to it is then broken), or
     // while a whole role was down (within a second of the failure).
     let timeline = timeline.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let allowed = records
@@ -562,7 +566,7 @@ async fn soak(a: &ChaosBenchArgs, up: &Up, prompts: Arc<Vec<(Vec<u32>, Vec<u32>)
             if !matches!(r.how, End::Failed { .. }) {
                 return true;
             }
-            let router_struck = faults.iter().any(|f| f.target.role == Role::Router && f.target.grpc == r.router && f.at >= r.start && f.at <= r.end + Duration::from_secs(1));
+            let router_struck = faults.iter().any(|f| f.target.role == Role::Router && f.target.grpc == r.router && f.at + STALE >= r.start && f.at <= r.end + Duration::from_secs(1));
             let role_down = timeline.iter().any(|(t, p, d)| (*p == 0 || *d == 0) && *t + Duration::from_secs(1) >= r.start && *t <= r.end + Duration::from_secs(1));
             router_struck || role_down
         })
