@@ -149,44 +149,67 @@ async fn bad_input_gets_a_clear_status_and_nothing_runs() {
     cluster.assert_no_leaks().await;
 }
 
+/// Streams `req`, kills the decode worker serving it after three messages, and reads the stream
+/// to its end: (every id streamed, the final, the killed worker's id).
+async fn kill_its_decode_worker_mid_stream(
+    cluster: &Cluster,
+    client: &mut ferry_proto::v1::ferry_client::FerryClient<tonic::transport::Channel>,
+    req: GenerateRequest,
+) -> (Vec<u32>, ferry_proto::v1::GenerateFinal, String) {
+    use ferry_proto::v1::generate_response::Event;
+    let mut stream = client.generate(req).await.unwrap().into_inner();
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        if let Some(Event::Delta(d)) = stream.message().await.unwrap().unwrap().event {
+            ids.extend(d.token_ids);
+        }
+    }
+    let ws = cluster.workers().await;
+    let busy = ws.iter().find(|w| w.role == ferry_proto::v1::WorkerRole::Decode as i32 && w.state == ferry_proto::v1::WorkerState::Ready as i32 && w.inflight == 1).expect("a busy decode worker");
+    let victim = cluster.live_workers().into_iter().find(|w| w.grpc == busy.grpc_addr).expect("its process");
+    signal(victim.pid, libc::SIGKILL);
+    let fin = loop {
+        match stream.message().await.expect("no error: the request migrates").expect("a final").event {
+            Some(Event::Delta(d)) => ids.extend(d.token_ids),
+            Some(Event::Final(f)) => break f,
+            None => panic!("an empty message"),
+        }
+    };
+    (ids, fin, busy.worker_id.clone())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_decode_worker_s_stream_migrates_and_the_rest_keep_serving() {
     let model = smollm2();
     let cluster = Cluster::up(&model, 2, 2, &[]);
     let mut client = cluster.client().await;
+
+    // Greedy: the migrated stream equals a run without the fault.
     let req = token_request(&[1, 504, 3575], 64);
     let reference = run(&mut client, req.clone()).await.expect("the reference run");
-
-    // Once it streams, kill the decode worker serving it: the stream goes on elsewhere.
-    let mut stream = client.generate(req).await.unwrap().into_inner();
-    let mut ids = Vec::new();
-    for _ in 0..3 {
-        if let Some(ferry_proto::v1::generate_response::Event::Delta(d)) = stream.message().await.unwrap().unwrap().event {
-            ids.extend(d.token_ids);
-        }
-    }
-    let ws = cluster.workers().await;
-    let busy = ws.iter().find(|w| w.role == ferry_proto::v1::WorkerRole::Decode as i32 && w.inflight == 1).expect("a busy decode worker");
-    let victim = cluster.workers.iter().find(|w| w.grpc == busy.grpc_addr).expect("its process");
-    signal(victim.pid, libc::SIGKILL);
-    let fin = loop {
-        match stream.message().await.expect("no error: the request migrates").expect("a final").event {
-            Some(ferry_proto::v1::generate_response::Event::Delta(d)) => ids.extend(d.token_ids),
-            Some(ferry_proto::v1::generate_response::Event::Final(f)) => break f,
-            None => panic!("an empty message"),
-        }
-    };
+    let (ids, fin, killed) = kill_its_decode_worker_mid_stream(&cluster, &mut client, req).await;
     assert_eq!(ids, reference.ids, "every token once, as without the fault");
     assert_eq!(fin.migrations, 1, "{fin:?}");
-    assert_ne!(fin.decode_worker, busy.worker_id);
+    assert_ne!(fin.decode_worker, killed);
+
+    // Seeded sampling continues the same sample across the migration (the draw for token i
+    // depends only on the seed and i).
+    let mut sampled = token_request(&[1, 504, 3575], 48);
+    sampled.sampling = Some(SamplingParams { temperature: 0.9, seed: Some(1234), ..Default::default() });
+    let reference = run(&mut client, sampled.clone()).await.expect("the sampled reference");
+    let greedy = run(&mut client, token_request(&[1, 504, 3575], 48)).await.expect("greedy");
+    assert_ne!(reference.ids, greedy.ids, "the sample is not the greedy path");
+    cluster.wait_registered(ferry_proto::v1::WorkerRole::Decode, 2, Duration::from_secs(60)).await;
+    let (ids, fin, _) = kill_its_decode_worker_mid_stream(&cluster, &mut client, sampled).await;
+    assert_eq!(ids, reference.ids, "the same sample as without the fault");
+    assert_eq!(fin.migrations, 1, "{fin:?}");
 
     // Kill a prefill worker too: new requests go to the one left.
-    let p = cluster.workers.iter().find(|w| w.role == "prefill").unwrap();
+    let p = cluster.live_workers().into_iter().find(|w| w.role == "prefill").unwrap();
     signal(p.pid, libc::SIGKILL);
     for i in 0..4u32 {
         let out = run(&mut client, token_request(&[1, 504 + i, 3575], 6)).await.unwrap_or_else(|e| panic!("request {i} after the kills: {e:?}"));
         assert_eq!(out.ids.len(), 6);
-        assert_ne!(out.fin.decode_worker, busy.worker_id);
     }
     cluster.assert_no_leaks().await;
 }
