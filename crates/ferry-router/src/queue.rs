@@ -118,11 +118,6 @@ impl Place {
         }
         Ok(())
     }
-
-    /// How long this request has waited.
-    pub fn waited(&self) -> Duration {
-        self.entered.elapsed()
-    }
 }
 
 impl Drop for Place {

@@ -103,31 +103,27 @@ pub(super) async fn relay(
     loop {
         let phase = prog.phase();
         let m = watched(tx, &mut prog.waited, &[&dw], shared.cfg.token_timeout, "the decode stream", async {
-            match adm.stream.message().await {
-                // The stream closed without `final`: the worker went away mid-request.
-                Ok(None) => Err(Status::unavailable("the decode stream ended without `final`")),
-                other => other,
-            }
+            // The stream closed without `final`: the worker went away mid-request.
+            adm.stream.message().await?.ok_or_else(|| Status::unavailable("the decode stream ended without `final`"))
         })
         .await;
         let m = match m {
             Ok(m) => m,
             Err(i) => return Err(interrupted(shared, prog, job, phase, WorkerRole::Decode, &dw, None, i).await),
         };
-        match m {
-            Some(v1::DecodeResponse { event: Some(DecodeEvent::Tokens(t)) }) => {
+        match m.event {
+            Some(DecodeEvent::Tokens(t)) => {
                 if forward(job, &dw.id, prog, tx, &t.ids).await? {
                     // A stop string ends the request here: dropping the stream cancels it on the
                     // decode worker.
                     return finish(job, prog, tx, v1::FinishReason::StopString, None).await;
                 }
             }
-            Some(v1::DecodeResponse { event: Some(DecodeEvent::Final(f)) }) => {
+            Some(DecodeEvent::Final(f)) => {
                 let reason = v1::FinishReason::try_from(f.finish_reason).unwrap_or(v1::FinishReason::Unspecified);
                 return finish(job, prog, tx, reason, Some(params.token_offset + f.completion_tokens)).await;
             }
-            Some(other) => return Err(protocol(job, &dw.id, format!("unexpected message {other:?}"))),
-            None => return Err(protocol(job, &dw.id, "the decode stream ended without `final`".into())),
+            other => return Err(protocol(job, &dw.id, format!("unexpected message {other:?}"))),
         }
     }
 }
