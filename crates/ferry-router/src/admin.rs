@@ -41,7 +41,7 @@ impl v1::registry_server::Registry for RegistryService {
         &self,
         req: Request<v1::WorkerRef>,
     ) -> Result<Response<v1::DeregisterResponse>, Status> {
-        self.registry.deregister(&req.get_ref().worker_id);
+        self.registry.deregister(&req.get_ref().worker_id, &req.get_ref().grpc_addr);
         crate::metrics::set_worker_gauges(&self.registry);
         Ok(Response::new(v1::DeregisterResponse {}))
     }

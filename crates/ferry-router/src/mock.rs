@@ -222,6 +222,7 @@ async fn heartbeat_loop(
                 worker_id,
                 load: reg.load,
                 draining: false,
+                grpc_addr: reg.grpc_addr.clone(),
             })
             .await
         {

@@ -204,6 +204,10 @@ impl Registry {
         let Some(w) = inner.workers.get_mut(&req.worker_id) else {
             return Err(RouterError::UnknownWorker(req.worker_id.clone()));
         };
+        if !req.grpc_addr.is_empty() && req.grpc_addr != w.grpc_addr {
+            // The id was handed out again by this router (it restarted) to another worker.
+            return Err(RouterError::UnknownWorker(req.worker_id.clone()));
+        }
         if w.state == WorkerState::Dead {
             inner.workers.remove(&req.worker_id);
             return Err(RouterError::UnknownWorker(req.worker_id.clone()));
@@ -270,8 +274,14 @@ impl Registry {
     }
 
     /// A worker that finished draining leaves (idempotent: unknown ids are fine).
-    pub fn deregister(&self, id: &str) {
-        if let Some(w) = self.lock().workers.remove(id) {
+    /// A worker leaves the pool. With `addr` (the worker's own call), only the entry registered
+    /// from that address: a restarted router may have given the id to another worker.
+    pub fn deregister(&self, id: &str, addr: &str) {
+        let mut inner = self.lock();
+        if !addr.is_empty() && inner.workers.get(id).is_some_and(|w| w.grpc_addr != addr) {
+            return;
+        }
+        if let Some(w) = inner.workers.remove(id) {
             w.gone.send_replace(true);
             tracing::info!(worker = %id, "worker drained and deregistered");
         }
@@ -526,6 +536,41 @@ mod tests {
         )
     }
 
+    // A restarted router hands ids out afresh: the worker that re-registers first may get the
+    // id another worker still heart-beats with. That heartbeat must not renew the other's entry
+    // (it would never register again, and the router would list one worker for two), and its
+    // deregistration must not remove it.
+    #[tokio::test]
+    async fn an_id_handed_out_again_answers_only_its_own_worker() {
+        let r = registry();
+        let id = r
+            .register(&reg_req(v1::WorkerRole::Prefill, "127.0.0.1:2", "fp"))
+            .unwrap()
+            .worker_id;
+        assert_eq!(id, "prefill-1");
+        let t0 = Instant::now();
+        let hb = |addr: &str| {
+            r.heartbeat(
+                &v1::HeartbeatRequest {
+                    worker_id: id.clone(),
+                    grpc_addr: addr.into(),
+                    ..Default::default()
+                },
+                t0,
+            )
+        };
+        // The worker that held prefill-1 before the restart, at another address.
+        assert!(matches!(hb("127.0.0.1:1"), Err(RouterError::UnknownWorker(_))));
+        assert!(r.get("prefill-1").is_some_and(|w| w.grpc_addr == "127.0.0.1:2"));
+        assert_eq!(hb("127.0.0.1:2").unwrap(), WorkerState::Ready);
+        // An old client that sends no address is still answered by id.
+        assert_eq!(hb("").unwrap(), WorkerState::Ready);
+        r.deregister("prefill-1", "127.0.0.1:1");
+        assert!(r.get("prefill-1").is_some());
+        r.deregister("prefill-1", "127.0.0.1:2");
+        assert!(r.get("prefill-1").is_none());
+    }
+
     #[tokio::test]
     async fn ids_fingerprint_heartbeat_and_lease() {
         let r = registry();
@@ -564,8 +609,7 @@ mod tests {
             r.heartbeat(
                 &v1::HeartbeatRequest {
                     worker_id: id.into(),
-                    load: None,
-                    draining: false,
+                    ..Default::default()
                 },
                 at,
             )

@@ -143,6 +143,7 @@ async fn resource_exhausted_decode_falls_through_to_the_next() {
     admin
         .drain(v1::WorkerRef {
             worker_id: "decode-2".into(),
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -384,6 +385,7 @@ async fn drained_workers_get_no_new_requests() {
     let info = admin
         .drain(v1::WorkerRef {
             worker_id: "decode-1".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -403,12 +405,14 @@ async fn drained_workers_get_no_new_requests() {
     admin
         .undrain(v1::WorkerRef {
             worker_id: "decode-1".into(),
+            ..Default::default()
         })
         .await
         .unwrap();
     admin
         .drain(v1::WorkerRef {
             worker_id: "decode-2".into(),
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -423,12 +427,14 @@ async fn drained_workers_get_no_new_requests() {
     admin
         .remove(v1::WorkerRef {
             worker_id: "decode-2".into(),
+            ..Default::default()
         })
         .await
         .unwrap();
     let err = admin
         .drain(v1::WorkerRef {
             worker_id: "decode-2".into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();

@@ -122,7 +122,7 @@ pub async fn keep_registered(link: RouterLink, template: RegisterRequest, load: 
                     }
                 }
             }
-            let hb = HeartbeatRequest { worker_id: resp.worker_id.clone(), load: Some(load.snapshot()), draining: *draining.borrow() };
+            let hb = HeartbeatRequest { worker_id: resp.worker_id.clone(), load: Some(load.snapshot()), draining: *draining.borrow(), grpc_addr: template.grpc_addr.clone() };
             // No call may outlast the lease: an unanswered heartbeat is a failed one.
             match tokio::time::timeout(lease, client.heartbeat(hb)).await {
                 Ok(Ok(_)) => {
@@ -145,8 +145,9 @@ pub async fn keep_registered(link: RouterLink, template: RegisterRequest, load: 
     }
 }
 
-/// Leave the router's pool after a drain (best effort, bounded: the router may be gone).
-pub async fn deregister(link: RouterLink, id: &WorkerId) {
+/// Leave the router's pool after a drain (best effort, bounded: the router may be gone). `addr`
+/// is the worker's gRPC address, as it registered.
+pub async fn deregister(link: RouterLink, id: &WorkerId, addr: String) {
     let RouterLink { router, auth, tls } = link;
     let router = router.as_str();
     let Some(worker_id) = id.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
@@ -156,7 +157,7 @@ pub async fn deregister(link: RouterLink, id: &WorkerId) {
         return;
     };
     let mut client = RegistryClient::with_interceptor(channel, auth);
-    let call = client.deregister(WorkerRef { worker_id: worker_id.clone() });
+    let call = client.deregister(WorkerRef { worker_id: worker_id.clone(), grpc_addr: addr });
     match tokio::time::timeout(Duration::from_secs(2), call).await {
         Ok(Ok(_)) => tracing::info!(%worker_id, %router, "deregistered from the router"),
         Ok(Err(s)) => tracing::warn!(%worker_id, "deregistering: {}", s.message()),

@@ -197,6 +197,8 @@ impl Shared {
 pub struct RouterSet {
     shared: Arc<Shared>,
     link: RouterLink,
+    /// The worker's gRPC address (deregistration names it).
+    addr: String,
     resolver: JoinHandle<()>,
 }
 
@@ -222,6 +224,7 @@ impl RouterSet {
         cfg: RouterSetConfig,
     ) -> RouterSet {
         let shared = Arc::new(Shared { links: Mutex::default(), ready });
+        let addr = template.grpc_addr.clone();
         let (s, l) = (shared.clone(), link.clone());
         let resolver = tokio::spawn(async move {
             loop {
@@ -239,7 +242,7 @@ impl RouterSet {
                 tokio::time::sleep(cfg.resolve_every).await;
             }
         });
-        RouterSet { shared, link, resolver }
+        RouterSet { shared, link, addr, resolver }
     }
 
     /// Each router's link, for logs and tests.
@@ -265,7 +268,8 @@ impl RouterSet {
         for l in links {
             l.task.abort();
             let link = RouterLink { router: l.dial.clone(), ..self.link.clone() };
-            calls.spawn(async move { registration::deregister(link, &l.id).await });
+            let addr = self.addr.clone();
+            calls.spawn(async move { registration::deregister(link, &l.id, addr).await });
         }
         while calls.join_next().await.is_some() {}
     }
@@ -287,7 +291,8 @@ fn apply(s: &Arc<Shared>, link: &RouterLink, template: &RegisterRequest, load: &
             tracing::warn!(router = %l.dial, "dropping the router link: its address is gone and it fails");
             l.task.abort();
             let link = RouterLink { router: l.dial.clone(), ..link.clone() };
-            tokio::spawn(async move { registration::deregister(link, &l.id).await });
+            let addr = template.grpc_addr.clone();
+            tokio::spawn(async move { registration::deregister(link, &l.id, addr).await });
         }
     }
     let now = Instant::now();

@@ -95,7 +95,7 @@ fn call(cmd: PoolCommand) -> anyhow::Result<(PoolOpts, Vec<v1::WorkerInfo>)> {
             PoolCommand::Scale(s) => &s.opts,
         };
         let mut c = admin(&opts.router, opts).await?;
-        let one = |w: &PoolWorker| v1::WorkerRef { worker_id: w.worker_id.clone() };
+        let one = |w: &PoolWorker| v1::WorkerRef { worker_id: w.worker_id.clone(), ..Default::default() };
         Ok(match cmd {
             PoolCommand::List(o) => (o, c.list_workers(v1::ListWorkersRequest {}).await.map_err(status_error)?.into_inner().workers),
             PoolCommand::Drain(w) => {
