@@ -4,13 +4,12 @@
 //! workers' own KV counters, and a loopback TCP proxy that cuts connections mid-payload.
 #![allow(dead_code)]
 
-use crate::cluster_support::{http_get, signal};
+use crate::cluster_support::{http_get, signal, Cluster, RouterProc, WorkerProc};
 use ferry_proto::v1::admin_client::AdminClient;
 use ferry_proto::v1::ferry_client::FerryClient;
 use ferry_proto::v1::{generate_response, GenerateFinal, GenerateRequest, ListWorkersRequest, WorkerInfo};
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -34,10 +33,6 @@ pub struct Proc {
     pub metrics: String,
 }
 
-fn field(line: &str, key: &str) -> Option<String> {
-    line.split_whitespace().find_map(|f| f.strip_prefix(key)).map(str::to_string)
-}
-
 /// Whether a process exists (and is not a zombie: `ferry up` reaps its children).
 pub fn alive(pid: u32) -> bool {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -45,92 +40,32 @@ pub fn alive(pid: u32) -> bool {
     !stat.is_empty() && !stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with(['Z', 'X']))
 }
 
-/// The pid of the process listening on loopback TCP `port` (the router's line may not carry a
-/// pid): the socket inode from /proc/net/tcp, then the process holding it.
-fn pid_listening_on(port: u16) -> Option<u32> {
-    let tcp = std::fs::read_to_string("/proc/net/tcp").ok()?;
-    let want = format!(":{port:04X}");
-    let inode = tcp.lines().skip(1).find_map(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        // local_address, state 0A = LISTEN, inode.
-        (f.len() > 9 && f[1].ends_with(&want) && f[3] == "0A").then(|| f[9].to_string())
-    })?;
-    let link = format!("socket:[{inode}]");
-    for p in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(pid) = p.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else { continue };
-        if fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy() == link)) {
-            return Some(pid);
-        }
+impl From<WorkerProc> for Proc {
+    fn from(w: WorkerProc) -> Proc {
+        let role = if w.role == "prefill" { Role::Prefill } else { Role::Decode };
+        Proc { role, name: w.name, pid: w.pid, grpc: w.grpc, metrics: w.metrics }
     }
-    None
 }
 
-fn port_of(addr: &str) -> Option<u16> {
-    addr.rsplit(':').next()?.parse().ok()
+impl From<RouterProc> for Proc {
+    fn from(r: RouterProc) -> Proc {
+        Proc { role: Role::Router, name: r.name, pid: r.pid, grpc: r.grpc, metrics: r.metrics }
+    }
 }
 
-/// `ferry up` as a child process; on drop every stopped process is continued, then `ferry up` is
-/// stopped (SIGTERM, which stops its workers), then the processes the test started itself.
+/// A [`Cluster`] with faults: stopped processes are continued on drop, and processes the test
+/// started itself ([`Chaos::adopt`]) are tracked with `ferry up`'s and stopped on drop.
 pub struct Chaos {
-    child: Child,
-    /// Every process announced so far, in order (a restart appends a new entry).
-    procs: Arc<Mutex<Vec<Proc>>>,
+    cluster: Cluster,
     stopped: Mutex<Vec<u32>>,
-    extra: Mutex<Vec<Child>>,
+    extra: Mutex<Vec<(Child, Proc)>>,
     pub model: std::path::PathBuf,
 }
 
 impl Chaos {
     /// `ferry up --prefill P --decode D EXTRA…` with one thread per worker, on free loopback ports.
     pub fn up(model: &std::path::Path, prefill: usize, decode: usize, extra: &[&str]) -> Chaos {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
-            .args(["up", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", "1", "--ready-timeout", "240"])
-            .args(["--prefill", &prefill.to_string(), "--decode", &decode.to_string(), "--model"])
-            .arg(model)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start ferry up");
-        let procs = Arc::new(Mutex::new(Vec::new()));
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let out = BufReader::new(child.stdout.take().expect("ferry up's stdout"));
-        let seen = procs.clone();
-        // Reads every line for the cluster's whole life: restarts announce new processes.
-        std::thread::spawn(move || {
-            for line in out.lines().map_while(Result::ok) {
-                let p = if line.starts_with("router ") {
-                    let grpc = field(&line, "grpc=").unwrap_or_default();
-                    let pid = field(&line, "pid=").and_then(|p| p.parse().ok()).or_else(|| port_of(&grpc).and_then(pid_listening_on));
-                    pid.map(|pid| Proc { role: Role::Router, name: field(&line, "name=").unwrap_or_else(|| format!("router@{grpc}")), pid, grpc, metrics: field(&line, "metrics=").unwrap_or_default() })
-                } else if line.starts_with("worker ") {
-                    let role = match field(&line, "role=").as_deref() {
-                        Some("prefill") => Some(Role::Prefill),
-                        Some("decode") => Some(Role::Decode),
-                        _ => None,
-                    };
-                    role.zip(field(&line, "pid=").and_then(|p| p.parse().ok())).map(|(role, pid)| Proc {
-                        role,
-                        name: field(&line, "name=").unwrap_or_default(),
-                        pid,
-                        grpc: field(&line, "grpc=").unwrap_or_default(),
-                        metrics: field(&line, "metrics=").unwrap_or_default(),
-                    })
-                } else {
-                    None
-                };
-                if let Some(p) = p {
-                    seen.lock().unwrap_or_else(|e| e.into_inner()).push(p);
-                }
-                if line.starts_with("ready ") {
-                    let _ = ready_tx.send(());
-                }
-            }
-        });
-        if ready_rx.recv_timeout(Duration::from_secs(300)).is_err() {
-            panic!("ferry up was not ready: {:?}", child.try_wait());
-        }
-        Chaos { child, procs, stopped: Mutex::new(Vec::new()), extra: Mutex::new(Vec::new()), model: model.to_path_buf() }
+        Chaos { cluster: Cluster::up(model, prefill, decode, extra), stopped: Mutex::new(Vec::new()), extra: Mutex::new(Vec::new()), model: model.to_path_buf() }
     }
 
     /// Whether `ferry up` knows this flag (features landing at different times).
@@ -139,45 +74,31 @@ impl Chaos {
         String::from_utf8_lossy(&out.stdout).split(|c: char| c.is_whitespace() || c == ',').any(|w| w == flag)
     }
 
-    fn all(&self) -> Vec<Proc> {
-        self.procs.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// Every router, newest announcement per address.
+    /// Every router's current process.
     pub fn routers(&self) -> Vec<Proc> {
-        let mut out: Vec<Proc> = Vec::new();
-        for p in self.all().into_iter().filter(|p| p.role == Role::Router) {
-            out.retain(|q| q.grpc != p.grpc);
-            out.push(p);
-        }
-        out
+        self.cluster.live_routers().into_iter().map(Proc::from).collect()
     }
 
     /// The first router (the one every test talks to unless it says otherwise).
     pub fn router(&self) -> String {
-        self.routers().first().map(|r| r.grpc.clone()).expect("a router")
+        self.cluster.router.clone()
     }
 
-    /// Workers that are alive now (a restarted worker appears with its new pid and addresses).
+    /// Workers that are alive now (a restarted worker appears with its new pid and addresses),
+    /// the adopted ones included.
     pub fn live_workers(&self) -> Vec<Proc> {
-        let mut out: Vec<Proc> = Vec::new();
-        for p in self.all().into_iter().filter(|p| p.role != Role::Router) {
-            out.retain(|q| q.pid != p.pid);
-            out.push(p);
-        }
-        out.retain(|p| alive(p.pid));
-        out
+        let adopted = self.extra.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(_, p)| p.clone()).collect::<Vec<_>>();
+        self.cluster.live_workers().into_iter().map(Proc::from).chain(adopted).filter(|p| alive(p.pid)).collect()
     }
 
     /// The process behind a worker the router lists.
     pub fn proc_of(&self, w: &WorkerInfo) -> Proc {
-        self.all().into_iter().rev().find(|p| p.grpc == w.grpc_addr).unwrap_or_else(|| panic!("no process announced for {} at {}", w.name, w.grpc_addr))
+        self.live_workers().into_iter().find(|p| p.grpc == w.grpc_addr).unwrap_or_else(|| panic!("no live process announced for {} at {}", w.name, w.grpc_addr))
     }
 
-    /// Add a process the test started (stopped on drop) and announce it like `ferry up`'s.
+    /// Add a process the test started (stopped on drop), tracked like `ferry up`'s.
     pub fn adopt(&self, child: Child, p: Proc) {
-        self.extra.lock().unwrap_or_else(|e| e.into_inner()).push(child);
-        self.procs.lock().unwrap_or_else(|e| e.into_inner()).push(p);
+        self.extra.lock().unwrap_or_else(|e| e.into_inner()).push((child, p));
     }
 
     pub fn kill(&self, pid: u32) {
@@ -195,7 +116,7 @@ impl Chaos {
     }
 
     pub async fn channel_to(&self, router: &str) -> Channel {
-        tonic::transport::Endpoint::from_shared(format!("http://{router}")).expect("a router URI").connect().await.expect("connect to the router")
+        self.cluster.channel_to(router).await.unwrap_or_else(|e| panic!("connect to the router at {router}: {e}"))
     }
 
     pub async fn client_to(&self, router: &str) -> FerryClient<Channel> {
@@ -262,13 +183,13 @@ impl Chaos {
 }
 
 impl Drop for Chaos {
+    /// Continue every stopped process and stop the adopted ones; then the cluster drops (SIGTERM
+    /// to `ferry up`, which stops its routers and workers).
     fn drop(&mut self) {
         for pid in self.stopped.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
             signal(pid, libc::SIGCONT);
         }
-        signal(self.child.id(), libc::SIGTERM);
-        let _ = self.child.wait();
-        for mut c in self.extra.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        for (mut c, _) in self.extra.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
             signal(c.id(), libc::SIGCONT);
             signal(c.id(), libc::SIGTERM);
             let deadline = Instant::now() + Duration::from_secs(10);

@@ -285,19 +285,21 @@ async fn ready_counts(router: &str) -> Option<(usize, usize)> {
     Some((n(v1::WorkerRole::Prefill), n(v1::WorkerRole::Decode)))
 }
 
-/// Every router is up and lists every worker ready (one fault at a time: the last one is healed).
-async fn whole(up: &Up, a: &ChaosBenchArgs) -> bool {
+/// What keeps the cluster from being whole (every router up and listing every worker ready; one
+/// fault at a time: the last one is healed), or None when it is.
+async fn missing(up: &Up, a: &ChaosBenchArgs) -> Option<String> {
     let rs = up.live(Role::Router);
     if rs.len() < a.routers.max(1) {
-        return false;
+        return Some(format!("{} of {} routers alive", rs.len(), a.routers.max(1)));
     }
     for r in &rs {
         match ready_counts(&r.grpc).await {
             Some((p, d)) if p >= a.prefill && d >= a.decode => {}
-            _ => return false,
+            Some((p, d)) => return Some(format!("{} lists {p} prefill and {d} decode workers ready", r.name)),
+            None => return Some(format!("{} does not answer ListWorkers", r.name)),
         }
     }
-    true
+    None
 }
 
 async fn http_get(addr: &str, path: &str) -> std::io::Result<String> {
@@ -399,6 +401,8 @@ struct Report {
     figures: Vec<RouterFigures>,
     wall_s: f64,
     allowed: Vec<bool>,
+    /// Waits of more than 10 s for the cluster to heal before a fault: (at s, waited s, what was missing last).
+    heals: Vec<(f64, f64, String)>,
 }
 
 async fn soak(a: &ChaosBenchArgs, up: &Up, prompts: Arc<Vec<(Vec<u32>, Vec<u32>)>>, u: &mut impl FnMut() -> f64) -> anyhow::Result<Report> {
@@ -481,6 +485,8 @@ async fn soak(a: &ChaosBenchArgs, up: &Up, prompts: Arc<Vec<(Vec<u32>, Vec<u32>)
     let deadline = t0 + Duration::from_secs(a.timeout);
     let mut faults: Vec<Fault> = Vec::new();
     let mut figures: HashMap<String, RouterFigures> = HashMap::new();
+    // Waits of more than 10 s for the cluster to heal before a fault: (at, seconds, what was missing last).
+    let mut heals: Vec<(f64, f64, String)> = Vec::new();
     for k in 0..a.kills {
         let due = (k + 1) * a.requests / (a.kills + 1);
         while finished.load(SeqCst) < due && Instant::now() < deadline {
@@ -490,9 +496,21 @@ async fn soak(a: &ChaosBenchArgs, up: &Up, prompts: Arc<Vec<(Vec<u32>, Vec<u32>)
             break;
         }
         // One fault at a time: wait (a while) for the cluster to be whole again.
-        let settle = Instant::now() + Duration::from_secs(60);
-        while !whole(up, a).await && Instant::now() < settle && finished.load(SeqCst) < a.requests {
+        let (waited, settle) = (Instant::now(), Instant::now() + Duration::from_secs(60));
+        let mut why = None;
+        while let Some(w) = missing(up, a).await {
+            if Instant::now() >= settle || finished.load(SeqCst) >= a.requests {
+                why = Some(w);
+                break;
+            }
+            if why.as_ref() != Some(&w) {
+                bar.set_message(format!("waiting to strike fault {}: {w}", k + 1));
+            }
+            why = Some(w);
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if waited.elapsed() > Duration::from_secs(10) {
+            heals.push((waited.duration_since(t0).as_secs_f64(), waited.elapsed().as_secs_f64(), why.unwrap_or_default()));
         }
         if finished.load(SeqCst) >= a.requests {
             break;
@@ -572,7 +590,7 @@ async fn soak(a: &ChaosBenchArgs, up: &Up, prompts: Arc<Vec<(Vec<u32>, Vec<u32>)
         })
         .collect();
     let faults = faults.iter().map(|f| (f.at.duration_since(t0).as_secs_f64(), format!("{} {} (pid {})", f.what, f.target.name, f.target.pid))).collect();
-    Ok(Report { records, faults, pools, figures: figures.into_values().collect(), wall_s, allowed })
+    Ok(Report { records, faults, pools, figures: figures.into_values().collect(), wall_s, allowed, heals })
 }
 
 fn print_report(a: &ChaosBenchArgs, r: &Report) -> anyhow::Result<()> {
@@ -614,6 +632,7 @@ fn print_report(a: &ChaosBenchArgs, r: &Report) -> anyhow::Result<()> {
             "lost": lost, "hung": hung, "corrupted": corrupted,
             "failures": why,
             "faults": r.faults.iter().map(|(t, w)| json!({ "at_s": t, "fault": w })).collect::<Vec<_>>(),
+            "slow_heals": r.heals.iter().map(|(t, s, w)| json!({ "at_s": t, "waited_s": s, "missing": w })).collect::<Vec<_>>(),
             "leaked_blocks": leaked, "active_sequences_after_settle": active,
             "pools": r.pools.iter().map(|(w, b, s)| json!({ "worker": w, "blocks_held": b, "active_sequences": s })).collect::<Vec<_>>(),
             "migrations": migrations,
@@ -625,6 +644,9 @@ fn print_report(a: &ChaosBenchArgs, r: &Report) -> anyhow::Result<()> {
         println!("chaos soak: {} requests, {} clients, {} faults (seed {}), {} router(s) + {} prefill + {} decode, {:.0} s", a.requests, a.concurrency, r.faults.len(), a.seed, a.routers, a.prefill, a.decode, r.wall_s);
         for (t, w) in &r.faults {
             println!("  fault at {t:>6.1} s: {w}");
+        }
+        for (t, s, w) in &r.heals {
+            println!("  slow heal: from {t:.1} s the next fault waited {s:.1} s for the cluster to be whole ({w})");
         }
         println!("sent {}  completed {completed}  failed {failed} ({} unexplained)  lost {lost}  hung {hung}  corrupted {corrupted}", r.records.len(), unexplained.len());
         for (m, n) in &why {
