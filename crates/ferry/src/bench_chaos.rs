@@ -105,28 +105,10 @@ fn signal(pid: u32, sig: i32) {
     }
 }
 
-/// The pid listening on loopback TCP `port` (when a router's line carries no pid).
-fn pid_listening_on(port: u16) -> Option<u32> {
-    let tcp = std::fs::read_to_string("/proc/net/tcp").ok()?;
-    let want = format!(":{port:04X}");
-    let inode = tcp.lines().skip(1).find_map(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        (f.len() > 9 && f[1].ends_with(&want) && f[3] == "0A").then(|| f[9].to_string())
-    })?;
-    let link = format!("socket:[{inode}]");
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|p| {
-        let pid = p.file_name().to_string_lossy().parse::<u32>().ok()?;
-        let mut fds = std::fs::read_dir(p.path().join("fd")).ok()?;
-        fds.any(|fd| fd.is_ok_and(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy() == link))).then_some(pid)
-    })
-}
-
 /// A `ferry up … stdout` line that announces a process.
 fn announced(line: &str) -> Option<Proc> {
     let (role, pid) = if line.starts_with("router ") {
-        let grpc = field(line, "grpc=")?;
-        let pid = field(line, "pid=").and_then(|p| p.parse().ok()).or_else(|| grpc.rsplit(':').next()?.parse().ok().and_then(pid_listening_on))?;
-        (Role::Router, pid)
+        (Role::Router, field(line, "pid=")?.parse().ok()?)
     } else if line.starts_with("worker ") {
         let role = match field(line, "role=")?.as_str() {
             "prefill" => Role::Prefill,
