@@ -4,6 +4,7 @@
 //!   of fixed-size blocks with a free list and reference counts, and per-sequence block tables.
 //! - [`kv_payload`]: the self-describing layout of one sequence's exported KV, the unit the cluster
 //!   ships from a prefill worker to a decode worker.
+//! - [`kv_index`]: the router's index of which worker holds which KV blocks, from their events.
 //! - [`sampling`]: sampling parameters and their validation.
 //! - [`stop`]: stop strings over streamed text.
 //! - [`failure`]: what the router does when a call to a worker fails (retry, migrate, wait, final).
@@ -11,6 +12,7 @@
 
 pub mod block_pool;
 pub mod failure;
+pub mod kv_index;
 pub mod kv_payload;
 pub mod loadgen;
 pub mod routing;
