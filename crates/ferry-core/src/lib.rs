@@ -15,6 +15,7 @@ pub mod failure;
 pub mod kv_index;
 pub mod kv_payload;
 pub mod loadgen;
+pub mod multiturn;
 pub mod routing;
 pub mod sampling;
 pub mod stop;
