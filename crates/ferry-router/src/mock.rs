@@ -279,6 +279,7 @@ impl v1::prefill_server::Prefill for MockService {
             queue_ms: 0.0,
             prefill_ms: 0.0,
             kv: Some(kv),
+            ..Default::default()
         }))
     }
 }

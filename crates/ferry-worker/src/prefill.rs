@@ -493,6 +493,8 @@ impl PrefillService {
             queue_ms: pushed.queued.as_secs_f64() * 1e3,
             prefill_ms: pushed.computed.as_secs_f64() * 1e3,
             kv: Some(pushed.stats),
+            // The prefill path computes every prompt token (no prefix cache here yet).
+            cached_tokens: 0,
         })
     }
 }

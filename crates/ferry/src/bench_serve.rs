@@ -9,7 +9,7 @@
 
 use anyhow::Context;
 use ferry_core::loadgen::{self, LenDist, Sample, Slo};
-use ferry_proto::v1::{generate_request, generate_response, GenerateRequest, ModelInfoRequest, StopConditions, TokenInput};
+use ferry_proto::v1::{generate_request, generate_response, GenerateFinal, GenerateRequest, ModelInfoRequest, StopConditions, TokenInput};
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -25,18 +25,43 @@ pub struct ServeBenchArgs {
     /// Offered request rates (requests/s), comma-separated: one run each.
     #[arg(long, value_delimiter = ',', required = true)]
     pub rates: Vec<f64>,
-    /// Requests per rate.
-    #[arg(long, default_value_t = 50)]
-    pub requests: usize,
-    /// Prompt length in tokens: `N` or `LO..HI` (uniform). Ignored with --dataset.
-    #[arg(long, default_value = "64..1024")]
-    pub prompt_len: String,
-    /// Output length in tokens (EOS ignored, so each request generates exactly this many).
+    /// `random`: independent requests at Poisson arrivals. `multiturn`: conversations on a shared
+    /// system prompt, each turn repeating the last prompt and its answer (`--users`, `--turns`,
+    /// `--system-tokens`, `--user-tokens`, `--think-ms`; each rate is conversations started per
+    /// second).
+    #[arg(long, value_enum, default_value_t = Workload::Random)]
+    pub workload: Workload,
+    /// Requests per rate [random: 50].
+    #[arg(long)]
+    pub requests: Option<usize>,
+    /// Prompt length in tokens: `N` or `LO..HI` (uniform) [random: 64..1024; not with --dataset].
+    #[arg(long, conflicts_with = "dataset")]
+    pub prompt_len: Option<String>,
+    /// Output (multiturn: answer) length in tokens (EOS ignored, so each request generates
+    /// exactly this many).
     #[arg(long, default_value = "64..256")]
     pub output_len: String,
     /// A JSONL file of `{"prompt": ..., "max_tokens": ...}` instead of synthetic prompts.
     #[arg(long)]
     pub dataset: Option<PathBuf>,
+    /// multiturn: conversations [8].
+    #[arg(long)]
+    pub users: Option<usize>,
+    /// multiturn: turns per conversation [4].
+    #[arg(long)]
+    pub turns: Option<usize>,
+    /// multiturn: tokens of the system prompt every conversation shares [300].
+    #[arg(long)]
+    pub system_tokens: Option<usize>,
+    /// multiturn: tokens of each user message, `N` or `LO..HI` [20..60].
+    #[arg(long)]
+    pub user_tokens: Option<String>,
+    /// multiturn: mean think time between an answer and the next turn, ms (exponential) [1000].
+    #[arg(long)]
+    pub think_ms: Option<f64>,
+    /// multiturn: the workers' KV block size, for the oracle's whole blocks [16].
+    #[arg(long)]
+    pub block_size: Option<usize>,
     /// Seed for lengths, prompts and arrival times: the same seed gives the same workload.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -63,6 +88,22 @@ pub struct ServeBenchArgs {
     pub compare: Vec<PathBuf>,
 }
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    Random,
+    Multiturn,
+}
+
+/// A progress bar on stderr, drawn only on a terminal.
+pub(crate) fn progress(len: u64) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(len);
+    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    bar.set_style(indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} requests  {per_sec}  {elapsed}  {msg}").expect("valid template"));
+    bar
+}
+
 enum Input {
     Ids(Vec<u32>),
     Text(String),
@@ -76,7 +117,7 @@ struct Planned {
 
 fn workload(a: &ServeBenchArgs, rate: f64, vocab: u32) -> anyhow::Result<Vec<Planned>> {
     let mut u = loadgen::uniforms(a.seed);
-    let arrivals = loadgen::poisson_arrivals(rate, a.requests, &mut u);
+    let arrivals = loadgen::poisson_arrivals(rate, a.requests.unwrap_or(50), &mut u);
     if let Some(path) = &a.dataset {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let mut rows = Vec::new();
@@ -94,7 +135,7 @@ fn workload(a: &ServeBenchArgs, rate: f64, vocab: u32) -> anyhow::Result<Vec<Pla
             .map(|(i, at)| Planned { at, input: Input::Text(rows[i % rows.len()].0.clone()), max_tokens: rows[i % rows.len()].1 })
             .collect());
     }
-    let (pl, ol) = (LenDist::parse(&a.prompt_len).map_err(anyhow::Error::msg)?, LenDist::parse(&a.output_len).map_err(anyhow::Error::msg)?);
+    let (pl, ol) = (LenDist::parse(a.prompt_len.as_deref().unwrap_or("64..1024")).map_err(anyhow::Error::msg)?, LenDist::parse(&a.output_len).map_err(anyhow::Error::msg)?);
     Ok(arrivals
         .into_iter()
         .map(|at| {
@@ -106,39 +147,57 @@ fn workload(a: &ServeBenchArgs, rate: f64, vocab: u32) -> anyhow::Result<Vec<Pla
         .collect())
 }
 
-async fn one(mut client: crate::remote::Client, p: Planned) -> Sample {
+async fn one(client: crate::remote::Client, p: Planned) -> Sample {
     let input = match p.input {
         Input::Ids(ids) => generate_request::Input::Tokens(TokenInput { ids }),
         Input::Text(t) => generate_request::Input::Prompt(t),
     };
+    stream(client, input, p.max_tokens).await.sample
+}
+
+/// One streamed request, as the client saw it.
+pub(crate) struct Streamed {
+    pub sample: Sample,
+    /// The ids streamed.
+    pub ids: Vec<u32>,
+    /// The router's summary (None when the request failed).
+    pub summary: Option<GenerateFinal>,
+}
+
+/// Send one greedy request of `max_tokens` (EOS ignored) and time its stream.
+pub(crate) async fn stream(mut client: crate::remote::Client, input: generate_request::Input, max_tokens: usize) -> Streamed {
     let req = GenerateRequest {
         input: Some(input),
-        stop: Some(StopConditions { max_tokens: p.max_tokens as u32, ignore_eos: true, ..Default::default() }),
+        stop: Some(StopConditions { max_tokens: max_tokens as u32, ignore_eos: true, ..Default::default() }),
         ..Default::default()
     };
     let t0 = Instant::now();
-    let failed = |t0: Instant| Sample { ok: false, ttft_ms: f64::INFINITY, tpot_ms: f64::INFINITY, e2e_ms: t0.elapsed().as_secs_f64() * 1e3, output_tokens: 0 };
-    let Ok(resp) = client.generate(req).await else { return failed(t0) };
+    let failed = |t0: Instant, ids: Vec<u32>| Streamed { sample: Sample { ok: false, ttft_ms: f64::INFINITY, tpot_ms: f64::INFINITY, e2e_ms: t0.elapsed().as_secs_f64() * 1e3, output_tokens: 0 }, ids, summary: None };
+    let Ok(resp) = client.generate(req).await else { return failed(t0, Vec::new()) };
     let mut s = resp.into_inner();
-    let (mut first, mut last, mut n) = (None, Duration::ZERO, 0usize);
+    let (mut first, mut last, mut ids, mut summary) = (None, Duration::ZERO, Vec::new(), None);
     loop {
         match s.message().await {
             Ok(Some(m)) => match m.event {
                 Some(generate_response::Event::Delta(d)) if !d.token_ids.is_empty() => {
                     last = t0.elapsed();
                     first.get_or_insert(last);
-                    n += d.token_ids.len();
+                    ids.extend(d.token_ids);
                 }
-                Some(generate_response::Event::Final(_)) => break,
+                Some(generate_response::Event::Final(f)) => {
+                    summary = Some(f);
+                    break;
+                }
                 _ => {}
             },
             Ok(None) => break,
-            Err(_) => return failed(t0),
+            Err(_) => return failed(t0, ids),
         }
     }
-    let Some(first) = first else { return failed(t0) };
+    let Some(first) = first else { return failed(t0, ids) };
+    let n = ids.len();
     let tpot = if n >= 2 { (last - first).as_secs_f64() * 1e3 / (n - 1) as f64 } else { 0.0 };
-    Sample { ok: true, ttft_ms: first.as_secs_f64() * 1e3, tpot_ms: tpot, e2e_ms: t0.elapsed().as_secs_f64() * 1e3, output_tokens: n }
+    Streamed { sample: Sample { ok: true, ttft_ms: first.as_secs_f64() * 1e3, tpot_ms: tpot, e2e_ms: t0.elapsed().as_secs_f64() * 1e3, output_tokens: n }, ids, summary }
 }
 
 fn summary(rate: f64, samples: &[Sample], wall: f64, slo: &Slo) -> serde_json::Value {
@@ -162,19 +221,46 @@ fn summary(rate: f64, samples: &[Sample], wall: f64, slo: &Slo) -> serde_json::V
     })
 }
 
+/// The options that belong to the other workload, given anyway: refused, not ignored.
+fn misplaced(a: &ServeBenchArgs) -> Vec<&'static str> {
+    let given = |set: bool, flag: &'static str| set.then_some(flag);
+    match a.workload {
+        Workload::Random => [
+            given(a.users.is_some(), "--users"),
+            given(a.turns.is_some(), "--turns"),
+            given(a.system_tokens.is_some(), "--system-tokens"),
+            given(a.user_tokens.is_some(), "--user-tokens"),
+            given(a.think_ms.is_some(), "--think-ms"),
+            given(a.block_size.is_some(), "--block-size"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
+        Workload::Multiturn => [given(a.requests.is_some(), "--requests"), given(a.prompt_len.is_some(), "--prompt-len"), given(a.dataset.is_some(), "--dataset")].into_iter().flatten().collect(),
+    }
+}
+
 pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(a.requests >= 1, "--requests must be at least 1");
+    let wrong = misplaced(&a);
+    anyhow::ensure!(wrong.is_empty(), "{} not with --workload {} (see `ferry bench serve --help`)", wrong.join(", "), format!("{:?}", a.workload).to_lowercase());
+    anyhow::ensure!(a.requests.unwrap_or(1) >= 1, "--requests must be at least 1");
     anyhow::ensure!(a.rates.iter().all(|r| r.is_finite() && *r > 0.0), "--rates must be positive numbers");
     let slo = Slo { ttft_ms: a.slo_ttft_ms, tpot_ms: a.slo_tpot_ms };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let runs = rt.block_on(async {
+    let (client, vocab) = rt.block_on(async {
         let bearer = crate::remote::Bearer::new(a.api_key.as_deref()).map_err(|e| anyhow::anyhow!("--api-key: {e}"))?;
         let uri = format!("http://{}", a.router);
         let channel = tonic::transport::Endpoint::from_shared(uri.clone())?.connect().await.with_context(|| format!("cannot reach the router at {uri}"))?;
         let mut client = crate::remote::client(channel, bearer);
         let vocab = client.model_info(ModelInfoRequest {}).await?.into_inner().vocab_size;
-        let bar = indicatif::ProgressBar::new((a.requests * a.rates.len()) as u64);
-        bar.set_style(indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} requests  {msg}").expect("valid template"));
+        anyhow::Ok((client, vocab))
+    })?;
+    if a.workload == Workload::Multiturn {
+        let result = crate::bench_multiturn::run(&a, client, vocab, &rt)?;
+        return write_results(&a, result, crate::plot::ttft_by_turn);
+    }
+    let runs = rt.block_on(async {
+        let bar = progress((a.requests.unwrap_or(50) * a.rates.len()) as u64);
         let mut runs = Vec::new();
         for &rate in &a.rates {
             bar.set_message(format!("rate {rate}/s"));
@@ -241,6 +327,11 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
         "runs": summaries,
         "goodput_rps": goodput,
     });
+    write_results(&a, result, crate::plot::latency_vs_rate)
+}
+
+/// `--out` and `--plot` (with the `--compare` results).
+fn write_results(a: &ServeBenchArgs, result: serde_json::Value, plot_of: fn(&[serde_json::Value]) -> String) -> anyhow::Result<()> {
     if let Some(out) = &a.out {
         std::fs::write(out, serde_json::to_string_pretty(&result)?).with_context(|| format!("writing {}", out.display()))?;
     }
@@ -250,7 +341,7 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
             let text = std::fs::read_to_string(c).with_context(|| format!("reading {}", c.display()))?;
             all.push(serde_json::from_str(&text).with_context(|| format!("{}: not a `bench serve` result", c.display()))?);
         }
-        std::fs::write(plot, crate::plot::latency_vs_rate(&all)).with_context(|| format!("writing {}", plot.display()))?;
+        std::fs::write(plot, plot_of(&all)).with_context(|| format!("writing {}", plot.display()))?;
     }
     Ok(())
 }

@@ -4,6 +4,7 @@ mod bench;
 mod bench_chaos;
 mod bench_cluster;
 mod bench_kv;
+mod bench_multiturn;
 mod bench_serve;
 mod generate;
 mod nccl;

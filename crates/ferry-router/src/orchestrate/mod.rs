@@ -89,6 +89,8 @@ struct Progress<'a> {
     prefill_worker: String,
     decode_worker: String,
     kv: v1::KvTransferStats,
+    /// Prompt tokens of the last attempt that a prefix cache served.
+    cached_tokens: u32,
 }
 
 impl Progress<'_> {
@@ -145,6 +147,7 @@ pub async fn run(shared: Arc<Shared>, mut job: Job, tx: Tx) {
         prefill_worker: String::new(),
         decode_worker: String::new(),
         kv: v1::KvTransferStats::default(),
+        cached_tokens: 0,
     };
     let result = drive(&shared, &job, &mut prog, &tx).await;
     match result {

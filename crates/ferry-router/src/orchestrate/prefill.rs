@@ -77,6 +77,7 @@ pub(super) async fn prefill(
                 crate::metrics::observe_kv_transport(chosen, pre.kv.as_ref());
                 prog.prefill_worker = pw.id.clone();
                 prog.kv = pre.kv.unwrap_or_default();
+                prog.cached_tokens = pre.cached_tokens;
                 return Ok(pre);
             }
             Err(Interrupt::ClientGone) => return Err(Halt::ClientGone),

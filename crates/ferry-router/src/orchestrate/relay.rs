@@ -160,6 +160,7 @@ pub(super) async fn finish(
         kv: Some(prog.kv),
         migrations: prog.migrations,
         retries: prog.retries,
+        cached_tokens: prog.cached_tokens,
     };
     let msg = v1::GenerateResponse { request_id: job.request_id.clone(), event: Some(Event::Final(fin)) };
     tx.send(Ok(msg)).await.map_err(|_| Halt::ClientGone)
