@@ -8,9 +8,12 @@
 //! - [`sampling`]: sampling parameters and their validation.
 //! - [`stop`]: stop strings over streamed text.
 //! - [`failure`]: what the router does when a call to a worker fails (retry, migrate, wait, final).
+//! - [`cache_policy`]: what prefix caches change in routing: decode ranking by prefix held, and
+//!   whether a decode worker computes a short suffix itself.
 //! - [`routing`]: the router's policy: prefill pick, decode ranking, leases.
 
 pub mod block_pool;
+pub mod cache_policy;
 pub mod failure;
 pub mod kv_index;
 pub mod kv_payload;

@@ -128,15 +128,22 @@ impl DecodeCandidate {
 /// worker's rate is still unknown, the fewest queued tokens instead. Ties: fewest in-flight
 /// requests, then the smallest id. `None` when no worker is ready.
 pub fn pick_prefill(candidates: &[PrefillCandidate], prompt_tokens: usize) -> Option<usize> {
+    pick_prefill_for(candidates, &|_| prompt_tokens)
+}
+
+/// [`pick_prefill`] where the tokens to compute differ by worker (`compute(i)`: the prompt less
+/// what worker `i`'s prefix cache holds of it), so cached prefixes weigh against queues in the
+/// same unit: seconds until the prompt is done there.
+pub fn pick_prefill_for(candidates: &[PrefillCandidate], compute: &dyn Fn(usize) -> usize) -> Option<usize> {
     let ready = || candidates.iter().enumerate().filter(|(_, c)| c.state == WorkerState::Ready);
     let by_time = ready().all(|(_, c)| c.tokens_per_s > 0.0);
     ready()
-        .min_by(|(_, a), (_, b)| {
+        .min_by(|&(i, a), &(j, b)| {
             let first = if by_time {
-                let t = |c: &PrefillCandidate| c.expected_seconds(prompt_tokens).unwrap_or(f64::INFINITY);
-                t(a).total_cmp(&t(b))
+                let t = |c: &PrefillCandidate, k: usize| c.expected_seconds(compute(k)).unwrap_or(f64::INFINITY);
+                t(a, i).total_cmp(&t(b, j))
             } else {
-                a.queued_tokens().cmp(&b.queued_tokens())
+                (a.queued_tokens() + compute(i) as u64).cmp(&(b.queued_tokens() + compute(j) as u64))
             };
             first.then(a.inflight.cmp(&b.inflight)).then_with(|| a.id.cmp(&b.id))
         })
