@@ -34,6 +34,7 @@ impl v1::registry_server::Registry for RegistryService {
         let state = self.registry.heartbeat(req.get_ref(), Instant::now())?;
         Ok(Response::new(v1::HeartbeatResponse {
             state: state_to_wire(state) as i32,
+            ..Default::default()
         }))
     }
 

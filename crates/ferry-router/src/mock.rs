@@ -161,6 +161,7 @@ impl MockWorker {
             load: Some(load),
             draining: false,
             kv_transports: cfg.kv_transports.iter().map(|&k| k as i32).collect(),
+            ..Default::default()
         };
         let r = client
             .register(reg.clone())
@@ -223,6 +224,7 @@ async fn heartbeat_loop(
                 load: reg.load,
                 draining: false,
                 grpc_addr: reg.grpc_addr.clone(),
+                ..Default::default()
             })
             .await
         {
@@ -316,6 +318,7 @@ impl v1::decode_server::Decode for MockService {
             let admitted = v1::Admitted {
                 transfer_id: rand::random(),
                 data_addr: String::new(),
+                ..Default::default()
             };
             if tx.send(msg(Event::Admitted(admitted))).await.is_err() {
                 return;

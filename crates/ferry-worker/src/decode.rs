@@ -174,7 +174,7 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
         // A prompt (colocated) is prefilled here; otherwise the KV comes from a prefill worker.
         let ticket = if req.prompt.is_empty() {
             let ticket = self.receiver.expect(prompt_tokens, req.transfer_token.clone());
-            let admitted = Admitted { transfer_id: ticket.id, data_addr: self.data_addr.clone() };
+            let admitted = Admitted { transfer_id: ticket.id, data_addr: self.data_addr.clone(), ..Default::default() };
             tx.try_send(Ok(event(decode_response::Event::Admitted(admitted)))).expect("fresh channel has room");
             Some(ticket)
         } else {

@@ -381,6 +381,7 @@ pub async fn serve(
             load: None,
             draining: false,
             kv_transports,
+            ..Default::default()
         };
         let link = registration::RouterLink { router: String::new(), auth: auth.clone(), tls: client_tls.clone() };
         Some(routers::RouterSet::spawn(entries, link, req, load, ready, drain.subscribe(), routers::RouterSetConfig::default()))

@@ -57,6 +57,7 @@ impl LoadGauge {
             prefill_tokens_per_s: self.prefill_rate(),
             queue_oldest_ms: self.oldest_queued_age(Instant::now()).as_secs_f64() * 1e3,
             queued_requests: g(&self.waiting_requests) as u32,
+            ..Default::default()
         }
     }
 

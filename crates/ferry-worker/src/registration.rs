@@ -122,7 +122,7 @@ pub async fn keep_registered(link: RouterLink, template: RegisterRequest, load: 
                     }
                 }
             }
-            let hb = HeartbeatRequest { worker_id: resp.worker_id.clone(), load: Some(load.snapshot()), draining: *draining.borrow(), grpc_addr: template.grpc_addr.clone() };
+            let hb = HeartbeatRequest { worker_id: resp.worker_id.clone(), load: Some(load.snapshot()), draining: *draining.borrow(), grpc_addr: template.grpc_addr.clone(), ..Default::default() };
             // No call may outlast the lease: an unanswered heartbeat is a failed one.
             match tokio::time::timeout(lease, client.heartbeat(hb)).await {
                 Ok(Ok(_)) => {

@@ -86,7 +86,7 @@ async fn generate_via(p: &Worker, d: &Worker, prompt: &[u32], params: &SamplingP
     let (sampling, stop) = ferry_proto::sampling_to_wire(params);
     let mut dec = DecodeClient::new(channel(&d.addr).await);
     let token = mint();
-    let req = DecodeRequest { request_id: "t".into(), prompt_tokens: prompt.len() as u32, sampling: Some(sampling), stop: Some(stop.clone()), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone() };
+    let req = DecodeRequest { request_id: "t".into(), prompt_tokens: prompt.len() as u32, sampling: Some(sampling), stop: Some(stop.clone()), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone(), ..Default::default() };
     let mut stream = dec.decode(req).await?.into_inner();
     let Some(decode_response::Event::Admitted(adm)) = stream.message().await?.and_then(|m| m.event) else { panic!("admitted first") };
     let target = KvTarget {
@@ -96,10 +96,11 @@ async fn generate_via(p: &Worker, d: &Worker, prompt: &[u32], params: &SamplingP
         transfer_id: adm.transfer_id,
         transfer_token: token,
         transport: transport as i32,
+        ..Default::default()
     };
     let mut pre = PrefillClient::new(channel(&p.addr).await);
     let r = pre
-        .prefill(PrefillRequest { request_id: "t".into(), prompt: prompt.to_vec(), sampling: Some(sampling), stop: Some(stop), target: Some(target) })
+        .prefill(PrefillRequest { request_id: "t".into(), prompt: prompt.to_vec(), sampling: Some(sampling), stop: Some(stop), target: Some(target), ..Default::default() })
         .await?
         .into_inner();
     let mut ids = if r.first_is_stop { vec![] } else { vec![r.first_token] };
@@ -174,7 +175,7 @@ async fn admit(d: &Worker, prompt_tokens: u32, max_tokens: u32) -> Result<(tonic
 async fn admit_with(d: &Worker, prompt_tokens: u32, max_tokens: u32, token: String) -> Result<(tonic::Streaming<ferry_proto::v1::DecodeResponse>, u64, String), tonic::Status> {
     let mut dec = DecodeClient::new(channel(&d.addr).await);
     let stop = ferry_proto::v1::StopConditions { max_tokens, ignore_eos: true, ..Default::default() };
-    let req = DecodeRequest { request_id: "bad".into(), prompt_tokens, sampling: None, stop: Some(stop), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone() };
+    let req = DecodeRequest { request_id: "bad".into(), prompt_tokens, sampling: None, stop: Some(stop), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone(), ..Default::default() };
     let mut stream = dec.decode(req).await?.into_inner();
     let Some(decode_response::Event::Admitted(a)) = stream.message().await?.and_then(|m| m.event) else { panic!("admitted first") };
     Ok((stream, a.transfer_id, token))
@@ -297,12 +298,12 @@ async fn cancelling_mid_stream_frees_the_kv_on_both_workers() {
     let (sampling, stop) = ferry_proto::sampling_to_wire(&params);
     let mut dec = DecodeClient::new(channel(&d.addr).await);
     let token = mint();
-    let req = DecodeRequest { request_id: "c".into(), prompt_tokens: 30, sampling: Some(sampling), stop: Some(stop.clone()), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone() };
+    let req = DecodeRequest { request_id: "c".into(), prompt_tokens: 30, sampling: Some(sampling), stop: Some(stop.clone()), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone(), ..Default::default() };
     let mut stream = dec.decode(req).await.unwrap().into_inner();
     let Some(decode_response::Event::Admitted(adm)) = stream.message().await.unwrap().and_then(|m| m.event) else { panic!() };
-    let target = KvTarget { decode_worker: "d".into(), grpc_addr: d.addr.clone(), data_addr: adm.data_addr, transfer_id: adm.transfer_id, transfer_token: token, transport: 0 };
+    let target = KvTarget { decode_worker: "d".into(), grpc_addr: d.addr.clone(), data_addr: adm.data_addr, transfer_id: adm.transfer_id, transfer_token: token, transport: 0, ..Default::default() };
     let mut pre = PrefillClient::new(channel(&p.addr).await);
-    pre.prefill(PrefillRequest { request_id: "c".into(), prompt: prompt_ids(30), sampling: Some(sampling), stop: Some(stop), target: Some(target) })
+    pre.prefill(PrefillRequest { request_id: "c".into(), prompt: prompt_ids(30), sampling: Some(sampling), stop: Some(stop), target: Some(target), ..Default::default() })
         .await
         .unwrap();
     // A few tokens, then the client goes away.
@@ -316,7 +317,7 @@ async fn cancelling_mid_stream_frees_the_kv_on_both_workers() {
 
     // A request whose KV never comes is dropped at the timeout, and its reservation returns.
     let mut dec = DecodeClient::new(channel(&d.addr).await);
-    let req = DecodeRequest { request_id: "late".into(), prompt_tokens: 8, sampling: None, stop: None, kv_timeout_ms: 100, prompt: vec![], transfer_token: mint() };
+    let req = DecodeRequest { request_id: "late".into(), prompt_tokens: 8, sampling: None, stop: None, kv_timeout_ms: 100, prompt: vec![], transfer_token: mint(), ..Default::default() };
     let mut stream = dec.decode(req).await.unwrap().into_inner();
     stream.message().await.unwrap();
     assert_eq!(stream.message().await.unwrap_err().code(), tonic::Code::DeadlineExceeded);
@@ -442,13 +443,13 @@ async fn a_stalled_peer_fails_the_transfer_and_frees_everything() {
             held.push(sock);
         }
     });
-    let target = KvTarget { decode_worker: "frozen".into(), grpc_addr: frozen_addr.clone(), data_addr: frozen_addr, transfer_id: 1, transfer_token: mint(), transport: Kind::Tcp as i32 };
+    let target = KvTarget { decode_worker: "frozen".into(), grpc_addr: frozen_addr.clone(), data_addr: frozen_addr, transfer_id: 1, transfer_token: mint(), transport: Kind::Tcp as i32, ..Default::default() };
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(4) };
     let (sampling, stop) = ferry_proto::sampling_to_wire(&params);
     let mut pre = PrefillClient::new(channel(&p.addr).await);
     let t = std::time::Instant::now();
     let err = pre
-        .prefill(PrefillRequest { request_id: "s".into(), prompt: prompt_ids(20), sampling: Some(sampling), stop: Some(stop), target: Some(target) })
+        .prefill(PrefillRequest { request_id: "s".into(), prompt: prompt_ids(20), sampling: Some(sampling), stop: Some(stop), target: Some(target), ..Default::default() })
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Aborted, "{err:?}");

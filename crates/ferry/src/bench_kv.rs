@@ -149,7 +149,7 @@ pub fn run(a: KvBenchArgs) -> anyhow::Result<()> {
     let lay = layout(a.layers, a.kv_heads, a.head_dim);
     let layers: Vec<Bytes> = (0..a.layers).map(|l| Bytes::from(vec![l as u8; lay.layer_bytes(a.tokens)])).collect();
     let bytes = KvPayloadHeader { layout: lay, tokens: a.tokens }.body_bytes();
-    let target = KvTarget { decode_worker: "sink".into(), grpc_addr: grpc, data_addr: data, transfer_id: 1, transport: 0, transfer_token: "bench".into() };
+    let target = KvTarget { decode_worker: "sink".into(), grpc_addr: grpc, data_addr: data, transfer_id: 1, transport: 0, transfer_token: "bench".into(), ..Default::default() };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let result = rt.block_on(async {
         let (tcp, grpc_t) = (TcpTransport, GrpcTransport::default());

@@ -78,6 +78,7 @@ pub(super) async fn admit(
             kv_timeout_ms: shared.cfg.kv_timeout.as_millis().min(u32::MAX as u128) as u32,
             prompt: if colocated { prompt.to_vec() } else { Vec::new() },
             transfer_token: transfer_token.clone(),
+            ..Default::default()
         };
         let guard = InflightGuard::decode(reg, &w.id, need as u64);
         let r = watched(tx, &mut prog.waited, &[&w], shared.cfg.admit_timeout, "the decode admission", open_decode(&w, req)).await;

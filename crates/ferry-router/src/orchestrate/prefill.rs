@@ -58,7 +58,9 @@ pub(super) async fn prefill(
                 transfer_id: adm.admitted.transfer_id,
                 transfer_token: adm.transfer_token.clone(),
                 transport: chosen as i32,
+                ..Default::default()
             }),
+            ..Default::default()
         };
         let mut client = v1::prefill_client::PrefillClient::new(pw.channel.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
