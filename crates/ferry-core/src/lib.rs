@@ -2,6 +2,8 @@
 //!
 //! - [`block_pool`]: the paged KV cache's bookkeeping (vLLM's PagedAttention, SOSP '23 §4.2): a pool
 //!   of fixed-size blocks with a free list and reference counts, and per-sequence block tables.
+//! - [`prefix_cache`]: content-addressed full blocks (hash chains, index, LRU of cached blocks,
+//!   stored/evicted events) that let a sequence attach a cached prompt prefix without recomputing it.
 //! - [`kv_payload`]: the self-describing layout of one sequence's exported KV, the unit the cluster
 //!   ships from a prefill worker to a decode worker.
 //! - [`sampling`]: sampling parameters and their validation.
@@ -13,11 +15,15 @@ pub mod block_pool;
 pub mod failure;
 pub mod kv_payload;
 pub mod loadgen;
+pub mod prefix_cache;
+#[cfg(test)]
+mod prefix_cache_props;
 pub mod routing;
 pub mod sampling;
 pub mod stop;
 
 pub use block_pool::{BlockId, BlockPool, BlockTable, PoolError};
+pub use prefix_cache::{BlockHash, CacheEvent, CacheEventKind, CacheStats, Parent};
 pub use kv_payload::{KvDtype, KvLayout, KvPayloadError, KvPayloadHeader};
 pub use routing::{WorkerRole, WorkerState};
 pub use sampling::{SamplingError, SamplingParams};
