@@ -24,7 +24,7 @@ pub mod stop;
 
 pub use block_pool::{BlockId, BlockPool, BlockTable, PoolError};
 pub use prefix_cache::{BlockHash, CacheEvent, CacheEventKind, CacheStats, Parent};
-pub use kv_payload::{KvDtype, KvLayout, KvPayloadError, KvPayloadHeader};
+pub use kv_payload::{KvDtype, KvLayout, KvPayloadError, KvPayloadHeader, KvSpan};
 pub use routing::{WorkerRole, WorkerState};
 pub use sampling::{SamplingError, SamplingParams};
 pub use stop::{Released, StopMatcher};
