@@ -104,8 +104,13 @@ pub enum KvPayloadError {
     /// already in place ([`KvSpan::decode`]).
     #[error("KV payload starts at token {start}, not 0: it continues a sequence the receiver must already hold")]
     StartsMidSequence { start: usize },
-    #[error("KV payload starts at token {start}, not a multiple of its block size {block_size}")]
+    #[error("KV payload starts at token {start}, not a multiple of the block size {block_size}")]
     StartNotBlockAligned { start: usize, block_size: usize },
+    /// A span imported onto a sequence that holds another number of tokens than where it starts.
+    #[error("KV payload starts at token {start} but the receiving sequence holds {holds} tokens")]
+    SpanMismatch { start: usize, holds: usize },
+    #[error("KV payload holds {payload} tokens but {given} token ids came with it")]
+    TokenCount { payload: usize, given: usize },
 }
 
 impl KvPayloadHeader {
