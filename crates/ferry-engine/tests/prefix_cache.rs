@@ -44,11 +44,22 @@ fn assert_pool_whole(e: &Engine) {
 /// `prompt` with a cache-off engine and with a cache-on engine warmed by `donors` (prefilled and
 /// released): the query sees `want_query` cached tokens, the cache-on run starts at `want_cached`
 /// and gives the same logits and ids.
-fn check_hit(name: &str, prompt: &[u32], donors: &[Vec<u32>], (want_query, want_cached): (usize, usize), max_batch_tokens: usize) {
-    let dir = golden_dir(name);
+fn check_hit(name: &str, prompt: &[u32], donors: &[Vec<u32>], want: (usize, usize), max_batch_tokens: usize) {
+    check_hit_at(&golden_dir(name), name, prompt, donors, want, max_batch_tokens, false, TOL)
+}
+
+/// With `split`, the cache-off run prefills the same split as the hit (the cached part, then the
+/// rest), so only the cache differs. Logits must agree within `tol`.
+#[allow(clippy::too_many_arguments)]
+fn check_hit_at(dir: &std::path::Path, name: &str, prompt: &[u32], donors: &[Vec<u32>], (want_query, want_cached): (usize, usize), max_batch_tokens: usize, split: bool, tol: f32) {
+    let dir = dir.to_path_buf();
     let mut off = engine_with(&dir, false, max_batch_tokens, 1024);
     let seq = off.new_sequence();
-    let (want_ids, want_logits) = run(&mut off, seq, prompt, 0, 8);
+    let at = if split { want_cached } else { 0 };
+    if at > 0 {
+        off.prefill(seq, &prompt[..at]).unwrap();
+    }
+    let (want_ids, want_logits) = run(&mut off, seq, prompt, at, 8);
     off.release(seq).unwrap();
     assert_eq!(off.cached_blocks(), 0, "the cache is off");
 
@@ -68,7 +79,7 @@ fn check_hit(name: &str, prompt: &[u32], donors: &[Vec<u32>], (want_query, want_
     assert_eq!(ids, want_ids, "{name}, {cached} cached: greedy ids differ from the cache-off run");
     for (i, (a, b)) in logits.iter().zip(&want_logits).enumerate() {
         let d = max_abs_diff(a, b);
-        assert!(d <= TOL, "{name}, {cached} cached: logits of step {i} differ by {d}");
+        assert!(d <= tol, "{name}, {cached} cached: logits of step {i} differ by {d}");
     }
     on.release(seq).unwrap();
     assert_pool_whole(&on);
@@ -96,6 +107,23 @@ fn cache_on_equals_cache_off_golden() {
             check_hit(name, &p, &[p.clone()], (40, 40), mbt);
             check_hit(name, &p[..40], &[p.clone()], (40, 36), mbt);
         }
+    }
+}
+
+/// SmolLM2 (Q4_1 weights): a hit gives the logits of a cache-off run that prefills the same split
+/// (bit for bit, in practice) and the greedy ids of one whole prefill. Against one whole prefill
+/// its logits differ by ~3e-5: a 2-row step rounds differently from a 26-row one in this model's
+/// matmul, with or without the cache, so that comparison is held to 1e-4.
+#[test]
+fn cache_on_equals_cache_off_smollm2() {
+    let path = smollm2_path();
+    let p = engine_with(&path, false, 2048, 256).encode("Once upon a time, in a village by the sea, there lived an old fisherman who told stories to the children every evening.").unwrap();
+    assert!(p.len() > 24, "{} tokens", p.len());
+    let full = p.len() / BS * BS;
+    let last = if full == p.len() { full - BS } else { full };
+    for (split, tol) in [(true, TOL), (false, 1e-4)] {
+        check_hit_at(&path, "smollm2", &p, &[p[..22].to_vec()], (20, 20), 8, split, tol);
+        check_hit_at(&path, "smollm2", &p, &[p.clone()], (full, last), 2048, split, tol);
     }
 }
 
@@ -201,9 +229,14 @@ fn span_import_onto_a_cached_prefix_decodes_as_a_full_import() {
         // The prefill side: the whole prompt.
         let mut a = engine_with(&dir, true, 2048, 1024);
         let seq = a.new_sequence();
-        let first = ferry_engine::sampler::argmax(&a.prefill(seq, &p).unwrap());
+        let mut streamed = Vec::new();
+        let logits = a
+            .step(&[StepItem { seq, tokens: &p, logits: Logits::Last }], &mut |l, view| view.export_layer_from(seq, l, 20, &mut streamed).unwrap())
+            .unwrap();
+        let first = ferry_engine::sampler::argmax(&logits[0]);
         let full = a.export_kv(seq).unwrap();
         let span = a.export_kv_from(seq, 20).unwrap();
+        assert_eq!(streamed, span[ferry_core::kv_payload::SPAN_HEADER_BYTES..].to_vec(), "layer-wise span export equals the span payload");
         assert_eq!(span.len() - ferry_core::kv_payload::SPAN_HEADER_BYTES, full.len() - ferry_core::kv_payload::HEADER_BYTES - 20 * a.kv_layout().n_layers * a.kv_layout().layer_bytes(1));
         assert!(a.export_kv_from(seq, 2).is_err(), "a span starts at a block boundary");
         a.release(seq).unwrap();
@@ -255,3 +288,4 @@ fn span_import_onto_a_cached_prefix_decodes_as_a_full_import() {
         assert_pool_whole(&e);
     }
 }
+
