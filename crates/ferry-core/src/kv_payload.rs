@@ -235,7 +235,7 @@ impl KvSpan {
             return Err(KvPayloadError::FieldOutOfRange { field: "start", value: start as u64 });
         }
         let (start, block_size) = (start as usize, header.layout.block_size);
-        if start % block_size != 0 {
+        if !start.is_multiple_of(block_size) {
             return Err(KvPayloadError::StartNotBlockAligned { start, block_size });
         }
         Ok(Self { header, start })

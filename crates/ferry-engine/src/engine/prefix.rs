@@ -36,7 +36,7 @@ pub(crate) struct Seq {
 /// The index of the block where tokens from `start` begin, if `start` is a block boundary within
 /// the table.
 pub(crate) fn span_start_block(t: &BlockTable, start: usize, block_size: usize) -> Result<usize> {
-    if start % block_size != 0 {
+    if !start.is_multiple_of(block_size) {
         return Err(KvPayloadError::StartNotBlockAligned { start, block_size }.into());
     }
     if start > t.tokens {
@@ -186,7 +186,7 @@ impl<B: Backend> Engine<B> {
         if span.start != holds {
             return Err(KvPayloadError::SpanMismatch { start: span.start, holds }.into());
         }
-        if holds % bs != 0 {
+        if !holds.is_multiple_of(bs) {
             return Err(KvPayloadError::StartNotBlockAligned { start: holds, block_size: bs }.into());
         }
         if holds + n > ctx {
