@@ -139,8 +139,14 @@ impl<B: Backend> KvView<'_, B> {
     /// `layer`'s K then V for `seq` in the backend's own memory (device memory on a GPU), for a
     /// transport that sends from there.
     pub fn export_layer_buffer(&self, seq: SeqId, layer: usize) -> Result<KvBuffer> {
+        self.export_layer_buffer_from(seq, layer, 0)
+    }
+
+    /// As [`KvView::export_layer_buffer`], for the tokens from `start` on (a block boundary).
+    pub fn export_layer_buffer_from(&self, seq: SeqId, layer: usize, start: usize) -> Result<KvBuffer> {
         let t = &self.seqs.get(&seq).ok_or(EngineError::UnknownSequence(seq.0))?.table;
-        self.be.kv_export_layer_buffer(self.kv, layer, &t.blocks, t.tokens)
+        let first = prefix::span_start_block(t, start, self.block_size)?;
+        self.be.kv_export_layer_buffer(self.kv, layer, &t.blocks[first..], t.tokens - start)
     }
 }
 
@@ -449,12 +455,12 @@ impl<B: Backend> Engine<B> {
     /// is the payload's header alone. The backend scatters each layer from the buffer where it is.
     pub fn import_kv_buffer(&mut self, header: &[u8], body: &KvBuffer) -> Result<SeqId> {
         let h = KvPayloadHeader::decode(header)?;
-        self.import_buffer(None, KvSpan { header: h, start: 0 }, body, None)
+        self.import_buffer(None, KvSpan { header: h, start: 0 }, body, None, &[])
     }
 
     /// Scatter a body in a buffer into a new sequence or onto `onto`, after checking it against
     /// the header.
-    fn import_buffer(&mut self, onto: Option<SeqId>, span: KvSpan, body: &KvBuffer, tokens: Option<&[u32]>) -> Result<SeqId> {
+    fn import_buffer(&mut self, onto: Option<SeqId>, span: KvSpan, body: &KvBuffer, tokens: Option<&[u32]>, salt: &[u8]) -> Result<SeqId> {
         let h = span.header;
         if !h.layout.compatible(&self.layout) {
             return Err(ferry_core::KvPayloadError::LayoutMismatch { got: h.layout, want: self.layout }.into());
@@ -463,7 +469,7 @@ impl<B: Backend> Engine<B> {
             return Err(ferry_core::KvPayloadError::SizeMismatch { got: body.len(), want: h.body_bytes() }.into());
         }
         let per_layer = self.layout.layer_bytes(h.tokens);
-        self.import_span(onto, &span, tokens, &[], |be, kv, l, blocks| be.kv_import_layer_buffer(kv, l, blocks, h.tokens, body, l * per_layer..(l + 1) * per_layer))
+        self.import_span(onto, &span, tokens, salt, |be, kv, l, blocks| be.kv_import_layer_buffer(kv, l, blocks, h.tokens, body, l * per_layer..(l + 1) * per_layer))
     }
 
     /// Generate from `prompt` for one sequence, calling `on_text` with each piece of text as it

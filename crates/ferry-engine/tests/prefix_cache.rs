@@ -231,7 +231,14 @@ fn span_import_onto_a_cached_prefix_decodes_as_a_full_import() {
         let seq = a.new_sequence();
         let mut streamed = Vec::new();
         let logits = a
-            .step(&[StepItem { seq, tokens: &p, logits: Logits::Last }], &mut |l, view| view.export_layer_from(seq, l, 20, &mut streamed).unwrap())
+            .step(&[StepItem { seq, tokens: &p, logits: Logits::Last }], &mut |l, view| {
+                let before = streamed.len();
+                view.export_layer_from(seq, l, 20, &mut streamed).unwrap();
+                let buf = view.export_layer_buffer_from(seq, l, 20).unwrap();
+                if let Some(host) = buf.as_host() {
+                    assert_eq!(host, &streamed[before..], "the buffer export holds the same section");
+                }
+            })
             .unwrap();
         let first = ferry_engine::sampler::argmax(&logits[0]);
         let full = a.export_kv(seq).unwrap();
@@ -285,6 +292,10 @@ fn span_import_onto_a_cached_prefix_decodes_as_a_full_import() {
         e.release(s).unwrap();
         assert_eq!(e.cached_prefix_len(&p, &[]), 40);
         assert!(e.import_kv_with_tokens(&full, &p[1..], &[]).is_err(), "token ids must match the payload");
+        let body = ferry_engine::KvBuffer::Host(full[ferry_core::kv_payload::HEADER_BYTES..].to_vec());
+        let s = e.import_kv_buffer_with_tokens(&full[..ferry_core::kv_payload::HEADER_BYTES], &body, &p, b"salted").unwrap();
+        e.release(s).unwrap();
+        assert_eq!(e.cached_prefix_len(&p, b"salted"), 40, "a buffer import with ids caches under its salt");
         assert_pool_whole(&e);
     }
 }

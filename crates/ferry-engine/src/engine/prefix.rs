@@ -159,7 +159,13 @@ impl<B: Backend> Engine<B> {
     /// As [`Engine::import_kv_onto`], with the body in a buffer ([`Engine::import_kv_buffer`]).
     pub fn import_kv_buffer_onto(&mut self, seq: SeqId, header: &[u8], body: &KvBuffer, tokens: Option<&[u32]>) -> Result<()> {
         let span = KvSpan::decode(header)?;
-        self.import_buffer(Some(seq), span, body, tokens).map(|_| ())
+        self.import_buffer(Some(seq), span, body, tokens, &[]).map(|_| ())
+    }
+
+    /// As [`Engine::import_kv_with_tokens`], with the body in a buffer ([`Engine::import_kv_buffer`]).
+    pub fn import_kv_buffer_with_tokens(&mut self, header: &[u8], body: &KvBuffer, tokens: &[u32], salt: &[u8]) -> Result<SeqId> {
+        let h = ferry_core::KvPayloadHeader::decode(header)?;
+        self.import_buffer(None, KvSpan { header: h, start: 0 }, body, Some(tokens), salt)
     }
 
     /// Reserve blocks for the span's tokens and fill them layer by layer with `import`; then they
