@@ -2,9 +2,15 @@
 //! block table that maps a sequence's token positions to (block, offset) slots.
 //!
 //! Pure data: the KV bytes themselves live in a backend's storage, indexed by [`BlockId`]. A block
-//! may be shared by several sequences (prefix sharing, forks); it returns to the free list when its
-//! last reference is released.
+//! may be shared by several sequences (prefix sharing); when its last reference is released it
+//! returns to the free list, or, if it is a sealed full block ([`BlockPool::seal`]), stays cached
+//! for prefix hits until an allocation needs it (see [`crate::prefix_cache`]).
+//!
+//! Every block is in exactly one state: *empty* (on the free list), *referenced* (reference count
+//! above 0), or *cached* (count 0, sealed, in the LRU list). [`BlockPool::free_count`] counts what
+//! an allocation can take: empty plus cached.
 
+use crate::prefix_cache::{BlockHash, CacheEvent, CacheStats, Parent, PrefixCache};
 use thiserror::Error;
 
 /// Index of a block in the pool (and in the backend's KV storage).
@@ -19,45 +25,127 @@ pub enum PoolError {
     NotAllocated(BlockId),
     #[error("block {0} is out of range for a pool of {1} blocks")]
     OutOfRange(BlockId, usize),
+    /// A caller bug: sealing must follow the sequence's order, each block once.
+    #[error("block {block} cannot be sealed: {reason}")]
+    Seal { block: BlockId, reason: &'static str },
 }
 
-/// A pool of `total` blocks: free list plus reference counts.
+/// A pool of `total` blocks: free list, reference counts and the prefix cache.
 #[derive(Debug, Clone)]
 pub struct BlockPool {
     ref_counts: Vec<u32>,
     free: Vec<BlockId>,
+    cache: PrefixCache,
 }
 
 impl BlockPool {
     pub fn new(total: usize) -> Self {
         // Pop from the back: hand out low ids first, which keeps early allocations dense.
         let free = (0..total as BlockId).rev().collect();
-        Self { ref_counts: vec![0; total], free }
+        Self { ref_counts: vec![0; total], free, cache: PrefixCache::new(total) }
     }
 
     pub fn total(&self) -> usize {
         self.ref_counts.len()
     }
 
+    /// Blocks an allocation can take: empty ones plus cached ones (count 0, evictable).
     pub fn free_count(&self) -> usize {
+        self.free.len() + self.cache.cached_count()
+    }
+
+    /// Blocks on the free list, holding nothing.
+    pub fn empty_count(&self) -> usize {
         self.free.len()
     }
 
+    /// Cached blocks: reference count 0, KV kept for prefix hits.
+    pub fn cached_count(&self) -> usize {
+        self.cache.cached_count()
+    }
+
+    /// Blocks referenced by at least one sequence.
     pub fn used_count(&self) -> usize {
         self.total() - self.free_count()
     }
 
-    /// Allocate `n` blocks, all or nothing.
+    /// Allocate `n` blocks, all or nothing: empty blocks first, then the least recently used
+    /// cached ones (evicted). Fails only when fewer than `n` blocks are unreferenced.
     pub fn allocate(&mut self, n: usize) -> Result<Vec<BlockId>, PoolError> {
-        if n > self.free.len() {
-            return Err(PoolError::Exhausted { requested: n, free: self.free.len(), total: self.total() });
+        if n > self.free_count() {
+            return Err(PoolError::Exhausted { requested: n, free: self.free_count(), total: self.total() });
         }
-        let at = self.free.len() - n;
-        let blocks: Vec<BlockId> = self.free.drain(at..).rev().collect();
+        let at = self.free.len().saturating_sub(n);
+        let mut blocks: Vec<BlockId> = self.free.drain(at..).rev().collect();
+        while blocks.len() < n {
+            blocks.push(self.cache.evict_oldest().expect("counted above"));
+        }
         for &b in &blocks {
             self.ref_counts[b as usize] = 1;
         }
         Ok(blocks)
+    }
+
+    /// Seal a full, referenced block: record its tokens and give it its hash (chained from
+    /// `parent`), so that it stays cached after its last release. Returns the hash, or None when
+    /// the index already held that key (the block is then freed as usual on release). Sealing
+    /// makes the block immutable: the caller writes no more KV into it.
+    pub fn seal(&mut self, block: BlockId, parent: Parent, tokens: &[u32]) -> Result<Option<BlockHash>, PoolError> {
+        if *self.rc_mut(block)? == 0 {
+            return Err(PoolError::NotAllocated(block));
+        }
+        if self.cache.is_sealed(block) {
+            return Err(PoolError::Seal { block, reason: "already sealed" });
+        }
+        if let Parent::Block(p) = parent {
+            self.rc_mut(p)?;
+        }
+        match self.cache.seal(block, parent, tokens) {
+            Some((hash, indexed)) => Ok(indexed.then_some(hash)),
+            None => Err(PoolError::Seal { block, reason: "its parent block is not sealed" }),
+        }
+    }
+
+    /// Whether `block` is sealed (full and immutable).
+    pub fn is_sealed(&self, block: BlockId) -> bool {
+        self.cache.is_sealed(block)
+    }
+
+    /// The cached blocks holding the leading full blocks of `tokens` under `root`, without taking
+    /// them (a query: counters unchanged).
+    pub fn match_prefix(&self, root: BlockHash, tokens: &[u32], block_size: usize) -> Vec<BlockId> {
+        self.cache.walk(root, tokens, block_size, usize::MAX).0
+    }
+
+    /// Take a reference to each block of the longest cached prefix of `tokens` under `root`, at
+    /// most `max_blocks`, for a new sequence's table (no copy). Counts a query.
+    pub fn acquire_prefix(&mut self, root: BlockHash, tokens: &[u32], block_size: usize, max_blocks: usize) -> Vec<BlockId> {
+        let (blocks, verify_miss) = self.cache.walk(root, tokens, block_size, max_blocks);
+        for &b in &blocks {
+            self.cache.take(b);
+            self.ref_counts[b as usize] += 1;
+        }
+        self.cache.record_query(blocks.len(), block_size, verify_miss);
+        blocks
+    }
+
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+
+    /// The stored/evicted events logged since the last drain, oldest first.
+    pub fn drain_events(&mut self) -> Vec<CacheEvent> {
+        self.cache.drain_events()
+    }
+
+    /// The prefix cache, read-only (LRU order, hashes).
+    pub fn cache(&self) -> &PrefixCache {
+        &self.cache
+    }
+
+    /// Test hook: see [`PrefixCache::set_key_mask`].
+    pub fn set_hash_key_mask(&mut self, mask: u64) {
+        self.cache.set_key_mask(mask);
     }
 
     /// Add a reference to an allocated block (sharing).
@@ -77,15 +165,16 @@ impl BlockPool {
             return Err(PoolError::NotAllocated(block));
         }
         *rc -= 1;
-        if *rc == 0 {
+        if *rc == 0 && !self.cache.on_unreferenced(block) {
             self.free.push(block);
         }
         Ok(())
     }
 
-    /// Release every block of a table and empty it.
+    /// Release every block of a table and empty it. Last block first, so that cached parents
+    /// are used more recently than their children and outlive them in the LRU order.
     pub fn release_table(&mut self, table: &mut BlockTable) -> Result<(), PoolError> {
-        for b in table.blocks.drain(..) {
+        for b in table.blocks.drain(..).rev() {
             self.release(b)?;
         }
         table.tokens = 0;
@@ -94,6 +183,12 @@ impl BlockPool {
 
     pub fn ref_count(&self, block: BlockId) -> u32 {
         self.ref_counts.get(block as usize).copied().unwrap_or(0)
+    }
+
+    /// The free list (tests check the block states against it).
+    #[cfg(test)]
+    pub(crate) fn free_list(&self) -> &[BlockId] {
+        &self.free
     }
 
     fn rc_mut(&mut self, block: BlockId) -> Result<&mut u32, PoolError> {

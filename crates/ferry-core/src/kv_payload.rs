@@ -4,12 +4,21 @@
 //! Token-contiguous (not block-shaped) so a receiver with another block size or another device can
 //! scatter it into its own pages; per-layer sections so a sender can stream layer by layer while
 //! later layers are still being computed.
+//!
+//! Two header versions: v1 ([`KvPayloadHeader`], [`HEADER_BYTES`]) holds a sequence's KV from
+//! token 0; v2 ([`KvSpan`], [`SPAN_HEADER_BYTES`]) adds the position of its first token, for a
+//! receiver that already holds the leading blocks (a prefix cache hit) and needs only the rest.
+//! A span starting at 0 is encoded as v1, so every payload that existed before v2 is unchanged;
+//! [`KvPayloadHeader::decode`] refuses a v2 header rather than read it as starting at 0.
 
 use thiserror::Error;
 
 const MAGIC: &[u8; 8] = b"FERRYKV\x01";
+const MAGIC_V2: &[u8; 8] = b"FERRYKV\x02";
 /// Header size in bytes: magic, dtype, block size, layers, kv heads, head dim, tokens.
 pub const HEADER_BYTES: usize = 8 + 4 * 6;
+/// A v2 (span) header: the v1 fields, then the first token's position.
+pub const SPAN_HEADER_BYTES: usize = HEADER_BYTES + 4;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum KvDtype {
@@ -91,6 +100,17 @@ pub enum KvPayloadError {
     SizeMismatch { got: usize, want: usize },
     #[error("KV payload field {field} = {value} is out of range")]
     FieldOutOfRange { field: &'static str, value: u64 },
+    /// A v2 payload read by a reader of whole sequences: it needs the first `start` tokens' KV
+    /// already in place ([`KvSpan::decode`]).
+    #[error("KV payload starts at token {start}, not 0: it continues a sequence the receiver must already hold")]
+    StartsMidSequence { start: usize },
+    #[error("KV payload starts at token {start}, not a multiple of the block size {block_size}")]
+    StartNotBlockAligned { start: usize, block_size: usize },
+    /// A span imported onto a sequence that holds another number of tokens than where it starts.
+    #[error("KV payload starts at token {start} but the receiving sequence holds {holds} tokens")]
+    SpanMismatch { start: usize, holds: usize },
+    #[error("KV payload holds {payload} tokens but {given} token ids came with it")]
+    TokenCount { payload: usize, given: usize },
 }
 
 impl KvPayloadHeader {
@@ -119,13 +139,20 @@ impl KvPayloadHeader {
         out
     }
 
-    /// Parse and sanity-check a header from the front of `bytes`.
+    /// Parse and sanity-check a v1 header from the front of `bytes` (a v2 span header is refused
+    /// with [`KvPayloadError::StartsMidSequence`] unless it starts at 0).
     pub fn decode(bytes: &[u8]) -> Result<Self, KvPayloadError> {
+        let span = KvSpan::decode(bytes)?;
+        if span.start != 0 {
+            return Err(KvPayloadError::StartsMidSequence { start: span.start });
+        }
+        Ok(span.header)
+    }
+
+    /// The v1 fields, after the magic (checked by the caller).
+    fn decode_fields(bytes: &[u8]) -> Result<Self, KvPayloadError> {
         if bytes.len() < HEADER_BYTES {
             return Err(KvPayloadError::Truncated { got: bytes.len(), need: HEADER_BYTES });
-        }
-        if &bytes[..8] != MAGIC {
-            return Err(KvPayloadError::BadMagic);
         }
         let f = |i: usize| u32::from_le_bytes([bytes[8 + 4 * i], bytes[9 + 4 * i], bytes[10 + 4 * i], bytes[11 + 4 * i]]);
         let dtype = KvDtype::from_code(f(0)).ok_or(KvPayloadError::UnknownDtype(f(0)))?;
@@ -159,6 +186,73 @@ impl KvPayloadHeader {
             return Err(KvPayloadError::SizeMismatch { got: body, want: h.body_bytes() });
         }
         Ok(h)
+    }
+}
+
+/// A payload of tokens `start..start + header.tokens` of a sequence (v2 when `start > 0`).
+/// `start` is a multiple of the sender's block size: whole blocks are what a receiver caches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvSpan {
+    pub header: KvPayloadHeader,
+    pub start: usize,
+}
+
+impl KvSpan {
+    /// Bytes of the encoded header.
+    pub fn header_bytes(&self) -> usize {
+        if self.start == 0 { HEADER_BYTES } else { SPAN_HEADER_BYTES }
+    }
+
+    /// v1 bytes when `start` is 0 (what every reader understands), else v2.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = self.header.encode().to_vec();
+        if self.start != 0 {
+            out[..8].copy_from_slice(MAGIC_V2);
+            out.extend_from_slice(&(self.start as u32).to_le_bytes());
+        }
+        out
+    }
+
+    /// Parse and sanity-check a v1 or v2 header from the front of `bytes`.
+    pub fn decode(bytes: &[u8]) -> Result<Self, KvPayloadError> {
+        if bytes.len() < 8 {
+            return Err(KvPayloadError::Truncated { got: bytes.len(), need: HEADER_BYTES });
+        }
+        let v2 = match &bytes[..8] {
+            m if m == MAGIC => false,
+            m if m == MAGIC_V2 => true,
+            _ => return Err(KvPayloadError::BadMagic),
+        };
+        let header = KvPayloadHeader::decode_fields(bytes)?;
+        if !v2 {
+            return Ok(Self { header, start: 0 });
+        }
+        if bytes.len() < SPAN_HEADER_BYTES {
+            return Err(KvPayloadError::Truncated { got: bytes.len(), need: SPAN_HEADER_BYTES });
+        }
+        let start = u32::from_le_bytes([bytes[32], bytes[33], bytes[34], bytes[35]]);
+        if start == 0 || start > 1 << 24 {
+            return Err(KvPayloadError::FieldOutOfRange { field: "start", value: start as u64 });
+        }
+        let (start, block_size) = (start as usize, header.layout.block_size);
+        if !start.is_multiple_of(block_size) {
+            return Err(KvPayloadError::StartNotBlockAligned { start, block_size });
+        }
+        Ok(Self { header, start })
+    }
+
+    /// Decode a whole payload and check it against the receiving cache's layout and its own size.
+    pub fn decode_checked(bytes: &[u8], want: &KvLayout) -> Result<Self, KvPayloadError> {
+        let s = Self::decode(bytes)?;
+        let h = &s.header;
+        if !h.layout.compatible(want) {
+            return Err(KvPayloadError::LayoutMismatch { got: h.layout, want: *want });
+        }
+        let body = bytes.len() - s.header_bytes();
+        if body != h.body_bytes() {
+            return Err(KvPayloadError::SizeMismatch { got: body, want: h.body_bytes() });
+        }
+        Ok(s)
     }
 }
 
@@ -237,7 +331,44 @@ mod tests {
         assert!(KvPayloadHeader::decode_checked(&bytes, &layout()).is_err());
     }
 
+    #[test]
+    fn span_header_roundtrip_and_checks() {
+        let h = KvPayloadHeader { layout: layout(), tokens: 5 };
+        // start 0 is v1, byte for byte.
+        let v1 = KvSpan { header: h, start: 0 };
+        assert_eq!(v1.encode(), h.encode().to_vec());
+        let mut bytes = v1.encode();
+        bytes.resize(HEADER_BYTES + h.body_bytes(), 0);
+        assert_eq!(KvSpan::decode_checked(&bytes, &layout()), Ok(v1));
+        // start 32: v2, four bytes longer; a whole-sequence reader refuses it.
+        let v2 = KvSpan { header: h, start: 32 };
+        let mut bytes = v2.encode();
+        assert_eq!(bytes.len(), SPAN_HEADER_BYTES);
+        assert_eq!(v2.header_bytes(), SPAN_HEADER_BYTES);
+        bytes.resize(SPAN_HEADER_BYTES + h.body_bytes(), 0);
+        assert_eq!(KvSpan::decode_checked(&bytes, &layout()), Ok(v2));
+        assert_eq!(KvPayloadHeader::decode(&bytes), Err(KvPayloadError::StartsMidSequence { start: 32 }));
+        assert!(KvPayloadHeader::decode_checked(&bytes, &layout()).is_err());
+        bytes.pop();
+        assert!(matches!(KvSpan::decode_checked(&bytes, &layout()), Err(KvPayloadError::SizeMismatch { .. })));
+        assert_eq!(KvSpan::decode(&bytes[..HEADER_BYTES]), Err(KvPayloadError::Truncated { got: HEADER_BYTES, need: SPAN_HEADER_BYTES }));
+        // A start inside a block, or an encoded 0, is refused.
+        let mut bad = KvSpan { header: h, start: 32 }.encode();
+        bad[32..36].copy_from_slice(&8u32.to_le_bytes());
+        assert_eq!(KvSpan::decode(&bad), Err(KvPayloadError::StartNotBlockAligned { start: 8, block_size: 16 }));
+        bad[32..36].copy_from_slice(&0u32.to_le_bytes());
+        assert!(matches!(KvSpan::decode(&bad), Err(KvPayloadError::FieldOutOfRange { field: "start", .. })));
+    }
+
     proptest::proptest! {
+        #[test]
+        fn span_decode_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..64)) {
+            let _ = KvSpan::decode_checked(&bytes, &layout());
+            let mut v2 = b"FERRYKV\x02".to_vec();
+            v2.extend_from_slice(&bytes);
+            let _ = KvSpan::decode_checked(&v2, &layout());
+        }
+
         #[test]
         fn decode_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..64)) {
             let _ = KvPayloadHeader::decode_checked(&bytes, &layout());

@@ -2,6 +2,8 @@
 //!
 //! - [`block_pool`]: the paged KV cache's bookkeeping (vLLM's PagedAttention, SOSP '23 §4.2): a pool
 //!   of fixed-size blocks with a free list and reference counts, and per-sequence block tables.
+//! - [`prefix_cache`]: content-addressed full blocks (hash chains, index, LRU of cached blocks,
+//!   stored/evicted events) that let a sequence attach a cached prompt prefix without recomputing it.
 //! - [`kv_payload`]: the self-describing layout of one sequence's exported KV, the unit the cluster
 //!   ships from a prefill worker to a decode worker.
 //! - [`kv_index`]: the router's index of which worker holds which KV blocks, from their events.
@@ -19,12 +21,16 @@ pub mod kv_index;
 pub mod kv_payload;
 pub mod loadgen;
 pub mod multiturn;
+pub mod prefix_cache;
+#[cfg(test)]
+mod prefix_cache_props;
 pub mod routing;
 pub mod sampling;
 pub mod stop;
 
 pub use block_pool::{BlockId, BlockPool, BlockTable, PoolError};
-pub use kv_payload::{KvDtype, KvLayout, KvPayloadError, KvPayloadHeader};
+pub use prefix_cache::{BlockHash, CacheEvent, CacheEventKind, CacheStats, Parent};
+pub use kv_payload::{KvDtype, KvLayout, KvPayloadError, KvPayloadHeader, KvSpan};
 pub use routing::{WorkerRole, WorkerState};
 pub use sampling::{SamplingError, SamplingParams};
 pub use stop::{Released, StopMatcher};

@@ -4,6 +4,11 @@
 //! a prefill chunk or decode tokens, in one forward pass (continuous batching). Sequences own block
 //! tables in a [`BlockPool`]; their KV can be exported as a self-describing payload and imported
 //! into another engine. [`Engine::generate`] is the single-sequence loop used by the CLI.
+//!
+//! With [`EngineConfig::prefix_cache`] (on by default) the engine keeps the token ids behind each
+//! sequence's KV, seals every block that fills, and leaves sealed blocks cached when a sequence is
+//! released, so a later prompt with the same leading blocks attaches them instead of recomputing:
+//! see the [`prefix`] module for that API.
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, BatchPlan, Device, DeviceBackend, KvBuffer, SeqPlan};
@@ -13,13 +18,15 @@ use crate::loader::{self, LoadedModel};
 use crate::model::Model;
 use crate::sampler::Sampler;
 use crate::stop::StopMatcher;
-use ferry_core::kv_payload::HEADER_BYTES;
-use ferry_core::{BlockPool, BlockTable, KvDtype, KvLayout, KvPayloadHeader, SamplingParams};
+use ferry_core::{BlockPool, BlockTable, KvDtype, KvLayout, KvPayloadHeader, KvSpan, SamplingParams};
+use prefix::Seq;
 use ferry_tokenizer::{ChatTemplate, StreamDecoder, Tokenizer};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+pub mod prefix;
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -38,6 +45,9 @@ pub struct EngineConfig {
     /// On a GPU, with `kv_tokens` unset: the fraction of the device memory still free after the
     /// weights are loaded that the KV cache takes.
     pub kv_memory_fraction: f32,
+    /// Keep full blocks of released sequences cached and attach them to later prompts with the
+    /// same prefix ([`Engine::new_sequence_from_cache`]). Results are unchanged either way.
+    pub prefix_cache: bool,
 }
 
 impl Default for EngineConfig {
@@ -50,6 +60,7 @@ impl Default for EngineConfig {
             activations: Default::default(),
             device: Device::Cpu,
             kv_memory_fraction: 0.9,
+            prefix_cache: true,
         }
     }
 }
@@ -107,21 +118,35 @@ impl Generation {
 pub struct KvView<'a, B: Backend> {
     be: &'a B,
     kv: &'a B::Kv,
-    seqs: &'a HashMap<SeqId, BlockTable>,
+    block_size: usize,
+    seqs: &'a HashMap<SeqId, Seq>,
 }
 
 impl<B: Backend> KvView<'_, B> {
     /// Append `layer`'s K then V for `seq` (token-contiguous) to `out`.
     pub fn export_layer(&self, seq: SeqId, layer: usize, out: &mut Vec<u8>) -> Result<()> {
-        let t = self.seqs.get(&seq).ok_or(EngineError::UnknownSequence(seq.0))?;
-        self.be.kv_export_layer(self.kv, layer, &t.blocks, t.tokens, out)
+        self.export_layer_from(seq, layer, 0, out)
+    }
+
+    /// As [`KvView::export_layer`], for the tokens from `start` on (a multiple of the block size:
+    /// the section of a payload from [`Engine::export_kv_from`]).
+    pub fn export_layer_from(&self, seq: SeqId, layer: usize, start: usize, out: &mut Vec<u8>) -> Result<()> {
+        let t = &self.seqs.get(&seq).ok_or(EngineError::UnknownSequence(seq.0))?.table;
+        let first = prefix::span_start_block(t, start, self.block_size)?;
+        self.be.kv_export_layer(self.kv, layer, &t.blocks[first..], t.tokens - start, out)
     }
 
     /// `layer`'s K then V for `seq` in the backend's own memory (device memory on a GPU), for a
     /// transport that sends from there.
     pub fn export_layer_buffer(&self, seq: SeqId, layer: usize) -> Result<KvBuffer> {
-        let t = self.seqs.get(&seq).ok_or(EngineError::UnknownSequence(seq.0))?;
-        self.be.kv_export_layer_buffer(self.kv, layer, &t.blocks, t.tokens)
+        self.export_layer_buffer_from(seq, layer, 0)
+    }
+
+    /// As [`KvView::export_layer_buffer`], for the tokens from `start` on (a block boundary).
+    pub fn export_layer_buffer_from(&self, seq: SeqId, layer: usize, start: usize) -> Result<KvBuffer> {
+        let t = &self.seqs.get(&seq).ok_or(EngineError::UnknownSequence(seq.0))?.table;
+        let first = prefix::span_start_block(t, start, self.block_size)?;
+        self.be.kv_export_layer_buffer(self.kv, layer, &t.blocks[first..], t.tokens - start)
     }
 }
 
@@ -131,8 +156,9 @@ pub struct Engine<B: Backend = DeviceBackend> {
     kv: B::Kv,
     pool: BlockPool,
     layout: KvLayout,
-    seqs: HashMap<SeqId, BlockTable>,
+    seqs: HashMap<SeqId, Seq>,
     next_seq: u64,
+    prefix_cache: bool,
     max_batch_tokens: usize,
     pub tokenizer: Arc<Tokenizer>,
     pub chat_template: Option<ChatTemplate>,
@@ -199,6 +225,7 @@ impl<B: Backend> Engine<B> {
             layout,
             seqs: HashMap::new(),
             next_seq: 0,
+            prefix_cache: cfg.prefix_cache,
             max_batch_tokens: cfg.max_batch_tokens,
             tokenizer: Arc::new(m.tokenizer),
             chat_template: m.chat_template,
@@ -221,6 +248,8 @@ impl<B: Backend> Engine<B> {
         self.max_batch_tokens
     }
 
+    /// Blocks a new allocation can take: empty ones plus cached ones (reference count 0, kept for
+    /// prefix hits, evicted when needed). [`Engine::cached_blocks`] counts the latter apart.
     pub fn free_blocks(&self) -> usize {
         self.pool.free_count()
     }
@@ -250,23 +279,21 @@ impl<B: Backend> Engine<B> {
         Ok(self.tokenizer.encode(text, self.add_special_tokens)?)
     }
 
+    /// A new, empty sequence (empty cache salt).
     pub fn new_sequence(&mut self) -> SeqId {
-        let id = SeqId(self.next_seq);
-        self.next_seq += 1;
-        self.seqs.insert(id, BlockTable::default());
-        id
+        self.new_sequence_salted(&[])
     }
 
-    /// Free a sequence and its KV blocks.
+    /// Free a sequence; its sealed full blocks stay cached (unless another sequence holds them).
     pub fn release(&mut self, seq: SeqId) -> Result<()> {
-        let mut t = self.seqs.remove(&seq).ok_or(EngineError::UnknownSequence(seq.0))?;
-        self.pool.release_table(&mut t)?;
+        let mut s = self.seqs.remove(&seq).ok_or(EngineError::UnknownSequence(seq.0))?;
+        self.pool.release_table(&mut s.table)?;
         Ok(())
     }
 
     /// Tokens of KV held for `seq`.
     pub fn seq_len(&self, seq: SeqId) -> Result<usize> {
-        Ok(self.seqs.get(&seq).ok_or(EngineError::UnknownSequence(seq.0))?.tokens)
+        Ok(self.seqs.get(&seq).ok_or(EngineError::UnknownSequence(seq.0))?.table.tokens)
     }
 
     /// One forward pass over all items; returns each item's requested logits (`[rows, vocab]`
@@ -274,7 +301,7 @@ impl<B: Backend> Engine<B> {
     pub fn step(&mut self, items: &[StepItem], on_layer: &mut (dyn FnMut(usize, &KvView<B>) + Send)) -> Result<Vec<Vec<f32>>> {
         let (ctx, vocab, bs) = (self.model.config.max_position, self.model.config.vocab_size, self.layout.block_size);
         for (i, it) in items.iter().enumerate() {
-            let t = self.seqs.get(&it.seq).ok_or(EngineError::UnknownSequence(it.seq.0))?;
+            let t = &self.seqs.get(&it.seq).ok_or(EngineError::UnknownSequence(it.seq.0))?.table;
             if it.tokens.is_empty() {
                 return Err(EngineError::EmptyPrompt);
             }
@@ -292,11 +319,11 @@ impl<B: Backend> Engine<B> {
         // what this step took, so a failed step leaves the pool and every sequence as they were.
         let mut had = Vec::with_capacity(items.len());
         for it in items {
-            let t = self.seqs.get_mut(&it.seq).expect("checked above");
+            let t = &mut self.seqs.get_mut(&it.seq).expect("checked above").table;
             had.push(t.blocks.len());
             if let Err(e) = t.reserve(&mut self.pool, it.tokens.len(), bs) {
                 for (it, &n) in items.iter().zip(&had) {
-                    let t = self.seqs.get_mut(&it.seq).expect("checked above");
+                    let t = &mut self.seqs.get_mut(&it.seq).expect("checked above").table;
                     for b in t.blocks.drain(n..) {
                         self.pool.release(b)?;
                     }
@@ -309,8 +336,13 @@ impl<B: Backend> Engine<B> {
         let mut logit_rows = Vec::new();
         let mut ranges = Vec::new();
         for it in items {
-            let t = self.seqs.get_mut(&it.seq).expect("checked above");
+            let t = &mut self.seqs.get_mut(&it.seq).expect("checked above").table;
             let (start, n, q_start) = (t.tokens, it.tokens.len(), tokens.len());
+            // Shared blocks are immutable: every block this step writes is this sequence's alone
+            // and unsealed (only full blocks are sealed and shared, and writes start after them).
+            for &b in &t.blocks[start / bs..] {
+                assert!(self.pool.ref_count(b) == 1 && !self.pool.is_sealed(b), "step would write into shared or sealed block {b}");
+            }
             plan.slots.extend(t.append_slots(n, bs));
             plan.positions.extend(start as u32..(start + n) as u32);
             plan.seqs.push(SeqPlan { q_start, q_len: n, ctx_len: start + n, blocks: t.blocks.clone() });
@@ -325,14 +357,14 @@ impl<B: Backend> Engine<B> {
         }
         let (be, seqs, model, kv) = (&self.be, &self.seqs, &self.model, &mut self.kv);
         let run = be.run(move || {
-            model.forward(be, kv, &tokens, &plan, &logit_rows, &mut |l, kv| on_layer(l, &KvView { be, kv, seqs }))
+            model.forward(be, kv, &tokens, &plan, &logit_rows, &mut |l, kv| on_layer(l, &KvView { be, kv, block_size: bs, seqs }))
         });
         let logits = match run {
             Ok(l) => l,
             Err(e) => {
                 // A device failure: put every table back as it was before this step.
                 for (it, &n) in items.iter().zip(&had) {
-                    let t = self.seqs.get_mut(&it.seq).expect("checked above");
+                    let t = &mut self.seqs.get_mut(&it.seq).expect("checked above").table;
                     t.tokens -= it.tokens.len();
                     for b in t.blocks.drain(n..) {
                         self.pool.release(b)?;
@@ -341,11 +373,15 @@ impl<B: Backend> Engine<B> {
                 return Err(e);
             }
         };
+        for it in items {
+            self.record_tokens(it.seq, it.tokens);
+        }
         Ok(ranges.into_iter().map(|r| logits[r.start * vocab..r.end * vocab].to_vec()).collect())
     }
 
     /// Prefill a whole prompt for `seq` in chunks of at most `max_batch_tokens`; returns the
-    /// logits of the last prompt token.
+    /// logits of the last prompt token. After [`Engine::new_sequence_from_cache`], pass the
+    /// prompt from the cached length on: only that suffix is computed.
     pub fn prefill(&mut self, seq: SeqId, prompt: &[u32]) -> Result<Vec<f32>> {
         let chunks: Vec<&[u32]> = prompt.chunks(self.max_batch_tokens).collect();
         let mut last = Vec::new();
@@ -379,22 +415,38 @@ impl<B: Backend> Engine<B> {
 
     /// The whole KV of `seq` as a payload: header, then K and V per layer.
     pub fn export_kv(&self, seq: SeqId) -> Result<Vec<u8>> {
-        let t = self.seqs.get(&seq).ok_or(EngineError::UnknownSequence(seq.0))?;
-        let header = KvPayloadHeader { layout: self.layout, tokens: t.tokens };
-        let mut out = Vec::with_capacity(HEADER_BYTES + header.body_bytes());
-        out.extend_from_slice(&header.encode());
+        self.export_kv_from(seq, 0)
+    }
+
+    /// The KV of `seq`'s tokens from `start` on (a multiple of the block size) as a payload: a
+    /// v1 header when `start` is 0, else a v2 [`KvSpan`] header, then K and V per layer. For a
+    /// receiver that holds the first `start` tokens already ([`Engine::import_kv_onto`]).
+    pub fn export_kv_from(&self, seq: SeqId, start: usize) -> Result<Vec<u8>> {
+        let t = &self.seqs.get(&seq).ok_or(EngineError::UnknownSequence(seq.0))?.table;
+        let first = prefix::span_start_block(t, start, self.layout.block_size)?;
+        let span = KvSpan { header: KvPayloadHeader { layout: self.layout, tokens: t.tokens - start }, start };
+        let mut out = Vec::with_capacity(span.header_bytes() + span.header.body_bytes());
+        out.extend_from_slice(&span.encode());
         for l in 0..self.layout.n_layers {
-            self.be.kv_export_layer(&self.kv, l, &t.blocks, t.tokens, &mut out)?;
+            self.be.kv_export_layer(&self.kv, l, &t.blocks[first..], t.tokens - start, &mut out)?;
         }
         Ok(out)
     }
 
-    /// Import a payload as a new sequence. Nothing is stored unless layout, size and capacity all fit.
+    /// Import a payload as a new sequence. Nothing is stored unless layout, size and capacity all
+    /// fit. The token ids are unknown, so the sequence's blocks are never cached
+    /// ([`Engine::import_kv_with_tokens`] gives them).
     pub fn import_kv(&mut self, payload: &[u8]) -> Result<SeqId> {
         let h = KvPayloadHeader::decode_checked(payload, &self.layout)?;
+        self.import_payload(None, payload, KvSpan { header: h, start: 0 }, None, &[])
+    }
+
+    /// Scatter a checked payload's body (after its header) into a new sequence or onto `onto`.
+    fn import_payload(&mut self, onto: Option<SeqId>, payload: &[u8], span: KvSpan, tokens: Option<&[u32]>, salt: &[u8]) -> Result<SeqId> {
+        let (h, at) = (span.header, span.header_bytes());
         let per_layer = self.layout.layer_bytes(h.tokens);
-        self.import_sections(&h, |be, kv, l, blocks| {
-            let section = &payload[HEADER_BYTES + l * per_layer..HEADER_BYTES + (l + 1) * per_layer];
+        self.import_span(onto, &span, tokens, salt, |be, kv, l, blocks| {
+            let section = &payload[at + l * per_layer..at + (l + 1) * per_layer];
             be.kv_import_layer(kv, l, blocks, h.tokens, section)
         })
     }
@@ -403,6 +455,13 @@ impl<B: Backend> Engine<B> {
     /// is the payload's header alone. The backend scatters each layer from the buffer where it is.
     pub fn import_kv_buffer(&mut self, header: &[u8], body: &KvBuffer) -> Result<SeqId> {
         let h = KvPayloadHeader::decode(header)?;
+        self.import_buffer(None, KvSpan { header: h, start: 0 }, body, None, &[])
+    }
+
+    /// Scatter a body in a buffer into a new sequence or onto `onto`, after checking it against
+    /// the header.
+    fn import_buffer(&mut self, onto: Option<SeqId>, span: KvSpan, body: &KvBuffer, tokens: Option<&[u32]>, salt: &[u8]) -> Result<SeqId> {
+        let h = span.header;
         if !h.layout.compatible(&self.layout) {
             return Err(ferry_core::KvPayloadError::LayoutMismatch { got: h.layout, want: self.layout }.into());
         }
@@ -410,28 +469,7 @@ impl<B: Backend> Engine<B> {
             return Err(ferry_core::KvPayloadError::SizeMismatch { got: body.len(), want: h.body_bytes() }.into());
         }
         let per_layer = self.layout.layer_bytes(h.tokens);
-        self.import_sections(&h, |be, kv, l, blocks| be.kv_import_layer_buffer(kv, l, blocks, h.tokens, body, l * per_layer..(l + 1) * per_layer))
-    }
-
-    /// Reserve blocks for `h.tokens` and fill them layer by layer with `import`; on any failure
-    /// the blocks go back and no sequence exists.
-    fn import_sections(&mut self, h: &KvPayloadHeader, mut import: impl FnMut(&B, &mut B::Kv, usize, &[u32]) -> Result<()>) -> Result<SeqId> {
-        if h.tokens > self.model.config.max_position {
-            return Err(EngineError::ContextOverflow { tokens: h.tokens, max_new: 0, context: self.model.config.max_position });
-        }
-        let mut table = BlockTable::default();
-        table.reserve(&mut self.pool, h.tokens, self.layout.block_size)?;
-        table.tokens = h.tokens;
-        for l in 0..self.layout.n_layers {
-            if let Err(e) = import(&self.be, &mut self.kv, l, &table.blocks) {
-                self.pool.release_table(&mut table)?;
-                return Err(e);
-            }
-        }
-        let id = SeqId(self.next_seq);
-        self.next_seq += 1;
-        self.seqs.insert(id, table);
-        Ok(id)
+        self.import_span(onto, &span, tokens, salt, |be, kv, l, blocks| be.kv_import_layer_buffer(kv, l, blocks, h.tokens, body, l * per_layer..(l + 1) * per_layer))
     }
 
     /// Generate from `prompt` for one sequence, calling `on_text` with each piece of text as it
@@ -445,13 +483,14 @@ impl<B: Backend> Engine<B> {
         if prompt.len() >= ctx {
             return Err(EngineError::ContextOverflow { tokens: prompt.len(), max_new: params.max_tokens, context: ctx });
         }
-        let seq = self.new_sequence();
-        let result = self.generate_seq(seq, prompt, params, on_text);
+        let (seq, cached) = self.new_sequence_from_cache(prompt, &[])?;
+        let result = self.generate_seq(seq, prompt, cached, params, on_text);
         self.release(seq)?;
         result
     }
 
-    fn generate_seq(&mut self, seq: SeqId, prompt: &[u32], params: &SamplingParams, on_text: &mut dyn FnMut(&str)) -> Result<Generation> {
+    /// Generate for `seq`, which holds the first `cached` tokens of `prompt` already.
+    fn generate_seq(&mut self, seq: SeqId, prompt: &[u32], cached: usize, params: &SamplingParams, on_text: &mut dyn FnMut(&str)) -> Result<Generation> {
         let start = Instant::now();
         let stop_ids = self.stop_ids(params);
         let mut sampler = Sampler::new(params);
@@ -460,7 +499,7 @@ impl<B: Backend> Engine<B> {
         let mut stops = StopMatcher::new(params.stop_strings.clone());
         let mut text = String::new();
         let mut tokens = Vec::new();
-        let mut logits = self.prefill(seq, prompt)?;
+        let mut logits = self.prefill(seq, &prompt[cached..])?;
         let mut ttft = None;
         let mut decode_start = Instant::now();
         let ctx = self.model.config.max_position;

@@ -1,0 +1,223 @@
+//! Prefix caching in the engine: which token ids each sequence's KV holds, sealing blocks as they
+//! fill, and attaching cached blocks to new sequences (the bookkeeping is
+//! [`ferry_core::prefix_cache`]; this module feeds it the engine's sequences).
+//!
+//! A sequence knows its token ids when they came through [`Engine::step`] (or with an import,
+//! [`Engine::import_kv_with_tokens`]); every block that fills is then sealed with its hash, chained
+//! from a root of the model fingerprint and the sequence's cache salt. On release the sealed blocks
+//! stay cached. Then:
+//!
+//! - [`Engine::new_sequence_from_cache`] starts a sequence on a prompt's cached prefix (whole
+//!   blocks, at most `prompt.len() - 1` tokens so one is left to compute the logits); `step` or
+//!   `prefill` with the rest of the prompt computes only that suffix, from position k·block_size.
+//! - [`Engine::cached_prefix_len`] asks how many leading tokens are cached, taking nothing.
+//! - [`Engine::export_kv_from`] and [`Engine::import_kv_onto`] move only the tokens after a
+//!   block offset, onto a sequence that holds the first blocks (a decode worker with a cache hit).
+//!
+//! Only full blocks are shared, and a shared block is never written ([`Engine::step`] asserts it).
+
+use super::{Engine, SeqId};
+use crate::backend::{Backend, KvBuffer};
+use crate::error::{EngineError, Result};
+use ferry_core::{BlockHash, BlockTable, CacheEvent, CacheStats, KvPayloadError, KvSpan, Parent};
+
+/// One sequence: its blocks and what the prefix cache needs to know of it.
+pub(crate) struct Seq {
+    pub(crate) table: BlockTable,
+    /// The chain root: model fingerprint and this sequence's cache salt.
+    root: BlockHash,
+    /// The token ids whose KV the table holds (`table.tokens` of them), while known. None: the
+    /// cache is off, or KV came without its ids; nothing more of this sequence is sealed.
+    tokens: Option<Vec<u32>>,
+    /// Leading blocks sealed so far.
+    sealed: usize,
+}
+
+/// The index of the block where tokens from `start` begin, if `start` is a block boundary within
+/// the table.
+pub(crate) fn span_start_block(t: &BlockTable, start: usize, block_size: usize) -> Result<usize> {
+    if !start.is_multiple_of(block_size) {
+        return Err(KvPayloadError::StartNotBlockAligned { start, block_size }.into());
+    }
+    if start > t.tokens {
+        return Err(KvPayloadError::SpanMismatch { start, holds: t.tokens }.into());
+    }
+    Ok(start / block_size)
+}
+
+impl<B: Backend> Engine<B> {
+    fn root(&self, salt: &[u8]) -> BlockHash {
+        BlockHash::root(self.fingerprint.as_bytes(), salt)
+    }
+
+    fn insert_seq(&mut self, table: BlockTable, salt: &[u8], tokens: Option<Vec<u32>>) -> SeqId {
+        let id = SeqId(self.next_seq);
+        self.next_seq += 1;
+        let sealed = table.blocks.len().min(table.tokens / self.layout.block_size);
+        let tokens = tokens.filter(|_| self.prefix_cache);
+        self.seqs.insert(id, Seq { table, root: self.root(salt), tokens, sealed });
+        id
+    }
+
+    /// A new, empty sequence whose blocks are cached under `salt` (a tenant's, say: sequences
+    /// share cached blocks only with the same salt).
+    pub fn new_sequence_salted(&mut self, salt: &[u8]) -> SeqId {
+        self.insert_seq(BlockTable::default(), salt, Some(Vec::new()))
+    }
+
+    /// A new sequence for `prompt` that starts on its cached prefix: returns the sequence and how
+    /// many tokens it holds already (a multiple of the block size, at most `prompt.len() - 1`, 0
+    /// with the cache off). Feed it `prompt[cached..]` ([`Engine::prefill`] or `step`).
+    pub fn new_sequence_from_cache(&mut self, prompt: &[u32], salt: &[u8]) -> Result<(SeqId, usize)> {
+        if prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        Ok(self.new_sequence_with_prefix(prompt, salt, prompt.len() - 1))
+    }
+
+    /// As [`Engine::new_sequence_from_cache`], attaching at most `max_tokens` cached tokens of
+    /// `tokens` (a decode worker that takes the rest by [`Engine::import_kv_onto`] may take all).
+    pub fn new_sequence_with_prefix(&mut self, tokens: &[u32], salt: &[u8], max_tokens: usize) -> (SeqId, usize) {
+        let bs = self.layout.block_size;
+        let blocks = match self.prefix_cache {
+            true => self.pool.acquire_prefix(self.root(salt), tokens, bs, max_tokens / bs),
+            false => Vec::new(),
+        };
+        let n = blocks.len() * bs;
+        (self.insert_seq(BlockTable { blocks, tokens: n }, salt, Some(tokens[..n].to_vec())), n)
+    }
+
+    /// How many leading tokens of `tokens` under `salt` are cached (a multiple of the block size,
+    /// up to `tokens.len()`), taking nothing and counting no query.
+    pub fn cached_prefix_len(&self, tokens: &[u32], salt: &[u8]) -> usize {
+        match self.prefix_cache {
+            true => self.pool.match_prefix(self.root(salt), tokens, self.layout.block_size).len() * self.layout.block_size,
+            false => 0,
+        }
+    }
+
+    pub fn prefix_cache_enabled(&self) -> bool {
+        self.prefix_cache
+    }
+    /// Blocks cached with no sequence holding them (counted in [`Engine::free_blocks`] too).
+    pub fn cached_blocks(&self) -> usize {
+        self.pool.cached_count()
+    }
+    /// Blocks held by at least one sequence.
+    pub fn used_blocks(&self) -> usize {
+        self.pool.used_count()
+    }
+    pub fn cache_stats(&self) -> CacheStats {
+        self.pool.cache_stats()
+    }
+    /// Blocks stored in and evicted from the cache since the last drain (for KV-aware routing).
+    pub fn drain_cache_events(&mut self) -> Vec<CacheEvent> {
+        self.pool.drain_events()
+    }
+    /// Test hook: index cached blocks by `hash & mask`, forcing collisions (set before any use).
+    pub fn set_prefix_hash_key_mask(&mut self, mask: u64) {
+        self.pool.set_hash_key_mask(mask);
+    }
+
+    /// `seq` now holds KV for `tokens` too (just computed): extend its ids and seal the blocks
+    /// that are full.
+    pub(super) fn record_tokens(&mut self, seq: SeqId, tokens: &[u32]) {
+        let bs = self.layout.block_size;
+        let Some(s) = self.seqs.get_mut(&seq) else { return };
+        let Some(ids) = s.tokens.as_mut() else { return };
+        ids.extend_from_slice(tokens);
+        debug_assert_eq!(ids.len(), s.table.tokens, "token ids follow the table");
+        while (s.sealed + 1) * bs <= ids.len() {
+            let i = s.sealed;
+            let parent = if i == 0 { Parent::Root(s.root) } else { Parent::Block(s.table.blocks[i - 1]) };
+            if let Err(e) = self.pool.seal(s.table.blocks[i], parent, &ids[i * bs..(i + 1) * bs]) {
+                // A bookkeeping bug, not the request's fault: stop caching this sequence.
+                tracing::warn!(seq = seq.0, "prefix cache: {e}; the sequence's blocks will not be cached");
+                debug_assert!(false, "seal failed: {e}");
+                s.tokens = None;
+                return;
+            }
+            s.sealed += 1;
+        }
+    }
+
+    /// Import a whole payload as a new sequence whose KV is that of `tokens` under `salt`, so its
+    /// full blocks are sealed and cached like computed ones.
+    pub fn import_kv_with_tokens(&mut self, payload: &[u8], tokens: &[u32], salt: &[u8]) -> Result<SeqId> {
+        let h = ferry_core::KvPayloadHeader::decode_checked(payload, &self.layout)?;
+        self.import_payload(None, payload, KvSpan { header: h, start: 0 }, Some(tokens), salt)
+    }
+
+    /// Append a payload of the tokens from `start` on ([`Engine::export_kv_from`]) to `seq`, which
+    /// must hold exactly `start` tokens (its cached prefix). `tokens` are the payload's token ids,
+    /// if known (then its full blocks are cached too). Nothing changes unless it all fits.
+    pub fn import_kv_onto(&mut self, seq: SeqId, payload: &[u8], tokens: Option<&[u32]>) -> Result<()> {
+        let span = KvSpan::decode_checked(payload, &self.layout)?;
+        self.import_payload(Some(seq), payload, span, tokens, &[]).map(|_| ())
+    }
+
+    /// As [`Engine::import_kv_onto`], with the body in a buffer ([`Engine::import_kv_buffer`]).
+    pub fn import_kv_buffer_onto(&mut self, seq: SeqId, header: &[u8], body: &KvBuffer, tokens: Option<&[u32]>) -> Result<()> {
+        let span = KvSpan::decode(header)?;
+        self.import_buffer(Some(seq), span, body, tokens, &[]).map(|_| ())
+    }
+
+    /// As [`Engine::import_kv_with_tokens`], with the body in a buffer ([`Engine::import_kv_buffer`]).
+    pub fn import_kv_buffer_with_tokens(&mut self, header: &[u8], body: &KvBuffer, tokens: &[u32], salt: &[u8]) -> Result<SeqId> {
+        let h = ferry_core::KvPayloadHeader::decode(header)?;
+        self.import_buffer(None, KvSpan { header: h, start: 0 }, body, Some(tokens), salt)
+    }
+
+    /// Reserve blocks for the span's tokens and fill them layer by layer with `import`; then they
+    /// join `onto` (which must hold `span.start` tokens) or a new sequence (`span.start` = 0). On
+    /// any failure the blocks go back and nothing changes.
+    pub(super) fn import_span(
+        &mut self,
+        onto: Option<SeqId>,
+        span: &KvSpan,
+        tokens: Option<&[u32]>,
+        salt: &[u8],
+        mut import: impl FnMut(&B, &mut B::Kv, usize, &[u32]) -> Result<()>,
+    ) -> Result<SeqId> {
+        let (n, bs, ctx) = (span.header.tokens, self.layout.block_size, self.model.config.max_position);
+        if let Some(t) = tokens
+            && t.len() != n
+        {
+            return Err(KvPayloadError::TokenCount { payload: n, given: t.len() }.into());
+        }
+        let holds = match onto {
+            Some(id) => self.seqs.get(&id).ok_or(EngineError::UnknownSequence(id.0))?.table.tokens,
+            None => 0,
+        };
+        if span.start != holds {
+            return Err(KvPayloadError::SpanMismatch { start: span.start, holds }.into());
+        }
+        if !holds.is_multiple_of(bs) {
+            return Err(KvPayloadError::StartNotBlockAligned { start: holds, block_size: bs }.into());
+        }
+        if holds + n > ctx {
+            return Err(EngineError::ContextOverflow { tokens: holds + n, max_new: 0, context: ctx });
+        }
+        let mut fresh = BlockTable::default();
+        fresh.reserve(&mut self.pool, n, bs)?;
+        fresh.tokens = n;
+        for l in 0..self.layout.n_layers {
+            if let Err(e) = import(&self.be, &mut self.kv, l, &fresh.blocks) {
+                self.pool.release_table(&mut fresh)?;
+                return Err(e);
+            }
+        }
+        let id = match onto {
+            Some(id) => id,
+            None => self.insert_seq(BlockTable::default(), salt, Some(Vec::new())),
+        };
+        let s = self.seqs.get_mut(&id).expect("checked or inserted above");
+        s.table.blocks.append(&mut fresh.blocks);
+        s.table.tokens += n;
+        match tokens {
+            Some(t) => self.record_tokens(id, t),
+            None => s.tokens = None,
+        }
+        Ok(id)
+    }
+}
