@@ -158,3 +158,7 @@ pub(crate) async fn drive(session: &mut Session<'_>, link: &mut impl InboundLink
         }
     }
 }
+
+#[cfg(test)]
+#[path = "drive_tests.rs"]
+mod tests;

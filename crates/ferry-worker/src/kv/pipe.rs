@@ -579,7 +579,7 @@ impl InboundLink for PipeInbound {
 
 /// Serve transfers on `pipe` (blocking: this is the pipe's own thread) until the sender retires
 /// it, it idles for [`IDLE_CLOSE`], or an operation fails.
-fn serve(receiver: &Arc<KvReceiver>, pipe: Box<dyn BytePipe>, rt: &tokio::runtime::Handle, op_timeout: Duration) -> Result<()> {
+pub(super) fn serve(receiver: &Arc<KvReceiver>, pipe: Box<dyn BytePipe>, rt: &tokio::runtime::Handle, op_timeout: Duration) -> Result<()> {
     let mut link = PipeInbound { pipe, op_timeout, body: Vec::with_capacity(MAX_CHUNK_BYTES) };
     rt.block_on(drive(&mut Session::new(receiver, Link::Pipe), &mut link))
 }
