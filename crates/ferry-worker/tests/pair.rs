@@ -470,7 +470,7 @@ async fn a_stalled_peer_fails_the_transfer_and_frees_everything() {
         transfer_id: id,
         part: Some(kv_chunk::Part::Begin(KvBegin { transfer_token: token, fingerprint: reference.fingerprint.clone(), header: header.into(), request_id: "s".into() })),
     };
-    ferry_worker::kv::frame::write_message(&mut sock, ferry_worker::kv::frame::CONTROL, &begin).await.unwrap();
+    sock.write_all(&ferry_worker::kv::frame::message(ferry_worker::kv::frame::Kind::Begin, &begin)).await.unwrap();
     sock.flush().await.unwrap();
     let t = std::time::Instant::now();
     let err = loop {

@@ -97,7 +97,7 @@ impl PipeConnector for Cuda {
     }
 
     fn connect(&self, id: &[u8], rank: u32, timeout: std::time::Duration) -> Result<Box<dyn BytePipe>, String> {
-        let capacity = ferry_worker::kv::MAX_CHUNK_BYTES.max(ferry_worker::kv::pipe::HEADER_BYTES);
+        let capacity = ferry_worker::kv::MAX_CHUNK_BYTES.max(ferry_worker::kv::frame::HEADER_BYTES);
         let pipe = ferry_engine::backend::cuda::nccl::NcclPipe::connect(self.ordinal, id, rank, timeout, capacity)?;
         Ok(Box::new(Pipe(pipe)))
     }

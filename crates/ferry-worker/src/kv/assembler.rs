@@ -1,12 +1,16 @@
 //! Validating and assembling the chunks of one transfer into a KV payload. Every check that
-//! protects the decode worker's cache is here, shared by all transports: transfer token, model
-//! fingerprint, KV layout and size, per-chunk CRC-32, in-order and in-bounds data.
+//! protects the decode worker's cache is here, shared by all transports through the
+//! [`super::inbound`] state machine: transfer token, model fingerprint, KV layout and size,
+//! per-chunk checksum, in-order and in-bounds data. Pure: no I/O (the driver reads a chunk's bytes
+//! into [`KvAssembler::target`]).
 
 use crate::{Result, WorkerError};
 use ferry_core::kv_payload::HEADER_BYTES;
 use ferry_core::{KvLayout, KvPayloadHeader};
 use ferry_engine::KvBuffer;
 use ferry_proto::v1::{KvBegin, KvEnd};
+use std::ops::Range;
+use super::inbound::Chunk;
 
 /// What the receiving worker expects of a transfer it admitted.
 #[derive(Clone, Debug)]
@@ -47,9 +51,33 @@ pub(crate) fn tokens_match(want: &str, got: &str) -> bool {
     want.len() == got.len() && want.bytes().zip(got.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
+/// Where a chunk's bytes go, for the driver to read them into.
+pub enum Target<'a> {
+    /// Append to the payload (the chunk's length, no more: [`KvAssembler::commit`] checks).
+    Host(&'a mut Vec<u8>),
+    /// Write bytes `range` of the body buffer.
+    Buffer(&'a mut KvBuffer, Range<usize>),
+}
+
+/// The payload length (header and body) a header announces: the body size is the header's own
+/// word ([`KvPayloadHeader::body_bytes`]), so a header that carries only part of a sequence's KV
+/// (from a block offset on) sizes its transfer the same way.
+pub fn payload_len(h: &KvPayloadHeader) -> usize {
+    HEADER_BYTES.saturating_add(h.body_bytes())
+}
+
+/// The payload header a `begin` carries, checked (its size, then its fields).
+pub fn header(id: u64, begin: &KvBegin) -> Result<KvPayloadHeader> {
+    if begin.header.len() != HEADER_BYTES {
+        return Err(WorkerError::Corrupt { id, what: format!("header is {} bytes, expected {HEADER_BYTES}", begin.header.len()) });
+    }
+    KvPayloadHeader::decode(&begin.header).map_err(|e| WorkerError::Corrupt { id, what: e.to_string() })
+}
+
 impl KvAssembler {
-    /// Start assembling into `buf` (a recycled buffer, or a new one).
-    pub fn begin(id: u64, begin: &KvBegin, want: &Expectation, mut buf: Vec<u8>) -> Result<Self> {
+    /// Start assembling the payload `h` describes (decoded once, by [`header`]) into `buf` (a
+    /// recycled buffer, or a new one).
+    pub fn begin(id: u64, begin: &KvBegin, h: &KvPayloadHeader, want: &Expectation, mut buf: Vec<u8>) -> Result<Self> {
         if !tokens_match(&want.transfer_token, &begin.transfer_token) {
             return Err(WorkerError::BadTransferToken(id));
         }
@@ -59,10 +87,6 @@ impl KvAssembler {
                 what: format!("model fingerprint {} differs from this worker's {}", begin.fingerprint, want.fingerprint),
             });
         }
-        if begin.header.len() != HEADER_BYTES {
-            return Err(WorkerError::Corrupt { id, what: format!("header is {} bytes, expected {HEADER_BYTES}", begin.header.len()) });
-        }
-        let h = KvPayloadHeader::decode(&begin.header).map_err(|e| WorkerError::Corrupt { id, what: e.to_string() })?;
         if !h.layout.compatible(&want.layout) {
             return Err(WorkerError::Incompatible {
                 id,
@@ -76,32 +100,29 @@ impl KvAssembler {
             });
         }
         buf.clear();
-        buf.reserve_exact(HEADER_BYTES + h.body_bytes());
-        buf.extend_from_slice(&begin.header[..HEADER_BYTES]);
+        buf.reserve_exact(payload_len(h));
+        // The header as sent ([`header`] checked its size and fields).
+        buf.extend_from_slice(&begin.header);
         Ok(Self { id, payload: buf, device: None, body: h.body_bytes(), next: 0, chunks: 0 })
     }
 
-    /// A placeholder holding nothing (what is left after `finish` took the payload).
-    pub(crate) fn empty() -> Self {
-        Self { id: 0, payload: Vec::new(), device: None, body: 0, next: 0, chunks: 0 }
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
-    fn body_len(&self) -> usize {
+    /// Bytes of the body (what the header announced).
+    pub fn body_len(&self) -> usize {
         self.body
     }
 
-    /// Give the buffer back (for recycling) when a transfer is abandoned.
-    pub fn into_buffer(self) -> Vec<u8> {
-        self.payload
-    }
-
-    fn check_range(&self, offset: u64, len: usize) -> Result<usize> {
+    fn check_range(&self, c: &Chunk) -> Result<usize> {
+        let (offset, len) = (c.offset, c.len);
         let off = usize::try_from(offset).map_err(|_| self.corrupt(format!("offset {offset} out of range")))?;
         if off != self.next {
             return Err(self.corrupt(format!("chunk at offset {off}, expected {}", self.next)));
         }
-        if len == 0 || off.checked_add(len).is_none_or(|end| end > self.body_len()) {
-            return Err(self.corrupt(format!("chunk {off}..+{len} outside the {}-byte body", self.body_len())));
+        if len == 0 || off.checked_add(len).is_none_or(|end| end > self.body) {
+            return Err(self.corrupt(format!("chunk {off}..+{len} outside the {}-byte body", self.body)));
         }
         Ok(off)
     }
@@ -110,76 +131,62 @@ impl KvAssembler {
         WorkerError::Corrupt { id: self.id, what }
     }
 
-    /// A host chunk is refused once the body went to a buffer (and the other way round).
-    fn check_kind(&self, buffer: bool) -> Result<()> {
-        match (buffer, self.device.is_some()) {
-            (false, true) => Err(self.corrupt("a host chunk after buffer frames".into())),
-            (true, false) if self.next > 0 => Err(self.corrupt("a buffer frame after host chunks".into())),
-            _ => Ok(()),
+    /// Whether chunk `c` may come next: in order, inside the body, and of the body's kind (a
+    /// host chunk is refused once the body went to a buffer, and the other way round).
+    pub fn accept(&self, c: &Chunk) -> Result<()> {
+        match (c.buffer, self.device.is_some()) {
+            (false, true) => return Err(self.corrupt("a host chunk after buffer frames".into())),
+            (true, false) if self.next > 0 => return Err(self.corrupt("a buffer frame after host chunks".into())),
+            _ => {}
         }
+        self.check_range(c).map(|_| ())
     }
 
-    /// Take a chunk already in memory.
-    pub fn data(&mut self, offset: u64, data: &[u8], crc: u32) -> Result<()> {
-        self.check_kind(false)?;
-        let off = self.check_range(offset, data.len())?;
-        let got = crc32fast::hash(data);
-        if got != crc {
-            return Err(self.corrupt(format!("chunk at offset {off}: CRC-32 {got:08x}, sender said {crc:08x}")));
+    /// Whether buffer chunk `c` needs the body buffer allocated first ([`KvAssembler::set_buffer`]).
+    pub fn needs_buffer(&self, c: &Chunk) -> bool {
+        c.buffer && self.device.is_none()
+    }
+
+    /// The body buffer, allocated where the pipe delivers; it must hold the whole body.
+    pub fn set_buffer(&mut self, buf: KvBuffer) -> Result<()> {
+        if buf.len() != self.body {
+            return Err(WorkerError::Internal(format!("a {}-byte buffer allocated for a {}-byte body", buf.len(), self.body)));
         }
-        self.payload.extend_from_slice(data);
-        self.next += data.len();
-        self.chunks += 1;
+        self.device = Some(buf);
         Ok(())
     }
 
-    /// The buffer a chunk of `len` bytes at `offset` is appended to, to read it from a socket in
-    /// place; then [`KvAssembler::commit`] checks that exactly `len` bytes arrived, and the CRC.
-    pub fn append_target(&mut self, offset: u64, len: usize) -> Result<&mut Vec<u8>> {
-        self.check_kind(false)?;
-        self.check_range(offset, len)?;
-        Ok(&mut self.payload)
+    /// Where an accepted chunk's bytes go; then [`KvAssembler::commit`].
+    pub fn target(&mut self, c: &Chunk) -> Result<Target<'_>> {
+        let off = self.check_range(c)?;
+        match (c.buffer, self.device.as_mut()) {
+            (false, _) => Ok(Target::Host(&mut self.payload)),
+            (true, Some(buf)) => Ok(Target::Buffer(buf, off..off + c.len)),
+            (true, None) => Err(WorkerError::Internal("a buffer frame before its body buffer existed".into())),
+        }
     }
 
-    pub fn commit(&mut self, offset: u64, len: usize, crc: u32) -> Result<()> {
-        let off = self.check_range(offset, len)?;
-        if self.payload.len() != HEADER_BYTES + off + len {
-            let got = self.payload.len() - HEADER_BYTES - off;
-            self.payload.truncate(HEADER_BYTES + off);
-            return Err(self.corrupt(format!("chunk at offset {off}: {got} bytes arrived, {len} announced")));
-        }
-        let got = crc32fast::hash(&self.payload[HEADER_BYTES + off..]);
-        if got != crc {
-            return Err(self.corrupt(format!("chunk at offset {off}: CRC-32 {got:08x}, sender said {crc:08x}")));
-        }
-        self.next += len;
-        self.chunks += 1;
-        Ok(())
-    }
-
-    /// Where a buffer frame of `len` bytes at `offset` goes: the body buffer (made with `alloc`
-    /// at the first frame) and the byte range in it. Then [`KvAssembler::commit_buffer`].
-    pub fn buffer_target(&mut self, offset: u64, len: usize, alloc: impl FnOnce(usize) -> std::result::Result<KvBuffer, String>) -> Result<(&mut KvBuffer, std::ops::Range<usize>)> {
-        self.check_kind(true)?;
-        let off = self.check_range(offset, len)?;
-        if self.device.is_none() {
-            let body = self.body;
-            let buf = alloc(body).map_err(|e| WorkerError::Exhausted(format!("transfer {}: cannot allocate its {body}-byte KV body: {e}", self.id)))?;
-            if buf.len() != body {
-                return Err(WorkerError::Internal(format!("a {}-byte buffer allocated for a {body}-byte body", buf.len())));
+    /// Chunk `c` arrived where [`KvAssembler::target`] said: check that exactly its length
+    /// arrived, and its checksum (CRC-32 on the host; the word checksum where a buffer lives).
+    pub fn commit(&mut self, c: &Chunk) -> Result<()> {
+        let off = self.check_range(c)?;
+        let len = c.len;
+        let (got, what, sum) = if c.buffer {
+            let buf = self.device.as_ref().ok_or_else(|| self.corrupt("a buffer frame committed before its buffer existed".into()))?;
+            (buf.checksum(off..off + len).map_err(|e| WorkerError::Internal(format!("checksum of a received KV frame: {e}")))?, "buffer frame", "checksum")
+        } else {
+            if self.payload.len() != HEADER_BYTES + off + len {
+                let got = self.payload.len().saturating_sub(HEADER_BYTES + off);
+                self.payload.truncate(HEADER_BYTES + off);
+                return Err(self.corrupt(format!("chunk at offset {off}: {got} bytes arrived, {len} announced")));
             }
-            self.device = Some(buf);
-        }
-        Ok((self.device.as_mut().expect("allocated above"), off..off + len))
-    }
-
-    /// The frame of [`KvAssembler::buffer_target`] arrived: check its word checksum where it is.
-    pub fn commit_buffer(&mut self, offset: u64, len: usize, checksum: u32) -> Result<()> {
-        let off = self.check_range(offset, len)?;
-        let buf = self.device.as_ref().ok_or_else(|| self.corrupt("a buffer frame committed before its buffer existed".into()))?;
-        let got = buf.checksum(off..off + len).map_err(|e| WorkerError::Internal(format!("checksum of a received KV frame: {e}")))?;
-        if got != checksum {
-            return Err(self.corrupt(format!("buffer frame at offset {off}: checksum {got:08x}, sender said {checksum:08x}")));
+            (crc32fast::hash(&self.payload[HEADER_BYTES + off..]), "chunk", "CRC-32")
+        };
+        if got != c.crc {
+            if !c.buffer {
+                self.payload.truncate(HEADER_BYTES + off);
+            }
+            return Err(self.corrupt(format!("{what} at offset {off}: {sum} {got:08x}, sender said {:08x}", c.crc)));
         }
         self.next += len;
         self.chunks += 1;
@@ -187,8 +194,8 @@ impl KvAssembler {
     }
 
     pub fn finish(self, end: KvEnd) -> Result<Assembled> {
-        if self.next != self.body_len() {
-            return Err(self.corrupt(format!("ended after {} of {} body bytes", self.next, self.body_len())));
+        if self.next != self.body {
+            return Err(self.corrupt(format!("ended after {} of {} body bytes", self.next, self.body)));
         }
         if end.chunks != self.chunks {
             return Err(self.corrupt(format!("sender counted {} chunks, {} arrived", end.chunks, self.chunks)));
@@ -215,36 +222,62 @@ mod tests {
         KvBegin { transfer_token: "t".into(), fingerprint: "fp".into(), header: h.encode().to_vec().into(), request_id: "r".into() }
     }
 
+    fn start(id: u64, b: &KvBegin, w: &Expectation) -> Result<KvAssembler> {
+        KvAssembler::begin(id, b, &header(id, b)?, w, Vec::new())
+    }
+
+    fn host(offset: u64, data: &[u8], crc: u32) -> Chunk {
+        Chunk { offset, len: data.len(), crc, buffer: false }
+    }
+
+    /// Accept `c`, append `data` where it goes, and commit.
+    fn put(a: &mut KvAssembler, c: Chunk, data: &[u8]) -> Result<()> {
+        a.accept(&c)?;
+        match a.target(&c)? {
+            Target::Host(v) => v.extend_from_slice(data),
+            Target::Buffer(b, r) => b.write(r.start, data).unwrap(),
+        }
+        a.commit(&c)
+    }
+
     #[test]
     fn assembles_in_order_and_checks_everything() {
         let body: Vec<u8> = (0..KvPayloadHeader { layout: layout(), tokens: 3 }.body_bytes()).map(|i| i as u8).collect();
-        let mut a = KvAssembler::begin(1, &begin(), &want(), Vec::new()).unwrap();
+        let mut a = start(1, &begin(), &want()).unwrap();
+        assert_eq!(a.body_len(), body.len(), "the body size is the header's");
         let (x, y) = body.split_at(40);
-        assert!(matches!(a.data(40, y, crc32fast::hash(y)), Err(WorkerError::Corrupt { .. })), "out of order");
-        assert!(matches!(a.data(0, x, 7), Err(WorkerError::Corrupt { .. })), "bad crc");
-        a.data(0, x, crc32fast::hash(x)).unwrap();
-        a.append_target(40, y.len()).unwrap().extend_from_slice(y);
-        a.commit(40, y.len(), crc32fast::hash(y)).unwrap();
+        assert!(matches!(a.accept(&host(40, y, crc32fast::hash(y))), Err(WorkerError::Corrupt { .. })), "out of order");
+        let e = put(&mut a, host(0, x, 7), x).unwrap_err();
+        assert!(e.to_string().contains("CRC-32"), "bad crc: {e}");
+        put(&mut a, host(0, x, crc32fast::hash(x)), x).unwrap();
+        // Fewer bytes than announced.
+        let c = host(40, y, crc32fast::hash(y));
+        assert!(put(&mut a, c, &y[1..]).unwrap_err().to_string().contains("arrived"));
+        put(&mut a, c, y).unwrap();
         let done = a.finish(KvEnd { chunks: 2, ..Default::default() }).unwrap();
         assert_eq!(&done.payload[HEADER_BYTES..], &body[..]);
+        assert_eq!(&done.payload[..HEADER_BYTES], &begin().header[..]);
     }
 
     #[test]
     fn refuses_wrong_peers_and_sizes() {
         let mut b = begin();
         b.transfer_token = "x".into();
-        assert!(matches!(KvAssembler::begin(1, &b, &want(), Vec::new()), Err(WorkerError::BadTransferToken(1))));
+        assert!(matches!(start(1, &b, &want()), Err(WorkerError::BadTransferToken(1))));
         let mut b = begin();
         b.fingerprint = "other".into();
-        assert!(matches!(KvAssembler::begin(1, &b, &want(), Vec::new()), Err(WorkerError::Incompatible { .. })));
+        assert!(matches!(start(1, &b, &want()), Err(WorkerError::Incompatible { .. })));
+        let mut b = begin();
+        b.header = b.header.slice(1..);
+        assert!(matches!(header(1, &b), Err(WorkerError::Corrupt { what, .. }) if what.contains("header is")));
         let mut w = want();
         w.layout.head_dim = 8;
-        assert!(matches!(KvAssembler::begin(1, &begin(), &w, Vec::new()), Err(WorkerError::Incompatible { .. })));
+        assert!(matches!(start(1, &begin(), &w), Err(WorkerError::Incompatible { .. })));
         let mut w = want();
         w.prompt_tokens = 4;
-        assert!(matches!(KvAssembler::begin(1, &begin(), &w, Vec::new()), Err(WorkerError::Corrupt { .. })));
-        let mut a = KvAssembler::begin(1, &begin(), &want(), Vec::new()).unwrap();
-        assert!(matches!(a.data(0, &vec![0; 10_000], 0), Err(WorkerError::Corrupt { .. })), "oversize chunk");
+        assert!(matches!(start(1, &begin(), &w), Err(WorkerError::Corrupt { .. })));
+        let a = start(1, &begin(), &want()).unwrap();
+        assert!(matches!(a.accept(&host(0, &vec![0; 10_000], 0)), Err(WorkerError::Corrupt { .. })), "oversize chunk");
         assert!(matches!(a.finish(KvEnd::default()), Err(WorkerError::Corrupt { .. })), "short body");
     }
 
@@ -252,28 +285,26 @@ mod tests {
     fn assembles_buffer_frames_and_checks_them() {
         let body: Vec<u8> = (0..KvPayloadHeader { layout: layout(), tokens: 3 }.body_bytes()).map(|i| (i * 7) as u8).collect();
         let sum = |b: &[u8]| ferry_core::kv_payload::word_checksum(b);
+        let chunk = |offset: u64, b: &[u8], crc: u32| Chunk { offset, len: b.len(), crc, buffer: true };
         let (x, y) = body.split_at(40);
-        let mut a = KvAssembler::begin(1, &begin(), &want(), Vec::new()).unwrap();
-        let alloc = |n: usize| Ok(KvBuffer::Host(vec![0; n]));
-        let (buf, r) = a.buffer_target(0, x.len(), alloc).unwrap();
-        buf.write(r.start, x).unwrap();
-        assert!(matches!(a.commit_buffer(0, x.len(), sum(x) ^ 1), Err(WorkerError::Corrupt { .. })), "bad checksum");
-        a.commit_buffer(0, x.len(), sum(x)).unwrap();
-        assert!(matches!(a.data(40, y, crc32fast::hash(y)), Err(WorkerError::Corrupt { .. })), "a host chunk after buffer frames");
-        assert!(a.buffer_target(44, y.len(), alloc).is_err(), "out of order");
-        let (buf, r) = a.buffer_target(40, y.len(), |_| panic!("allocated once")).unwrap();
-        buf.write(r.start, y).unwrap();
-        a.commit_buffer(40, y.len(), sum(y)).unwrap();
+        let mut a = start(1, &begin(), &want()).unwrap();
+        assert!(a.needs_buffer(&chunk(0, x, 0)));
+        a.set_buffer(KvBuffer::Host(vec![0; body.len()])).unwrap();
+        assert!(!a.needs_buffer(&chunk(0, x, 0)), "allocated once");
+        assert!(matches!(put(&mut a, chunk(0, x, sum(x) ^ 1), x), Err(WorkerError::Corrupt { .. })), "bad checksum");
+        put(&mut a, chunk(0, x, sum(x)), x).unwrap();
+        assert!(matches!(a.accept(&host(40, y, crc32fast::hash(y))), Err(WorkerError::Corrupt { .. })), "a host chunk after buffer frames");
+        assert!(a.accept(&chunk(44, y, sum(y))).is_err(), "out of order");
+        put(&mut a, chunk(40, y, sum(y)), y).unwrap();
         let done = a.finish(KvEnd { chunks: 2, ..Default::default() }).unwrap();
         assert_eq!(done.payload.len(), HEADER_BYTES, "the header alone");
         assert_eq!(done.device.unwrap().as_host().unwrap(), &body[..]);
 
-        // Buffer frames after host chunks; an allocation that fails; a wrong-sized buffer.
-        let mut a = KvAssembler::begin(2, &begin(), &want(), Vec::new()).unwrap();
-        a.data(0, x, crc32fast::hash(x)).unwrap();
-        assert!(matches!(a.buffer_target(40, y.len(), alloc), Err(WorkerError::Corrupt { .. })));
-        let mut a = KvAssembler::begin(3, &begin(), &want(), Vec::new()).unwrap();
-        assert!(matches!(a.buffer_target(0, 8, |_| Err("out of device memory".into())), Err(WorkerError::Exhausted(m)) if m.contains("out of device memory")));
-        assert!(a.buffer_target(0, 8, |_| Ok(KvBuffer::Host(vec![0; 8]))).is_err());
+        // Buffer frames after host chunks; a wrong-sized buffer.
+        let mut a = start(2, &begin(), &want()).unwrap();
+        put(&mut a, host(0, x, crc32fast::hash(x)), x).unwrap();
+        assert!(matches!(a.accept(&chunk(40, y, 0)), Err(WorkerError::Corrupt { .. })));
+        let mut a = start(3, &begin(), &want()).unwrap();
+        assert!(matches!(a.set_buffer(KvBuffer::Host(vec![0; 8])), Err(WorkerError::Internal(_))));
     }
 }

@@ -5,7 +5,9 @@
 //! prefill the same way) and hands it to a transfer task as an [`Outbound`] message. The task
 //! cuts it into checksummed chunks and sends them over a [`transport::KvTransport`]; the decode
 //! side's [`receiver::KvReceiver`] validates and assembles them into one payload
-//! (`ferry_core::KvPayloadHeader` + body), whatever transport carried them.
+//! (`ferry_core::KvPayloadHeader` + body), whatever transport carried them: every transport is a
+//! thin driver ([`drive`]) of one pure state machine ([`inbound`]), and TCP and the NCCL pipe
+//! share one frame format ([`frame`]).
 //!
 //! A prefill worker with device pipes (NCCL) exports each layer as a [`ferry_engine::KvBuffer`]
 //! instead ([`Outbound::Buffer`]): on a GPU the layer stays in the gather buffer on the device,
@@ -14,7 +16,9 @@
 //! buffer out and sends it like any other layer.
 
 pub mod assembler;
+mod drive;
 pub mod frame;
+pub mod inbound;
 pub mod pipe;
 pub mod receiver;
 pub mod transport;

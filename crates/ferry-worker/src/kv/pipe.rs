@@ -2,13 +2,13 @@
 //!
 //! NCCL point-to-point gives an ordered pipe of messages whose sizes both sides must agree on. On
 //! it this module runs the same transfer as the other transports — `begin`, checksummed `data`
-//! chunks, `end`, then the decode worker's reply — as *frames*: a fixed 32-byte header (kind,
-//! body length, offset, CRC-32), then the body. The decode side validates with the same
-//! [`KvAssembler`](super::assembler::KvAssembler) checks (token, fingerprint, layout, size,
-//! order, CRC), so a pipe changes how bytes move and nothing about what is accepted.
+//! chunks, `end`, then the decode worker's reply — in the TCP data path's [`frame`]s (the fixed
+//! header and the body as two messages). The decode side is the same receive loop and state
+//! machine as every transport ([`super::drive`], [`super::inbound`]), so a pipe changes how
+//! bytes move and nothing about what is accepted.
 //!
 //! - **Layers as buffers.** A layer the engine exported as a [`KvBuffer`] goes as
-//!   [`kind::BUFFER`] frames: the header on the host, the body by [`BytePipe::send_buffer`] from
+//!   [`Kind::Buffer`] frames: the header on the host, the body by [`BytePipe::send_buffer`] from
 //!   where it lives (on a GPU: device to device, no host copy), checked with a word checksum
 //!   computed where the bytes are. The decode side receives them into one body buffer from
 //!   [`BytePipe::alloc_buffer`] (on its GPU), which its engine imports from.
@@ -28,6 +28,10 @@
 //! `cuda`); [`InProcessConnector`] implements the same contract over in-memory queues, so the
 //! protocol, the rendezvous and the fallbacks are tested on machines without GPUs.
 
+use super::assembler::Target;
+use super::drive::{drive, InboundLink, Session};
+use super::frame::{self, FrameHeader, Kind, HEADER_BYTES, MAX_BUFFER_FRAME};
+use super::inbound::{Chunk, Event, Link};
 use super::receiver::KvReceiver;
 use super::transport::{Channels, KvLink, KvTransport};
 use super::MAX_CHUNK_BYTES;
@@ -35,7 +39,7 @@ use crate::{Result, WorkerError};
 use bytes::Bytes;
 use ferry_engine::KvBuffer;
 use ferry_proto::v1::kv_transfer_client::KvTransferClient;
-use ferry_proto::v1::{kv_ack_frame, kv_chunk, KvAck, KvAckFrame, KvBegin, KvChunk, KvEnd, KvTarget, KvTransport as Kind, NcclConnectRequest};
+use ferry_proto::v1::{kv_chunk, KvAck, KvAckFrame, KvBegin, KvChunk, KvEnd, KvTarget, KvTransport as Transport, NcclConnectRequest};
 use prost::Message;
 use std::collections::HashMap;
 use std::ops::Range;
@@ -103,84 +107,7 @@ pub const IDLE_CLOSE: Duration = Duration::from_secs(600);
 const IDLE_RETIRE: Duration = Duration::from_secs(300);
 
 // ---------------------------------------------------------------------------------------------
-// Frames
-
-/// Frame kinds.
-pub mod kind {
-    /// `KvChunk` with `begin` (protobuf).
-    pub const BEGIN: u8 = 1;
-    /// A chunk of the payload body, at `offset`, with its CRC-32.
-    pub const DATA: u8 = 2;
-    /// `KvChunk` with `end` (protobuf); the decode side answers with `REPLY`.
-    pub const END: u8 = 3;
-    /// The sender gave up on the transfer (no reply follows); the pipe stays usable.
-    pub const ABORT: u8 = 4;
-    /// `KvAckFrame` (protobuf): the decode worker's acknowledgement or error.
-    pub const REPLY: u8 = 5;
-    /// The prefill side retires the pipe.
-    pub const CLOSE: u8 = 6;
-    /// A piece of the payload body at `offset`, sent from a buffer where it lives (device to
-    /// device under NCCL); `crc` holds its `ferry_core::kv_payload::word_checksum`, computed on
-    /// the device on both sides. The receiver takes it into the body buffer it allocated.
-    pub const BUFFER: u8 = 7;
-}
-
-/// Largest [`kind::BUFFER`] frame: a bigger layer goes as several (each bounds the receiver's
-/// drain of a frame it refuses, and one NCCL operation).
-pub const MAX_BUFFER_FRAME: usize = 64 << 20;
-
-const MAGIC: u32 = u32::from_le_bytes(*b"FKV1");
-pub const HEADER_BYTES: usize = 32;
-/// Largest control body (a `begin`, `end` or reply is a few hundred bytes).
-const MAX_CONTROL_BYTES: usize = 64 << 10;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FrameHeader {
-    pub kind: u8,
-    pub len: u64,
-    pub offset: u64,
-    pub crc: u32,
-}
-
-impl FrameHeader {
-    pub fn control(kind: u8, len: usize) -> Self {
-        FrameHeader { kind, len: len as u64, offset: 0, crc: 0 }
-    }
-
-    pub fn encode(&self) -> [u8; HEADER_BYTES] {
-        let mut b = [0u8; HEADER_BYTES];
-        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-        b[4] = self.kind;
-        b[8..16].copy_from_slice(&self.len.to_le_bytes());
-        b[16..24].copy_from_slice(&self.offset.to_le_bytes());
-        b[24..28].copy_from_slice(&self.crc.to_le_bytes());
-        b
-    }
-
-    /// Parse and bound a header: the body it announces must fit what its kind may carry.
-    pub fn decode(b: &[u8; HEADER_BYTES]) -> std::result::Result<Self, String> {
-        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        let magic = u32::from_le_bytes(b[0..4].try_into().expect("4 bytes"));
-        if magic != MAGIC {
-            return Err(format!("bad frame magic {magic:08x}"));
-        }
-        let h = FrameHeader { kind: b[4], len: u64_at(8), offset: u64_at(16), crc: u32::from_le_bytes(b[24..28].try_into().expect("4 bytes")) };
-        let max = match h.kind {
-            kind::DATA => MAX_CHUNK_BYTES,
-            kind::BUFFER => MAX_BUFFER_FRAME,
-            kind::BEGIN | kind::END | kind::REPLY | kind::ABORT => MAX_CONTROL_BYTES,
-            kind::CLOSE => 0,
-            k => return Err(format!("unknown frame kind {k}")),
-        };
-        if h.len > max as u64 || (matches!(h.kind, kind::DATA | kind::BUFFER) && h.len == 0) {
-            return Err(format!("frame kind {} announces {} bytes (at most {max})", h.kind, h.len));
-        }
-        if h.kind == kind::BUFFER && (h.len % 4 != 0 || h.offset % 4 != 0) {
-            return Err(format!("a buffer frame of {} bytes at offset {}: not whole 32-bit words", h.len, h.offset));
-        }
-        Ok(h)
-    }
-}
+// Frames ([`super::frame`]'s format) on a pipe: the header and the body are two messages
 
 fn send_frame(pipe: &mut dyn BytePipe, h: FrameHeader, body: &[u8], deadline: Instant) -> std::result::Result<(), String> {
     debug_assert_eq!(h.len as usize, body.len());
@@ -191,14 +118,14 @@ fn send_frame(pipe: &mut dyn BytePipe, h: FrameHeader, body: &[u8], deadline: In
     Ok(())
 }
 
-/// Receive one frame; its body goes into `body` (cleared first), except a [`kind::BUFFER`]
-/// frame's, which the caller receives where it belongs.
+/// Receive one frame; a control frame's body goes into `body` (cleared first), a data or buffer
+/// frame's is left for the caller to receive where it belongs.
 fn recv_frame(pipe: &mut dyn BytePipe, body: &mut Vec<u8>, deadline: Instant) -> std::result::Result<FrameHeader, String> {
     let mut hb = [0u8; HEADER_BYTES];
     pipe.recv(&mut hb, deadline)?;
     let h = FrameHeader::decode(&hb)?;
     body.clear();
-    if h.kind == kind::BUFFER {
+    if h.is_chunk() {
         return Ok(h);
     }
     body.resize(h.len as usize, 0);
@@ -208,9 +135,13 @@ fn recv_frame(pipe: &mut dyn BytePipe, body: &mut Vec<u8>, deadline: Instant) ->
     Ok(h)
 }
 
-fn send_message(pipe: &mut dyn BytePipe, kind: u8, msg: &impl Message, deadline: Instant) -> std::result::Result<(), String> {
-    let body = msg.encode_to_vec();
-    send_frame(pipe, FrameHeader::control(kind, body.len()), &body, deadline)
+fn send_message(pipe: &mut dyn BytePipe, kind: Kind, msg: &impl Message, deadline: Instant) -> std::result::Result<(), String> {
+    let f = frame::message(kind, msg);
+    pipe.send(&f[..HEADER_BYTES], deadline)?;
+    if f.len() > HEADER_BYTES {
+        pipe.send(&f[HEADER_BYTES..], deadline)?;
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -295,7 +226,7 @@ impl PipeTransport {
         drop(p);
         for mut pipe in retired {
             tokio::task::spawn_blocking(move || {
-                let _ = send_frame(pipe.as_mut(), FrameHeader::control(kind::CLOSE, 0), &[], Instant::now() + Duration::from_secs(2));
+                let _ = send_frame(pipe.as_mut(), FrameHeader::control(Kind::Close, 0), &[], Instant::now() + Duration::from_secs(2));
             });
         }
         Ok(found)
@@ -370,8 +301,8 @@ async fn on_pipe<T: Send + 'static>(
 
 #[tonic::async_trait]
 impl KvTransport for PipeTransport {
-    fn kind(&self) -> Kind {
-        Kind::Nccl
+    fn kind(&self) -> Transport {
+        Transport::Nccl
     }
 
     async fn open(&self, target: &KvTarget, begin: KvBegin) -> Result<Box<dyn KvLink>> {
@@ -388,7 +319,7 @@ impl KvTransport for PipeTransport {
         };
         let msg = KvChunk { transfer_id: target.transfer_id, part: Some(kv_chunk::Part::Begin(begin)) };
         let deadline = Instant::now() + self.op_timeout;
-        let (pipe, r) = on_pipe(pipe, move |p| send_message(p, kind::BEGIN, &msg, deadline)).await;
+        let (pipe, r) = on_pipe(pipe, move |p| send_message(p, Kind::Begin, &msg, deadline)).await;
         match (pipe, r) {
             (Some(pipe), Ok(())) => Ok(Box::new(PipeLink { pipe: Some(pipe), peer, peers: self.peers.clone(), op_timeout: self.op_timeout, backoff: self.backoff })),
             (_, Err(e)) => {
@@ -430,13 +361,13 @@ impl PipeLink {
 
 #[tonic::async_trait]
 impl KvLink for PipeLink {
-    fn kind(&self) -> Kind {
-        Kind::Nccl
+    fn kind(&self) -> Transport {
+        Transport::Nccl
     }
 
     async fn data(&mut self, offset: u64, data: Bytes, crc: u32) -> Result<()> {
         let deadline = Instant::now() + self.op_timeout;
-        let h = FrameHeader { kind: kind::DATA, len: data.len() as u64, offset, crc };
+        let h = FrameHeader { kind: Kind::Data, len: data.len() as u64, offset, crc };
         self.op("sending data", move |p| send_frame(p, h, &data, deadline)).await
     }
 
@@ -453,7 +384,7 @@ impl KvLink for PipeLink {
                 for r in super::chunk_ranges(len, MAX_BUFFER_FRAME) {
                     // On a GPU: waits for the gather, then one reduction kernel.
                     let sum = buf.checksum(r.clone()).map_err(|e| format!("checksum of the layer: {e}"))?;
-                    let h = FrameHeader { kind: kind::BUFFER, len: r.len() as u64, offset: offset + r.start as u64, crc: sum };
+                    let h = FrameHeader { kind: Kind::Buffer, len: r.len() as u64, offset: offset + r.start as u64, crc: sum };
                     p.send(&h.encode(), deadline)?;
                     p.send_buffer(&buf, r, deadline)?;
                     frames += 1;
@@ -469,13 +400,10 @@ impl KvLink for PipeLink {
         let deadline = Instant::now() + self.op_timeout;
         let reply = self
             .op("sending end and waiting for the reply", move |p| {
-                send_message(p, kind::END, &KvChunk { transfer_id: 0, part: Some(kv_chunk::Part::End(end)) }, deadline)?;
+                send_message(p, Kind::End, &KvChunk { transfer_id: 0, part: Some(kv_chunk::Part::End(end)) }, deadline)?;
                 let mut body = Vec::new();
                 let h = recv_frame(p, &mut body, deadline)?;
-                if h.kind != kind::REPLY {
-                    return Err(format!("expected a reply frame, got kind {}", h.kind));
-                }
-                KvAckFrame::decode(&body[..]).map_err(|e| format!("undecodable reply: {e}"))
+                frame::reply(&h, &body)
             })
             .await?;
         // The transfer is over either way: the pipe is in step and goes back to the pool.
@@ -497,7 +425,7 @@ impl Drop for PipeLink {
             return;
         };
         rt.spawn_blocking(move || {
-            match send_frame(pipe.as_mut(), FrameHeader::control(kind::ABORT, 0), &[], Instant::now() + Duration::from_secs(5)) {
+            match send_frame(pipe.as_mut(), FrameHeader::control(Kind::Abort, 0), &[], Instant::now() + Duration::from_secs(5)) {
                 Ok(()) => PipeTransport::give_back(&peers, &peer, pipe),
                 Err(_) => PipeTransport::lost(&peers, &peer, backoff),
             }
@@ -572,113 +500,88 @@ impl Drop for PipeSlot {
     }
 }
 
-/// A transfer as seen by the serving loop.
-enum State<'a> {
-    Idle,
-    Receiving(super::receiver::Inbound<'a>),
-    /// It failed (the error goes back in the reply); frames are read and dropped until its `end`.
-    Failed(WorkerError),
+/// A pipe as a link: transfers one after another; every receive is bounded by a deadline (the
+/// idle close between transfers, the operation timeout inside one).
+struct PipeInbound {
+    pipe: Box<dyn BytePipe>,
+    op_timeout: Duration,
+    /// Scratch for control bodies and dropped chunks.
+    body: Vec<u8>,
 }
 
-/// Receive and drop a buffer frame's body of `len` bytes.
-fn drain_buffer(pipe: &mut dyn BytePipe, len: usize, deadline: Instant) -> std::result::Result<(), String> {
-    let mut scratch = pipe.alloc_buffer(len)?;
-    pipe.recv_buffer(&mut scratch, 0..len, deadline)
-}
-
-fn serve(receiver: &Arc<KvReceiver>, mut pipe: Box<dyn BytePipe>, rt: &tokio::runtime::Handle, op_timeout: Duration) -> std::result::Result<(), String> {
-    let mut state = State::Idle;
-    let mut body = Vec::with_capacity(MAX_CHUNK_BYTES);
-    loop {
-        let deadline = Instant::now() + if matches!(state, State::Idle) { IDLE_CLOSE } else { op_timeout };
-        let h = match recv_frame(pipe.as_mut(), &mut body, deadline) {
-            Ok(h) => h,
-            Err(e) => {
-                if let State::Receiving(mut inbound) = state {
-                    inbound.fail(WorkerError::PeerUnavailable { peer: "prefill worker".into(), what: format!("NCCL pipe: {e}") });
-                }
-                return Err(e);
-            }
-        };
-        state = match (h.kind, state) {
-            (kind::CLOSE, State::Idle) => return Ok(()),
-            (kind::BEGIN, State::Idle) => match KvChunk::decode(&body[..]) {
-                Ok(KvChunk { transfer_id, part: Some(kv_chunk::Part::Begin(begin)) }) => match receiver.claim(transfer_id, &begin) {
-                    Ok(inbound) => State::Receiving(inbound),
-                    Err(e) => State::Failed(e),
-                },
-                _ => State::Failed(WorkerError::InvalidRequest("malformed KV transfer: undecodable begin frame".into())),
-            },
-            (kind::DATA, State::Receiving(mut inbound)) => {
-                let r = inbound.asm.data(h.offset, &body, h.crc);
-                match inbound.check(r) {
-                    Ok(()) => State::Receiving(inbound),
-                    Err(e) => State::Failed(e),
-                }
-            }
-            (kind::DATA, failed @ State::Failed(_)) => failed,
-            (kind::BUFFER, State::Receiving(mut inbound)) => {
-                let len = h.len as usize;
-                let target = inbound.asm.buffer_target(h.offset, len, |n| pipe.alloc_buffer(n)).map(|(buf, r)| pipe.recv_buffer(buf, r, deadline));
-                match target {
-                    // The frame is in the body buffer: check it there.
-                    Ok(Ok(())) => {
-                        let r = inbound.asm.commit_buffer(h.offset, len, h.crc);
-                        match inbound.check(r) {
-                            Ok(()) => {
-                                metrics::counter!("ferry_kv_buffer_bytes_total", "side" => "receive").increment(len as u64);
-                                State::Receiving(inbound)
-                            }
-                            Err(e) => State::Failed(e),
-                        }
-                    }
-                    // The pipe broke mid-frame: it is out of step.
-                    Ok(Err(e)) => {
-                        inbound.fail(WorkerError::PeerUnavailable { peer: "prefill worker".into(), what: format!("NCCL pipe: {e}") });
-                        return Err(e);
-                    }
-                    // Refused (out of order, no memory for the body, ...): drain the frame so the
-                    // pipe stays in step; the transfer fails at its `end`.
-                    Err(e) => {
-                        let e = inbound.fail(e);
-                        drain_buffer(pipe.as_mut(), len, deadline)?;
-                        State::Failed(e)
-                    }
-                }
-            }
-            (kind::BUFFER, failed @ State::Failed(_)) => {
-                drain_buffer(pipe.as_mut(), h.len as usize, deadline)?;
-                failed
-            }
-            (kind::END, state) => {
-                let result = match (state, KvChunk::decode(&body[..])) {
-                    (State::Receiving(inbound), Ok(KvChunk { part: Some(kv_chunk::Part::End(end)), .. })) => rt.block_on(inbound.finish(end)),
-                    (State::Receiving(mut inbound), _) => Err(inbound.fail(WorkerError::InvalidRequest("malformed KV transfer: undecodable end frame".into()))),
-                    (State::Failed(e), _) => Err(e),
-                    (State::Idle, _) => Err(WorkerError::InvalidRequest("malformed KV transfer: `end` before `begin`".into())),
-                };
-                let reply = match result {
-                    Ok(ack) => KvAckFrame { result: Some(kv_ack_frame::Result::Ack(ack)) },
-                    Err(e) => KvAckFrame { result: Some(kv_ack_frame::Result::Error(crate::kv::transport::kv_error(&e))) },
-                };
-                send_message(pipe.as_mut(), kind::REPLY, &reply, Instant::now() + op_timeout)?;
-                State::Idle
-            }
-            (kind::ABORT, state) => {
-                if let State::Receiving(mut inbound) = state {
-                    inbound.fail(WorkerError::PeerUnavailable { peer: "prefill worker".into(), what: "the sender abandoned the transfer".into() });
-                }
-                State::Idle
-            }
-            (k, state) => {
-                let what = format!("frame kind {k} out of place ({})", match state { State::Idle => "between transfers", _ => "inside a transfer" });
-                if let State::Receiving(mut inbound) = state {
-                    inbound.fail(WorkerError::InvalidRequest(format!("malformed KV transfer: {what}")));
-                }
-                return Err(what);
-            }
-        };
+impl PipeInbound {
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.op_timeout
     }
+}
+
+/// A pipe operation that failed: the pipe is out of step.
+fn pipe_broken(e: String) -> Event {
+    Event::Broken(format!("NCCL pipe: {e}"))
+}
+
+impl InboundLink for PipeInbound {
+    async fn next(&mut self, idle: bool) -> Event {
+        let deadline = Instant::now() + if idle { IDLE_CLOSE } else { self.op_timeout };
+        match recv_frame(self.pipe.as_mut(), &mut self.body, deadline) {
+            Ok(h) => h.event(&self.body),
+            Err(e) => pipe_broken(e),
+        }
+    }
+
+    async fn take(&mut self, c: Chunk, target: Target<'_>) -> Event {
+        let deadline = self.deadline();
+        let r = match target {
+            Target::Host(v) => {
+                let start = v.len();
+                v.resize(start + c.len, 0);
+                let r = self.pipe.recv(&mut v[start..], deadline);
+                if r.is_err() {
+                    v.truncate(start);
+                }
+                r
+            }
+            Target::Buffer(buf, range) => self.pipe.recv_buffer(buf, range, deadline),
+        };
+        match r {
+            Ok(()) => {
+                if c.buffer {
+                    metrics::counter!("ferry_kv_buffer_bytes_total", "side" => "receive").increment(c.len as u64);
+                }
+                Event::Landed
+            }
+            Err(e) => pipe_broken(e),
+        }
+    }
+
+    async fn skip(&mut self, c: Chunk) -> Event {
+        let deadline = self.deadline();
+        let r = if c.buffer {
+            // Where buffer frames are received (device memory under NCCL), as the sender sent it.
+            self.pipe.alloc_buffer(c.len).and_then(|mut scratch| self.pipe.recv_buffer(&mut scratch, 0..c.len, deadline))
+        } else {
+            self.body.resize(c.len, 0);
+            self.pipe.recv(&mut self.body, deadline)
+        };
+        r.map_or_else(pipe_broken, |()| Event::Landed)
+    }
+
+    fn alloc(&mut self, len: usize) -> std::result::Result<KvBuffer, String> {
+        self.pipe.alloc_buffer(len)
+    }
+
+    async fn reply(&mut self, reply: KvAckFrame) -> Result<()> {
+        let deadline = self.deadline();
+        send_message(self.pipe.as_mut(), Kind::Reply, &reply, deadline)
+            .map_err(|e| WorkerError::PeerUnavailable { peer: "prefill worker".into(), what: format!("NCCL pipe: sending the reply: {e}") })
+    }
+}
+
+/// Serve transfers on `pipe` (blocking: this is the pipe's own thread) until the sender retires
+/// it, it idles for [`IDLE_CLOSE`], or an operation fails.
+pub(super) fn serve(receiver: &Arc<KvReceiver>, pipe: Box<dyn BytePipe>, rt: &tokio::runtime::Handle, op_timeout: Duration) -> Result<()> {
+    let mut link = PipeInbound { pipe, op_timeout, body: Vec::with_capacity(MAX_CHUNK_BYTES) };
+    rt.block_on(drive(&mut Session::new(receiver, Link::Pipe), &mut link))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -826,23 +729,6 @@ impl PipeConnector for InProcessConnector {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn frame_headers_round_trip_and_are_bounded() {
-        let h = FrameHeader { kind: kind::DATA, len: 1000, offset: 1 << 40, crc: 0xdead_beef };
-        assert_eq!(FrameHeader::decode(&h.encode()).unwrap(), h);
-        let mut bad = h.encode();
-        bad[0] ^= 1;
-        assert!(FrameHeader::decode(&bad).unwrap_err().contains("magic"));
-        let big = FrameHeader { len: MAX_CHUNK_BYTES as u64 + 1, ..h };
-        assert!(FrameHeader::decode(&big.encode()).unwrap_err().contains("announces"));
-        let empty = FrameHeader { len: 0, ..h };
-        assert!(FrameHeader::decode(&empty.encode()).is_err(), "empty data frame");
-        let unknown = FrameHeader { kind: 99, ..h };
-        assert!(FrameHeader::decode(&unknown.encode()).unwrap_err().contains("unknown frame kind"));
-        let close = FrameHeader::control(kind::CLOSE, 1);
-        assert!(FrameHeader::decode(&close.encode()).is_err(), "close carries no body");
-    }
 
     #[test]
     fn pipe_slots_are_bounded_and_come_back() {

@@ -1,13 +1,18 @@
-//! The decode side of a KV transfer: transfers it admitted and waits for, and the two ways chunks
-//! arrive (the `KvTransfer.PushKv` gRPC stream, and the TCP data path). Both feed the same
-//! [`KvAssembler`]; a finished payload goes to the request that admitted it, which imports it and
-//! only then lets the receiver acknowledge (so the prefill side's lease covers the whole handoff).
+//! The decode side of a KV transfer: transfers it admitted and waits for, and the ways chunks
+//! arrive (the `KvTransfer.PushKv` gRPC stream and the TCP data path here, the device pipe in
+//! [`super::pipe`]). Each is a thin [`InboundLink`] under the one receive loop ([`drive`]) and
+//! its [`super::inbound`] state machine; a finished payload goes to the request that admitted
+//! it, which imports it and only then lets the receiver acknowledge (so the prefill side's lease
+//! covers the whole handoff).
 
-use super::assembler::{Assembled, Expectation, KvAssembler};
-use super::frame;
+use super::assembler::{payload_len, Assembled, Expectation, Target};
+use super::drive::{before_stall, drive, InboundLink, Session};
+use super::frame::{self, Kind};
+use super::inbound::{Chunk, Event, Link};
 use crate::{Result, WorkerError};
-use ferry_core::KvLayout;
-use ferry_proto::v1::{kv_ack_frame, kv_chunk, KvAck, KvAckFrame, KvBegin, KvChunk, KvEnd, NcclConnectRequest, NcclConnectResponse};
+use bytes::Bytes;
+use ferry_core::{KvLayout, KvPayloadHeader};
+use ferry_proto::v1::{kv_ack_frame, kv_chunk, KvAck, KvAckFrame, KvChunk, NcclConnectRequest, NcclConnectResponse};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,9 +28,12 @@ pub struct Delivery {
     pub ack: oneshot::Sender<Result<(), Status>>,
 }
 
+/// Where an admitted transfer's payload (or its failure) goes: the request waiting for it.
+pub(crate) type Waiter = oneshot::Sender<Result<Delivery, Status>>;
+
 struct Pending {
     want: Expectation,
-    tx: oneshot::Sender<Result<Delivery, Status>>,
+    tx: Waiter,
 }
 
 /// Recycled payload buffers. A fresh multi-megabyte allocation costs a page fault per 4 KiB
@@ -83,44 +91,6 @@ impl Drop for Ticket {
     }
 }
 
-/// A transfer being received: its assembler, and where its result goes.
-pub(crate) struct Inbound<'a> {
-    pool: &'a BufferPool,
-    pub(crate) asm: KvAssembler,
-    tx: Option<oneshot::Sender<Result<Delivery, Status>>>,
-}
-
-impl Inbound<'_> {
-    /// Tell the waiting request, and return the error for the sender.
-    pub(crate) fn fail(&mut self, e: WorkerError) -> WorkerError {
-        if let Some(tx) = self.tx.take() {
-            let _ = tx.send(Err(e.status()));
-        }
-        e
-    }
-
-    pub(crate) fn check<T>(&mut self, r: Result<T>) -> Result<T> {
-        r.map_err(|e| self.fail(e))
-    }
-
-    pub(crate) async fn finish(mut self, end: KvEnd) -> Result<KvAck> {
-        let asm = std::mem::replace(&mut self.asm, KvAssembler::empty());
-        let assembled = self.check(asm.finish(end))?;
-        let (bytes, chunks) = (assembled.payload.len() as u64, assembled.chunks);
-        let Some(tx) = self.tx.take() else {
-            self.pool.give(assembled.payload); // sink mode
-            return Ok(KvAck { bytes, chunks });
-        };
-        let (ack_tx, ack_rx) = oneshot::channel();
-        tx.send(Ok(Delivery { assembled, ack: ack_tx })).map_err(|_| WorkerError::Cancelled)?;
-        match ack_rx.await {
-            Ok(Ok(())) => Ok(KvAck { bytes, chunks }),
-            Ok(Err(status)) => Err(WorkerError::PeerRefused { peer: "decode engine".into(), status }),
-            Err(_) => Err(WorkerError::Cancelled),
-        }
-    }
-}
-
 impl KvReceiver {
     pub fn new(fingerprint: String, layout: KvLayout) -> Arc<Self> {
         Arc::new(Self { buffers: BufferPool::default(), fingerprint, layout, pending: Mutex::default(), next_id: AtomicU64::new(1), sink: false })
@@ -153,42 +123,27 @@ impl KvReceiver {
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    /// Start receiving transfer `id`. A wrong token leaves the admitted transfer untouched (the
-    /// caller may not be its sender); anything else wrong fails it.
-    pub(crate) fn claim(&self, id: u64, begin: &KvBegin) -> Result<Inbound<'_>> {
+    /// Claim admitted transfer `id` for a sender presenting `token`: what its request expects,
+    /// a buffer sized by `header` (when it parsed), and where the payload goes (none in sink
+    /// mode). A wrong token leaves the admitted transfer untouched (the caller may not be its
+    /// sender).
+    pub(crate) fn claim(&self, id: u64, token: &str, header: Option<KvPayloadHeader>) -> Result<(Expectation, Vec<u8>, Option<Waiter>)> {
+        let buf = || self.buffers.take(header.as_ref().map_or(0, payload_len));
         if self.sink {
-            let tokens = ferry_core::KvPayloadHeader::decode(&begin.header).map(|h| h.tokens).unwrap_or(0);
-            let want = Expectation {
-                transfer_token: begin.transfer_token.clone(),
-                fingerprint: self.fingerprint.clone(),
-                layout: self.layout,
-                prompt_tokens: tokens,
-            };
-            let buf = self.buffers.take(ferry_core::kv_payload::HEADER_BYTES + want_bytes(&begin.header));
-            return Ok(Inbound { pool: &self.buffers, asm: KvAssembler::begin(id, begin, &want, buf)?, tx: None });
+            let tokens = header.map_or(0, |h| h.tokens);
+            let want = Expectation { transfer_token: token.to_string(), fingerprint: self.fingerprint.clone(), layout: self.layout, prompt_tokens: tokens };
+            return Ok((want, buf(), None));
         }
-        let pending = {
+        let p = {
             let mut map = self.pending.lock().unwrap_or_else(|p| p.into_inner());
             let p = map.get(&id).ok_or(WorkerError::UnknownTransfer(id))?;
-            if !super::assembler::tokens_match(&p.want.transfer_token, &begin.transfer_token) {
+            if !super::assembler::tokens_match(&p.want.transfer_token, token) {
                 return Err(WorkerError::BadTransferToken(id));
             }
             map.remove(&id).expect("present")
         };
-        let mut inbound = Inbound { pool: &self.buffers, asm: KvAssembler::empty(), tx: Some(pending.tx) };
-        let buf = self.buffers.take(ferry_core::kv_payload::HEADER_BYTES + want_bytes(&begin.header));
-        inbound.asm = inbound.check(KvAssembler::begin(id, begin, &pending.want, buf))?;
-        Ok(inbound)
+        Ok((p.want, buf(), Some(p.tx)))
     }
-}
-
-/// Body size a header announces (0 if it does not parse; the assembler reports that).
-fn want_bytes(header: &[u8]) -> usize {
-    ferry_core::KvPayloadHeader::decode(header).map(|h| h.body_bytes()).unwrap_or(0)
-}
-
-fn malformed(what: &str) -> WorkerError {
-    WorkerError::InvalidRequest(format!("malformed KV transfer: {what}"))
 }
 
 /// `KvTransfer`: `PushKv` (chunks as a client-streaming gRPC call) and `NcclConnect` (the
@@ -207,48 +162,72 @@ impl KvTransferService {
     }
 }
 
-/// `f`, unless the sender makes no progress for `stall`: then an error that fails the transfer
-/// (its buffer goes back to the pool).
-async fn before_stall<T>(stall: Duration, f: impl std::future::Future<Output = T>) -> Result<T> {
-    tokio::time::timeout(stall, f).await.map_err(|_| {
-        metrics::counter!("ferry_kv_stalls_total", "side" => "receive").increment(1);
-        WorkerError::PeerUnavailable { peer: "prefill worker".into(), what: format!("stalled: no chunk for {} ms", stall.as_millis()) }
-    })
+/// `PushKv`'s stream as a link: protobuf messages are its frames, the reply its response.
+struct GrpcInbound {
+    stream: Streaming<KvChunk>,
+    stall: Duration,
+    /// The transfer the first message named; every later one must name it too.
+    id: Option<u64>,
+    /// The bytes of the data chunk read last.
+    data: Bytes,
+    reply: Option<KvAckFrame>,
+}
+
+impl InboundLink for GrpcInbound {
+    async fn next(&mut self, _idle: bool) -> Event {
+        let msg = match before_stall(self.stall, self.stream.message()).await {
+            Ok(Ok(Some(m))) => m,
+            Ok(Ok(None)) => return Event::Closed,
+            Ok(Err(status)) => return Event::Broken(status.to_string()),
+            Err(stalled) => return stalled,
+        };
+        if *self.id.get_or_insert(msg.transfer_id) != msg.transfer_id {
+            return Event::Malformed("chunk for another transfer".into());
+        }
+        match msg.part {
+            Some(kv_chunk::Part::Begin(begin)) => Event::Begin { id: msg.transfer_id, begin },
+            Some(kv_chunk::Part::Data(d)) => {
+                let c = Chunk { offset: d.offset, len: d.data.len(), crc: d.crc32, buffer: false };
+                self.data = d.data;
+                Event::Chunk(c)
+            }
+            Some(kv_chunk::Part::End(end)) => Event::End(end),
+            None => Event::Malformed("a chunk with no part".into()),
+        }
+    }
+
+    async fn take(&mut self, _c: Chunk, target: Target<'_>) -> Event {
+        match target {
+            Target::Host(v) => {
+                v.extend_from_slice(&std::mem::take(&mut self.data));
+                Event::Landed
+            }
+            Target::Buffer(..) => Event::Broken("a gRPC chunk cannot fill a device buffer".into()),
+        }
+    }
+
+    async fn skip(&mut self, _c: Chunk) -> Event {
+        self.data = Bytes::new();
+        Event::Landed
+    }
+
+    async fn reply(&mut self, reply: KvAckFrame) -> Result<()> {
+        self.reply = Some(reply);
+        Ok(())
+    }
 }
 
 #[tonic::async_trait]
 impl ferry_proto::v1::kv_transfer_server::KvTransfer for KvTransferService {
     async fn push_kv(&self, req: Request<Streaming<KvChunk>>) -> std::result::Result<Response<KvAck>, Status> {
-        let mut s = req.into_inner();
-        let first = s.message().await?.ok_or_else(|| malformed("empty stream"))?;
-        let id = first.transfer_id;
-        let Some(kv_chunk::Part::Begin(begin)) = first.part else {
-            return Err(malformed("the first chunk must be `begin`").into());
-        };
-        let mut inbound = self.receiver.claim(id, &begin)?;
-        loop {
-            let next = match before_stall(self.stall, s.message()).await {
-                Ok(r) => r,
-                Err(e) => return Err(inbound.fail(e).into()),
-            };
-            let msg = match next {
-                Ok(Some(m)) => m,
-                Ok(None) => return Err(inbound.fail(malformed("stream ended before `end`")).into()),
-                Err(e) => {
-                    return Err(inbound.fail(WorkerError::PeerUnavailable { peer: "prefill worker".into(), what: e.to_string() }).into());
-                }
-            };
-            if msg.transfer_id != id {
-                return Err(inbound.fail(malformed("chunk for another transfer")).into());
-            }
-            match msg.part {
-                Some(kv_chunk::Part::Data(d)) => {
-                    let r = inbound.asm.data(d.offset, &d.data, d.crc32);
-                    inbound.check(r)?;
-                }
-                Some(kv_chunk::Part::End(end)) => return Ok(Response::new(inbound.finish(end).await?)),
-                Some(kv_chunk::Part::Begin(_)) | None => return Err(inbound.fail(malformed("unexpected chunk")).into()),
-            }
+        let mut link = GrpcInbound { stream: req.into_inner(), stall: self.stall, id: None, data: Bytes::new(), reply: None };
+        let mut session = Session::new(&self.receiver, Link::Stream);
+        let driven = drive(&mut session, &mut link).await;
+        match (link.reply, driven) {
+            (Some(KvAckFrame { result: Some(kv_ack_frame::Result::Ack(ack)) }), _) => Ok(Response::new(ack)),
+            (Some(KvAckFrame { result: Some(kv_ack_frame::Result::Error(e)) }), _) => Err(super::transport::status_of(&e)),
+            (_, Err(e)) => Err(e.into()),
+            (_, Ok(())) => Err(WorkerError::Internal("the KV stream ended without an answer".into()).into()),
         }
     }
 
@@ -295,71 +274,71 @@ pub async fn serve_tcp(receiver: Arc<KvReceiver>, listener: TcpListener, stall: 
     }
 }
 
+/// A TCP data connection as a link: one transfer in [`frame`]s, then the reply frame.
+struct TcpInbound {
+    rd: BufReader<tokio::net::tcp::OwnedReadHalf>,
+    wr: BufWriter<tokio::net::tcp::OwnedWriteHalf>,
+    stall: Duration,
+}
+
+impl InboundLink for TcpInbound {
+    async fn next(&mut self, _idle: bool) -> Event {
+        let h = match before_stall(self.stall, frame::tcp::read_header(&mut self.rd)).await {
+            Ok(Ok(Some(h))) => h,
+            Ok(Ok(None)) => return Event::Closed,
+            Ok(Err(e)) => return read_failed("reading a frame", e),
+            Err(stalled) => return stalled,
+        };
+        if h.is_chunk() {
+            return h.event(&[]);
+        }
+        match before_stall(self.stall, frame::tcp::read_body(&mut self.rd, &h)).await {
+            Ok(Ok(body)) => h.event(&body),
+            Ok(Err(e)) => read_failed("reading a frame", e),
+            Err(stalled) => stalled,
+        }
+    }
+
+    async fn take(&mut self, c: Chunk, target: Target<'_>) -> Event {
+        let Target::Host(buf) = target else {
+            return Event::Broken("a TCP chunk cannot fill a device buffer".into());
+        };
+        // A chunk is at most 1 MiB: it may take `stall` in all.
+        match before_stall(self.stall, frame::tcp::read_appending(&mut self.rd, buf, c.len)).await {
+            Ok(Ok(())) => Event::Landed,
+            Ok(Err(e)) => read_failed("reading a chunk", e),
+            Err(stalled) => stalled,
+        }
+    }
+
+    async fn skip(&mut self, c: Chunk) -> Event {
+        match before_stall(self.stall, frame::tcp::skip(&mut self.rd, c.len)).await {
+            Ok(Ok(())) => Event::Landed,
+            Ok(Err(e)) => read_failed("skipping a chunk", e),
+            Err(stalled) => stalled,
+        }
+    }
+
+    async fn reply(&mut self, reply: KvAckFrame) -> Result<()> {
+        let sent = async {
+            self.wr.write_all(&frame::message(Kind::Reply, &reply)).await?;
+            self.wr.flush().await
+        };
+        sent.await.map_err(|e| WorkerError::PeerUnavailable { peer: "KV data connection".into(), what: format!("writing the reply: {e}") })
+    }
+}
+
+/// A failed read as an event: a frame that does not parse, or a connection that broke.
+fn read_failed(what: &str, e: std::io::Error) -> Event {
+    match e.kind() {
+        std::io::ErrorKind::InvalidData => Event::Malformed(e.to_string()),
+        _ => Event::Broken(format!("{what}: {e}")),
+    }
+}
+
 async fn handle_tcp(receiver: Arc<KvReceiver>, sock: TcpStream, stall: Duration) -> Result<()> {
     sock.set_nodelay(true).ok();
     let (rd, wr) = sock.into_split();
-    let mut rd = BufReader::with_capacity(64 << 10, rd);
-    let mut wr = BufWriter::new(wr);
-    let result = receive_tcp(&receiver, &mut rd, stall).await;
-    let reply = match &result {
-        Ok(ack) => KvAckFrame { result: Some(kv_ack_frame::Result::Ack(*ack)) },
-        Err(e) => KvAckFrame { result: Some(kv_ack_frame::Result::Error(super::transport::kv_error(e))) },
-    };
-    frame::write_message(&mut wr, frame::REPLY, &reply).await.map_err(|e| frame::io_err("writing the reply", e))?;
-    wr.flush().await.map_err(|e| frame::io_err("writing the reply", e))?;
-    result.map(|_| ())
-}
-
-async fn receive_tcp<R: tokio::io::AsyncRead + Unpin>(receiver: &KvReceiver, rd: &mut R, stall: Duration) -> Result<KvAck> {
-    let eof = || frame::io_err("reading", std::io::ErrorKind::UnexpectedEof.into());
-    let (kind, len) = before_stall(stall, frame::read_header(rd)).await?.map_err(|e| frame::io_err("reading", e))?.ok_or_else(eof)?;
-    if kind != frame::CONTROL {
-        return Err(malformed("the first frame must be `begin`"));
-    }
-    let first: KvChunk = frame::read_message(rd, len).await?;
-    let Some(kv_chunk::Part::Begin(begin)) = first.part else {
-        return Err(malformed("the first frame must be `begin`"));
-    };
-    let mut inbound = receiver.claim(first.transfer_id, &begin)?;
-    loop {
-        let header = before_stall(stall, frame::read_header(rd)).await.and_then(|h| h.map_err(|e| frame::io_err("reading", e)));
-        let (kind, len) = inbound.check(header.and_then(|h| h.ok_or_else(eof)))?;
-        match kind {
-            frame::DATA if len > frame::DATA_HEADER => {
-                let (offset, crc) = inbound.check(frame::read_data_header(rd).await)?;
-                let n = len - frame::DATA_HEADER;
-                let read = match inbound.asm.append_target(offset, n) {
-                    // A chunk is at most 1 MiB: it may take `stall` in all.
-                    Ok(buf) => before_stall(stall, read_appending(rd, buf, n)).await.and_then(|r| r),
-                    Err(e) => Err(e),
-                };
-                inbound.check(read)?;
-                let r = inbound.asm.commit(offset, n, crc);
-                inbound.check(r)?;
-            }
-            frame::CONTROL => {
-                let msg: Result<KvChunk> = frame::read_message(rd, len).await;
-                match inbound.check(msg)?.part {
-                    Some(kv_chunk::Part::End(end)) => return inbound.finish(end).await,
-                    _ => return Err(inbound.fail(malformed("unexpected control frame"))),
-                }
-            }
-            _ => return Err(inbound.fail(malformed("unknown frame"))),
-        }
-    }
-}
-
-/// Append exactly `n` bytes from `rd` to `buf`, straight into its spare capacity.
-async fn read_appending<R: tokio::io::AsyncRead + Unpin>(rd: &mut R, buf: &mut Vec<u8>, n: usize) -> Result<()> {
-    use bytes::BufMut;
-    let mut left = n;
-    while left > 0 {
-        let mut limited = (&mut *buf).limit(left);
-        let got = tokio::io::AsyncReadExt::read_buf(rd, &mut limited).await.map_err(|e| frame::io_err("reading a chunk", e))?;
-        if got == 0 {
-            return Err(frame::io_err("reading a chunk", std::io::ErrorKind::UnexpectedEof.into()));
-        }
-        left -= got;
-    }
-    Ok(())
+    let mut link = TcpInbound { rd: BufReader::with_capacity(64 << 10, rd), wr: BufWriter::new(wr), stall };
+    drive(&mut Session::new(&receiver, Link::Stream), &mut link).await
 }

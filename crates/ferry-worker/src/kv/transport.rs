@@ -1,5 +1,6 @@
 //! The sending side of a KV transfer, behind one trait so the transports are interchangeable:
-//! gRPC streaming (`KvTransfer.PushKv`) and a framed TCP data path. NCCL (device to device)
+//! gRPC streaming (`KvTransfer.PushKv`) and a framed TCP data path (in [`frame`]'s format, which
+//! the NCCL pipe shares). NCCL (device to device)
 //! comes with the CUDA backend. [`push`] drives any of them from a request's [`Outbound`] queue.
 
 use super::{chunk_ranges, frame, Outbound, MAX_CHUNK_BYTES};
@@ -48,14 +49,17 @@ pub trait KvTransport: Send + Sync {
 pub(crate) fn ack_of(peer: &str, reply: KvAckFrame) -> Result<KvAck> {
     match reply.result {
         Some(kv_ack_frame::Result::Ack(a)) => Ok(a),
-        Some(kv_ack_frame::Result::Error(e)) => {
-            let mut status = tonic::Status::new(tonic::Code::from_i32(e.code), e.message);
-            if let Some(f) = ferry_core::failure::WorkerFault::parse(&e.fault) {
-                status = crate::error::tagged(status, f);
-            }
-            Err(WorkerError::PeerRefused { peer: peer.to_string(), status })
-        }
+        Some(kv_ack_frame::Result::Error(e)) => Err(WorkerError::PeerRefused { peer: peer.to_string(), status: status_of(&e) }),
         None => Err(unavailable(peer, "empty reply")),
+    }
+}
+
+/// A reply frame's error as the status it stands for (code, message, fault tag).
+pub(crate) fn status_of(e: &ferry_proto::v1::KvError) -> tonic::Status {
+    let status = tonic::Status::new(tonic::Code::from_i32(e.code), e.message.clone());
+    match ferry_core::failure::WorkerFault::parse(&e.fault) {
+        Some(f) => crate::error::tagged(status, f),
+        None => status,
     }
 }
 
@@ -201,14 +205,21 @@ struct TcpLink {
 }
 
 impl TcpLink {
-    /// The receiver stopped reading: its reply frame (if any) says why.
+    /// The receiver's reply frame (after `end`, or the reason it stopped reading).
     async fn reply(&mut self) -> Result<KvAck> {
-        let header = frame::read_header(&mut self.rd).await.map_err(|e| unavailable(&self.peer, e))?;
-        let Some((frame::REPLY, len)) = header else {
+        let header = frame::tcp::read_header(&mut self.rd).await.map_err(|e| unavailable(&self.peer, e))?;
+        let Some(h) = header else {
             return Err(unavailable(&self.peer, "connection closed without a reply"));
         };
-        let reply: KvAckFrame = frame::read_message(&mut self.rd, len).await?;
+        let body = frame::tcp::read_body(&mut self.rd, &h).await.map_err(|e| unavailable(&self.peer, e))?;
+        let reply = frame::reply(&h, &body).map_err(|e| unavailable(&self.peer, e))?;
         ack_of(&self.peer, reply)
+    }
+
+    /// Write a control frame carrying `part`.
+    async fn control(&mut self, kind: frame::Kind, part: kv_chunk::Part) -> std::io::Result<()> {
+        let msg = KvChunk { transfer_id: self.id, part: Some(part) };
+        self.wr.write_all(&frame::message(kind, &msg)).await
     }
 
     async fn on_write_error(&mut self, e: std::io::Error) -> WorkerError {
@@ -226,16 +237,16 @@ impl KvLink for TcpLink {
     }
 
     async fn data(&mut self, offset: u64, data: Bytes, crc: u32) -> Result<()> {
-        if let Err(e) = frame::write_data(&mut self.wr, offset, crc, &data).await {
+        let h = frame::FrameHeader { kind: frame::Kind::Data, len: data.len() as u64, offset, crc };
+        if let Err(e) = frame::tcp::write(&mut self.wr, h, &data).await {
             return Err(self.on_write_error(e).await);
         }
         Ok(())
     }
 
     async fn end(mut self: Box<Self>, end: KvEnd) -> Result<KvAck> {
-        let msg = KvChunk { transfer_id: self.id, part: Some(kv_chunk::Part::End(end)) };
         let sent = async {
-            frame::write_message(&mut self.wr, frame::CONTROL, &msg).await?;
+            self.control(frame::Kind::End, kv_chunk::Part::End(end)).await?;
             self.wr.flush().await
         }
         .await;
@@ -261,8 +272,7 @@ impl KvTransport for TcpTransport {
         sock.set_nodelay(true).ok();
         let (rd, wr) = sock.into_split();
         let mut link = TcpLink { peer, id: target.transfer_id, rd: BufReader::new(rd), wr: BufWriter::with_capacity(64 << 10, wr) };
-        let msg = KvChunk { transfer_id: target.transfer_id, part: Some(kv_chunk::Part::Begin(begin)) };
-        if let Err(e) = frame::write_message(&mut link.wr, frame::CONTROL, &msg).await {
+        if let Err(e) = link.control(frame::Kind::Begin, kv_chunk::Part::Begin(begin)).await {
             return Err(link.on_write_error(e).await);
         }
         Ok(Box::new(link))
