@@ -29,7 +29,7 @@ pub mod sampling;
 pub mod stop;
 
 pub use block_pool::{BlockId, BlockPool, BlockTable, PoolError};
-pub use prefix_cache::{BlockHash, CacheEvent, CacheEventKind, CacheStats, Parent};
+pub use prefix_cache::{BlockHash, CacheEvent, CacheEventKind, CacheStats, Parent, Tenant};
 pub use kv_payload::{KvDtype, KvLayout, KvPayloadError, KvPayloadHeader, KvSpan};
 pub use routing::{WorkerRole, WorkerState};
 pub use sampling::{SamplingError, SamplingParams};

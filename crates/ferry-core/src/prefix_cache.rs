@@ -83,6 +83,34 @@ pub fn block_hashes(root: BlockHash, tokens: &[u32], block_size: usize) -> Vec<B
         .collect()
 }
 
+/// A tenant's identity in the cache: a digest of the API key its requests authenticated with
+/// (never the key itself, which stays on the router). The same on every router, so a tenant's
+/// blocks are shared across routers and router restarts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tenant(pub [u8; 32]);
+
+impl Tenant {
+    pub fn of_key(api_key: &[u8]) -> Tenant {
+        let mut h = Sha256::new();
+        h.update(b"ferry-tenant-v1");
+        h.update(api_key);
+        Tenant(h.finalize().into())
+    }
+}
+
+/// The salt a request's blocks are cached under: its tenant's digest (when API keys are on),
+/// then the salt the request asked for. With a tenant the salt always starts with its 32 bytes,
+/// so no request salt can reach another tenant's chains; without one, requests share the cache
+/// unless they ask for a salt.
+pub fn cache_salt(tenant: Option<&Tenant>, requested: &[u8]) -> Vec<u8> {
+    let mut salt = Vec::with_capacity(32 + requested.len());
+    if let Some(t) = tenant {
+        salt.extend_from_slice(&t.0);
+    }
+    salt.extend_from_slice(requested);
+    salt
+}
+
 /// What a block being sealed follows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Parent {
@@ -314,6 +342,24 @@ impl PrefixCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tenants_never_share_a_salt() {
+        let (a, b) = (Tenant::of_key(b"key-a"), Tenant::of_key(b"key-b"));
+        assert_ne!(a, b);
+        assert_eq!(a, Tenant::of_key(b"key-a"), "stable: every router derives the same tenant");
+        assert!(!a.0.windows(5).any(|w| w == b"key-a"), "the key itself is not in the salt");
+        // Whatever salt a tenant asks for, it cannot reach another tenant's or the shared chains.
+        let roots = |t: Option<&Tenant>, s: &[u8]| BlockHash::root(b"m", &cache_salt(t, s));
+        assert_ne!(roots(Some(&a), b""), roots(Some(&b), b""));
+        assert_ne!(roots(Some(&a), b""), roots(None, b""));
+        assert_ne!(roots(Some(&a), b"x"), roots(Some(&b), b"x"));
+        assert_ne!(roots(Some(&a), &b.0), roots(Some(&b), b""), "a salt equal to another tenant's digest");
+        // Same tenant and salt: the same chains; another salt: others.
+        assert_eq!(roots(Some(&a), b"x"), roots(Some(&a), b"x"));
+        assert_ne!(roots(Some(&a), b"x"), roots(Some(&a), b"y"));
+        assert_eq!(cache_salt(None, b""), Vec::<u8>::new(), "no keys, no salt: the shared cache");
+    }
 
     #[test]
     fn hashes_chain_and_separate_salts() {

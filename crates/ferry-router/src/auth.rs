@@ -9,6 +9,8 @@
 
 use std::sync::Arc;
 
+pub use ferry_core::Tenant;
+
 /// The configured keys; empty means no authentication.
 #[derive(Clone, Default)]
 pub struct ApiKeys(Arc<[Vec<u8>]>);
@@ -78,10 +80,12 @@ impl ApiKeys {
         self.0.len()
     }
 
-    /// Checks an `authorization` header value (`None` when absent).
-    pub fn check(&self, header: Option<&[u8]>) -> Result<(), AuthFailure> {
+    /// Checks an `authorization` header value (`None` when absent). Ok: the request's tenant
+    /// (the key it presented, digested; none when no keys are configured), whose prompts share
+    /// cached KV only with each other.
+    pub fn check(&self, header: Option<&[u8]>) -> Result<Option<Tenant>, AuthFailure> {
         if self.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let key = header.and_then(bearer).ok_or(AuthFailure::Missing)?;
         // Every configured key is compared, so the time does not say which one matched.
@@ -89,17 +93,22 @@ impl ApiKeys {
         for k in self.0.iter() {
             ok |= ct_eq(k, key);
         }
-        if ok { Ok(()) } else { Err(AuthFailure::Wrong) }
+        if ok { Ok(Some(Tenant::of_key(key))) } else { Err(AuthFailure::Wrong) }
     }
 }
 
 /// The gRPC side: applied to the `Ferry` service only; refuses with UNAUTHENTICATED before the
 /// call reaches the service.
 impl tonic::service::Interceptor for ApiKeys {
-    fn call(&mut self, req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         let header = req.metadata().get("authorization").map(|v| v.as_bytes());
         match self.check(header) {
-            Ok(()) => Ok(req),
+            Ok(tenant) => {
+                if let Some(t) = tenant {
+                    req.extensions_mut().insert(t);
+                }
+                Ok(req)
+            }
             Err(f) => {
                 crate::metrics::auth_failure("grpc");
                 Err(tonic::Status::unauthenticated(f.message()))
@@ -163,12 +172,16 @@ mod tests {
     #[test]
     fn checks_against_every_key() {
         let open = ApiKeys::default();
-        assert_eq!(open.check(None), Ok(()));
+        assert_eq!(open.check(None).map(|_| ()), Ok(()));
         let keys = ApiKeys::new(["k1", " k2 ", ""]);
         assert_eq!(keys.len(), 2);
-        assert_eq!(keys.check(Some(b"Bearer k1")), Ok(()));
-        assert_eq!(keys.check(Some(b"Bearer k2")), Ok(()));
+        assert_eq!(keys.check(Some(b"Bearer k1")).map(|_| ()), Ok(()));
+        assert_eq!(keys.check(Some(b"Bearer k2")).map(|_| ()), Ok(()));
         assert_eq!(keys.check(Some(b"Bearer k3")), Err(AuthFailure::Wrong));
+        // Each key is its own tenant of the prefix cache; no keys, no tenant.
+        assert_eq!(keys.check(Some(b"Bearer k1")), Ok(Some(Tenant::of_key(b"k1"))));
+        assert_ne!(keys.check(Some(b"Bearer k1")), keys.check(Some(b"Bearer k2")));
+        assert_eq!(open.check(Some(b"Bearer k1")), Ok(None));
         assert_eq!(keys.check(Some(b"k1")), Err(AuthFailure::Missing));
         assert_eq!(keys.check(None), Err(AuthFailure::Missing));
         assert_eq!(format!("{keys:?}"), "ApiKeys(2 configured)");
@@ -203,7 +216,7 @@ impl tonic::service::Interceptor for AdminToken {
     fn call(&mut self, req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         let header = req.metadata().get("authorization").map(|v| v.as_bytes());
         match self.0.check(header) {
-            Ok(()) => Ok(req),
+            Ok(_) => Ok(req),
             Err(f) => {
                 crate::metrics::auth_failure("admin");
                 Err(tonic::Status::unauthenticated(match f {

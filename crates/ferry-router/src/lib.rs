@@ -84,7 +84,29 @@ pub struct RouterConfig {
     pub tls: Tls,
     /// The fastest KV transport the router asks a pair to use (see [`transport`]).
     pub kv_transport: transport::KvPolicy,
+    /// Whether routing weighs the prompt prefixes workers hold (from their cache events), or
+    /// load alone.
+    pub prefix_routing: PrefixRouting,
+    /// A decode worker that holds a prompt's prefix computes the rest itself (no prefill worker,
+    /// no KV moved) when at most this many tokens are left; 0: never.
+    pub local_prefill_max: usize,
 }
+
+/// How the router uses what it knows of the workers' prefix caches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrefixRouting {
+    /// Prefill: the expected finish time with each worker's cached prefix taken off the work;
+    /// decode: a worker holding the prefix first while it has room (`ferry_core::cache_policy`).
+    #[default]
+    KvAware,
+    /// Load alone (the workers still use their caches for what happens to land on them).
+    LoadOnly,
+}
+
+/// The default `local_prefill_max`, measured (docs/benchmarks.md, "Prefix caching"): a decode
+/// worker's step with this many prompt tokens beside its batch costs less than a round trip
+/// through a prefill worker.
+pub const DEFAULT_LOCAL_PREFILL_MAX: usize = 128;
 
 impl RouterConfig {
     pub fn new(model_path: impl Into<PathBuf>) -> RouterConfig {
@@ -107,6 +129,8 @@ impl RouterConfig {
             served_model_names: Vec::new(),
             tls: Tls::default(),
             kv_transport: transport::KvPolicy::Auto,
+            prefix_routing: PrefixRouting::KvAware,
+            local_prefill_max: DEFAULT_LOCAL_PREFILL_MAX,
         }
     }
 }

@@ -66,6 +66,13 @@ pub fn prepare(
             served: shared.model_names().join(", "),
         });
     }
+    if req.cache_salt.len() > crate::openai::request::MAX_CACHE_SALT {
+        return Err(RouterError::InvalidRequest(format!(
+            "cache_salt is {} bytes; at most {}",
+            req.cache_salt.len(),
+            crate::openai::request::MAX_CACHE_SALT
+        )));
+    }
     let ids = match &req.input {
         None => {
             return Err(RouterError::InvalidRequest(
@@ -144,7 +151,9 @@ pub struct Started {
 /// The one entry point of the client APIs (gRPC and HTTP): validates and tokenizes `req`, checks
 /// that workers are ready, and spawns [`orchestrate::run`] for it. Refusals are counted in the
 /// request metrics.
-pub fn start(shared: &Arc<Shared>, req: v1::GenerateRequest) -> Result<Started, RouterError> {
+/// `tenant`: the API key's tenant, when keys are on (its prompts share cached KV only with each
+/// other).
+pub fn start(shared: &Arc<Shared>, req: v1::GenerateRequest, tenant: Option<&ferry_core::Tenant>) -> Result<Started, RouterError> {
     let start = Instant::now();
     let id = request_id(&req.request_id);
     let span = tracing::info_span!("generate", request_id = %id);
@@ -167,6 +176,7 @@ pub fn start(shared: &Arc<Shared>, req: v1::GenerateRequest) -> Result<Started, 
         request_id: id.clone(),
         prompt,
         params,
+        cache_salt: ferry_core::prefix_cache::cache_salt(tenant, req.cache_salt.as_bytes()),
         start,
     };
     tokio::spawn(orchestrate::run(shared.clone(), job, tx).instrument(span));
@@ -185,7 +195,8 @@ impl v1::ferry_server::Ferry for FerryService {
         &self,
         request: Request<v1::GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
-        let started = start(&self.shared, request.into_inner())?;
+        let tenant = request.extensions().get::<ferry_core::Tenant>().copied();
+        let started = start(&self.shared, request.into_inner(), tenant.as_ref())?;
         Ok(Response::new(ReceiverStream::new(started.events)))
     }
 

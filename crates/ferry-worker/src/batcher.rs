@@ -42,9 +42,50 @@ pub enum DecodeEvent {
 pub enum Source {
     /// Shipped by a prefill worker: import it; `imported` gets the outcome and the buffer back.
     /// `device`: the body, when it arrived device to device (`payload` is then the header alone).
-    Kv { payload: Vec<u8>, device: Option<ferry_engine::KvBuffer>, end: KvEnd, imported: oneshot::Sender<(std::result::Result<(), Status>, Vec<u8>)> },
-    /// Colocated: prefill the prompt here.
-    Prompt(Vec<u32>),
+    /// `onto`: the sequence that holds the prompt's cached prefix, which the payload (a span from
+    /// its end) extends; `tokens`: the payload's token ids, so its full blocks are cached here.
+    Kv {
+        payload: Vec<u8>,
+        device: Option<ferry_engine::KvBuffer>,
+        end: KvEnd,
+        onto: Option<HeldPrefix>,
+        tokens: Option<Vec<u32>>,
+        imported: oneshot::Sender<(std::result::Result<(), Status>, Vec<u8>)>,
+    },
+    /// Compute the prompt here (colocated; or a decode worker's short suffix after a cached
+    /// prefix), starting on the prefix `held` holds when there is one.
+    Prompt { prompt: Vec<u32>, held: Option<HeldPrefix> },
+}
+
+/// What the engine thread is asked.
+enum Cmd {
+    Admit(Admission),
+    /// Start a sequence on the longest cached prefix of `tokens` (at most `max` tokens).
+    Attach { tokens: Vec<u32>, salt: Vec<u8>, max: usize, reply: oneshot::Sender<(SeqId, usize)> },
+    Release(SeqId),
+}
+
+/// A sequence started on a cached prefix, not yet running: its blocks are held (they cannot be
+/// evicted) until it runs, and freed if it is dropped first (the request failed or went away).
+pub struct HeldPrefix {
+    seq: Option<SeqId>,
+    /// Leading prompt tokens it holds (whole blocks; 0 when nothing was cached).
+    pub cached: usize,
+    tx: std_mpsc::Sender<Cmd>,
+}
+
+impl HeldPrefix {
+    fn take(mut self) -> Option<SeqId> {
+        self.seq.take()
+    }
+}
+
+impl Drop for HeldPrefix {
+    fn drop(&mut self) {
+        if let Some(seq) = self.seq.take() {
+            let _ = self.tx.send(Cmd::Release(seq));
+        }
+    }
 }
 
 /// A request handed to the engine thread.
@@ -91,7 +132,7 @@ struct Prefilling {
 
 #[derive(Clone)]
 pub struct DecodeHandle {
-    tx: std_mpsc::Sender<Admission>,
+    tx: std_mpsc::Sender<Cmd>,
     pub load: Arc<LoadGauge>,
     pub facts: ModelFacts,
     pub scheduling: Scheduling,
@@ -101,7 +142,16 @@ pub struct DecodeHandle {
 
 impl DecodeHandle {
     pub fn admit(&self, a: Admission) -> Result<()> {
-        self.tx.send(a).map_err(|_| WorkerError::ShuttingDown)
+        self.tx.send(Cmd::Admit(a)).map_err(|_| WorkerError::ShuttingDown)
+    }
+
+    /// A new sequence on the longest prefix of `tokens` cached under `salt` (whole blocks, at most
+    /// `max` tokens; nothing with the cache off), held until an admission takes it.
+    pub async fn attach(&self, tokens: Vec<u32>, salt: Vec<u8>, max: usize) -> Result<HeldPrefix> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Cmd::Attach { tokens, salt, max, reply }).map_err(|_| WorkerError::ShuttingDown)?;
+        let (seq, cached) = rx.await.map_err(|_| WorkerError::ShuttingDown)?;
+        Ok(HeldPrefix { seq: Some(seq), cached, tx: self.tx.clone() })
     }
 }
 
@@ -132,8 +182,10 @@ pub fn spawn_with(engine: Engine, model: String, scheduling: Scheduling, faults:
             tracing::error!("{what}: failing every request this worker holds and taking it out");
             fault.report(what.clone());
             lp.fail_all(&what);
-            while let Ok(a) = rx.try_recv() {
-                fail_admission(a, &what);
+            while let Ok(cmd) = rx.try_recv() {
+                if let Cmd::Admit(a) = cmd {
+                    fail_admission(a, &what);
+                }
             }
         })
         .expect("spawn the engine thread");
@@ -147,7 +199,7 @@ fn fail_admission(a: Admission, what: &str) {
         Source::Kv { payload, imported, .. } => {
             let _ = imported.send((Err(e.status()), payload));
         }
-        Source::Prompt(_) => {
+        Source::Prompt { .. } => {
             let _ = a.events.send(DecodeEvent::Failed(e));
         }
     }
@@ -173,18 +225,18 @@ enum Part {
 
 impl Loop {
     /// Step until every handle is gone (Ok) or the backend fails (Err: the engine is broken).
-    fn run(&mut self, rx: &std_mpsc::Receiver<Admission>) -> std::result::Result<(), EngineError> {
+    fn run(&mut self, rx: &std_mpsc::Receiver<Cmd>) -> std::result::Result<(), EngineError> {
         let mut rotate = 0usize;
         loop {
             self.publish();
             if self.running.is_empty() && self.prefilling.is_empty() {
                 match rx.recv() {
-                    Ok(a) => self.admit(a)?,
+                    Ok(cmd) => self.handle(cmd)?,
                     Err(_) => return Ok(()),
                 }
             }
-            while let Ok(a) = rx.try_recv() {
-                self.admit(a)?;
+            while let Ok(cmd) = rx.try_recv() {
+                self.handle(cmd)?;
             }
             self.drop_cancelled();
             if self.running.is_empty() && self.prefilling.is_empty() {
@@ -193,6 +245,24 @@ impl Loop {
             let parts = self.plan(&mut rotate);
             self.step(parts)?;
         }
+    }
+
+    fn handle(&mut self, cmd: Cmd) -> std::result::Result<(), EngineError> {
+        match cmd {
+            Cmd::Admit(a) => return self.admit(a),
+            Cmd::Attach { tokens, salt, max, reply } => {
+                let (seq, cached) = self.engine.new_sequence_with_prefix(&tokens, &salt, max.min(tokens.len()));
+                if reply.send((seq, cached)).is_err() {
+                    let _ = self.engine.release(seq);
+                }
+            }
+            Cmd::Release(seq) => {
+                if let Err(e) = self.engine.release(seq) {
+                    tracing::error!("releasing held sequence {}: {e}", seq.0);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The engine failed: every request held ends, tagged `engine` (the router moves them).
@@ -239,7 +309,9 @@ impl Loop {
     /// Which rows the next step carries (see the module doc).
     fn plan(&self, rotate: &mut usize) -> Vec<Part> {
         let cap = self.engine.max_batch_tokens().max(1);
-        let prefill_first = self.scheduling.chunk_tokens.is_none() && !self.prefilling.is_empty();
+        // A decode worker's prompts are short suffixes after a cached prefix: they ride along
+        // with the running decodes rather than stall them.
+        let prefill_first = self.scheduling.accept_prompts && self.scheduling.chunk_tokens.is_none() && !self.prefilling.is_empty();
         let budget = self.scheduling.chunk_tokens.unwrap_or(cap).min(cap).max(1);
         let mut parts = Vec::new();
         let mut left = budget;
@@ -364,11 +436,20 @@ impl Loop {
     /// broken; the request has its failure already).
     fn admit(&mut self, a: Admission) -> std::result::Result<(), EngineError> {
         match a.source {
-            Source::Kv { payload, device, end, imported } => {
-                let seq = match &device {
-                    Some(body) => self.engine.import_kv_buffer(&payload, body),
-                    None => self.engine.import_kv(&payload),
+            Source::Kv { payload, device, end, onto, tokens, imported } => {
+                let onto = onto.and_then(HeldPrefix::take);
+                let tokens = tokens.as_deref();
+                let seq = match (onto, &device) {
+                    (Some(seq), Some(body)) => self.engine.import_kv_buffer_onto(seq, &payload, body, tokens).map(|()| seq),
+                    (Some(seq), None) => self.engine.import_kv_onto(seq, &payload, tokens).map(|()| seq),
+                    (None, Some(body)) => self.engine.import_kv_buffer(&payload, body),
+                    (None, None) => self.engine.import_kv(&payload),
                 };
+                if seq.is_err()
+                    && let Some(held) = onto
+                {
+                    let _ = self.engine.release(held);
+                }
                 drop(device);
                 let seq = match seq {
                     Ok(seq) => seq,
@@ -390,13 +471,19 @@ impl Loop {
                 // The router already streamed the first token (it came with prefill's answer).
                 self.start(&a.request_id, seq, end.first_token, end.first_is_stop, sampler, &a.params, a.prompt_tokens, a.events, a.reservation);
             }
-            Source::Prompt(prompt) => {
-                let seq = self.engine.new_sequence();
+            Source::Prompt { prompt, held } => {
+                let (seq, done) = match held.as_ref().map(|h| h.cached) {
+                    Some(cached) => match held.and_then(HeldPrefix::take) {
+                        Some(seq) => (seq, cached),
+                        None => (self.engine.new_sequence(), 0),
+                    },
+                    None => (self.engine.new_sequence(), 0),
+                };
                 self.prefilling.push_back(Prefilling {
                     request_id: a.request_id,
                     seq,
                     prompt,
-                    done: 0,
+                    done,
                     params: a.params,
                     events: a.events,
                     reservation: a.reservation,

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-pub use crate::batcher::{spawn, spawn_with, Admission, DecodeEvent, DecodeHandle, Scheduling, Source};
+pub use crate::batcher::{spawn, spawn_with, Admission, DecodeEvent, DecodeHandle, HeldPrefix, Scheduling, Source};
 
 /// The gRPC `Decode` service.
 pub struct DecodeService {
@@ -30,6 +30,27 @@ pub struct DecodeService {
     pub name: String,
     /// Held by every admitted request until its stream ends.
     pub drain: Arc<crate::drain::Drain>,
+}
+
+/// Where an admitted request's prompt KV comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Plan {
+    /// From a prefill worker, after the prefix cached here.
+    Receive,
+    /// Computed here: the router allowed it and only a short suffix after a cached prefix is left.
+    Local,
+    /// Computed here: a colocated worker's prompt.
+    Colocated,
+}
+
+impl Plan {
+    fn of(colocated: bool, prompt: usize, cached: usize, local_max: usize) -> Plan {
+        match colocated {
+            true => Plan::Colocated,
+            false if cached > 0 && prompt - cached <= local_max => Plan::Local,
+            false => Plan::Receive,
+        }
+    }
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = std::result::Result<DecodeResponse, Status>> + Send>>;
@@ -63,6 +84,19 @@ impl DecodeService {
                     "prompt_tokens {} does not match the prompt's {} ids",
                     req.prompt_tokens,
                     req.prompt.len()
+                )));
+            }
+        }
+        if !req.prompt_ids.is_empty() {
+            if !req.prompt.is_empty() {
+                return Err(WorkerError::InvalidRequest("prompt_ids (a disaggregated request's prompt) and prompt (a colocated one) are exclusive".into()));
+            }
+            facts.check_prompt(&req.prompt_ids)?;
+            if req.prompt_tokens as usize != req.prompt_ids.len() {
+                return Err(WorkerError::InvalidRequest(format!(
+                    "prompt_tokens {} does not match the {} prompt_ids",
+                    req.prompt_tokens,
+                    req.prompt_ids.len()
                 )));
             }
         }
@@ -104,6 +138,8 @@ async fn receive_kv(
     timeout: Duration,
     tx: &mpsc::Sender<std::result::Result<DecodeResponse, Status>>,
     mut admission: Admission,
+    onto: Option<HeldPrefix>,
+    tokens: Option<Vec<u32>>,
 ) -> Option<mpsc::UnboundedReceiver<DecodeEvent>> {
     let delivery = tokio::select! {
         r = tokio::time::timeout(timeout, &mut ticket.rx) => r,
@@ -130,7 +166,7 @@ async fn receive_kv(
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
     let (imp_tx, imp_rx) = oneshot::channel();
     let Delivery { assembled, ack } = delivery;
-    admission.source = Source::Kv { payload: assembled.payload, device: assembled.device, end: assembled.end, imported: imp_tx };
+    admission.source = Source::Kv { payload: assembled.payload, device: assembled.device, end: assembled.end, onto, tokens, imported: imp_tx };
     admission.events = ev_tx;
     let imported = match engine.admit(admission) {
         Ok(()) => match imp_rx.await {
@@ -170,29 +206,62 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
         let request_id = req.request_id.clone();
         let prompt_tokens = req.prompt_tokens as usize;
         let (placeholder, _) = mpsc::unbounded_channel();
-        let admission = Admission { request_id: request_id.clone(), source: Source::Prompt(Vec::new()), params, prompt_tokens, events: placeholder, reservation };
-        // A prompt (colocated) is prefilled here; otherwise the KV comes from a prefill worker.
-        let ticket = if req.prompt.is_empty() {
-            let ticket = self.receiver.expect(prompt_tokens, req.transfer_token.clone());
-            let admitted = Admitted { transfer_id: ticket.id, data_addr: self.data_addr.clone(), ..Default::default() };
-            tx.try_send(Ok(event(decode_response::Event::Admitted(admitted)))).expect("fresh channel has room");
-            Some(ticket)
-        } else {
-            tx.try_send(Ok(event(decode_response::Event::Admitted(Admitted::default())))).expect("fresh channel has room");
-            None
+        let admission = Admission { request_id: request_id.clone(), source: Source::Prompt { prompt: Vec::new(), held: None }, params, prompt_tokens, events: placeholder, reservation };
+        // The prompt's ids, when the router sent them: a colocated prompt, or a disaggregated
+        // request's (for this worker's prefix cache).
+        let colocated = !req.prompt.is_empty();
+        let ids = if colocated { req.prompt } else { req.prompt_ids };
+        // Attach the longest cached prefix (whole blocks; at least the last token is left to
+        // compute, so the first token has logits wherever the rest is computed).
+        let held = match ids.is_empty() || !self.engine.facts.prefix_cache {
+            true => None,
+            false => match engine.attach(ids.clone(), req.cache_salt.to_vec(), ids.len() - 1).await {
+                Ok(h) => Some(h),
+                Err(e) => return Err(e.into()),
+            },
         };
-        let prompt = req.prompt;
+        let cached = held.as_ref().map_or(0, |h| h.cached);
+        let plan = Plan::of(colocated, ids.len(), cached, req.local_prefill_max as usize);
+        let layout = &self.engine.facts.layout;
+        let not_shipped = match plan {
+            Plan::Receive => layout.layer_bytes(cached) * layout.n_layers,
+            Plan::Local => layout.layer_bytes(ids.len()) * layout.n_layers,
+            Plan::Colocated => 0,
+        };
+        if not_shipped > 0 {
+            metrics::counter!("ferry_worker_kv_bytes_not_shipped_total").increment(not_shipped as u64);
+        }
+        // Receive: the KV comes from a prefill worker (only the part after the cached prefix).
+        let ticket = match plan {
+            Plan::Receive => {
+                let ticket = self.receiver.expect_from(prompt_tokens, cached, req.transfer_token.clone());
+                let admitted = Admitted { transfer_id: ticket.id, data_addr: self.data_addr.clone(), cached_tokens: cached as u32, local: false };
+                tx.try_send(Ok(event(decode_response::Event::Admitted(admitted)))).expect("fresh channel has room");
+                Some(ticket)
+            }
+            Plan::Local | Plan::Colocated => {
+                let admitted = Admitted { cached_tokens: cached as u32, local: plan == Plan::Local, ..Default::default() };
+                tx.try_send(Ok(event(decode_response::Event::Admitted(admitted)))).expect("fresh channel has room");
+                None
+            }
+        };
+        if cached > 0 {
+            tracing::info!(request_id = %request_id, cached, prompt_tokens, plan = ?plan, "prompt prefix cached here");
+        }
         tokio::spawn(async move {
             let _work = work;
             let t0 = Instant::now();
             let mut ev_rx = match ticket {
-                Some(ticket) => match receive_kv(&engine, &receiver, ticket, timeout, &tx, admission).await {
-                    Some(rx) => rx,
-                    None => return,
-                },
+                Some(ticket) => {
+                    let tokens = (!ids.is_empty()).then(|| ids[cached..].to_vec());
+                    match receive_kv(&engine, &receiver, ticket, timeout, &tx, admission, held, tokens).await {
+                        Some(rx) => rx,
+                        None => return,
+                    }
+                }
                 None => {
                     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
-                    let admission = Admission { source: Source::Prompt(prompt), events: ev_tx, ..admission };
+                    let admission = Admission { source: Source::Prompt { prompt: ids, held }, events: ev_tx, ..admission };
                     if let Err(e) = engine.admit(admission) {
                         let _ = tx.send(Err(e.into())).await;
                         return;

@@ -16,12 +16,13 @@ use crate::load::LoadGauge;
 use crate::{Result, Role, WorkerError};
 use bytes::Bytes;
 use ferry_core::kv_payload::KvPayloadHeader;
+use ferry_core::KvSpan;
 use ferry_core::{BlockTable, SamplingParams};
 use ferry_engine::sampler::Sampler;
 use ferry_engine::{Engine, EngineError, Logits, SeqId, StepItem};
 use ferry_proto::v1::{KvBegin, KvTarget, KvTransport as KvTransportKind, PrefillRequest, PrefillResponse};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 use std::time::Instant;
@@ -38,6 +39,13 @@ pub struct PrefillJob {
     /// Export each layer as a [`ferry_engine::KvBuffer`] (kept on the GPU for a device pipe)
     /// rather than as host bytes.
     pub buffers: bool,
+    /// The prefix cache's salt (the tenant's): only blocks cached under it are attached.
+    pub salt: Vec<u8>,
+    /// Ship the KV of the tokens from here on (a block boundary): the decode worker holds the
+    /// ones before.
+    pub ship_from: usize,
+    /// Set by the engine thread when the prompt starts: leading tokens served from the cache.
+    pub cached: Arc<AtomicUsize>,
 }
 
 enum Cmd {
@@ -66,6 +74,8 @@ pub struct ModelFacts {
     pub max_context: usize,
     pub vocab_size: usize,
     pub model: String,
+    /// The engine keeps a prefix cache (`EngineConfig::prefix_cache`).
+    pub prefix_cache: bool,
 }
 
 impl ModelFacts {
@@ -76,6 +86,7 @@ impl ModelFacts {
             max_context: engine.config().max_position,
             vocab_size: engine.config().vocab_size,
             model,
+            prefix_cache: engine.prefix_cache_enabled(),
         }
     }
 
@@ -280,8 +291,19 @@ impl State {
             let Some(j) = queue.pop_front() else { break };
             left += 1;
             need_more += need;
-            let seq = engine.new_sequence();
-            active.push(Active { job: j, seq, done: 0, started: Instant::now() });
+            // Start on the prompt's cached prefix: only the rest is computed.
+            let (seq, cached) = match engine.new_sequence_from_cache(&j.prompt, &j.salt) {
+                Ok(started) => started,
+                Err(e) => {
+                    let _ = j.out.send(Outbound::Failed(WorkerError::InvalidRequest(format!("starting the prompt: {e}"))));
+                    continue;
+                }
+            };
+            j.cached.store(cached, Relaxed);
+            if cached > 0 {
+                tracing::debug!(request_id = %j.request_id, cached, prompt = j.prompt.len(), "prompt prefix served from the cache");
+            }
+            active.push(Active { job: j, seq, done: cached, started: Instant::now() });
         }
         for _ in 0..left {
             self.left_queue();
@@ -317,12 +339,15 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
         plan.push((i, a.done..a.done + n));
         left -= n;
     }
-    // The finishing prompts' (plan item, seq, tokens, buffers, out).
-    let finishing: Vec<(usize, SeqId, usize, bool, mpsc::UnboundedSender<Outbound>)> = plan
+    // The finishing prompts' (plan item, seq, first token shipped, tokens shipped, buffers, out).
+    let finishing: Vec<(usize, SeqId, usize, usize, bool, mpsc::UnboundedSender<Outbound>)> = plan
         .iter()
         .enumerate()
         .filter(|(_, (i, r))| r.end == active[*i].job.prompt.len())
-        .map(|(k, (i, r))| (k, active[*i].seq, r.end, active[*i].job.buffers, active[*i].job.out.clone()))
+        .map(|(k, (i, r))| {
+            let j = &active[*i].job;
+            (k, active[*i].seq, j.ship_from, r.end - j.ship_from, j.buffers, j.out.clone())
+        })
         .collect();
     let layout = engine.kv_layout();
     let items: Vec<StepItem> = plan
@@ -337,16 +362,16 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
     // Layer-wise streaming: each finishing prompt's layer leaves as soon as it is computed (when
     // an item runs alone, only its own layers).
     let result = step_isolating(engine, &items, &mut |which, l, kv| {
-        for (k, seq, tokens, buffers, out) in &finishing {
+        for (k, seq, from, tokens, buffers, out) in &finishing {
             if which.is_some_and(|w| w != *k) {
                 continue;
             }
             let offset = (l * layout.layer_bytes(*tokens)) as u64;
             let msg = if *buffers {
-                kv.export_layer_buffer(*seq, l).map(|buf| Outbound::Buffer { offset, buf })
+                kv.export_layer_buffer_from(*seq, l, *from).map(|buf| Outbound::Buffer { offset, buf })
             } else {
                 let mut buf = Vec::with_capacity(layout.layer_bytes(*tokens));
-                kv.export_layer(*seq, l, &mut buf).map(|()| Outbound::layer(offset, Bytes::from(buf)))
+                kv.export_layer_from(*seq, l, *from, &mut buf).map(|()| Outbound::layer(offset, Bytes::from(buf)))
             };
             // A layer that cannot be exported fails the transfer now (not as a short body later).
             let _ = out.send(msg.unwrap_or_else(|e| Outbound::Failed(WorkerError::Internal(format!("exporting KV layer {l}: {e}")))));
@@ -468,12 +493,24 @@ impl PrefillService {
         let cancelled = Arc::new(AtomicBool::new(false));
         let _cancel = CancelOnDrop(cancelled.clone());
         let tokens = req.prompt.len();
+        // The decode worker holds the prompt's first `ship_from` tokens: ship the rest.
+        let ship_from = target.start_block as usize * facts.layout.block_size;
+        if ship_from >= tokens {
+            return Err(WorkerError::InvalidRequest(format!(
+                "the KV target starts at block {} (token {ship_from}) of a {tokens}-token prompt: nothing would be shipped",
+                target.start_block
+            )));
+        }
         let buffers = transport.kind() == KvTransportKind::Nccl;
-        self.engine.submit(PrefillJob { request_id: req.request_id.clone(), prompt: req.prompt, params, out, cancelled, enqueued: Instant::now(), buffers })?;
+        let cached = Arc::new(AtomicUsize::new(0));
+        let salt = req.cache_salt.to_vec();
+        let job = PrefillJob { request_id: req.request_id.clone(), prompt: req.prompt, params, out, cancelled, enqueued: Instant::now(), buffers, salt, ship_from, cached: cached.clone() };
+        self.engine.submit(job)?;
+        let span = KvSpan { header: KvPayloadHeader { layout: facts.layout, tokens: tokens - ship_from }, start: ship_from };
         let begin = KvBegin {
             transfer_token: target.transfer_token.clone(),
             fingerprint: facts.fingerprint.clone(),
-            header: KvPayloadHeader { layout: facts.layout, tokens }.encode().to_vec().into(),
+            header: span.encode().into(),
             request_id: req.request_id.clone(),
         };
         let pushed = transport::push(transport.as_ref(), &target, begin, &mut rx, self.stall).await?;
@@ -483,8 +520,9 @@ impl PrefillService {
         metrics::histogram!("ferry_kv_transfer_seconds", "transport" => kind).record(pushed.stats.duration_ms / 1e3);
         metrics::histogram!("ferry_worker_prefill_seconds").record(pushed.computed.as_secs_f64());
         metrics::histogram!("ferry_worker_queue_seconds", "role" => "prefill").record(pushed.queued.as_secs_f64());
+        let cached = cached.load(Relaxed);
         tracing::info!(
-            request_id = %req.request_id, tokens, kv_bytes = pushed.stats.bytes, transfer_ms = pushed.stats.duration_ms,
+            request_id = %req.request_id, tokens, cached, ship_from, kv_bytes = pushed.stats.bytes, transfer_ms = pushed.stats.duration_ms,
             exposed_ms = pushed.stats.exposed_ms, decode = %target.decode_worker, "prefilled"
         );
         Ok(PrefillResponse {
@@ -493,8 +531,7 @@ impl PrefillService {
             queue_ms: pushed.queued.as_secs_f64() * 1e3,
             prefill_ms: pushed.computed.as_secs_f64() * 1e3,
             kv: Some(pushed.stats),
-            // The prefill path computes every prompt token (no prefix cache here yet).
-            cached_tokens: 0,
+            cached_tokens: cached as u32,
         })
     }
 }

@@ -192,6 +192,9 @@ async fn the_prefill_queue_is_bounded() {
             cancelled: Arc::new(AtomicBool::new(false)),
             enqueued: Instant::now(),
             buffers: false,
+            salt: Vec::new(),
+            ship_from: 0,
+            cached: Default::default(),
         };
         (job, rx)
     };

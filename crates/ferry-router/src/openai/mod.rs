@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::auth::ApiKeys;
+use crate::auth::{ApiKeys, Tenant};
 use crate::service::{self, Shared};
 use error::ApiError;
 use request::Kind;
@@ -84,13 +84,18 @@ pub async fn serve(
         })
 }
 
-async fn require_key(State(keys): State<ApiKeys>, req: Request, next: Next) -> Response {
+async fn require_key(State(keys): State<ApiKeys>, mut req: Request, next: Next) -> Response {
     let header = req
         .headers()
         .get(header::AUTHORIZATION)
         .map(|v| v.as_bytes());
     match keys.check(header) {
-        Ok(()) => next.run(req).await,
+        Ok(tenant) => {
+            if let Some(t) = tenant {
+                req.extensions_mut().insert(t);
+            }
+            next.run(req).await
+        }
         Err(f) => {
             crate::metrics::auth_failure("http");
             ApiError::auth(f).into_response()
@@ -134,16 +139,19 @@ async fn model(State(h): St, Path(id): Path<String>) -> Response {
     }
 }
 
-async fn completions(State(h): St, body: Result<Bytes, BytesRejection>) -> Response {
-    generate(&h, Kind::Completion, body).await
+/// The request's tenant, when API keys are on (set by [`require_key`]).
+type TenantOf = Option<axum::Extension<Tenant>>;
+
+async fn completions(State(h): St, tenant: TenantOf, body: Result<Bytes, BytesRejection>) -> Response {
+    generate(&h, Kind::Completion, tenant, body).await
 }
 
-async fn chat(State(h): St, body: Result<Bytes, BytesRejection>) -> Response {
-    generate(&h, Kind::Chat, body).await
+async fn chat(State(h): St, tenant: TenantOf, body: Result<Bytes, BytesRejection>) -> Response {
+    generate(&h, Kind::Chat, tenant, body).await
 }
 
-async fn generate(h: &Http, kind: Kind, body: Result<Bytes, BytesRejection>) -> Response {
-    match run(h, kind, body).await {
+async fn generate(h: &Http, kind: Kind, tenant: TenantOf, body: Result<Bytes, BytesRejection>) -> Response {
+    match run(h, kind, tenant.map(|t| t.0).as_ref(), body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
@@ -152,6 +160,7 @@ async fn generate(h: &Http, kind: Kind, body: Result<Bytes, BytesRejection>) -> 
 async fn run(
     h: &Http,
     kind: Kind,
+    tenant: Option<&Tenant>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body.map_err(|r| ApiError {
@@ -165,7 +174,7 @@ async fn run(
     if !h.shared.serves(&parsed.model) {
         return Err(ApiError::model_not_found(&parsed.model));
     }
-    let started = service::start(&h.shared, parsed.request)?;
+    let started = service::start(&h.shared, parsed.request, tenant)?;
     let meta = Meta::new(
         kind,
         &started.request_id,

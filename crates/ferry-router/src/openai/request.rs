@@ -21,6 +21,9 @@ pub enum Kind {
 /// At most this many stop strings, as OpenAI allows.
 pub const MAX_STOP: usize = 4;
 
+/// The longest `cache_salt` accepted (bytes).
+pub const MAX_CACHE_SALT: usize = 256;
+
 /// A parsed request: Ferry's request plus how to answer it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Parsed {
@@ -106,6 +109,14 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
         stop_token_ids: Vec::new(),
         ignore_eos: field::<bool>(&obj, "ignore_eos")?.unwrap_or(false),
     };
+    // vLLM's field: requests share cached prompt KV only with requests of the same salt.
+    let cache_salt = field::<String>(&obj, "cache_salt")?.unwrap_or_default();
+    if cache_salt.len() > MAX_CACHE_SALT {
+        return Err(ApiError::invalid(
+            format!("cache_salt is {} bytes; at most {MAX_CACHE_SALT}", cache_salt.len()),
+            Some("cache_salt"),
+        ));
+    }
     let stream = field::<bool>(&obj, "stream")?.unwrap_or(false);
     let include_usage = match obj.get("stream_options") {
         None | Some(Value::Null) => false,
@@ -128,6 +139,7 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
             input: Some(input),
             sampling: Some(sampling),
             stop: Some(stop),
+            cache_salt,
         },
     })
 }

@@ -25,6 +25,8 @@ pub(super) struct Admission {
     pub colocated: bool,
     /// Presented by the prefill worker with the KV; only the router and it ever see it.
     pub transfer_token: String,
+    /// The first KV block the decode worker lacks (it holds the prompt's cached prefix before).
+    pub start_block: u32,
     _guard: InflightGuard,
 }
 
@@ -78,6 +80,10 @@ pub(super) async fn admit(
             kv_timeout_ms: shared.cfg.kv_timeout.as_millis().min(u32::MAX as u128) as u32,
             prompt: if colocated { prompt.to_vec() } else { Vec::new() },
             transfer_token: transfer_token.clone(),
+            // For the worker's prefix cache: it attaches what it holds and waits only for the rest.
+            prompt_ids: if colocated { Vec::new() } else { prompt.to_vec() },
+            cache_salt: job.cache_salt.clone().into(),
+            local_prefill_max: shared.cfg.local_prefill_max.min(u32::MAX as usize) as u32,
             ..Default::default()
         };
         let guard = InflightGuard::decode(reg, &w.id, need as u64);
@@ -85,7 +91,17 @@ pub(super) async fn admit(
         let s = match r {
             Ok((stream, admitted)) => {
                 prog.decode_worker = w.id.clone();
-                return Ok(Admission { dw: w, stream, admitted, colocated, transfer_token, _guard: guard });
+                let start_block = match admitted.cached_tokens {
+                    0 => 0,
+                    n if block_size > 0 && n % block_size == 0 => n / block_size,
+                    n => {
+                        // Not the reported block size: the worker broke the protocol.
+                        let s = Status::internal(format!("admitted with {n} cached tokens, not whole blocks of {block_size}"));
+                        let f = failed(shared, prog, job, Phase::BeforeFirstToken, role, &w, None, s).await;
+                        return Err(f.into());
+                    }
+                };
+                return Ok(Admission { dw: w, stream, admitted, colocated, transfer_token, start_block, _guard: guard });
             }
             Err(Interrupt::ClientGone) => return Err(Halt::ClientGone),
             Err(Interrupt::Failed(s)) => s,

@@ -38,6 +38,9 @@ pub struct Job {
     pub request_id: String,
     pub prompt: Vec<u32>,
     pub params: SamplingParams,
+    /// The prefix cache's salt: the tenant's digest, then the salt the request asked for
+    /// (`ferry_core::prefix_cache::cache_salt`).
+    pub cache_salt: Vec<u8>,
     pub start: Instant,
 }
 
@@ -234,9 +237,15 @@ async fn attempt(shared: &Arc<Shared>, job: &Job, prog: &mut Progress<'_>, tx: &
     let mut adm = admit::admit(shared, job, &prompt, &params, prog, tx).await?;
     // Admitted: the request's place in the queue goes to the next one.
     prog.place = None;
-    let pre = match adm.colocated {
+    prog.cached_tokens = adm.admitted.cached_tokens;
+    // A colocated worker computes the prompt; so does a decode worker that holds all of it
+    // but a short suffix (`admitted.local`): no prefill worker, no KV moves.
+    let pre = match adm.colocated || adm.admitted.local {
         true => {
             prog.prefill_worker = adm.dw.id.clone();
+            if adm.admitted.local {
+                metrics::counter!("ferry_router_local_prefills_total").increment(1);
+            }
             None
         }
         false => Some(prefill::prefill(shared, job, &prompt, &params, &adm, prog, tx).await?),

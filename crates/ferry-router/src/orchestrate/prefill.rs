@@ -58,9 +58,10 @@ pub(super) async fn prefill(
                 transfer_id: adm.admitted.transfer_id,
                 transfer_token: adm.transfer_token.clone(),
                 transport: chosen as i32,
-                ..Default::default()
+                // The decode worker holds the blocks before this one (its cached prefix).
+                start_block: adm.start_block,
             }),
-            ..Default::default()
+            cache_salt: job.cache_salt.clone().into(),
         };
         let mut client = v1::prefill_client::PrefillClient::new(pw.channel.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -79,6 +80,7 @@ pub(super) async fn prefill(
                 crate::metrics::observe_kv_transport(chosen, pre.kv.as_ref());
                 prog.prefill_worker = pw.id.clone();
                 prog.kv = pre.kv.unwrap_or_default();
+                // Tokens the prefill worker did not compute (its own cache served them).
                 prog.cached_tokens = pre.cached_tokens;
                 return Ok(pre);
             }

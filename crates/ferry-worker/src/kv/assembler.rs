@@ -5,8 +5,8 @@
 //! into [`KvAssembler::target`]).
 
 use crate::{Result, WorkerError};
-use ferry_core::kv_payload::HEADER_BYTES;
-use ferry_core::{KvLayout, KvPayloadHeader};
+use ferry_core::kv_payload::{HEADER_BYTES, SPAN_HEADER_BYTES};
+use ferry_core::{KvLayout, KvSpan};
 use ferry_engine::KvBuffer;
 use ferry_proto::v1::{KvBegin, KvEnd};
 use std::ops::Range;
@@ -19,6 +19,9 @@ pub struct Expectation {
     pub fingerprint: String,
     pub layout: KvLayout,
     pub prompt_tokens: usize,
+    /// The prompt's leading tokens the receiver holds already (its cached prefix, whole blocks):
+    /// the payload must be the span of tokens `start..prompt_tokens`.
+    pub start: usize,
 }
 
 pub struct KvAssembler {
@@ -29,6 +32,8 @@ pub struct KvAssembler {
     /// The body, when it arrives in buffer frames (device to device): allocated at the first
     /// one, where the pipe delivers. A transfer's body is all in `payload` or all here.
     device: Option<KvBuffer>,
+    /// Bytes of the payload header (v1, or a v2 span's).
+    hdr: usize,
     body: usize,
     /// Body bytes received so far (data arrives in order).
     next: usize,
@@ -60,24 +65,31 @@ pub enum Target<'a> {
 }
 
 /// The payload length (header and body) a header announces: the body size is the header's own
-/// word ([`KvPayloadHeader::body_bytes`]), so a header that carries only part of a sequence's KV
-/// (from a block offset on) sizes its transfer the same way.
-pub fn payload_len(h: &KvPayloadHeader) -> usize {
-    HEADER_BYTES.saturating_add(h.body_bytes())
+/// word ([`ferry_core::KvPayloadHeader::body_bytes`]), so a span that carries only part of a
+/// sequence's KV (from a block offset on) sizes its transfer the same way.
+pub fn payload_len(h: &KvSpan) -> usize {
+    h.header_bytes().saturating_add(h.header.body_bytes())
 }
 
-/// The payload header a `begin` carries, checked (its size, then its fields).
-pub fn header(id: u64, begin: &KvBegin) -> Result<KvPayloadHeader> {
-    if begin.header.len() != HEADER_BYTES {
-        return Err(WorkerError::Corrupt { id, what: format!("header is {} bytes, expected {HEADER_BYTES}", begin.header.len()) });
+/// The payload header a `begin` carries (a whole sequence's, or a span's from a block offset),
+/// checked: its fields, then that its size is exactly the header's.
+pub fn header(id: u64, begin: &KvBegin) -> Result<KvSpan> {
+    let n = begin.header.len();
+    if n != HEADER_BYTES && n != SPAN_HEADER_BYTES {
+        return Err(WorkerError::Corrupt { id, what: format!("header is {n} bytes, expected {HEADER_BYTES} ({SPAN_HEADER_BYTES} for a span)") });
     }
-    KvPayloadHeader::decode(&begin.header).map_err(|e| WorkerError::Corrupt { id, what: e.to_string() })
+    let span = KvSpan::decode(&begin.header).map_err(|e| WorkerError::Corrupt { id, what: e.to_string() })?;
+    if begin.header.len() != span.header_bytes() {
+        return Err(WorkerError::Corrupt { id, what: format!("header is {} bytes, expected {}", begin.header.len(), span.header_bytes()) });
+    }
+    Ok(span)
 }
 
 impl KvAssembler {
     /// Start assembling the payload `h` describes (decoded once, by [`header`]) into `buf` (a
     /// recycled buffer, or a new one).
-    pub fn begin(id: u64, begin: &KvBegin, h: &KvPayloadHeader, want: &Expectation, mut buf: Vec<u8>) -> Result<Self> {
+    pub fn begin(id: u64, begin: &KvBegin, span: &KvSpan, want: &Expectation, mut buf: Vec<u8>) -> Result<Self> {
+        let h = &span.header;
         if !tokens_match(&want.transfer_token, &begin.transfer_token) {
             return Err(WorkerError::BadTransferToken(id));
         }
@@ -93,17 +105,28 @@ impl KvAssembler {
                 what: format!("KV layout {:?} does not match this worker's {:?}", h.layout, want.layout),
             });
         }
-        if h.tokens != want.prompt_tokens {
+        if span.start != want.start {
             return Err(WorkerError::Corrupt {
                 id,
-                what: format!("header says {} tokens but the request admitted {}", h.tokens, want.prompt_tokens),
+                what: format!("the KV starts at token {} but this worker holds the first {} of the prompt", span.start, want.start),
+            });
+        }
+        if span.start + h.tokens != want.prompt_tokens {
+            return Err(WorkerError::Corrupt {
+                id,
+                what: format!(
+                    "header says tokens {}..{} but the request admitted a prompt of {}",
+                    span.start,
+                    span.start + h.tokens,
+                    want.prompt_tokens
+                ),
             });
         }
         buf.clear();
-        buf.reserve_exact(payload_len(h));
+        buf.reserve_exact(payload_len(span));
         // The header as sent ([`header`] checked its size and fields).
         buf.extend_from_slice(&begin.header);
-        Ok(Self { id, payload: buf, device: None, body: h.body_bytes(), next: 0, chunks: 0 })
+        Ok(Self { id, payload: buf, device: None, hdr: span.header_bytes(), body: h.body_bytes(), next: 0, chunks: 0 })
     }
 
     pub fn id(&self) -> u64 {
@@ -175,16 +198,17 @@ impl KvAssembler {
             let buf = self.device.as_ref().ok_or_else(|| self.corrupt("a buffer frame committed before its buffer existed".into()))?;
             (buf.checksum(off..off + len).map_err(|e| WorkerError::Internal(format!("checksum of a received KV frame: {e}")))?, "buffer frame", "checksum")
         } else {
-            if self.payload.len() != HEADER_BYTES + off + len {
-                let got = self.payload.len().saturating_sub(HEADER_BYTES + off);
-                self.payload.truncate(HEADER_BYTES + off);
+            let at = self.hdr + off;
+            if self.payload.len() != at + len {
+                let got = self.payload.len().saturating_sub(at);
+                self.payload.truncate(at);
                 return Err(self.corrupt(format!("chunk at offset {off}: {got} bytes arrived, {len} announced")));
             }
-            (crc32fast::hash(&self.payload[HEADER_BYTES + off..]), "chunk", "CRC-32")
+            (crc32fast::hash(&self.payload[at..]), "chunk", "CRC-32")
         };
         if got != c.crc {
             if !c.buffer {
-                self.payload.truncate(HEADER_BYTES + off);
+                self.payload.truncate(self.hdr + off);
             }
             return Err(self.corrupt(format!("{what} at offset {off}: {sum} {got:08x}, sender said {:08x}", c.crc)));
         }
@@ -207,6 +231,7 @@ impl KvAssembler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferry_core::KvPayloadHeader;
     use ferry_core::KvDtype;
 
     fn layout() -> KvLayout {
@@ -214,7 +239,7 @@ mod tests {
     }
 
     fn want() -> Expectation {
-        Expectation { transfer_token: "t".into(), fingerprint: "fp".into(), layout: layout(), prompt_tokens: 3 }
+        Expectation { transfer_token: "t".into(), fingerprint: "fp".into(), layout: layout(), prompt_tokens: 3, start: 0 }
     }
 
     fn begin() -> KvBegin {
@@ -306,5 +331,29 @@ mod tests {
         assert!(matches!(a.accept(&chunk(40, y, 0)), Err(WorkerError::Corrupt { .. })));
         let mut a = start(3, &begin(), &want()).unwrap();
         assert!(matches!(a.set_buffer(KvBuffer::Host(vec![0; 8])), Err(WorkerError::Internal(_))));
+    }
+
+    #[test]
+    fn a_span_must_start_where_the_receiver_holds_and_end_at_the_prompt() {
+        // The receiver holds the first block (16 tokens) of a 19-token prompt: it takes 16..19.
+        let span = |start: usize, tokens: usize| {
+            let h = KvSpan { header: KvPayloadHeader { layout: layout(), tokens }, start };
+            KvBegin { transfer_token: "t".into(), fingerprint: "fp".into(), header: h.encode().into(), request_id: "r".into() }
+        };
+        let w = Expectation { prompt_tokens: 19, start: 16, ..want() };
+        let b = span(16, 3);
+        assert_eq!(header(1, &b).unwrap().start, 16);
+        let mut a = start(1, &b, &w).unwrap();
+        let body: Vec<u8> = (0..KvPayloadHeader { layout: layout(), tokens: 3 }.body_bytes()).map(|i| i as u8).collect();
+        put(&mut a, host(0, &body, crc32fast::hash(&body)), &body).unwrap();
+        let done = a.finish(KvEnd { chunks: 1, ..Default::default() }).unwrap();
+        assert_eq!(done.payload.len(), SPAN_HEADER_BYTES + body.len(), "the span's header, then its body");
+        assert_eq!(KvSpan::decode(&done.payload).unwrap().start, 16);
+        // A whole payload where a span is expected, a span from elsewhere, or the wrong length.
+        for (b, why) in [(span(0, 19), "starts at token 0"), (span(32, 3), "starts at token 32"), (span(16, 4), "tokens 16..20")] {
+            assert!(matches!(start(1, &b, &w), Err(WorkerError::Corrupt { what, .. }) if what.contains(why)), "{why}");
+        }
+        // A span where the whole prompt is expected.
+        assert!(matches!(start(1, &span(16, 3), &Expectation { prompt_tokens: 19, ..want() }), Err(WorkerError::Corrupt { .. })));
     }
 }

@@ -21,7 +21,7 @@
 use super::assembler::{self, Assembled, Expectation, KvAssembler, Target};
 use super::transport::kv_error;
 use crate::WorkerError;
-use ferry_core::KvPayloadHeader;
+use ferry_core::KvSpan;
 use ferry_engine::KvBuffer;
 use ferry_proto::v1::{KvBegin, KvEnd, KvError};
 use std::time::Duration;
@@ -80,7 +80,7 @@ pub enum Action {
     Next,
     /// Claim admitted transfer `id` for a sender presenting `token`; `header` (when it parsed)
     /// sizes the buffer. Answer with [`Event::Admitted`] or [`Event::Refused`].
-    Claim { id: u64, token: String, header: Option<KvPayloadHeader> },
+    Claim { id: u64, token: String, header: Option<KvSpan> },
     /// Allocate the body buffer of this many bytes; answer with [`Event::Allocated`].
     Allocate(usize),
     /// Read the chunk's bytes into [`Inbound::target`], then [`Event::Landed`].
@@ -114,7 +114,7 @@ pub enum After {
 enum State {
     AwaitBegin,
     /// Waiting for the claim; the header decoded once, here.
-    Claiming { id: u64, begin: KvBegin, header: Result<KvPayloadHeader, WorkerError> },
+    Claiming { id: u64, begin: KvBegin, header: Result<KvSpan, WorkerError> },
     /// `taking`: the chunk whose bytes the driver is reading.
     Receiving { asm: KvAssembler, taking: Option<Chunk> },
     /// Failed; its frames are dropped until `end`, answered with this error (pipes only).

@@ -3,7 +3,7 @@
 //! that must come out, with what each error names.
 
 use super::*;
-use ferry_core::{KvDtype, KvLayout};
+use ferry_core::{KvDtype, KvLayout, KvPayloadHeader};
 
 fn layout() -> KvLayout {
     KvLayout { dtype: KvDtype::F32, block_size: 16, n_layers: 2, n_kv_heads: 1, head_dim: 2 }
@@ -88,9 +88,9 @@ fn run(link: Link, script: &[S]) -> Vec<String> {
                 Action::Next => ("next".to_string(), None),
                 // The receiver's claim: the token decides (it leaves the admitted transfer alone).
                 Action::Claim { id, token, header } => {
-                    assert!(header.is_none() || header == Some(head()), "the header decoded once, as sent");
+                    assert!(header.is_none() || header == Some(ferry_core::KvSpan { header: head(), start: 0 }), "the header decoded once, as sent");
                     let ev = if token == "t" {
-                        let want = Expectation { transfer_token: "t".into(), fingerprint: "fp".into(), layout: layout(), prompt_tokens: 3 };
+                        let want = Expectation { transfer_token: "t".into(), fingerprint: "fp".into(), layout: layout(), prompt_tokens: 3, start: 0 };
                         Event::Admitted { want, buf: Vec::new() }
                     } else {
                         Event::Refused(WorkerError::BadTransferToken(id))
@@ -193,8 +193,8 @@ fn the_body_size_is_the_headers() {
     let mut m = Inbound::new(Link::Stream);
     let h = KvPayloadHeader { layout: layout(), tokens: 7 };
     let begin = KvBegin { transfer_token: "t".into(), fingerprint: "fp".into(), header: h.encode().to_vec().into(), request_id: "r".into() };
-    assert!(matches!(m.on(Event::Begin { id: 1, begin }), Action::Claim { header: Some(got), .. } if got == h));
-    let want = Expectation { transfer_token: "t".into(), fingerprint: "fp".into(), layout: layout(), prompt_tokens: 7 };
+    assert!(matches!(m.on(Event::Begin { id: 1, begin }), Action::Claim { header: Some(got), .. } if got.header == h && got.start == 0));
+    let want = Expectation { transfer_token: "t".into(), fingerprint: "fp".into(), layout: layout(), prompt_tokens: 7, start: 0 };
     assert!(matches!(m.on(Event::Admitted { want, buf: Vec::new() }), Action::Next));
     let c = Chunk { offset: 0, len: h.body_bytes() + 1, crc: 0, buffer: false };
     assert!(matches!(m.on(Event::Chunk(c)), Action::Fail { error: WorkerError::Corrupt { what, .. }, .. } if what.contains(&format!("outside the {}-byte body", h.body_bytes()))));

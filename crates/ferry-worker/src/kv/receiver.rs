@@ -11,7 +11,7 @@ use super::frame::{self, Kind};
 use super::inbound::{Chunk, Event, Link};
 use crate::{Result, WorkerError};
 use bytes::Bytes;
-use ferry_core::{KvLayout, KvPayloadHeader};
+use ferry_core::{KvLayout, KvSpan};
 use ferry_proto::v1::{kv_ack_frame, kv_chunk, KvAck, KvAckFrame, KvChunk, NcclConnectRequest, NcclConnectResponse};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -109,12 +109,18 @@ impl KvReceiver {
         &self.fingerprint
     }
 
-    /// Admit a transfer of `prompt_tokens` tokens of KV, to be accepted only from a sender that
-    /// presents `token` (the router's, for this request).
+    /// Admit a transfer of the KV of a `prompt_tokens`-token prompt, to be accepted only from a
+    /// sender that presents `token` (the router's, for this request).
     pub fn expect(self: &Arc<Self>, prompt_tokens: usize, token: String) -> Ticket {
+        self.expect_from(prompt_tokens, 0, token)
+    }
+
+    /// As [`KvReceiver::expect`], when this worker holds the prompt's first `start` tokens (its
+    /// cached prefix): the sender ships tokens `start..prompt_tokens` only.
+    pub fn expect_from(self: &Arc<Self>, prompt_tokens: usize, start: usize, token: String) -> Ticket {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        let want = Expectation { transfer_token: token, fingerprint: self.fingerprint.clone(), layout: self.layout, prompt_tokens };
+        let want = Expectation { transfer_token: token, fingerprint: self.fingerprint.clone(), layout: self.layout, prompt_tokens, start };
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).insert(id, Pending { want, tx });
         Ticket { id, rx, owner: self.clone() }
     }
@@ -127,11 +133,11 @@ impl KvReceiver {
     /// a buffer sized by `header` (when it parsed), and where the payload goes (none in sink
     /// mode). A wrong token leaves the admitted transfer untouched (the caller may not be its
     /// sender).
-    pub(crate) fn claim(&self, id: u64, token: &str, header: Option<KvPayloadHeader>) -> Result<(Expectation, Vec<u8>, Option<Waiter>)> {
+    pub(crate) fn claim(&self, id: u64, token: &str, header: Option<KvSpan>) -> Result<(Expectation, Vec<u8>, Option<Waiter>)> {
         let buf = || self.buffers.take(header.as_ref().map_or(0, payload_len));
         if self.sink {
-            let tokens = header.map_or(0, |h| h.tokens);
-            let want = Expectation { transfer_token: token.to_string(), fingerprint: self.fingerprint.clone(), layout: self.layout, prompt_tokens: tokens };
+            let (start, tokens) = header.map_or((0, 0), |h| (h.start, h.start + h.header.tokens));
+            let want = Expectation { transfer_token: token.to_string(), fingerprint: self.fingerprint.clone(), layout: self.layout, prompt_tokens: tokens, start };
             return Ok((want, buf(), None));
         }
         let p = {
