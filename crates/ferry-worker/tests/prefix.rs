@@ -1,0 +1,141 @@
+//! Prefix caching across the cluster, end to end: a real router and real prefill and decode
+//! workers in this process, on the golden fixture model. A conversation's later turns reuse KV:
+//! the prefill worker computes only what its cache lacks, the decode worker that holds the
+//! conversation receives only the blocks it lacks (a v2 span), and a short new turn is computed on
+//! the decode worker itself with no KV moved. Every answer equals a cache-off engine's, tenants
+//! (cache salts) share nothing, and the pools are whole at the end (cached blocks count as free).
+
+use ferry_core::SamplingParams;
+use ferry_engine::{Engine, EngineConfig};
+use ferry_proto::v1::admin_client::AdminClient;
+use ferry_proto::v1::ferry_client::FerryClient;
+use ferry_proto::v1::{generate_request, generate_response, GenerateFinal, GenerateRequest, ListWorkersRequest, StopConditions, TokenInput};
+use ferry_router::RouterConfig;
+use ferry_worker::{Listeners, Role, TransportChoice, WorkerConfig};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+const BLOCK: usize = 16;
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/golden/llama-gqa")
+}
+
+fn engine(prefix_cache: bool) -> Engine {
+    Engine::load(&fixture(), &EngineConfig { threads: 1, prefix_cache, ..Default::default() }).expect("load the fixture model")
+}
+
+async fn worker(role: Role, router: &str) -> tokio::sync::oneshot::Sender<()> {
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let data = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cfg = WorkerConfig { model: "test".into(), router: Some(router.to_string()), transport: TransportChoice::Tcp, ..WorkerConfig::new(role, format!("{role:?}")) };
+    let handle = ferry_worker::EngineHandle::start(role, engine(true), "test", None);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (ready, _) = tokio::sync::watch::channel(false);
+    let listeners = Listeners { grpc, data: (role == Role::Decode).then_some(data), metrics: None, health: None };
+    tokio::spawn(async move {
+        ferry_worker::serve(cfg, handle, listeners, async move { let _ = stopped.await; }, ready).await.expect("worker");
+    });
+    stop
+}
+
+async fn generate(router: &str, prompt: &[u32], max_tokens: u32, salt: &str) -> Result<(Vec<u32>, GenerateFinal), tonic::Status> {
+    let mut c = FerryClient::connect(format!("http://{router}")).await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let req = GenerateRequest {
+        input: Some(generate_request::Input::Tokens(TokenInput { ids: prompt.to_vec() })),
+        stop: Some(StopConditions { max_tokens, ignore_eos: true, ..Default::default() }),
+        cache_salt: salt.into(),
+        ..Default::default()
+    };
+    let mut s = c.generate(req).await?.into_inner();
+    let mut ids = Vec::new();
+    while let Some(m) = s.message().await? {
+        match m.event {
+            Some(generate_response::Event::Delta(d)) => ids.extend(d.token_ids),
+            Some(generate_response::Event::Final(f)) => return Ok((ids, f)),
+            None => {}
+        }
+    }
+    Err(tonic::Status::internal("no final message"))
+}
+
+fn tokens(n: usize, seed: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 7 + seed * 13 + 3) % 200 + 1).collect()
+}
+
+/// Bytes of a payload of `tokens` tokens of KV on the fixture model from token `start` (its
+/// header, v1 or a v2 span's, and its body).
+fn kv_bytes(tokens: usize, start: usize) -> u64 {
+    let l = engine(false).kv_layout();
+    let header = ferry_core::KvSpan { header: ferry_core::KvPayloadHeader { layout: l, tokens }, start }.header_bytes();
+    (header + l.layer_bytes(tokens) * l.n_layers) as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn later_turns_reuse_kv_on_both_pools_and_answers_do_not_change() {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let router = l.local_addr().unwrap().to_string();
+    let cfg = RouterConfig { heartbeat: Duration::from_millis(100), local_prefill_max: 24, ..RouterConfig::new(fixture()) };
+    let (stop_router, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(ferry_router::serve(cfg, ferry_router::Listeners::grpc(l), async move {
+        let _ = stopped.await;
+    }));
+    let _p = worker(Role::Prefill, &router).await;
+    let _d = worker(Role::Decode, &router).await;
+    let mut reference = engine(false);
+    let mut want = |prompt: &[u32], n: usize| reference.generate(prompt, &SamplingParams { ignore_eos: true, ..SamplingParams::greedy(n) }, &mut |_| {}).unwrap().tokens;
+
+    // Turn 1: a cold 70-token prompt: nothing cached, the whole KV ships.
+    let p1 = tokens(70, 1);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (ids1, f1) = loop {
+        match generate(&router, &p1, 10, "").await {
+            Ok(r) => break r,
+            Err(e) if Instant::now() < deadline && e.code() == tonic::Code::Unavailable => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(e) => panic!("turn 1: {e:?}"),
+        }
+    };
+    assert_eq!(ids1, want(&p1, 10), "turn 1");
+    assert_eq!(f1.cached_tokens, 0);
+    assert_eq!(f1.kv.as_ref().unwrap().bytes, kv_bytes(70, 0), "the whole prompt's KV");
+
+    // Turn 2: turn 1, its answer and 40 new tokens. The prefill worker holds turn 1's prompt
+    // blocks (64 tokens) and computes the rest; the decode worker holds turn 1's prompt and all
+    // but the last answer token (79 tokens: 4 whole blocks) and receives tokens 64.. only.
+    let p2 = [p1.clone(), ids1.clone(), tokens(40, 2)].concat();
+    let (ids2, f2) = generate(&router, &p2, 10, "").await.expect("turn 2");
+    assert_eq!(ids2, want(&p2, 10), "turn 2: the same answer as without a cache");
+    assert_eq!(f2.cached_tokens, 64, "prefill computed only tokens 64..120");
+    let held = (70 + 9) / BLOCK * BLOCK;
+    assert_eq!(f2.kv.as_ref().unwrap().bytes, kv_bytes(p2.len() - held, held), "only the blocks the decode worker lacks moved");
+
+    // Turn 3: a short new turn (3 tokens): the decode worker holds all but 120 + 9 + 3 - 128 = 4
+    // tokens (at most 24 by the router's setting) and computes them itself: no KV moves.
+    let p3 = [p2.clone(), ids2.clone(), tokens(3, 3)].concat();
+    let (ids3, f3) = generate(&router, &p3, 10, "").await.expect("turn 3");
+    assert_eq!(ids3, want(&p3, 10), "turn 3, computed on the decode worker");
+    assert_eq!(f3.kv.as_ref().map_or(0, |k| k.bytes), 0, "nothing shipped");
+    assert_eq!(f3.cached_tokens as usize, (p2.len() + 9) / BLOCK * BLOCK);
+    assert_eq!(f3.prefill_worker, f3.decode_worker, "the decode worker prefilled it");
+
+    // Another tenant's salt: the same prompt shares nothing.
+    let (ids4, f4) = generate(&router, &p2, 10, "tenant-b").await.expect("salted");
+    assert_eq!(ids4, ids2);
+    assert_eq!(f4.cached_tokens, 0, "nothing cached under this salt");
+    assert_eq!(f4.kv.as_ref().unwrap().bytes, kv_bytes(p2.len(), 0), "the whole KV again");
+
+    // The pools are whole: every block free again (cached ones included).
+    let mut admin = AdminClient::connect(format!("http://{router}")).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ws = admin.list_workers(ListWorkersRequest {}).await.unwrap().into_inner().workers;
+        let whole = ws.iter().all(|w| w.load.as_ref().is_some_and(|l| l.kv_blocks_free == l.kv_blocks_total && l.kv_blocks_total > 0));
+        if whole && ws.len() == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "pools not whole: {ws:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = stop_router.send(());
+    task.await.unwrap().unwrap();
+}
