@@ -79,6 +79,18 @@ def main():
     check("chat usage", r.usage.prompt_tokens > 0 and r.usage.completion_tokens > 0, r.usage)
     check("chat id and object", r.id.startswith("chatcmpl-") and r.object == "chat.completion", r)
 
+    # The conversation's next turn repeats this one: the prefix cache serves at least its whole
+    # 16-token blocks, and usage says so (the first turn's own count is whatever an earlier
+    # request left cached).
+    turn2 = messages + [{"role": "assistant", "content": m.content}, {"role": "user", "content": "Tell me more."}]
+    r2 = client.chat.completions.create(model=model, messages=turn2, max_tokens=n, temperature=0)
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    check(
+        "a second turn's prompt is served from the prefix cache",
+        r.usage.prompt_tokens // 16 * 16 <= cached < r2.usage.prompt_tokens,
+        (r.usage, r2.usage),
+    )
+
     text, role, finish = "", None, None
     for ch in client.chat.completions.create(model=model, messages=messages, max_tokens=n, temperature=0, stream=True):
         d = ch.choices[0].delta

@@ -70,7 +70,7 @@ async fn completions_and_chat_whole_answers() {
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     assert_eq!(
         v["usage"],
-        json!({"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n})
+        json!({"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n, "prompt_tokens_details": {"cached_tokens": 0}})
     );
 
     // max_tokens cuts at `length`; a stop string ends early and is not returned.

@@ -75,6 +75,11 @@ pub struct ModelArgs {
     /// no longer the exact f32 reference math, and twice the weights' memory.
     #[arg(long)]
     pub q8_activations: bool,
+    /// Turn the prefix cache off: every prompt is computed whole and nothing is kept after a
+    /// request (the cache is on by default: full KV blocks stay cached, least recently used
+    /// evicted first, and later prompts that start with them skip their computation).
+    #[arg(long)]
+    pub no_prefix_cache: bool,
 }
 
 fn parse_device(s: &str) -> Result<ferry_engine::Device, String> {
@@ -99,6 +104,7 @@ impl ModelArgs {
             activations,
             device: self.device,
             kv_memory_fraction: self.kv_memory_fraction,
+            prefix_cache: !self.no_prefix_cache,
             ..Default::default()
         };
         tune(&mut cfg);

@@ -31,6 +31,14 @@ pub struct RouterArgs {
     /// dies or freezes (prompt + tokens so far prefilled again; the client's stream goes on).
     #[arg(long, default_value_t = 3)]
     pub max_migrations: u32,
+    /// How routing uses the prefixes workers hold in their caches (known from the cache events
+    /// they publish with their heartbeats): `kv` weighs the overlap against load; `load` ignores it.
+    #[arg(long, value_enum, default_value_t = PrefixRoutingArg::Kv)]
+    pub prefix_routing: PrefixRoutingArg,
+    /// A decode worker that holds all of a prompt but at most this many tokens computes them
+    /// itself: no prefill worker, no KV moved (0: never).
+    #[arg(long, default_value_t = ferry_router::DEFAULT_LOCAL_PREFILL_MAX)]
+    pub local_prefill_max: usize,
     /// Times a request starts again on other workers after a failure before any token.
     #[arg(long, default_value_t = 3)]
     pub max_retries: u32,
@@ -161,6 +169,11 @@ pub fn run(args: RouterArgs) -> anyhow::Result<()> {
         api_keys: args.keys.keys()?,
         admin_token: ferry_router::AdminToken::new(args.admin_token.as_deref()),
         served_model_names: served_model_names(&args.served_model_name)?,
+        prefix_routing: match args.prefix_routing {
+            PrefixRoutingArg::Kv => ferry_router::PrefixRouting::KvAware,
+            PrefixRoutingArg::Load => ferry_router::PrefixRouting::LoadOnly,
+        },
+        local_prefill_max: args.local_prefill_max,
         kv_transport: match args.kv_transport {
             KvPolicyArg::Auto => KvPolicy::Auto,
             KvPolicyArg::Nccl => KvPolicy::Nccl,
@@ -210,4 +223,22 @@ pub fn served_model_names(given: &[String]) -> anyhow::Result<Vec<String>> {
         names.push(n.to_string());
     }
     Ok(names)
+}
+
+/// `--prefix-routing`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefixRoutingArg {
+    /// Weigh the prompt prefix each worker holds against its load.
+    Kv,
+    /// Load alone.
+    Load,
+}
+
+impl PrefixRoutingArg {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrefixRoutingArg::Kv => "kv",
+            PrefixRoutingArg::Load => "load",
+        }
+    }
 }

@@ -69,6 +69,16 @@ pub struct UpArgs {
     /// exact).
     #[arg(long)]
     pub q8_activations: bool,
+    /// Workers keep no prefix cache (`--no-prefix-cache` of the workers).
+    #[arg(long)]
+    pub no_prefix_cache: bool,
+    /// How the router uses the workers' prefix caches (its `--prefix-routing`).
+    #[arg(long, value_enum, default_value_t = crate::router_cmd::PrefixRoutingArg::Kv)]
+    pub prefix_routing: crate::router_cmd::PrefixRoutingArg,
+    /// A decode worker holding all of a prompt but at most this many tokens computes them itself
+    /// (the router's `--local-prefill-max`; 0: never).
+    #[arg(long, default_value_t = ferry_router::DEFAULT_LOCAL_PREFILL_MAX)]
+    pub local_prefill_max: usize,
     /// Seconds to wait for every worker to load and register.
     #[arg(long, default_value_t = 300)]
     pub ready_timeout: u64,
@@ -147,6 +157,8 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             ["router", "--listen", &listen, "--http-listen", &http, "--metrics-listen", "127.0.0.1:0", "--model", &model, "--local-scaler", &scaler_addr]
                 .map(String::from)
                 .into();
+        args.extend(["--prefix-routing".to_string(), a.prefix_routing.as_str().to_string()]);
+        args.extend(["--local-prefill-max".to_string(), a.local_prefill_max.to_string()]);
         for name in crate::router_cmd::served_model_names(&a.served_model_name)? {
             args.extend(["--served-model-name".to_string(), name]);
         }
@@ -177,6 +189,9 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         }
         if a.q8_activations {
             common.push("--q8-activations".into());
+        }
+        if a.no_prefix_cache {
+            common.push("--no-prefix-cache".into());
         }
     }
     for (role, n) in [(WorkerRole::Prefill, a.prefill), (WorkerRole::Decode, a.decode), (WorkerRole::Colocated, a.colocated)] {

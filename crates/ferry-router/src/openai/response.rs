@@ -80,11 +80,14 @@ fn finish_of(fin: &v1::GenerateFinal) -> Option<&'static str> {
     )
 }
 
+/// OpenAI's `usage`; `prompt_tokens_details.cached_tokens` counts the prompt tokens a prefix
+/// cache served (not computed for this request).
 pub fn usage(fin: &v1::GenerateFinal) -> Value {
     json!({
         "prompt_tokens": fin.prompt_tokens,
         "completion_tokens": fin.completion_tokens,
         "total_tokens": fin.prompt_tokens + fin.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
     })
 }
 
@@ -201,7 +204,7 @@ mod tests {
         assert_eq!(v["choices"][0]["finish_reason"], "length");
         assert_eq!(
             v["usage"],
-            json!({"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10})
+            json!({"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10, "prompt_tokens_details": {"cached_tokens": 0}})
         );
         let m = Meta::new(Kind::Chat, "ab12", 99, "m".into(), false);
         let v = complete(&m, "Hi", &fin(v1::FinishReason::StopToken));
