@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use ferry_core::failure::{Decision, Phase};
+use ferry_core::cache_policy::{PrefixWeights, rank_decode_with_prefix};
 use ferry_core::routing::{blocks_needed, rank_decode};
 use ferry_core::{SamplingParams, WorkerRole, WorkerState};
 use ferry_proto::v1::{self, decode_response::Event as DecodeEvent};
@@ -12,7 +13,7 @@ use tonic::{Status, Streaming};
 
 use super::call::{Interrupt, watched};
 use super::{Failed, Halt, Job, Progress, Tx, failed};
-use crate::RouterError;
+use crate::{PrefixRouting, RouterError};
 use crate::registry::{InflightGuard, MAX_MESSAGE_BYTES, Worker};
 use crate::service::Shared;
 
@@ -27,6 +28,8 @@ pub(super) struct Admission {
     pub transfer_token: String,
     /// The first KV block the decode worker lacks (it holds the prompt's cached prefix before).
     pub start_block: u32,
+    /// The pool's KV block size (tokens).
+    pub block_size: u32,
     _guard: InflightGuard,
 }
 
@@ -62,7 +65,16 @@ pub(super) async fn admit(
         )))
         .into());
     }
-    let order = rank_decode(&cands, need);
+    // KV-aware: a worker holding the prompt's prefix goes first while it has room (its events
+    // tell the router which blocks it holds); load alone otherwise.
+    let order = match shared.cfg.prefix_routing {
+        PrefixRouting::KvAware => {
+            let chain = reg.prefix_chain(&job.cache_salt, prompt, block_size as usize);
+            let held: Vec<u32> = cands.iter().map(|c| reg.prefix_held(&c.id, &chain) as u32).collect();
+            rank_decode_with_prefix(&cands, &held, need, PrefixWeights::default())
+        }
+        PrefixRouting::LoadOnly => rank_decode(&cands, need),
+    };
     let transfer_token = if colocated { String::new() } else { mint_transfer_token() };
     let (sampling, stop) = ferry_proto::sampling_to_wire(params);
     let (mut full, mut tried) = (order.is_empty(), 0);
@@ -101,7 +113,7 @@ pub(super) async fn admit(
                         return Err(f.into());
                     }
                 };
-                return Ok(Admission { dw: w, stream, admitted, colocated, transfer_token, start_block, _guard: guard });
+                return Ok(Admission { dw: w, stream, admitted, colocated, transfer_token, start_block, block_size, _guard: guard });
             }
             Err(Interrupt::ClientGone) => return Err(Halt::ClientGone),
             Err(Interrupt::Failed(s)) => s,

@@ -8,13 +8,13 @@ use ferry_core::SamplingParams;
 use ferry_core::WorkerRole;
 use ferry_core::WorkerState;
 use ferry_core::failure::{Decision, Phase};
-use ferry_core::routing::pick_prefill;
+use ferry_core::routing::pick_prefill_for;
 use ferry_proto::v1;
 
 use super::admit::Admission;
 use super::call::{Interrupt, watched};
 use super::{Failed, Halt, Job, Progress, Tx, failed};
-use crate::RouterError;
+use crate::{PrefixRouting, RouterError};
 use crate::registry::{InflightGuard, MAX_MESSAGE_BYTES};
 use crate::service::Shared;
 
@@ -32,12 +32,21 @@ pub(super) async fn prefill(
     let (sampling, stop) = ferry_proto::sampling_to_wire(params);
     // Workers that were full for this attempt: skipped now, tried again after a wait.
     let mut full = Vec::new();
+    // KV-aware: each worker's cached prefix of the prompt is work it need not do.
+    let bs = adm.block_size as usize;
+    let chain = match shared.cfg.prefix_routing {
+        PrefixRouting::KvAware => reg.prefix_chain(&job.cache_salt, prompt, bs),
+        PrefixRouting::LoadOnly => Vec::new(),
+    };
+    // At least the last token is computed (its logits give the first token).
+    let usable = (prompt.len().saturating_sub(1) / bs.max(1)).min(chain.len());
     loop {
         let mut cands = reg.prefill_candidates();
         for c in cands.iter_mut().filter(|c| prog.avoid.contains(&c.id) || full.contains(&c.id)) {
             c.state = WorkerState::Dead;
         }
-        let Some(pw) = pick_prefill(&cands, prompt.len()).and_then(|i| reg.get(&cands[i].id)) else {
+        let held: Vec<usize> = cands.iter().map(|c| if chain.is_empty() { 0 } else { reg.prefix_held(&c.id, &chain[..usable]) * bs }).collect();
+        let Some(pw) = pick_prefill_for(&cands, &|i| prompt.len() - held[i]).and_then(|i| reg.get(&cands[i].id)) else {
             let error = RouterError::NoWorker { role: WorkerRole::Prefill };
             return Err(match full.is_empty() {
                 true => Failed::fatal(error),
