@@ -119,6 +119,8 @@ async fn the_index_holds_what_a_prefill_worker_served(path: &Path) {
     serve_prompt(&p_addr, &d_addr, &prompt).await;
     until("the index to hold the prompt's chain on the prefill worker", || registry.prefix_held(&p, &chain) == chain.len()).await;
     assert_eq!(registry.prefix_overlaps(&chain).get(&p), Some(&3));
+    // Released after the decode worker took the KV, the blocks stay cached; the load says so.
+    until("the heartbeat to report cached blocks", || registry.get(&p).is_some_and(|w| w.load.kv_blocks_cached as usize >= chain.len())).await;
     // Another prompt sharing the first two blocks overlaps by two.
     let mut other = prompt.clone();
     other[2 * bs] += 1;
