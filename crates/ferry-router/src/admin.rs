@@ -31,10 +31,10 @@ impl v1::registry_server::Registry for RegistryService {
         &self,
         req: Request<v1::HeartbeatRequest>,
     ) -> Result<Response<v1::HeartbeatResponse>, Status> {
-        let state = self.registry.heartbeat(req.get_ref(), Instant::now())?;
+        let beat = self.registry.heartbeat(req.get_ref(), Instant::now())?;
         Ok(Response::new(v1::HeartbeatResponse {
-            state: state_to_wire(state) as i32,
-            ..Default::default()
+            state: state_to_wire(beat.state) as i32,
+            kv_resync: beat.kv_resync,
         }))
     }
 

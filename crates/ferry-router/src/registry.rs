@@ -2,12 +2,16 @@
 //! Workers register (and get ids like `prefill-1`), renew a lease by heartbeat, and are marked
 //! dead when the lease runs out or a call to them fails at the transport level. The router's own
 //! per-worker in-flight accounting lives here too, held by [`InflightGuard`]s so every path
-//! (success, error, cancellation) gives it back.
+//! (success, error, cancellation) gives it back. So does the index of which worker holds which
+//! KV blocks, fed by the heartbeats ([`kv`]).
+
+mod kv;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use ferry_core::kv_index::KvIndex;
 use ferry_core::routing::{DecodeCandidate, PrefillCandidate, lease_expired};
 use ferry_core::{WorkerRole, WorkerState};
 use ferry_proto::v1;
@@ -48,6 +52,8 @@ pub struct Worker {
     pub shutting_down: bool,
     /// The KV transports it can use (defaults filled in for workers that registered none).
     pub kv_transports: Vec<v1::KvTransport>,
+    /// It keeps a prefix cache and sends its cache events with its heartbeats.
+    pub prefix_cache: bool,
     /// Lazily connected; cached for the worker's life.
     pub channel: Channel,
     /// Turns true when the worker is marked dead (lease expired, a call found it gone) or
@@ -93,6 +99,16 @@ struct Inner {
     workers: BTreeMap<String, Worker>,
     next_id: HashMap<WorkerRole, u64>,
     fingerprint: Option<String>,
+    /// Which worker holds which KV blocks (live workers only).
+    kv: KvIndex<u64>,
+}
+
+/// What a heartbeat's answer says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Beat {
+    pub state: WorkerState,
+    /// The index missed some of the worker's cache events: it should send a snapshot.
+    pub kv_resync: bool,
 }
 
 /// How the router dials workers (and `ferry up`'s scaler).
@@ -153,9 +169,16 @@ impl Registry {
             Some(_) => {}
             None => inner.fingerprint = Some(req.fingerprint.clone()),
         }
-        inner
+        let replaced: Vec<String> = inner
             .workers
-            .retain(|_, w| !(w.state == WorkerState::Dead && w.grpc_addr == req.grpc_addr));
+            .values()
+            .filter(|w| w.state == WorkerState::Dead && w.grpc_addr == req.grpc_addr)
+            .map(|w| w.id.clone())
+            .collect();
+        for id in &replaced {
+            inner.workers.remove(id);
+            kv::forget(&mut inner.kv, id);
+        }
         let n = inner.next_id.entry(role).or_insert(0);
         *n += 1;
         let id = format!("{role}-{n}");
@@ -179,6 +202,7 @@ impl Registry {
             promised_blocks: 0,
             shutting_down: req.draining,
             kv_transports: crate::transport::registered(&req.kv_transports, role == WorkerRole::Prefill, &req.data_addr),
+            prefix_cache: req.prefix_cache,
             channel,
             gone: Arc::new(watch::channel(false).0),
         };
@@ -193,15 +217,13 @@ impl Registry {
         })
     }
 
-    /// Renews a lease. Unknown or dead workers get `UnknownWorker` (NOT_FOUND: register again);
-    /// a dead entry is forgotten so the new registration starts clean.
-    pub fn heartbeat(
-        &self,
-        req: &v1::HeartbeatRequest,
-        now: Instant,
-    ) -> Result<WorkerState, RouterError> {
+    /// Renews a lease and applies the worker's cache events. Unknown or dead workers get
+    /// `UnknownWorker` (NOT_FOUND: register again); a dead entry is forgotten so the new
+    /// registration starts clean.
+    pub fn heartbeat(&self, req: &v1::HeartbeatRequest, now: Instant) -> Result<Beat, RouterError> {
         let mut inner = self.lock();
-        let Some(w) = inner.workers.get_mut(&req.worker_id) else {
+        let Inner { workers, kv: index, .. } = &mut *inner;
+        let Some(w) = workers.get_mut(&req.worker_id) else {
             return Err(RouterError::UnknownWorker(req.worker_id.clone()));
         };
         if !req.grpc_addr.is_empty() && req.grpc_addr != w.grpc_addr {
@@ -209,7 +231,8 @@ impl Registry {
             return Err(RouterError::UnknownWorker(req.worker_id.clone()));
         }
         if w.state == WorkerState::Dead {
-            inner.workers.remove(&req.worker_id);
+            workers.remove(&req.worker_id);
+            kv::forget(index, &req.worker_id);
             return Err(RouterError::UnknownWorker(req.worker_id.clone()));
         }
         w.last_heartbeat = now;
@@ -222,23 +245,31 @@ impl Registry {
             tracing::info!(worker = %w.id, "worker is draining to shut down: no new requests go to it");
         }
         let state = w.state;
+        let applied = kv::apply(index, &req.worker_id, req.kv_events.as_ref());
+        let distinct = index.distinct_blocks();
         drop(inner);
+        if req.kv_events.is_some() {
+            kv::record(&req.worker_id, applied, distinct);
+        }
         self.room.notify_waiters();
-        Ok(state)
+        Ok(Beat { state, kv_resync: applied.resync })
     }
 
     /// Marks every worker whose lease ran out at `now` dead; returns their ids.
     pub fn sweep(&self, now: Instant) -> Vec<String> {
         let mut inner = self.lock();
         let mut expired = Vec::new();
-        for w in inner.workers.values_mut() {
+        let Inner { workers, kv: index, .. } = &mut *inner;
+        for w in workers.values_mut() {
             let since = now.saturating_duration_since(w.last_heartbeat);
             if w.state != WorkerState::Dead && lease_expired(Duration::ZERO, since, self.lease) {
                 w.state = WorkerState::Dead;
                 w.gone.send_replace(true);
+                kv::forget(index, &w.id);
                 expired.push(w.id.clone());
             }
         }
+        drop(inner);
         for id in &expired {
             tracing::warn!(worker = %id, "lease expired: worker marked dead");
             metrics::counter!("ferry_router_workers_marked_dead_total", "cause" => "lease_expired")
@@ -250,11 +281,14 @@ impl Registry {
     /// A call to the worker failed at the transport level: never route to it again until it
     /// registers anew.
     pub fn mark_dead(&self, id: &str, why: &str) {
-        if let Some(w) = self.lock().workers.get_mut(id)
+        let mut inner = self.lock();
+        let Inner { workers, kv: index, .. } = &mut *inner;
+        if let Some(w) = workers.get_mut(id)
             && w.state != WorkerState::Dead
         {
             w.state = WorkerState::Dead;
             w.gone.send_replace(true);
+            kv::forget(index, id);
             tracing::warn!(worker = %id, reason = why, "worker marked dead");
             metrics::counter!("ferry_router_workers_marked_dead_total", "cause" => "call_failed")
                 .increment(1);
@@ -283,6 +317,7 @@ impl Registry {
         }
         if let Some(w) = inner.workers.remove(id) {
             w.gone.send_replace(true);
+            kv::forget(&mut inner.kv, id);
             tracing::info!(worker = %id, "worker drained and deregistered");
         }
     }
@@ -311,11 +346,13 @@ impl Registry {
     }
 
     pub fn remove(&self, id: &str) -> Result<v1::WorkerInfo, RouterError> {
-        let w = self
-            .lock()
+        let mut inner = self.lock();
+        let w = inner
             .workers
             .remove(id)
             .ok_or_else(|| RouterError::UnknownWorker(id.into()))?;
+        kv::forget(&mut inner.kv, id);
+        drop(inner);
         w.gone.send_replace(true);
         Ok(w.info(Instant::now()))
     }
@@ -562,9 +599,9 @@ mod tests {
         // The worker that held prefill-1 before the restart, at another address.
         assert!(matches!(hb("127.0.0.1:1"), Err(RouterError::UnknownWorker(_))));
         assert!(r.get("prefill-1").is_some_and(|w| w.grpc_addr == "127.0.0.1:2"));
-        assert_eq!(hb("127.0.0.1:2").unwrap(), WorkerState::Ready);
+        assert_eq!(hb("127.0.0.1:2").unwrap().state, WorkerState::Ready);
         // An old client that sends no address is still answered by id.
-        assert_eq!(hb("").unwrap(), WorkerState::Ready);
+        assert_eq!(hb("").unwrap().state, WorkerState::Ready);
         r.deregister("prefill-1", "127.0.0.1:1");
         assert!(r.get("prefill-1").is_some());
         r.deregister("prefill-1", "127.0.0.1:2");
@@ -615,7 +652,7 @@ mod tests {
             )
         };
         assert_eq!(
-            hb("prefill-1", t0 + Duration::from_secs(2)).unwrap(),
+            hb("prefill-1", t0 + Duration::from_secs(2)).unwrap().state,
             WorkerState::Ready
         );
         assert!(matches!(hb("nope", t0), Err(RouterError::UnknownWorker(_))));

@@ -278,7 +278,8 @@ impl Loop {
         self.publish();
     }
 
-    fn publish(&self) {
+    fn publish(&mut self) {
+        crate::cache_log::publish(&mut self.engine, &self.load, self.role);
         self.load.blocks_free.store(self.engine.free_blocks() as u64, Relaxed);
         self.load.active_sequences.store((self.running.len() + self.prefilling.len()) as u64, Relaxed);
         let queued: usize = self.prefilling.iter().map(|p| p.prompt.len() - p.done).sum();

@@ -6,12 +6,14 @@
 //! - [`kv`]: the transfer between them (assembler, receiver, transports: gRPC and TCP);
 //! - [`registration`]: register and heartbeat, with every router of [`routers`]; [`drain`]:
 //!   graceful shutdown; [`metrics`]: `/metrics`; [`health`]: `/livez` and `/readyz`;
-//!   [`advertise`]: the addresses told to the router and peers;
+//!   [`advertise`]: the addresses told to the router and peers; [`cache_log`]: the prefix
+//!   cache's events, carried by the heartbeats to every router's index;
 //! - [`fault`]: a broken engine takes the worker out; [`isolate`]: a step that fails for one
 //!   sequence fails that sequence only.
 
 pub mod advertise;
 pub mod batcher;
+pub mod cache_log;
 pub mod decode;
 pub mod drain;
 pub mod error;
@@ -230,13 +232,17 @@ impl EngineHandle {
     pub fn start_with(role: Role, engine: Engine, model: &str, opts: EngineOptions) -> Self {
         let model = model.to_string();
         let EngineOptions { chunk_tokens, queue_max, faults } = opts;
-        match role {
+        let prefix_cache = engine.prefix_cache_enabled();
+        let handle = match role {
             Role::Prefill => EngineHandle::Prefill(prefill::spawn_with(engine, model, prefill::PrefillOptions { queue_max, faults })),
             Role::Decode => EngineHandle::Decode(decode::spawn_with(engine, model, batcher::Scheduling::default(), faults)),
             Role::Colocated => {
                 EngineHandle::Decode(decode::spawn_with(engine, model, batcher::Scheduling { accept_prompts: true, chunk_tokens }, faults))
             }
-        }
+        };
+        // Known before the first registration (the engine thread also sets it at every publish).
+        handle.load().prefix_cache.store(prefix_cache, std::sync::atomic::Ordering::Relaxed);
+        handle
     }
 
     /// Set once the engine thread has failed.
@@ -381,7 +387,7 @@ pub async fn serve(
             load: None,
             draining: false,
             kv_transports,
-            ..Default::default()
+            prefix_cache: load.prefix_cache.load(std::sync::atomic::Ordering::Relaxed),
         };
         let link = registration::RouterLink { router: String::new(), auth: auth.clone(), tls: client_tls.clone() };
         Some(routers::RouterSet::spawn(entries, link, req, load, ready, drain.subscribe(), routers::RouterSetConfig::default()))

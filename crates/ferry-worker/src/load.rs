@@ -1,8 +1,10 @@
 //! A worker's load, published by its engine thread after every step and read by the services,
-//! the heartbeat and the metrics without taking the engine.
+//! the heartbeat and the metrics without taking the engine; and its prefix cache's event log
+//! ([`crate::cache_log`]), which the heartbeats carry to the routers.
 
+use crate::cache_log::CacheLog;
 use ferry_proto::v1::WorkerLoad;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -42,6 +44,12 @@ pub struct LoadGauge {
     /// When the oldest prompt still waiting to start was queued: microseconds since [`epoch`]
     /// plus one; 0 when none waits.
     oldest_queued_us: AtomicU64,
+    /// Of the free blocks, those holding a cached prefix (no sequence holds them).
+    pub blocks_cached: AtomicU64,
+    /// The engine keeps a prefix cache (and so publishes cache events).
+    pub prefix_cache: AtomicBool,
+    /// The cache's events, for the routers' indexes.
+    pub cache_log: CacheLog,
 }
 
 impl LoadGauge {
@@ -57,7 +65,7 @@ impl LoadGauge {
             prefill_tokens_per_s: self.prefill_rate(),
             queue_oldest_ms: self.oldest_queued_age(Instant::now()).as_secs_f64() * 1e3,
             queued_requests: g(&self.waiting_requests) as u32,
-            ..Default::default()
+            kv_blocks_cached: g(&self.blocks_cached) as u32,
         }
     }
 

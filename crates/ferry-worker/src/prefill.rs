@@ -221,7 +221,7 @@ impl State {
         self.load.blocks_total.store(self.engine.total_blocks() as u64, Relaxed);
         self.load.block_size.store(bs as u64, Relaxed);
         loop {
-            publish(&self.engine, &self.load, &self.queue, &self.active);
+            publish(&mut self.engine, &self.load, &self.queue, &self.active);
             if self.queue.is_empty() && self.active.is_empty() {
                 match rx.recv() {
                     Ok(cmd) => self.handle(cmd),
@@ -315,7 +315,8 @@ fn blocks(tokens: usize, bs: usize) -> usize {
     BlockTable::blocks_for(tokens, bs)
 }
 
-fn publish(engine: &Engine, load: &LoadGauge, queue: &VecDeque<PrefillJob>, active: &[Active]) {
+fn publish(engine: &mut Engine, load: &LoadGauge, queue: &VecDeque<PrefillJob>, active: &[Active]) {
+    crate::cache_log::publish(engine, load, Role::Prefill.as_str());
     let queued: usize = queue.iter().map(|j| j.prompt.len()).sum::<usize>() + active.iter().map(|a| a.job.prompt.len() - a.done).sum::<usize>();
     load.blocks_free.store(engine.free_blocks() as u64, Relaxed);
     load.active_sequences.store(engine.active_sequences() as u64, Relaxed);

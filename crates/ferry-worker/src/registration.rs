@@ -10,7 +10,12 @@
 //! entry that is a DNS name resolving to several addresses (a headless Service) counts as one
 //! router per address, re-resolved periodically. Each router gives the worker its own id; one
 //! router failing does not touch the others' links.
+//!
+//! With the prefix cache on, each heartbeat also carries the cache's events since the last one
+//! that router answered, or a snapshot after a registration and whenever the router asks
+//! ([`crate::cache_log`]); each link keeps its own cursor.
 
+use crate::cache_log::Cursor;
 use crate::kv::transport::Channels;
 use crate::load::LoadGauge;
 use ferry_proto::v1::registry_client::RegistryClient;
@@ -111,6 +116,8 @@ pub async fn keep_registered(link: RouterLink, template: RegisterRequest, load: 
         let every = Duration::from_millis(resp.heartbeat_ms.max(50) as u64);
         // A router too old to say its lease: assume three heartbeats.
         let lease = if resp.lease_ms > 0 { Duration::from_millis(resp.lease_ms as u64) } else { every * 3 };
+        // A new registration starts clean at the router: it gets a snapshot first.
+        let mut cursor = Cursor::registered();
         loop {
             // A drain starting is reported at once.
             tokio::select! {
@@ -122,10 +129,19 @@ pub async fn keep_registered(link: RouterLink, template: RegisterRequest, load: 
                     }
                 }
             }
-            let hb = HeartbeatRequest { worker_id: resp.worker_id.clone(), load: Some(load.snapshot()), draining: *draining.borrow(), grpc_addr: template.grpc_addr.clone(), ..Default::default() };
+            // Unanswered, the same events go again next time (the cursor moves only on an answer).
+            let (kv_events, upto) = match load.prefix_cache.load(std::sync::atomic::Ordering::Relaxed) {
+                true => {
+                    let o = load.cache_log.outgoing(&cursor);
+                    (Some(o.events), o.upto)
+                }
+                false => (None, cursor.acked),
+            };
+            let hb = HeartbeatRequest { worker_id: resp.worker_id.clone(), load: Some(load.snapshot()), draining: *draining.borrow(), grpc_addr: template.grpc_addr.clone(), kv_events };
             // No call may outlast the lease: an unanswered heartbeat is a failed one.
             match tokio::time::timeout(lease, client.heartbeat(hb)).await {
-                Ok(Ok(_)) => {
+                Ok(Ok(answer)) => {
+                    cursor.acknowledged(upto, answer.get_ref().kv_resync);
                     last_ok = Instant::now();
                     set_ready(ready, true, &router, &mut was);
                 }

@@ -209,6 +209,7 @@ pub fn to_json(w: &v1::WorkerInfo) -> serde_json::Value {
             "kv_blocks_total": load.kv_blocks_total, "kv_blocks_free": load.kv_blocks_free,
             "kv_blocks_reserved": load.kv_blocks_reserved, "active_sequences": load.active_sequences,
             "queued_prefill_tokens": load.queued_prefill_tokens, "block_size": load.block_size,
+            "kv_blocks_cached": load.kv_blocks_cached,
         },
     })
 }
@@ -219,7 +220,7 @@ fn kv_transports(w: &v1::WorkerInfo) -> Vec<String> {
 }
 
 pub fn table(workers: &[v1::WorkerInfo]) -> String {
-    let mut rows = vec![["ID", "NAME", "ROLE", "STATE", "ADDR", "INFLIGHT", "PREFILL_TOK", "KV_FREE/TOTAL", "ACTIVE", "KV_VIA", "HEARTBEAT"].map(String::from).to_vec()];
+    let mut rows = vec![["ID", "NAME", "ROLE", "STATE", "ADDR", "INFLIGHT", "PREFILL_TOK", "KV_FREE/TOTAL", "CACHED", "ACTIVE", "KV_VIA", "HEARTBEAT"].map(String::from).to_vec()];
     for w in workers {
         let load = w.load.unwrap_or_default();
         rows.push(vec![
@@ -231,6 +232,7 @@ pub fn table(workers: &[v1::WorkerInfo]) -> String {
             w.inflight.to_string(),
             (w.outstanding_prefill_tokens + load.queued_prefill_tokens).to_string(),
             format!("{}/{}", load.kv_blocks_free, load.kv_blocks_total),
+            load.kv_blocks_cached.to_string(),
             load.active_sequences.to_string(),
             kv_transports(w).join(","),
             format!("{:.0} ms ago", w.since_heartbeat_ms),
