@@ -139,3 +139,51 @@ async fn later_turns_reuse_kv_on_both_pools_and_answers_do_not_change() {
     let _ = stop_router.send(());
     task.await.unwrap().unwrap();
 }
+
+/// With two decode workers, each conversation's next turn goes to the worker that holds it (the
+/// router knows from the workers' cache events), and ships only what that worker lacks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_router_sends_a_turn_to_the_decode_worker_holding_its_conversation() {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let router = l.local_addr().unwrap().to_string();
+    let cfg = RouterConfig { heartbeat: Duration::from_millis(100), local_prefill_max: 0, ..RouterConfig::new(fixture()) };
+    let (stop_router, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(ferry_router::serve(cfg, ferry_router::Listeners::grpc(l), async move {
+        let _ = stopped.await;
+    }));
+    let _p = worker(Role::Prefill, &router).await;
+    let _d1 = worker(Role::Decode, &router).await;
+    let _d2 = worker(Role::Decode, &router).await;
+    let mut admin = AdminClient::connect(format!("http://{router}")).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while admin.list_workers(ListWorkersRequest {}).await.unwrap().into_inner().workers.len() < 3 {
+        assert!(Instant::now() < deadline, "workers never registered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Four conversations' first turns at once: load spreads them over both decode workers.
+    let firsts: Vec<Vec<u32>> = (0..4).map(|c| tokens(50, 10 + c)).collect();
+    let tasks: Vec<_> = firsts.iter().map(|p| {
+        let (router, p) = (router.clone(), p.clone());
+        tokio::spawn(async move { generate(&router, &p, 40, "").await })
+    }).collect();
+    let mut turn1: Vec<(Vec<u32>, GenerateFinal)> = Vec::new();
+    for t in tasks {
+        turn1.push(t.await.unwrap().expect("turn 1"));
+    }
+    let holders: std::collections::HashSet<&str> = turn1.iter().map(|(_, f)| f.decode_worker.as_str()).collect();
+    assert_eq!(holders.len(), 2, "the first turns used both decode workers");
+    // Then (once heartbeats carried the cache events) their second turns one at a time, on an
+    // idle cluster, where load alone would send every one to the same worker.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    for c in [2, 0, 3, 1] {
+        let (ids, f1) = &turn1[c];
+        let p2 = [firsts[c].clone(), ids.clone(), tokens(30, 20 + c as u32)].concat();
+        let (_, f2) = generate(&router, &p2, 6, "").await.expect("turn 2");
+        assert_eq!(f2.decode_worker, f1.decode_worker, "conversation {c} went back to the worker that holds it");
+        let held = (50 + 39) / BLOCK * BLOCK;
+        assert_eq!(f2.kv.as_ref().unwrap().bytes, kv_bytes(p2.len() - held, held), "conversation {c}: only what it lacks");
+    }
+    let _ = stop_router.send(());
+    task.await.unwrap().unwrap();
+}
+
