@@ -62,7 +62,11 @@ fn plot(a: PlotArgs) -> anyhow::Result<()> {
         anyhow::ensure!(v["bench"] == "serve", "{}: not a `ferry bench serve` result", p.display());
         all.push(v);
     }
-    std::fs::write(&a.out, crate::plot::latency_vs_rate(&all)).with_context(|| format!("writing {}", a.out.display()))?;
+    // Multi-turn results are drawn by turn, the others against the rate.
+    let multiturn = all.iter().filter(|v| v["workload"]["kind"] == "multiturn").count();
+    anyhow::ensure!(multiturn == 0 || multiturn == all.len(), "multi-turn and other results cannot share a plot");
+    let svg = if multiturn > 0 { crate::plot::ttft_by_turn(&all) } else { crate::plot::latency_vs_rate(&all) };
+    std::fs::write(&a.out, svg).with_context(|| format!("writing {}", a.out.display()))?;
     Ok(())
 }
 

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Issue 17's benchmark on one machine: the same seeded multi-turn chat workload (a shared system
+# prompt, users x turns, each turn = the last prompt + its answer + a new message, think time
+# between turns) through `ferry up` (1 prefill + 2 decode workers) with
+#   off       the prefix cache off (--no-prefix-cache)
+#   load      the cache on, routing on load alone (--prefix-routing load)
+#   kv-remote the cache on, KV-aware routing, every prompt prefilled on the prefill worker
+#             (--local-prefill-max 0: a decode worker holding the conversation receives only the
+#             blocks it lacks)
+#   kv        the cache on, KV-aware routing, short suffixes computed on the decode worker that
+#             holds the conversation (the default --local-prefill-max)
+# then a workload with no shared prefixes (random prompts) with the cache off and on, for the
+# cache's overhead. Prints each run's tables; writes JSON and a TTFT-by-turn plot to OUT_DIR.
+# Usage: scripts/bench_prefix.sh [OUT_DIR]   (build first: cargo build --release -p ferry)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out="${1:-target/bench-prefix}"
+mkdir -p "$out"
+ferry=./target/release/ferry
+multiturn=(--workload multiturn --users "${USERS:-12}" --turns "${TURNS:-4}" --system-tokens "${SYSTEM_TOKENS:-300}"
+           --user-tokens "${USER_TOKENS:-20..60}" --output-len "${OUTPUT_LEN:-32}" --think-ms "${THINK_MS:-1000}"
+           --rates "${RATES:-0.5}" --seed 7)
+random=(--workload random --requests "${REQUESTS:-40}" --prompt-len "${PROMPT_LEN:-64..512}" --output-len 32..64
+        --rates "${RANDOM_RATES:-0.6}" --seed 7)
+
+run() {
+    local label="$1" load_args="$2"; shift 2
+    "$ferry" up --listen 127.0.0.1:0 --http 127.0.0.1:0 --prefill 1 --decode 2 --threads 1 "$@" > "$out/$label.up.log" 2>&1 &
+    local up=$!
+    local router=""
+    for _ in $(seq 1 600); do
+        router="$(grep -o 'ready router=[0-9.:]*' "$out/$label.up.log" | cut -d= -f2 || true)"
+        [ -n "$router" ] && break
+        sleep 0.2
+    done
+    [ -n "$router" ] || { echo "$label: cluster did not start" >&2; kill "$up"; exit 1; }
+    echo "== $label ($*)"
+    # shellcheck disable=SC2086
+    "$ferry" bench serve --router "$router" $load_args --label "$label" --out "$out/$label.json"
+    kill -TERM "$up"; wait "$up" || true
+}
+
+mt="${multiturn[*]}"
+run off "$mt" --no-prefix-cache
+run load "$mt" --prefix-routing load
+run kv-remote "$mt" --local-prefill-max 0
+run kv "$mt"
+rnd="${random[*]}"
+run random-off "$rnd" --no-prefix-cache
+run random-on "$rnd"
+# One TTFT-by-turn plot of the four multi-turn runs (reads the JSON files; sends no requests).
+"$ferry" bench plot "$out/off.json" "$out/load.json" "$out/kv-remote.json" "$out/kv.json" --out "$out/ttft_by_turn.svg"
+echo "results and plot in $out"
