@@ -109,7 +109,7 @@ pub fn stats_line(f: &v1::GenerateFinal) -> String {
     let kv = f.kv.unwrap_or_default();
     let transport = v1::KvTransport::try_from(kv.transport).unwrap_or(v1::KvTransport::Unspecified);
     format!(
-        "[{} prompt tokens, {} generated, finish {:?}] TTFT {:.1} ms · TPOT {} · {:.1} tok/s · prefill={} decode={} kv={} in {:.2} ms ({})",
-        f.prompt_tokens, f.completion_tokens, finish, f.ttft_ms, tpot, tps, f.prefill_worker, f.decode_worker, kv.bytes, kv.duration_ms, transport
+        "[{} prompt tokens ({} cached), {} generated, finish {:?}] TTFT {:.1} ms · TPOT {} · {:.1} tok/s · prefill={} decode={} kv={} in {:.2} ms ({})",
+        f.prompt_tokens, f.cached_tokens, f.completion_tokens, finish, f.ttft_ms, tpot, tps, f.prefill_worker, f.decode_worker, kv.bytes, kv.duration_ms, transport
     )
 }

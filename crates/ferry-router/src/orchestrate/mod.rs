@@ -246,6 +246,8 @@ async fn attempt(shared: &Arc<Shared>, job: &Job, prog: &mut Progress<'_>, tx: &
             if adm.admitted.local {
                 metrics::counter!("ferry_router_local_prefills_total").increment(1);
             }
+            // No KV moved in this attempt.
+            prog.kv = v1::KvTransferStats::default();
             None
         }
         false => Some(prefill::prefill(shared, job, &prompt, &params, &adm, prog, tx).await?),

@@ -148,6 +148,9 @@ pub(super) async fn finish(
     let ttft = prog.ttft.unwrap_or(e2e);
     let tpot = if n >= 2 { prog.last_token.saturating_sub(ttft).as_secs_f64() / (n - 1) as f64 } else { 0.0 };
     crate::metrics::observe_request(ttft, tpot, e2e, &prog.kv, e2e.saturating_sub(prog.waited));
+    let cached = u64::from(prog.cached_tokens).min(job.prompt.len() as u64);
+    metrics::counter!("ferry_router_prompt_tokens_total", "served" => "cache").increment(cached);
+    metrics::counter!("ferry_router_prompt_tokens_total", "served" => "computed").increment(job.prompt.len() as u64 - cached);
     let fin = v1::GenerateFinal {
         finish_reason: finish as i32,
         prompt_tokens: job.prompt.len() as u32,
