@@ -12,6 +12,9 @@
 # then a workload with no shared prefixes (random prompts) with the cache off and on, for the
 # cache's overhead. Prints each run's tables; writes JSON and a TTFT-by-turn plot to OUT_DIR.
 # Usage: scripts/bench_prefix.sh [OUT_DIR]   (build first: cargo build --release -p ferry)
+# RUNS="off kv" runs only those (the plot then draws the multi-turn ones that ran); RATES,
+# RANDOM_RATES, USERS, TURNS, SYSTEM_TOKENS, USER_TOKENS, OUTPUT_LEN, THINK_MS, REQUESTS and
+# PROMPT_LEN change the workloads.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:-target/bench-prefix}"
@@ -23,8 +26,10 @@ multiturn=(--workload multiturn --users "${USERS:-12}" --turns "${TURNS:-4}" --s
 random=(--workload random --requests "${REQUESTS:-40}" --prompt-len "${PROMPT_LEN:-64..512}" --output-len 32..64
         --rates "${RANDOM_RATES:-0.6}" --seed 7)
 
+runs="${RUNS:-off load kv-remote kv random-off random-on}"
 run() {
     local label="$1" load_args="$2"; shift 2
+    case " $runs " in *" $label "*) ;; *) return 0 ;; esac
     "$ferry" up --listen 127.0.0.1:0 --http 127.0.0.1:0 --prefill 1 --decode 2 --threads 1 "$@" > "$out/$label.up.log" 2>&1 &
     local up=$!
     local router=""
@@ -48,6 +53,10 @@ run kv "$mt"
 rnd="${random[*]}"
 run random-off "$rnd" --no-prefix-cache
 run random-on "$rnd"
-# One TTFT-by-turn plot of the four multi-turn runs (reads the JSON files; sends no requests).
-"$ferry" bench plot "$out/off.json" "$out/load.json" "$out/kv-remote.json" "$out/kv.json" --out "$out/ttft_by_turn.svg"
+# One TTFT-by-turn plot of the multi-turn runs (reads the JSON files; sends no requests).
+plotted=()
+for label in off load kv-remote kv; do
+    case " $runs " in *" $label "*) plotted+=("$out/$label.json") ;; esac
+done
+[ "${#plotted[@]}" -eq 0 ] || "$ferry" bench plot "${plotted[@]}" --out "$out/ttft_by_turn.svg"
 echo "results and plot in $out"

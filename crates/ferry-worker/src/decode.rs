@@ -44,11 +44,14 @@ enum Plan {
 }
 
 impl Plan {
-    fn of(colocated: bool, prompt: usize, cached: usize, local_max: usize) -> Plan {
-        match colocated {
-            true => Plan::Colocated,
-            false if cached > 0 && prompt - cached <= local_max => Plan::Local,
-            false => Plan::Receive,
+    /// The router's `local_max` and what this worker holds decide (`ferry_core::cache_policy::plan_turn`).
+    fn of(colocated: bool, prompt: usize, cached: usize, local_max: usize, block_size: usize) -> Plan {
+        use ferry_core::cache_policy::{plan_turn, TurnFacts, TurnPlan};
+        let facts = TurnFacts { prompt_tokens: prompt, decode_held: cached, prefill_held: 0, block_size };
+        match (colocated, plan_turn(facts, local_max)) {
+            (true, _) => Plan::Colocated,
+            (false, TurnPlan::Local { .. }) => Plan::Local,
+            (false, TurnPlan::Remote { .. }) => Plan::Receive,
         }
     }
 }
@@ -221,7 +224,7 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
             },
         };
         let cached = held.as_ref().map_or(0, |h| h.cached);
-        let plan = Plan::of(colocated, ids.len(), cached, req.local_prefill_max as usize);
+        let plan = Plan::of(colocated, ids.len(), cached, req.local_prefill_max as usize, self.engine.facts.layout.block_size);
         let layout = &self.engine.facts.layout;
         let not_shipped = match plan {
             Plan::Receive => layout.layer_bytes(cached) * layout.n_layers,
