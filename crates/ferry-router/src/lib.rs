@@ -103,9 +103,10 @@ pub enum PrefixRouting {
     LoadOnly,
 }
 
-/// The default `local_prefill_max`, measured (docs/benchmarks.md, "Prefix caching"): a decode
-/// worker's step with this many prompt tokens beside its batch costs less than a round trip
-/// through a prefill worker.
+/// The default `local_prefill_max`, measured (docs/benchmarks.md, "Prefix caching"): on a
+/// multi-turn chat workload, computing a turn's short suffix on the decode worker that holds the
+/// conversation halved TTFT against a round trip through a prefill worker (which must recompute
+/// the previous answer), for a longer decode step there; 128 covers a chat turn's new message.
 pub const DEFAULT_LOCAL_PREFILL_MAX: usize = 128;
 
 impl RouterConfig {
