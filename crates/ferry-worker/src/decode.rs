@@ -77,30 +77,20 @@ impl DecodeService {
     /// and room in the KV cache (reserved on success).
     fn admit(&self, req: &DecodeRequest) -> Result<(SamplingParams, Reservation, Duration)> {
         let facts = &self.engine.facts;
-        if !req.prompt.is_empty() {
-            if !self.engine.scheduling.accept_prompts {
-                return Err(WorkerError::InvalidRequest("this is a decode worker: prompts go to prefill or colocated workers".into()));
-            }
-            facts.check_prompt(&req.prompt)?;
-            if req.prompt_tokens as usize != req.prompt.len() {
-                return Err(WorkerError::InvalidRequest(format!(
-                    "prompt_tokens {} does not match the prompt's {} ids",
-                    req.prompt_tokens,
-                    req.prompt.len()
-                )));
-            }
+        if !req.prompt.is_empty() && !self.engine.scheduling.accept_prompts {
+            return Err(WorkerError::InvalidRequest("this is a decode worker: prompts go to prefill or colocated workers".into()));
         }
-        if !req.prompt_ids.is_empty() {
-            if !req.prompt.is_empty() {
-                return Err(WorkerError::InvalidRequest("prompt_ids (a disaggregated request's prompt) and prompt (a colocated one) are exclusive".into()));
+        if !req.prompt.is_empty() && !req.prompt_ids.is_empty() {
+            return Err(WorkerError::InvalidRequest("prompt_ids (a disaggregated request's prompt) and prompt (a colocated one) are exclusive".into()));
+        }
+        // The prompt's ids, when sent (a colocated prompt, or a disaggregated one for the cache).
+        for (ids, name) in [(&req.prompt, "prompt"), (&req.prompt_ids, "prompt_ids")] {
+            if ids.is_empty() {
+                continue;
             }
-            facts.check_prompt(&req.prompt_ids)?;
-            if req.prompt_tokens as usize != req.prompt_ids.len() {
-                return Err(WorkerError::InvalidRequest(format!(
-                    "prompt_tokens {} does not match the {} prompt_ids",
-                    req.prompt_tokens,
-                    req.prompt_ids.len()
-                )));
+            facts.check_prompt(ids)?;
+            if req.prompt_tokens as usize != ids.len() {
+                return Err(WorkerError::InvalidRequest(format!("prompt_tokens {} does not match the {} ids of {name}", req.prompt_tokens, ids.len())));
             }
         }
         if req.prompt.is_empty() && req.transfer_token.len() < MIN_TRANSFER_TOKEN_LEN {

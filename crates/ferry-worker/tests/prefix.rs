@@ -5,11 +5,13 @@
 //! the decode worker itself with no KV moved. Every answer equals a cache-off engine's, tenants
 //! (cache salts) share nothing, and the pools are whole at the end (cached blocks count as free).
 
+mod common;
+
+use common::{request, Router};
 use ferry_core::SamplingParams;
 use ferry_engine::{Engine, EngineConfig};
 use ferry_proto::v1::admin_client::AdminClient;
-use ferry_proto::v1::ferry_client::FerryClient;
-use ferry_proto::v1::{generate_request, generate_response, GenerateFinal, GenerateRequest, ListWorkersRequest, StopConditions, TokenInput};
+use ferry_proto::v1::{GenerateFinal, ListWorkersRequest};
 use ferry_router::RouterConfig;
 use ferry_worker::{Listeners, Role, TransportChoice, WorkerConfig};
 use std::path::PathBuf;
@@ -39,26 +41,6 @@ async fn worker(role: Role, router: &str) -> tokio::sync::oneshot::Sender<()> {
     stop
 }
 
-async fn generate(router: &str, prompt: &[u32], max_tokens: u32, salt: &str) -> Result<(Vec<u32>, GenerateFinal), tonic::Status> {
-    let mut c = FerryClient::connect(format!("http://{router}")).await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-    let req = GenerateRequest {
-        input: Some(generate_request::Input::Tokens(TokenInput { ids: prompt.to_vec() })),
-        stop: Some(StopConditions { max_tokens, ignore_eos: true, ..Default::default() }),
-        cache_salt: salt.into(),
-        ..Default::default()
-    };
-    let mut s = c.generate(req).await?.into_inner();
-    let mut ids = Vec::new();
-    while let Some(m) = s.message().await? {
-        match m.event {
-            Some(generate_response::Event::Delta(d)) => ids.extend(d.token_ids),
-            Some(generate_response::Event::Final(f)) => return Ok((ids, f)),
-            None => {}
-        }
-    }
-    Err(tonic::Status::internal("no final message"))
-}
-
 fn tokens(n: usize, seed: u32) -> Vec<u32> {
     (0..n as u32).map(|i| (i * 7 + seed * 13 + 3) % 200 + 1).collect()
 }
@@ -73,13 +55,8 @@ fn kv_bytes(tokens: usize, start: usize) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn later_turns_reuse_kv_on_both_pools_and_answers_do_not_change() {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let router = l.local_addr().unwrap().to_string();
-    let cfg = RouterConfig { heartbeat: Duration::from_millis(100), local_prefill_max: 24, ..RouterConfig::new(fixture()) };
-    let (stop_router, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(ferry_router::serve(cfg, ferry_router::Listeners::grpc(l), async move {
-        let _ = stopped.await;
-    }));
+    let r = Router::start(RouterConfig { heartbeat: Duration::from_millis(100), local_prefill_max: 24, ..RouterConfig::new(fixture()) }).await;
+    let router = r.addr.clone();
     let _p = worker(Role::Prefill, &router).await;
     let _d = worker(Role::Decode, &router).await;
     let mut reference = engine(false);
@@ -136,21 +113,15 @@ async fn later_turns_reuse_kv_on_both_pools_and_answers_do_not_change() {
         assert!(Instant::now() < deadline, "pools not whole: {ws:#?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let _ = stop_router.send(());
-    task.await.unwrap().unwrap();
+    r.stop().await;
 }
 
 /// With two decode workers, each conversation's next turn goes to the worker that holds it (the
 /// router knows from the workers' cache events), and ships only what that worker lacks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_router_sends_a_turn_to_the_decode_worker_holding_its_conversation() {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let router = l.local_addr().unwrap().to_string();
-    let cfg = RouterConfig { heartbeat: Duration::from_millis(100), local_prefill_max: 0, ..RouterConfig::new(fixture()) };
-    let (stop_router, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(ferry_router::serve(cfg, ferry_router::Listeners::grpc(l), async move {
-        let _ = stopped.await;
-    }));
+    let r = Router::start(RouterConfig { heartbeat: Duration::from_millis(100), local_prefill_max: 0, ..RouterConfig::new(fixture()) }).await;
+    let router = r.addr.clone();
     let _p = worker(Role::Prefill, &router).await;
     let _d1 = worker(Role::Decode, &router).await;
     let _d2 = worker(Role::Decode, &router).await;
@@ -183,7 +154,10 @@ async fn the_router_sends_a_turn_to_the_decode_worker_holding_its_conversation()
         let held = (50 + 39) / BLOCK * BLOCK;
         assert_eq!(f2.kv.as_ref().unwrap().bytes, kv_bytes(p2.len() - held, held), "conversation {c}: only what it lacks");
     }
-    let _ = stop_router.send(());
-    task.await.unwrap().unwrap();
+    r.stop().await;
 }
 
+
+async fn generate(router: &str, prompt: &[u32], max_tokens: u32, salt: &str) -> Result<(Vec<u32>, GenerateFinal), tonic::Status> {
+    common::generate(router, request(prompt, max_tokens, salt)).await
+}

@@ -4,10 +4,12 @@
 //! uses it, and the output equals the single engine's. With the router's ceiling at TCP, the same
 //! pair moves KV over TCP.
 
+mod common;
+
+use common::{generate, request, Router};
 use ferry_core::SamplingParams;
 use ferry_engine::{Engine, EngineConfig};
-use ferry_proto::v1::ferry_client::FerryClient;
-use ferry_proto::v1::{generate_request, generate_response, GenerateFinal, GenerateRequest, KvTransport as Kind, StopConditions, TokenInput};
+use ferry_proto::v1::KvTransport as Kind;
 use ferry_router::transport::KvPolicy;
 use ferry_router::RouterConfig;
 use ferry_worker::kv::pipe::{InProcessConnector, Pipes};
@@ -45,44 +47,20 @@ async fn worker(role: Role, router: &str, pipes: &Arc<InProcessConnector>) -> to
     stop
 }
 
-async fn generate(router: &str, prompt: &[u32], max_tokens: u32) -> Result<(Vec<u32>, GenerateFinal), tonic::Status> {
-    let mut c = FerryClient::connect(format!("http://{router}")).await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-    let req = GenerateRequest {
-        input: Some(generate_request::Input::Tokens(TokenInput { ids: prompt.to_vec() })),
-        stop: Some(StopConditions { max_tokens, ignore_eos: true, ..Default::default() }),
-        ..Default::default()
-    };
-    let mut s = c.generate(req).await?.into_inner();
-    let mut ids = Vec::new();
-    while let Some(m) = s.message().await? {
-        match m.event {
-            Some(generate_response::Event::Delta(d)) => ids.extend(d.token_ids),
-            Some(generate_response::Event::Final(f)) => return Ok((ids, f)),
-            None => {}
-        }
-    }
-    Err(tonic::Status::internal("no final message"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_router_asks_a_pair_with_pipes_for_nccl() {
     let prompt: Vec<u32> = (0..33u32).map(|i| (i * 7 + 3) % 200 + 1).collect();
     let want = engine().generate(&prompt, &SamplingParams { ignore_eos: true, ..SamplingParams::greedy(10) }, &mut |_| {}).unwrap().tokens;
     for (policy, expect) in [(KvPolicy::Auto, Kind::Nccl), (KvPolicy::Tcp, Kind::Tcp)] {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let router = l.local_addr().unwrap().to_string();
-        let cfg = RouterConfig { heartbeat: Duration::from_millis(100), kv_transport: policy, ..RouterConfig::new(fixture()) };
-        let (stop_router, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(ferry_router::serve(cfg, ferry_router::Listeners::grpc(l), async move {
-            let _ = stopped.await;
-        }));
+        let r = Router::start(RouterConfig { heartbeat: Duration::from_millis(100), kv_transport: policy, ..RouterConfig::new(fixture()) }).await;
+        let router = r.addr.clone();
         let pipes = InProcessConnector::new();
         let _p = worker(Role::Prefill, &router, &pipes).await;
         let _d = worker(Role::Decode, &router, &pipes).await;
         // Bounded wait for both workers to register.
         let deadline = Instant::now() + Duration::from_secs(20);
         let (ids, fin) = loop {
-            match generate(&router, &prompt, 10).await {
+            match generate(&router, request(&prompt, 10, "")).await {
                 Ok(r) => break r,
                 Err(e) if Instant::now() < deadline && matches!(e.code(), tonic::Code::Unavailable) => tokio::time::sleep(Duration::from_millis(20)).await,
                 Err(e) => panic!("{policy:?}: {e:?}"),
@@ -92,7 +70,6 @@ async fn the_router_asks_a_pair_with_pipes_for_nccl() {
         let kv = fin.kv.unwrap();
         assert_eq!(kv.transport, expect as i32, "{policy:?}: {kv:?}");
         assert!(kv.bytes > 0);
-        let _ = stop_router.send(());
-        task.await.unwrap().unwrap();
+        r.stop().await;
     }
 }

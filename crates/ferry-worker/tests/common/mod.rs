@@ -1,0 +1,55 @@
+//! What the end-to-end tests of a router with real workers share: a router on a port-0 listener,
+//! and one request through its client API.
+
+use ferry_proto::v1::ferry_client::FerryClient;
+use ferry_proto::v1::{generate_request, generate_response, GenerateFinal, GenerateRequest, StopConditions, TokenInput};
+use ferry_router::RouterConfig;
+
+/// A router serving on loopback until [`Router::stop`].
+pub struct Router {
+    pub addr: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), ferry_router::RouterError>>,
+}
+
+impl Router {
+    pub async fn start(cfg: RouterConfig) -> Router {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(ferry_router::serve(cfg, ferry_router::Listeners::grpc(l), async move {
+            let _ = stopped.await;
+        }));
+        Router { addr, stop, task }
+    }
+
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+/// `prompt` as token ids, `max_tokens` new tokens with EOS ignored, under `cache_salt`.
+pub fn request(prompt: &[u32], max_tokens: u32, cache_salt: &str) -> GenerateRequest {
+    GenerateRequest {
+        input: Some(generate_request::Input::Tokens(TokenInput { ids: prompt.to_vec() })),
+        stop: Some(StopConditions { max_tokens, ignore_eos: true, ..Default::default() }),
+        cache_salt: cache_salt.into(),
+        ..Default::default()
+    }
+}
+
+/// Run `req` on the router at `router`: the ids streamed, and the final message.
+pub async fn generate(router: &str, req: GenerateRequest) -> Result<(Vec<u32>, GenerateFinal), tonic::Status> {
+    let mut c = FerryClient::connect(format!("http://{router}")).await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let mut s = c.generate(req).await?.into_inner();
+    let mut ids = Vec::new();
+    while let Some(m) = s.message().await? {
+        match m.event {
+            Some(generate_response::Event::Delta(d)) => ids.extend(d.token_ids),
+            Some(generate_response::Event::Final(f)) => return Ok((ids, f)),
+            None => {}
+        }
+    }
+    Err(tonic::Status::internal("no final message"))
+}
