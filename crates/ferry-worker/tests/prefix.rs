@@ -158,6 +158,40 @@ async fn the_router_sends_a_turn_to_the_decode_worker_holding_its_conversation()
 }
 
 
+/// With API keys, each key is a tenant of its own: a prompt one key's requests cached is a miss
+/// for another key's, and for the same key under another `cache_salt`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn api_keys_are_tenants_that_share_no_cached_kv() {
+    let keys = ferry_router::ApiKeys::new(["key-a", "key-b"]);
+    let r = Router::start(RouterConfig { heartbeat: Duration::from_millis(100), api_keys: keys, ..RouterConfig::new(fixture()) }).await;
+    let router = r.addr.clone();
+    let _p = worker(Role::Prefill, &router).await;
+    let _d = worker(Role::Decode, &router).await;
+    let prompt = tokens(70, 5);
+    let as_ = |key: &'static str, salt: &'static str| {
+        let (router, prompt) = (router.clone(), prompt.clone());
+        async move { common::generate_as(&router, Some(key), request(&prompt, 4, salt)).await }
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (ids, first) = loop {
+        match as_("key-a", "").await {
+            Ok(r) => break r,
+            Err(e) if Instant::now() < deadline && e.code() == tonic::Code::Unavailable => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(e) => panic!("key a: {e:?}"),
+        }
+    };
+    assert_eq!(first.cached_tokens, 0);
+    let (_, again) = as_("key-a", "").await.expect("key a again");
+    assert_eq!(again.cached_tokens, 64, "the same tenant hits its own cache");
+    let (ids_b, b) = as_("key-b", "").await.expect("key b");
+    assert_eq!((b.cached_tokens, ids_b), (0, ids.clone()), "another tenant: a miss, the same answer");
+    let (_, salted) = as_("key-a", "x").await.expect("key a, salted");
+    assert_eq!(salted.cached_tokens, 0, "the same tenant under another salt: a miss");
+    let refused = common::generate_as(&router, Some("key-c"), request(&prompt, 4, "")).await.expect_err("an unknown key");
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+    r.stop().await;
+}
+
 async fn generate(router: &str, prompt: &[u32], max_tokens: u32, salt: &str) -> Result<(Vec<u32>, GenerateFinal), tonic::Status> {
     common::generate(router, request(prompt, max_tokens, salt)).await
 }

@@ -41,7 +41,16 @@ pub fn request(prompt: &[u32], max_tokens: u32, cache_salt: &str) -> GenerateReq
 
 /// Run `req` on the router at `router`: the ids streamed, and the final message.
 pub async fn generate(router: &str, req: GenerateRequest) -> Result<(Vec<u32>, GenerateFinal), tonic::Status> {
+    generate_as(router, None, req).await
+}
+
+/// [`generate`] with an API key (`authorization: Bearer KEY`).
+pub async fn generate_as(router: &str, key: Option<&str>, req: GenerateRequest) -> Result<(Vec<u32>, GenerateFinal), tonic::Status> {
     let mut c = FerryClient::connect(format!("http://{router}")).await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let mut req = tonic::Request::new(req);
+    if let Some(k) = key {
+        req.metadata_mut().insert("authorization", format!("Bearer {k}").parse().expect("an ASCII key"));
+    }
     let mut s = c.generate(req).await?.into_inner();
     let mut ids = Vec::new();
     while let Some(m) = s.message().await? {
