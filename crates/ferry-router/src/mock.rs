@@ -99,6 +99,8 @@ pub struct MockStats {
     pub prefill_tokens: std::sync::Mutex<Vec<String>>,
     /// The KV transport each prefill request's target asked for.
     pub prefill_transports: std::sync::Mutex<Vec<v1::KvTransport>>,
+    /// The prefix-cache salt of every decode request, in arrival order.
+    pub decode_salts: std::sync::Mutex<Vec<Vec<u8>>>,
     /// Set when a stream froze (`freeze_after_tokens`): heartbeats stop.
     pub frozen: std::sync::atomic::AtomicBool,
 }
@@ -238,7 +240,7 @@ async fn heartbeat_loop(
     }
 }
 
-fn record(seen: &std::sync::Mutex<Vec<String>>, token: String) {
+fn record<T>(seen: &std::sync::Mutex<Vec<T>>, token: T) {
     seen.lock().unwrap_or_else(|p| p.into_inner()).push(token);
 }
 
@@ -296,6 +298,7 @@ impl v1::decode_server::Decode for MockService {
     ) -> Result<Response<Self::DecodeStream>, Status> {
         self.stats.decode_calls.fetch_add(1, Ordering::Relaxed);
         record(&self.stats.decode_tokens, req.get_ref().transfer_token.clone());
+        record(&self.stats.decode_salts, req.get_ref().cache_salt.to_vec());
         if self.cfg.refuse_decode {
             let mut s = Status::resource_exhausted("mock: no room in the KV cache");
             s.metadata_mut().insert(

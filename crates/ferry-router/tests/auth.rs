@@ -243,3 +243,47 @@ async fn the_admin_token_guards_registration_and_the_admin_api() {
     .unwrap();
     r.shutdown().await;
 }
+
+/// Each key is a tenant of the workers' prefix caches, on both APIs: the salt the router sends
+/// with a request is the same for one key (and one `cache_salt`), differs between keys and
+/// between salts, and is a digest, never the key.
+#[tokio::test]
+async fn each_key_is_a_prefix_cache_tenant_on_both_apis() {
+    let (r, addr) = router(ApiKeys::new(["key-one", "key-two"])).await;
+    let _p = r.mock(WorkerRole::Prefill, scripted(SCRIPT)).await;
+    let d = r.mock(WorkerRole::Decode, scripted(SCRIPT)).await;
+    let mut c = r.client().await;
+    let grpc = |salt: &str| {
+        let req = v1::GenerateRequest { cache_salt: salt.into(), ..prompt("Hi") };
+        with_key(tonic::Request::new(req), "key-one")
+    };
+    let body = |salt: Option<&str>| {
+        let mut b = json!({"model": common::text().name, "prompt": "Hi"});
+        if let Some(s) = salt {
+            b["cache_salt"] = json!(s);
+        }
+        b.to_string()
+    };
+    c.generate(grpc("")).await.unwrap().into_inner().message().await.unwrap();
+    for (key, salt) in [("key-one", None), ("key-two", None), ("key-one", Some("x"))] {
+        let a = request(&addr, "POST", "/v1/completions", Some(key), Some(&body(salt))).await;
+        assert_eq!(a.status, 200, "{}", a.body);
+    }
+    c.generate(grpc("x")).await.unwrap().into_inner().message().await.unwrap();
+    let salts = d.stats.decode_salts.lock().unwrap().clone();
+    assert_eq!(salts.len(), 5);
+    assert_eq!(salts[0], salts[1], "one key: one tenant on gRPC and HTTP");
+    assert_ne!(salts[1], salts[2], "two keys: two tenants");
+    assert_ne!(salts[1], salts[3], "another cache_salt: another cache");
+    assert_eq!(salts[3], salts[4], "the same key and cache_salt on both APIs");
+    assert_eq!(salts[0].len(), 32, "the tenant's digest, no request salt");
+    for s in &salts {
+        assert!(!s.windows(7).any(|w| w == b"key-one" || w == b"key-two"), "no key in a salt");
+    }
+    // An over-long salt is refused before any worker is asked.
+    let long = "s".repeat(257);
+    let a = request(&addr, "POST", "/v1/completions", Some("key-one"), Some(&body(Some(&long)))).await;
+    assert_eq!(a.error(400)["param"], "cache_salt");
+    assert_eq!(d.stats.decode_salts.lock().unwrap().len(), 5);
+    r.shutdown().await;
+}
