@@ -528,6 +528,18 @@ async fn openai_python_client_against_ferry_up() {
     let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && log.contains("all checks passed"), "tests/openai_client.py failed:\n{log}");
     eprintln!("{log}");
+
+    // Structured outputs: chat.completions.parse with pydantic models.
+    let args = serde_json::json!({ "base_url": format!("http://{}/v1", cluster.http), "api_key": key, "model": name });
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/openai_structured.py");
+    let python = openai_python().expect("found above");
+    let out = tokio::task::spawn_blocking(move || std::process::Command::new(&python).arg(&script).arg(args.to_string()).output())
+        .await
+        .unwrap()
+        .expect("run the structured-outputs script");
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && log.contains("all checks passed"), "tests/openai_structured.py failed:\n{log}");
+    eprintln!("{log}");
     cluster.assert_no_leaks().await;
 }
 

@@ -26,6 +26,25 @@ pub struct SamplingParams {
     /// on (seed, `i`).
     #[serde(default)]
     pub token_offset: u32,
+    /// Structured output: every sampled token must keep the completion inside this grammar.
+    #[serde(default)]
+    pub grammar: Option<OutputGrammar>,
+}
+
+/// What a constrained completion must be (structured outputs). Compiled by `ferry-grammar`
+/// (llguidance) into a per-token mask on whichever worker samples.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum OutputGrammar {
+    /// JSON matching this JSON schema (its text).
+    JsonSchema(String),
+    /// Any JSON object.
+    JsonObject,
+    /// Text matching this regular expression (Rust `regex` syntax, anchored at both ends).
+    Regex(String),
+    /// Text in this context-free grammar (llguidance's Lark dialect).
+    Lark(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
 }
 
 impl Default for SamplingParams {
@@ -40,6 +59,7 @@ impl Default for SamplingParams {
             stop_strings: Vec::new(),
             ignore_eos: false,
             token_offset: 0,
+            grammar: None,
         }
     }
 }

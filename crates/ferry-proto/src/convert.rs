@@ -2,6 +2,7 @@
 
 use crate::v1;
 use ferry_core::SamplingParams;
+use ferry_core::sampling::OutputGrammar;
 
 /// The token budget when a request leaves `max_tokens` at 0.
 pub const DEFAULT_MAX_TOKENS: usize = 128;
@@ -21,13 +22,46 @@ pub fn sampling_from_wire(s: Option<&v1::SamplingParams>, stop: Option<&v1::Stop
         stop_strings: stop.stop,
         ignore_eos: stop.ignore_eos,
         token_offset: s.token_offset,
+        grammar: s.structured.as_ref().and_then(grammar_from_wire),
     }
+}
+
+/// The grammar a `StructuredOutput` asks for (None when its `kind` is unset).
+pub fn grammar_from_wire(s: &v1::StructuredOutput) -> Option<OutputGrammar> {
+    use v1::structured_output::Kind;
+    Some(match s.kind.as_ref()? {
+        Kind::JsonSchema(t) => OutputGrammar::JsonSchema(t.clone()),
+        Kind::JsonObject(_) => OutputGrammar::JsonObject,
+        Kind::Regex(r) => OutputGrammar::Regex(r.clone()),
+        Kind::Lark(l) => OutputGrammar::Lark(l.clone()),
+        Kind::Choice(c) => OutputGrammar::Choice(c.choices.clone()),
+    })
+}
+
+/// The wire form of an [`OutputGrammar`].
+pub fn grammar_to_wire(g: &OutputGrammar) -> v1::StructuredOutput {
+    use v1::structured_output::Kind;
+    let kind = match g {
+        OutputGrammar::JsonSchema(t) => Kind::JsonSchema(t.clone()),
+        OutputGrammar::JsonObject => Kind::JsonObject(true),
+        OutputGrammar::Regex(r) => Kind::Regex(r.clone()),
+        OutputGrammar::Lark(l) => Kind::Lark(l.clone()),
+        OutputGrammar::Choice(c) => Kind::Choice(v1::Choices { choices: c.clone() }),
+    };
+    v1::StructuredOutput { kind: Some(kind) }
 }
 
 /// The wire form of [`SamplingParams`]: (sampling, stop conditions).
 pub fn sampling_to_wire(p: &SamplingParams) -> (v1::SamplingParams, v1::StopConditions) {
     (
-        v1::SamplingParams { temperature: p.temperature, top_k: p.top_k as u32, top_p: Some(p.top_p), seed: p.seed, token_offset: p.token_offset },
+        v1::SamplingParams {
+            temperature: p.temperature,
+            top_k: p.top_k as u32,
+            top_p: Some(p.top_p),
+            seed: p.seed,
+            token_offset: p.token_offset,
+            structured: p.grammar.as_ref().map(grammar_to_wire),
+        },
         v1::StopConditions {
             max_tokens: p.max_tokens.min(u32::MAX as usize) as u32,
             stop: p.stop_strings.clone(),
@@ -98,9 +132,21 @@ mod tests {
             stop_strings: vec!["\n\n".into()],
             ignore_eos: true,
             token_offset: 5,
+            grammar: None,
         };
         let (s, st) = sampling_to_wire(&p);
         assert_eq!(sampling_from_wire(Some(&s), Some(&st)), p);
+        for g in [
+            OutputGrammar::JsonSchema("{}".into()),
+            OutputGrammar::JsonObject,
+            OutputGrammar::Regex("a+".into()),
+            OutputGrammar::Lark("start: \"x\"".into()),
+            OutputGrammar::Choice(vec!["a".into(), "b".into()]),
+        ] {
+            let p = SamplingParams { grammar: Some(g), ..p.clone() };
+            let (s, st) = sampling_to_wire(&p);
+            assert_eq!(sampling_from_wire(Some(&s), Some(&st)), p);
+        }
         let d = sampling_from_wire(None, None);
         assert_eq!(d.max_tokens, DEFAULT_MAX_TOKENS);
         assert_eq!(d.top_p, 1.0);

@@ -13,6 +13,9 @@ pub enum RouterError {
     /// The request itself is wrong (empty or oversize prompt, bad ids, bad sampling values).
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// The request's structured output does not compile (a bad JSON schema, regex or grammar).
+    #[error("invalid request: sampling.structured: {0}")]
+    InvalidGrammar(#[source] ferry_grammar::GrammarError),
     #[error("unknown model {requested:?}: this router serves {served:?}")]
     UnknownModel { requested: String, served: String },
     #[error("no ready {role} worker")]
@@ -132,6 +135,7 @@ impl RouterError {
     pub fn grpc_code(&self) -> Code {
         match self {
             RouterError::InvalidRequest(_)
+            | RouterError::InvalidGrammar(_)
             | RouterError::Tokenize(_)
             | RouterError::BadRegistration(_) => Code::InvalidArgument,
             RouterError::UnknownModel { .. } | RouterError::UnknownWorker(_) => Code::NotFound,
@@ -162,6 +166,7 @@ impl RouterError {
     pub fn http_status(&self) -> StatusCode {
         match self {
             RouterError::InvalidRequest(_)
+            | RouterError::InvalidGrammar(_)
             | RouterError::Tokenize(_)
             | RouterError::BadRegistration(_)
             | RouterError::BadAddress { .. } => StatusCode::BAD_REQUEST,

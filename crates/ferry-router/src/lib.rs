@@ -189,10 +189,12 @@ pub async fn serve(
         tls: cfg.tls.client.clone(),
     };
     let registry = Arc::new(Registry::new(cfg.lease, cfg.heartbeat, dial.clone()));
+    let grammars = ferry_grammar::LazyGrammars::new(Arc::new(text.tokenizer.clone()), None);
     let shared = Arc::new(service::Shared {
         queue: queue::AdmissionQueue::new(cfg.queue_max, cfg.queue_timeout, registry.room.clone()),
         registry: registry.clone(),
         text,
+        grammars,
         cfg: cfg.clone(),
     });
     crate::metrics::handle()?;

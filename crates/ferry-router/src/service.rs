@@ -24,6 +24,9 @@ pub struct Shared {
     /// The model's tokenizer and chat template; `text.name` is the served name clients see.
     pub text: ModelText,
     pub cfg: RouterConfig,
+    /// Structured outputs: grammars are compiled here first, so a bad one is refused before any
+    /// worker sees it.
+    pub grammars: ferry_grammar::LazyGrammars,
 }
 
 impl Shared {
@@ -137,6 +140,9 @@ pub fn prepare(
     params
         .validate()
         .map_err(|e| RouterError::InvalidRequest(e.to_string()))?;
+    if let Some(g) = &params.grammar {
+        shared.grammars.get().and_then(|gs| gs.check(g)).map_err(RouterError::InvalidGrammar)?;
+    }
     Ok((ids, params))
 }
 

@@ -81,6 +81,11 @@ impl Tokenizer {
     }
 
     /// Number of ids, added tokens included.
+    /// The tokenizer as `tokenizer.json` text (GGUF tokenizers included: they are rebuilt as one).
+    pub fn to_json(&self) -> Result<String, TokenizerError> {
+        self.inner.to_string(false).map_err(|source| TokenizerError::Build { source })
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }

@@ -17,6 +17,7 @@
 use crate::fault::{panic_message, EngineFault, FaultInjection};
 use crate::isolate::{sequence_error, step_isolating, Outcome};
 use crate::load::{LoadGauge, Reservation};
+use crate::pick::Picker;
 use crate::prefill::ModelFacts;
 use crate::{Result, WorkerError};
 use ferry_core::SamplingParams;
@@ -96,6 +97,8 @@ pub struct Admission {
     pub prompt_tokens: usize,
     pub events: mpsc::UnboundedSender<DecodeEvent>,
     pub reservation: Reservation,
+    /// The structured-output matcher, over the completion so far (not yet the first token).
+    pub constraint: Option<ferry_grammar::Constraint>,
 }
 
 /// How a worker schedules its steps.
@@ -110,7 +113,7 @@ pub struct Scheduling {
 struct Running {
     request_id: String,
     seq: SeqId,
-    sampler: Sampler,
+    picker: Picker,
     stop_ids: Vec<u32>,
     count: usize,
     last: u32,
@@ -128,6 +131,7 @@ struct Prefilling {
     params: SamplingParams,
     events: mpsc::UnboundedSender<DecodeEvent>,
     reservation: Reservation,
+    constraint: Option<ferry_grammar::Constraint>,
 }
 
 #[derive(Clone)]
@@ -374,11 +378,18 @@ impl Loop {
         let mut prefilled: Vec<(usize, std::result::Result<Vec<f32>, WorkerError>)> = Vec::new();
         for (part, outcome) in parts.iter().zip(outcomes) {
             match (part, outcome) {
-                (Part::Decode(i), Ok(logits)) => {
+                (Part::Decode(i), Ok(mut logits)) => {
                     let r = &mut self.running[*i];
-                    let tok = r.sampler.sample(&logits);
-                    if let Some(reason) = advance(r, tok, ctx) {
-                        leaving.push((*i, Ok(reason)));
+                    match r.picker.pick(&mut logits) {
+                        Ok(tok) => {
+                            if let Some(reason) = advance(r, tok, ctx) {
+                                leaving.push((*i, Ok(reason)));
+                            }
+                        }
+                        Err(e) => {
+                            let what = format!("sampling under the request's grammar: {e}");
+                            leaving.push((*i, Err(WorkerError::SequenceFailed { request_id: r.request_id.clone(), what })));
+                        }
                     }
                 }
                 (Part::Decode(i), Err(e)) => {
@@ -413,7 +424,7 @@ impl Loop {
         prefilled.sort_by_key(|f| std::cmp::Reverse(f.0));
         for (j, logits) in prefilled {
             let Some(p) = self.prefilling.remove(j) else { continue };
-            let logits = match logits {
+            let mut logits = match logits {
                 Ok(l) => l,
                 Err(e) => {
                     let _ = self.engine.release(p.seq);
@@ -421,14 +432,22 @@ impl Loop {
                     continue;
                 }
             };
-            let mut sampler = Sampler::new(&p.params);
-            let first = sampler.sample(&logits);
+            let mut picker = Picker::new(Sampler::new(&p.params), p.constraint);
+            let first = match picker.pick(&mut logits) {
+                Ok(t) => t,
+                Err(e) => {
+                    let _ = self.engine.release(p.seq);
+                    let what = format!("sampling the first token under the request's grammar: {e}");
+                    let _ = p.events.send(DecodeEvent::Failed(WorkerError::SequenceFailed { request_id: p.request_id, what }));
+                    continue;
+                }
+            };
             let first_is_stop = self.engine.stop_ids(&p.params).contains(&first);
             if !first_is_stop {
                 let _ = p.events.send(DecodeEvent::Token(first));
             }
             let (seq, prompt_tokens) = (p.seq, p.prompt.len());
-            self.start(&p.request_id, seq, first, first_is_stop, sampler, &p.params, prompt_tokens, p.events, p.reservation);
+            self.start(&p.request_id, seq, first, first_is_stop, picker, &p.params, prompt_tokens, p.events, p.reservation);
         }
         Ok(())
     }
@@ -468,9 +487,19 @@ impl Loop {
                     let _ = self.engine.release(seq);
                     return Ok(());
                 }
-                let sampler = Sampler::resume(&a.params, end.sampler_state);
+                let mut picker = Picker::new(Sampler::resume(&a.params, end.sampler_state), a.constraint);
+                // The first token was sampled under the grammar on the prefill worker: the matcher
+                // here takes it too before sampling the next.
+                if !end.first_is_stop
+                    && let Err(e) = picker.commit(end.first_token)
+                {
+                    let _ = self.engine.release(seq);
+                    let what = format!("the first token {} does not fit the request's grammar: {e}", end.first_token);
+                    let _ = a.events.send(DecodeEvent::Failed(WorkerError::SequenceFailed { request_id: a.request_id, what }));
+                    return Ok(());
+                }
                 // The router already streamed the first token (it came with prefill's answer).
-                self.start(&a.request_id, seq, end.first_token, end.first_is_stop, sampler, &a.params, a.prompt_tokens, a.events, a.reservation);
+                self.start(&a.request_id, seq, end.first_token, end.first_is_stop, picker, &a.params, a.prompt_tokens, a.events, a.reservation);
             }
             Source::Prompt { prompt, held } => {
                 let (seq, done) = match held.as_ref().map(|h| h.cached) {
@@ -488,6 +517,7 @@ impl Loop {
                     params: a.params,
                     events: a.events,
                     reservation: a.reservation,
+                    constraint: a.constraint,
                 });
             }
         }
@@ -503,15 +533,19 @@ impl Loop {
         seq: SeqId,
         first: u32,
         first_is_stop: bool,
-        sampler: Sampler,
+        picker: Picker,
         params: &SamplingParams,
         prompt_tokens: usize,
         events: mpsc::UnboundedSender<DecodeEvent>,
         reservation: Reservation,
     ) {
         let count = usize::from(!first_is_stop);
+        let stop_ids = self.engine.stop_ids(params);
         let finish = if first_is_stop {
             Some(FinishReason::StopToken(first))
+        } else if picker.finished() {
+            // The grammar is complete: only an end of sequence could follow.
+            Some(FinishReason::StopToken(stop_ids.first().copied().unwrap_or(first)))
         } else if count >= params.max_tokens {
             Some(FinishReason::Length)
         } else if prompt_tokens + count >= self.engine.config().max_position {
@@ -529,8 +563,8 @@ impl Loop {
                 self.running.push(Running {
                     request_id: request_id.to_string(),
                     seq,
-                    sampler,
-                    stop_ids: self.engine.stop_ids(params),
+                    picker,
+                    stop_ids,
                     count,
                     last: first,
                     prompt_tokens,
@@ -551,7 +585,11 @@ fn advance(r: &mut Running, tok: u32, ctx: usize) -> Option<FinishReason> {
     r.count += 1;
     r.last = tok;
     let _ = r.events.send(DecodeEvent::Token(tok));
-    if r.count >= r.max_tokens {
+    if r.picker.finished() {
+        // The grammar is complete: only an end of sequence could follow, so stop without
+        // spending a step on it.
+        Some(FinishReason::StopToken(r.stop_ids.first().copied().unwrap_or(tok)))
+    } else if r.count >= r.max_tokens {
         Some(FinishReason::Length)
     } else if r.prompt_tokens + r.count >= ctx {
         Some(FinishReason::ContextFull)

@@ -75,7 +75,7 @@ pub fn finish_to_wire(r: FinishReason) -> ferry_proto::v1::FinishReason {
 impl DecodeService {
     /// Refuses `req` unless it can run here: the role, the prompt, the transfer token, sampling,
     /// and room in the KV cache (reserved on success).
-    fn admit(&self, req: &DecodeRequest) -> Result<(SamplingParams, Reservation, Duration)> {
+    fn admit(&self, req: &DecodeRequest) -> Result<Admit> {
         let facts = &self.engine.facts;
         if !req.prompt.is_empty() && !self.engine.scheduling.accept_prompts {
             return Err(WorkerError::InvalidRequest("this is a decode worker: prompts go to prefill or colocated workers".into()));
@@ -108,6 +108,8 @@ impl DecodeService {
         }
         let params = ferry_proto::sampling_from_wire(req.sampling.as_ref(), req.stop.as_ref());
         params.validate()?;
+        let ids = if req.prompt.is_empty() { &req.prompt_ids } else { &req.prompt };
+        let constraint = crate::pick::constraint_for(&facts.grammars, &params, ids)?;
         let bs = facts.layout.block_size;
         let need = BlockTable::blocks_for((prompt + params.max_tokens).min(facts.max_context), bs) as u64;
         let reservation = self.engine.load.try_reserve(need).ok_or_else(|| {
@@ -118,8 +120,16 @@ impl DecodeService {
             ))
         })?;
         let timeout = if req.kv_timeout_ms == 0 { self.kv_timeout } else { Duration::from_millis(req.kv_timeout_ms as u64) };
-        Ok((params, reservation, timeout))
+        Ok(Admit { params, reservation, timeout, constraint })
     }
+}
+
+/// What [`DecodeService::admit`] settled for a request.
+struct Admit {
+    params: SamplingParams,
+    reservation: Reservation,
+    timeout: Duration,
+    constraint: Option<ferry_grammar::Constraint>,
 }
 
 /// Wait for an admitted request's KV (or its timeout, or the router going away), import it, and
@@ -185,9 +195,9 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
     async fn decode(&self, req: Request<DecodeRequest>) -> std::result::Result<Response<EventStream>, Status> {
         let req = req.into_inner();
         let role = if self.engine.scheduling.accept_prompts { "colocated" } else { "decode" };
-        let (params, reservation, timeout, work) = self.drain.begin().and_then(|w| {
-            let (p, r, t) = self.admit(&req)?;
-            Ok((p, r, t, w))
+        let (Admit { params, reservation, timeout, constraint }, work) = self.drain.begin().and_then(|w| {
+            let a = self.admit(&req)?;
+            Ok((a, w))
         }).map_err(|e| {
             metrics::counter!("ferry_worker_requests_total", "role" => role, "outcome" => "refused").increment(1);
             tracing::info!(request_id = %req.request_id, worker = %self.name, "refused: {e}");
@@ -199,7 +209,7 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
         let request_id = req.request_id.clone();
         let prompt_tokens = req.prompt_tokens as usize;
         let (placeholder, _) = mpsc::unbounded_channel();
-        let admission = Admission { request_id: request_id.clone(), source: Source::Prompt { prompt: Vec::new(), held: None }, params, prompt_tokens, events: placeholder, reservation };
+        let admission = Admission { request_id: request_id.clone(), source: Source::Prompt { prompt: Vec::new(), held: None }, params, prompt_tokens, events: placeholder, reservation, constraint };
         // The prompt's ids, when the router sent them: a colocated prompt, or a disaggregated
         // request's (for this worker's prefix cache).
         let colocated = !req.prompt.is_empty();

@@ -23,6 +23,7 @@ pub mod isolate;
 pub mod kv;
 pub mod load;
 pub mod metrics;
+pub mod pick;
 pub mod prefill;
 pub mod registration;
 pub mod routers;

@@ -13,6 +13,8 @@ use crate::isolate::{sequence_error, step_isolating};
 use crate::kv::transport::{self, KvTransport};
 use crate::kv::Outbound;
 use crate::load::LoadGauge;
+use crate::pick::Picker;
+use ferry_grammar::LazyGrammars;
 use crate::{Result, Role, WorkerError};
 use bytes::Bytes;
 use ferry_core::kv_payload::KvPayloadHeader;
@@ -46,6 +48,8 @@ pub struct PrefillJob {
     pub ship_from: usize,
     /// Set by the engine thread when the prompt starts: leading tokens served from the cache.
     pub cached: Arc<AtomicUsize>,
+    /// The request's structured-output matcher (its first token is masked by it).
+    pub constraint: Option<ferry_grammar::Constraint>,
 }
 
 enum Cmd {
@@ -76,6 +80,8 @@ pub struct ModelFacts {
     pub model: String,
     /// The engine keeps a prefix cache (`EngineConfig::prefix_cache`).
     pub prefix_cache: bool,
+    /// Structured outputs: the grammar engine for this model's vocabulary.
+    pub grammars: Arc<LazyGrammars>,
 }
 
 impl ModelFacts {
@@ -87,6 +93,7 @@ impl ModelFacts {
             vocab_size: engine.config().vocab_size,
             model,
             prefix_cache: engine.prefix_cache_enabled(),
+            grammars: Arc::new(LazyGrammars::new(engine.tokenizer.clone(), Some(engine.config().vocab_size))),
         }
     }
 
@@ -387,7 +394,7 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
     let mut leaving = Vec::new();
     for ((i, r), outcome) in plan.iter().zip(outcomes) {
         let a = &mut active[*i];
-        let logits = match outcome {
+        let mut logits = match outcome {
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(request_id = %a.job.request_id, "prefill step failed for this prompt alone: {e}");
@@ -399,14 +406,23 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
         };
         a.done = r.end;
         if a.done == a.job.prompt.len() {
-            let mut sampler = Sampler::new(&a.job.params);
-            let first = sampler.sample(&logits);
+            let mut picker = Picker::new(Sampler::new(&a.job.params), a.job.constraint.take());
+            let first = match picker.pick(&mut logits) {
+                Ok(t) => t,
+                Err(e) => {
+                    let _ = engine.release(a.seq);
+                    let what = format!("sampling the first token under the request's grammar: {e}");
+                    let _ = a.job.out.send(Outbound::Failed(WorkerError::SequenceFailed { request_id: a.job.request_id.clone(), what }));
+                    leaving.push(*i);
+                    continue;
+                }
+            };
             let first_is_stop = engine.stop_ids(&a.job.params).contains(&first);
             let lease = SeqLease { seq: a.seq, tx: tx.clone() };
             let end = Outbound::End {
                 first_token: first,
                 first_is_stop,
-                sampler_state: sampler.rng_state(),
+                sampler_state: picker.rng_state(),
                 queued: a.started - a.job.enqueued,
                 computed: a.started.elapsed(),
                 computed_at: Instant::now(),
@@ -488,6 +504,7 @@ impl PrefillService {
         facts.check_prompt(&req.prompt)?;
         let params = ferry_proto::sampling_from_wire(req.sampling.as_ref(), req.stop.as_ref());
         params.validate()?;
+        let constraint = crate::pick::constraint_for(&facts.grammars, &params, &req.prompt)?;
         let target: KvTarget = req.target.clone().ok_or_else(|| WorkerError::InvalidRequest("no KV target".into()))?;
         let transport = self.transport_for(&target);
         let (out, mut rx) = mpsc::unbounded_channel();
@@ -505,7 +522,7 @@ impl PrefillService {
         let buffers = transport.kind() == KvTransportKind::Nccl;
         let cached = Arc::new(AtomicUsize::new(0));
         let salt = req.cache_salt.to_vec();
-        let job = PrefillJob { request_id: req.request_id.clone(), prompt: req.prompt, params, out, cancelled, enqueued: Instant::now(), buffers, salt, ship_from, cached: cached.clone() };
+        let job = PrefillJob { request_id: req.request_id.clone(), prompt: req.prompt, params, out, cancelled, enqueued: Instant::now(), buffers, salt, ship_from, cached: cached.clone(), constraint };
         self.engine.submit(job)?;
         let span = KvSpan { header: KvPayloadHeader { layout: facts.layout, tokens: tokens - ship_from }, start: ship_from };
         let begin = KvBegin {

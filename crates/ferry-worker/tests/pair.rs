@@ -86,7 +86,7 @@ async fn generate_via(p: &Worker, d: &Worker, prompt: &[u32], params: &SamplingP
     let (sampling, stop) = ferry_proto::sampling_to_wire(params);
     let mut dec = DecodeClient::new(channel(&d.addr).await);
     let token = mint();
-    let req = DecodeRequest { request_id: "t".into(), prompt_tokens: prompt.len() as u32, sampling: Some(sampling), stop: Some(stop.clone()), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone(), ..Default::default() };
+    let req = DecodeRequest { request_id: "t".into(), prompt_tokens: prompt.len() as u32, sampling: Some(sampling.clone()), stop: Some(stop.clone()), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone(), ..Default::default() };
     let mut stream = dec.decode(req).await?.into_inner();
     let Some(decode_response::Event::Admitted(adm)) = stream.message().await?.and_then(|m| m.event) else { panic!("admitted first") };
     let target = KvTarget {
@@ -298,7 +298,7 @@ async fn cancelling_mid_stream_frees_the_kv_on_both_workers() {
     let (sampling, stop) = ferry_proto::sampling_to_wire(&params);
     let mut dec = DecodeClient::new(channel(&d.addr).await);
     let token = mint();
-    let req = DecodeRequest { request_id: "c".into(), prompt_tokens: 30, sampling: Some(sampling), stop: Some(stop.clone()), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone(), ..Default::default() };
+    let req = DecodeRequest { request_id: "c".into(), prompt_tokens: 30, sampling: Some(sampling.clone()), stop: Some(stop.clone()), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone(), ..Default::default() };
     let mut stream = dec.decode(req).await.unwrap().into_inner();
     let Some(decode_response::Event::Admitted(adm)) = stream.message().await.unwrap().and_then(|m| m.event) else { panic!() };
     let target = KvTarget { decode_worker: "d".into(), grpc_addr: d.addr.clone(), data_addr: adm.data_addr, transfer_id: adm.transfer_id, transfer_token: token, transport: 0, ..Default::default() };

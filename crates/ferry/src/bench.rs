@@ -19,6 +19,8 @@ pub enum BenchCommand {
     Serve(crate::bench_serve::ServeBenchArgs),
     /// A soak under random kills and freezes of workers and routers: lost, hung, corrupted, leaked.
     Chaos(crate::bench_chaos::ChaosBenchArgs),
+    /// What structured outputs cost a decode batch: TPOT free vs under a JSON schema's mask.
+    Grammar(crate::bench_grammar::GrammarBenchArgs),
     /// Draw `bench serve` results (JSON from --out) in one SVG: p99 TTFT and TPOT against the rate.
     Plot(PlotArgs),
     /// The receiving process of `bench kv` (started by it).
@@ -76,6 +78,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Kv(a) => crate::bench_kv::run(a),
         BenchCommand::Serve(a) => crate::bench_serve::run(a),
         BenchCommand::Plot(a) => plot(a),
+        BenchCommand::Grammar(a) => crate::bench_grammar::run(a),
         BenchCommand::Chaos(a) => crate::bench_chaos::run(a),
         BenchCommand::Router(a) => crate::bench_cluster::router(a),
         BenchCommand::Disagg(a) => crate::bench_cluster::disagg(a),

@@ -3,6 +3,7 @@
 mod bench;
 mod bench_chaos;
 mod bench_cluster;
+mod bench_grammar;
 mod bench_kv;
 mod bench_multiturn;
 mod bench_serve;

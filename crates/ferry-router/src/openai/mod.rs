@@ -9,6 +9,7 @@
 pub mod error;
 pub mod request;
 pub mod response;
+pub mod structured;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -174,7 +175,15 @@ async fn run(
     if !h.shared.serves(&parsed.model) {
         return Err(ApiError::model_not_found(&parsed.model));
     }
-    let started = service::start(&h.shared, parsed.request, tenant)?;
+    let started = service::start(&h.shared, parsed.request, tenant).map_err(|e| {
+        // A grammar that does not compile is named by the field it came in.
+        let grammar = matches!(e, crate::RouterError::InvalidGrammar(_));
+        let mut api = ApiError::from(e);
+        if grammar {
+            api.param = parsed.structured_field;
+        }
+        api
+    })?;
     let meta = Meta::new(
         kind,
         &started.request_id,

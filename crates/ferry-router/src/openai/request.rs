@@ -8,6 +8,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
+use super::structured;
 
 /// Which endpoint a request came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +33,8 @@ pub struct Parsed {
     pub stream: bool,
     /// `stream_options.include_usage`: a last chunk with `usage`.
     pub include_usage: bool,
+    /// The field that asked for a structured output, if one did (named when its grammar is bad).
+    pub structured_field: Option<&'static str>,
     pub request: v1::GenerateRequest,
 }
 
@@ -95,6 +98,8 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
             Some(name),
         ));
     }
+    let structured = structured::parse(&obj)?;
+    let structured_field = structured.as_ref().map(|(_, f)| *f);
     let sampling = v1::SamplingParams {
         // OpenAI's default temperature is 1.
         temperature: field::<f32>(&obj, "temperature")?.unwrap_or(1.0),
@@ -102,6 +107,7 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
         top_p: field::<f32>(&obj, "top_p")?,
         seed: seed(obj.get("seed"))?,
         token_offset: 0,
+        structured: structured.map(|(s, _)| s),
     };
     let stop = v1::StopConditions {
         max_tokens: max_tokens.map_or(0, |(n, _)| n),
@@ -133,6 +139,7 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
         model: model.clone(),
         stream,
         include_usage,
+        structured_field,
         request: v1::GenerateRequest {
             request_id: String::new(),
             model,
@@ -358,7 +365,7 @@ mod tests {
         let r = &p.request;
         assert_eq!(r.model, "m");
         assert_eq!(r.input, Some(Input::Prompt("Hi".into())));
-        let s = r.sampling.unwrap();
+        let s = r.sampling.clone().unwrap();
         assert_eq!((s.temperature, s.top_p, s.seed), (0.0, Some(0.5), Some(7)));
         let stop = r.stop.clone().unwrap();
         assert_eq!(

@@ -30,6 +30,7 @@ impl Router {
 }
 
 /// `prompt` as token ids, `max_tokens` new tokens with EOS ignored, under `cache_salt`.
+#[allow(dead_code)]
 pub fn request(prompt: &[u32], max_tokens: u32, cache_salt: &str) -> GenerateRequest {
     GenerateRequest {
         input: Some(generate_request::Input::Tokens(TokenInput { ids: prompt.to_vec() })),
@@ -61,4 +62,36 @@ pub async fn generate_as(router: &str, key: Option<&str>, req: GenerateRequest) 
         }
     }
     Err(tonic::Status::internal("no final message"))
+}
+
+/// A worker of `role` running `engine`, registered with the router at `router`, KV over TCP;
+/// it stops when the returned sender is dropped or sent to.
+#[allow(dead_code)]
+pub async fn spawn_worker(role: ferry_worker::Role, router: &str, engine: ferry_engine::Engine) -> tokio::sync::oneshot::Sender<()> {
+    use ferry_worker::{Listeners, Role, TransportChoice, WorkerConfig};
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let data = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cfg = WorkerConfig { model: "test".into(), router: Some(router.to_string()), transport: TransportChoice::Tcp, ..WorkerConfig::new(role, format!("{role:?}")) };
+    let handle = ferry_worker::EngineHandle::start(role, engine, "test", None);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (ready, _) = tokio::sync::watch::channel(false);
+    let listeners = Listeners { grpc, data: (role == Role::Decode).then_some(data), metrics: None, health: None };
+    tokio::spawn(async move {
+        ferry_worker::serve(cfg, handle, listeners, async move { let _ = stopped.await; }, ready).await.expect("worker");
+    });
+    stop
+}
+
+/// [`generate`], retrying while the router has no ready worker yet (workers registering).
+#[allow(dead_code)]
+pub async fn generate_when_ready(router: &str, req: GenerateRequest) -> Result<(Vec<u32>, GenerateFinal), tonic::Status> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        match generate(router, req.clone()).await {
+            Err(e) if e.code() == tonic::Code::Unavailable && std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await
+            }
+            r => return r,
+        }
+    }
 }

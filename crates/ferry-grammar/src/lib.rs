@@ -1,0 +1,235 @@
+//! Structured outputs: a request's [`OutputGrammar`] (JSON schema, any JSON object, regex, Lark
+//! grammar, or a fixed choice) compiled by llguidance (the grammar engine behind vLLM's, SGLang's
+//! and llama.cpp's guidance backends) into a per-token mask over the model's vocabulary.
+//!
+//! One [`Grammars`] per model (the token trie is built once from the tokenizer). Each request that
+//! asks for structure gets a [`Constraint`]: before a token is sampled, [`Constraint::mask`] sets
+//! every token the grammar forbids to -inf; after, [`Constraint::commit`] advances the matcher.
+//!
+//! The matcher's state is the grammar plus the tokens it has consumed, so it crosses the
+//! prefill -> decode hop (and a migration) as exactly that: every worker that samples builds the
+//! constraint from the request's grammar and replays the completion so far
+//! ([`Grammars::constraint`]'s `replay`). Nothing opaque travels between workers.
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use ferry_core::sampling::OutputGrammar;
+use ferry_tokenizer::Tokenizer;
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory};
+use serde_json::{Value, json};
+use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum GrammarError {
+    /// The model's tokenizer cannot be turned into a token trie (final: no request can use a
+    /// grammar with this model).
+    #[error("structured outputs are not available for this model's tokenizer: {0}")]
+    Tokenizer(String),
+    /// The request's grammar is malformed or unsupported (final: the request is invalid).
+    #[error("invalid {kind}: {message}")]
+    Invalid { kind: &'static str, message: String },
+    /// The matcher refused a token or failed (the completion so far does not fit the grammar).
+    #[error("the structured-output matcher failed: {0}")]
+    Matcher(String),
+}
+
+/// The grammar engine for one model: its token trie and llguidance's parser factory.
+pub struct Grammars {
+    factory: ParserFactory,
+    vocab: usize,
+}
+
+impl std::fmt::Debug for Grammars {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammars").field("vocab", &self.vocab).finish()
+    }
+}
+
+/// The tokenizer as llguidance sees it: each token's bytes (special tokens behind the trie's
+/// marker, so no grammar can spell them as text), and the tokenizer itself for forced strings.
+struct Env {
+    trie: TokTrie,
+    tokenizer: Tokenizer,
+}
+
+impl TokenizerEnv for Env {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
+        // Only whole UTF-8 text reaches here from grammars; lossy keeps it total.
+        self.tokenizer.encode(&String::from_utf8_lossy(s), false).unwrap_or_default()
+    }
+}
+
+impl Grammars {
+    /// Builds the token trie for `tokenizer`, padded to the model's `vocab` (its logits' width;
+    /// ids past the tokenizer's are never allowed). `None`: the tokenizer's own size (enough to
+    /// check grammars, as the router does).
+    pub fn new(tokenizer: &Tokenizer, vocab: Option<usize>) -> Result<Self, GrammarError> {
+        let text = tokenizer.to_json().map_err(|e| GrammarError::Tokenizer(e.to_string()))?;
+        let json: Value = serde_json::from_str(&text).map_err(|e| GrammarError::Tokenizer(e.to_string()))?;
+        let mut words = llguidance::token_bytes_from_tokenizer_json(&json).map_err(|e| GrammarError::Tokenizer(e.to_string()))?;
+        let vocab = vocab.unwrap_or(words.len());
+        if words.len() > vocab {
+            return Err(GrammarError::Tokenizer(format!("the tokenizer has {} tokens but the model only {vocab} logits", words.len())));
+        }
+        while words.len() < vocab {
+            // Ids the tokenizer does not know: special placeholders, never text.
+            let mut name = format!(".<[{}]>", words.len()).into_bytes();
+            name[0] = TokTrie::SPECIAL_TOKEN_MARKER;
+            words.push(name);
+        }
+        let eos = tokenizer.eos_ids();
+        let Some(&first_eos) = eos.first() else {
+            return Err(GrammarError::Tokenizer("the model has no end-of-sequence token to finish a grammar with".into()));
+        };
+        let info = TokRxInfo { tok_bos: tokenizer.bos_id(), ..TokRxInfo::new(vocab as u32, first_eos) };
+        let trie = TokTrie::from(&info, &words).with_eos_tokens(eos);
+        let env: TokEnv = Arc::new(Env { trie, tokenizer: tokenizer.clone() });
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| GrammarError::Tokenizer(e.to_string()))?;
+        // Errors come back to the caller; llguidance's own stderr logging stays off.
+        factory.quiet();
+        Ok(Self { factory, vocab })
+    }
+
+    /// The width of the masks (the model's vocabulary).
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// Checks that `grammar` compiles (the router does this before any worker sees it).
+    pub fn check(&self, grammar: &OutputGrammar) -> Result<(), GrammarError> {
+        self.parser(grammar).map(drop)
+    }
+
+    /// A constraint for one request, advanced over `replay` (the completion's tokens already
+    /// sampled elsewhere: the first token on the decode worker, the generated tail of the prompt
+    /// after a migration).
+    pub fn constraint(&self, grammar: &OutputGrammar, replay: &[u32]) -> Result<Constraint, GrammarError> {
+        let mut c = Constraint { matcher: Matcher::new(Ok(self.parser(grammar)?)), mask_time: Duration::ZERO };
+        for &t in replay {
+            c.commit(t)?;
+        }
+        Ok(c)
+    }
+
+    fn parser(&self, grammar: &OutputGrammar) -> Result<llguidance::TokenParser, GrammarError> {
+        let kind = kind(grammar);
+        let top = top_level(grammar).map_err(|message| GrammarError::Invalid { kind, message })?;
+        self.factory.create_parser(top).map_err(|e| GrammarError::Invalid { kind, message: e.to_string() })
+    }
+}
+
+fn kind(g: &OutputGrammar) -> &'static str {
+    match g {
+        OutputGrammar::JsonSchema(_) => "JSON schema",
+        OutputGrammar::JsonObject => "JSON object grammar",
+        OutputGrammar::Regex(_) => "regular expression",
+        OutputGrammar::Lark(_) => "Lark grammar",
+        OutputGrammar::Choice(_) => "choice list",
+    }
+}
+
+/// llguidance's grammar for `g`. JSON comes out compact (no free whitespace, which small models
+/// otherwise fill until max_tokens) unless the schema sets `x-guidance` itself.
+fn top_level(g: &OutputGrammar) -> Result<TopLevelGrammar, String> {
+    let json_schema = |mut schema: Value| -> Result<TopLevelGrammar, String> {
+        let Value::Object(obj) = &mut schema else {
+            return Err("a JSON schema must be a JSON object".into());
+        };
+        obj.entry("x-guidance").or_insert_with(|| json!({"whitespace_flexible": false}));
+        Ok(TopLevelGrammar::from_json_schema(schema))
+    };
+    match g {
+        OutputGrammar::JsonSchema(text) => json_schema(serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?),
+        OutputGrammar::JsonObject => json_schema(json!({"type": "object"})),
+        OutputGrammar::Regex(rx) => Ok(TopLevelGrammar::from_regex(rx)),
+        OutputGrammar::Lark(src) => {
+            if src.trim().is_empty() {
+                return Err("the grammar is empty".into());
+            }
+            Ok(TopLevelGrammar::from_lark(src.clone()))
+        }
+        OutputGrammar::Choice(choices) => {
+            if choices.is_empty() {
+                return Err("at least one choice is needed".into());
+            }
+            // Lark string literals are JSON strings, so any choice text is quoted exactly.
+            let alts: Vec<String> = choices.iter().map(|c| serde_json::to_string(c).expect("a string serializes")).collect();
+            Ok(TopLevelGrammar::from_lark(format!("start: {}", alts.join(" | "))))
+        }
+    }
+}
+
+/// A [`Grammars`] built on first use (building the token trie takes a moment; a process that
+/// never sees a grammar never pays it), shared by every request of a worker or router.
+pub struct LazyGrammars {
+    tokenizer: Arc<Tokenizer>,
+    vocab: Option<usize>,
+    cell: OnceLock<Result<Grammars, GrammarError>>,
+}
+
+impl std::fmt::Debug for LazyGrammars {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LazyGrammars").field("vocab", &self.vocab).field("built", &self.cell.get().is_some()).finish()
+    }
+}
+
+impl LazyGrammars {
+    /// See [`Grammars::new`] for `vocab`.
+    pub fn new(tokenizer: Arc<Tokenizer>, vocab: Option<usize>) -> Self {
+        Self { tokenizer, vocab, cell: OnceLock::new() }
+    }
+
+    pub fn get(&self) -> Result<&Grammars, GrammarError> {
+        self.cell.get_or_init(|| Grammars::new(&self.tokenizer, self.vocab)).as_ref().map_err(Clone::clone)
+    }
+}
+
+/// One request's matcher.
+pub struct Constraint {
+    matcher: Matcher,
+    mask_time: Duration,
+}
+
+impl Constraint {
+    /// Sets the logit of every token the grammar forbids now to -inf. Once the grammar is
+    /// complete only the end-of-sequence tokens remain.
+    pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), GrammarError> {
+        let t0 = Instant::now();
+        let mask = self.matcher.compute_mask_or_eos().map_err(|e| GrammarError::Matcher(e.to_string()))?;
+        for (i, l) in logits.iter_mut().enumerate() {
+            if !mask.is_allowed(i as TokenId) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        self.mask_time += t0.elapsed();
+        Ok(())
+    }
+
+    /// Advances over a sampled token. End-of-sequence tokens are accepted once the grammar can
+    /// finish.
+    pub fn commit(&mut self, token: u32) -> Result<(), GrammarError> {
+        if self.matcher.is_stopped() {
+            return Ok(());
+        }
+        self.matcher.consume_token(token).map_err(|e| GrammarError::Matcher(format!("token {token}: {e}")))
+    }
+
+    /// The grammar is complete and admits nothing more: the sequence can finish now.
+    pub fn is_finished(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+
+    /// Time spent computing masks so far.
+    pub fn mask_time(&self) -> Duration {
+        self.mask_time
+    }
+}
+
+#[cfg(test)]
+mod tests;
