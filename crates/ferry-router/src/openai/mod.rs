@@ -66,15 +66,17 @@ pub fn router(shared: Arc<Shared>, keys: ApiKeys) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
-        .route("/v1/models/{id}", get(model))
+        // `{*id}`: a name may hold a `/` (`org/name`, as the HF hub names models).
+        .route("/v1/models/{*id}", get(model))
         .route("/tokenize", post(tokenize_route))
         .route("/detokenize", post(detokenize_route))
+        // Behind the key too: without one, no route is told apart from another.
+        .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(keys, require_key));
     Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .merge(keyed)
-        .fallback(not_found)
         .with_state(state)
 }
 
