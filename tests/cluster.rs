@@ -490,6 +490,7 @@ async fn openai_python_client_against_ferry_up() {
         Ok(r)
     });
     let name = client.model_info(ferry_proto::v1::ModelInfoRequest {}).await.unwrap().into_inner().model;
+    assert_eq!(name, "SmolLM2-135M-Instruct", "the served id: the file's name without its quantisation");
 
     // What Ferry's own API answers greedily, for the Python client to match.
     let (prompt, max_tokens, chat) = ("The capital of France is", 12u32, "What is the capital of France?");

@@ -71,9 +71,7 @@ impl ModelText {
         tokenizer.set_special(bos, eos_ids.clone());
         let tc = dir.join("tokenizer_config.json");
         let chat_template = if tc.exists() { ChatTemplate::from_tokenizer_config(&tc)? } else { None };
-        // `ferry router --model .` names the folder, not ".".
-        let name = crate::served_name(&dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf()));
-        Ok(ModelText { tokenizer, chat_template, add_special_tokens: true, eos_ids, name })
+        Ok(ModelText { tokenizer, chat_template, add_special_tokens: true, eos_ids, name: crate::served_name(dir) })
     }
 
     /// A prompt's ids, with special tokens per the model's settings.

@@ -7,8 +7,18 @@
 
 use std::path::Path;
 
-/// The default served name of the model at `path` (a `.gguf` file or an HF folder).
+/// The default served name of the model at `path` (a `.gguf` file or an HF folder). A folder is
+/// named from its canonical path (`ferry router --model .` names the folder, not "."); a file
+/// from the path as given (a file in the HF hub cache is a link to a blob named by its hash).
 pub fn served_name(path: &Path) -> String {
+    let canonical;
+    let path = match path.is_dir().then(|| path.canonicalize()) {
+        Some(Ok(p)) => {
+            canonical = p;
+            canonical.as_path()
+        }
+        _ => path,
+    };
     if let Some(repo) = hub_repo(path) {
         return repo;
     }
