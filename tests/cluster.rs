@@ -490,6 +490,7 @@ async fn openai_python_client_against_ferry_up() {
         Ok(r)
     });
     let name = client.model_info(ferry_proto::v1::ModelInfoRequest {}).await.unwrap().into_inner().model;
+    assert_eq!(name, "SmolLM2-135M-Instruct", "the served id: the file's name without its quantisation");
 
     // What Ferry's own API answers greedily, for the Python client to match.
     let (prompt, max_tokens, chat) = ("The capital of France is", 12u32, "What is the capital of France?");
@@ -521,7 +522,8 @@ async fn openai_python_client_against_ferry_up() {
         "expect_chat": chat_text,
     });
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/openai_client.py");
-    let out = tokio::task::spawn_blocking(move || std::process::Command::new(&python).arg(&script).arg(args.to_string()).output())
+    let py = python.clone();
+    let out = tokio::task::spawn_blocking(move || std::process::Command::new(&py).arg(&script).arg(args.to_string()).output())
         .await
         .unwrap()
         .expect("run the openai client script");
@@ -532,13 +534,30 @@ async fn openai_python_client_against_ferry_up() {
     // Structured outputs: chat.completions.parse with pydantic models.
     let args = serde_json::json!({ "base_url": format!("http://{}/v1", cluster.http), "api_key": key, "model": name });
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/openai_structured.py");
-    let python = openai_python().expect("found above");
-    let out = tokio::task::spawn_blocking(move || std::process::Command::new(&python).arg(&script).arg(args.to_string()).output())
+    let py = python.clone();
+    let out = tokio::task::spawn_blocking(move || std::process::Command::new(&py).arg(&script).arg(args.to_string()).output())
         .await
         .unwrap()
         .expect("run the structured-outputs script");
     let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && log.contains("all checks passed"), "tests/openai_structured.py failed:\n{log}");
+    eprintln!("{log}");
+
+    // Every field of the `openai` package's request types against docs/api.md's field table.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let args = serde_json::json!({
+        "base_url": format!("http://{}/v1", cluster.http),
+        "api_key": key,
+        "model": name,
+        "api_md": root.join("docs/api.md"),
+    });
+    let script = root.join("tests/openai_fields.py");
+    let out = tokio::task::spawn_blocking(move || std::process::Command::new(&python).arg(&script).arg(args.to_string()).output())
+        .await
+        .unwrap()
+        .expect("run the openai fields script");
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && log.contains("all checks passed"), "tests/openai_fields.py failed:\n{log}");
     eprintln!("{log}");
     cluster.assert_no_leaks().await;
 }

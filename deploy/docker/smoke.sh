@@ -31,7 +31,7 @@ fail=0
 echo "== OpenAI HTTP through the router"
 curl -s 127.0.0.1:18000/v1/models; echo
 out=$(curl -s 127.0.0.1:18000/v1/chat/completions -H 'content-type: application/json' \
-  -d '{"model":"Smollm2 135M 8k Lc100K Mix1 Ep2","messages":[{"role":"user","content":"What is the capital of France?"}],"max_tokens":24,"temperature":0}')
+  -d '{"model":"SmolLM2-135M-Instruct","messages":[{"role":"user","content":"What is the capital of France?"}],"max_tokens":24,"temperature":0}')
 echo "$out"
 case "$out" in *Paris*) ;; *) echo "FAIL: no answer naming Paris"; fail=1 ;; esac
 echo "== SIGTERM (docker stop) drains and exits 0"

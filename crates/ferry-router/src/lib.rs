@@ -77,7 +77,8 @@ pub struct RouterConfig {
     /// The token `Registry` and `Admin` require (unset: open).
     pub admin_token: AdminToken,
     /// The names clients may ask for the model by (`model` in requests); the first is the one
-    /// reported. Empty: the model's own name (GGUF `general.name`, or the HF folder's name).
+    /// reported. Empty: the model path's own name ([`ferry_tokenizer::served_name`]: the file
+    /// stem without its quantisation, or the HF folder's name).
     pub served_model_names: Vec<String>,
     /// TLS: `server` on the gRPC listener (mutual TLS when it has a client CA), `client` when
     /// dialing workers and `ferry up`'s scaler. Default: plaintext both ways.

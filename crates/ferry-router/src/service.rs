@@ -92,17 +92,7 @@ pub fn prepare(
             ));
         }
         Some(Input::Chat(c)) => {
-            let tpl = text.chat_template.as_ref().ok_or_else(|| {
-                RouterError::InvalidRequest(format!("model {} has no chat template", text.name))
-            })?;
-            let msgs: Vec<ChatMessage> = c
-                .messages
-                .iter()
-                .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
-                .collect();
-            let rendered = tpl
-                .render(&msgs, true)
-                .map_err(|e| RouterError::InvalidRequest(format!("chat template: {e}")))?;
+            let rendered = render_chat(text, &c.messages, true)?;
             // The template writes the special tokens itself.
             text.tokenizer
                 .encode(&rendered, false)
@@ -146,6 +136,31 @@ pub fn prepare(
     Ok((ids, params))
 }
 
+/// A conversation rendered with the model's chat template; with `add_generation_prompt`, it ends
+/// with the assistant's header.
+pub fn render_chat(
+    text: &ModelText,
+    messages: &[v1::ChatMessage],
+    add_generation_prompt: bool,
+) -> Result<String, RouterError> {
+    let tpl = text.chat_template.as_ref().ok_or_else(|| {
+        RouterError::InvalidRequest(format!("model {} has no chat template", text.name))
+    })?;
+    let msgs: Vec<ChatMessage> = messages
+        .iter()
+        .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
+        .collect();
+    tpl.render(&msgs, add_generation_prompt)
+        .map_err(|e| RouterError::InvalidRequest(format!("chat template: {e}")))
+}
+
+/// Whether workers ready in these numbers (prefill, decode, colocated) can serve a request: a
+/// prefill and a decode worker, or a colocated one. gRPC `Health`, HTTP `/health` and
+/// [`start`] all ask this.
+pub fn can_serve((prefill, decode, colocated): (u32, u32, u32)) -> bool {
+    (prefill > 0 && decode > 0) || colocated > 0
+}
+
 /// A request that passed validation and now runs in its own task.
 pub struct Started {
     pub request_id: String,
@@ -166,8 +181,9 @@ pub fn start(shared: &Arc<Shared>, req: v1::GenerateRequest, tenant: Option<&fer
     let (prompt, params) = span.in_scope(|| prepare(shared, &req)).inspect_err(|_| {
         crate::metrics::request_outcome("invalid");
     })?;
-    let (p, d, c) = shared.registry.ready_counts();
-    if (p == 0 || d == 0) && c == 0 {
+    let counts = shared.registry.ready_counts();
+    if !can_serve(counts) {
+        let (p, _, _) = counts;
         crate::metrics::request_outcome("unavailable");
         let role = if p == 0 {
             ferry_core::WorkerRole::Prefill
@@ -212,7 +228,7 @@ impl v1::ferry_server::Ferry for FerryService {
     ) -> Result<Response<v1::HealthResponse>, Status> {
         let (p, d, c) = self.shared.registry.ready_counts();
         Ok(Response::new(v1::HealthResponse {
-            serving: (p > 0 && d > 0) || c > 0,
+            serving: can_serve((p, d, c)),
             prefill_workers: p,
             decode_workers: d,
             colocated_workers: c,

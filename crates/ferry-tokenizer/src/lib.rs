@@ -6,12 +6,14 @@
 //! - [`ChatTemplate`]: the model's Jinja chat template rendered like `transformers` does.
 //! - [`ModelText`]: a model path's tokenizer, chat template and special-token settings, without
 //!   its weights (what the router needs to tokenize exactly as the engine does).
+//! - [`served_name`]: the name a model path is served under by default.
 //! - [`StreamDecoder`]: ids in, whole characters out, for streaming responses.
 
 mod chat;
 mod error;
 mod gguf;
 mod model_text;
+mod name;
 mod stream;
 mod tokenizer;
 
@@ -19,5 +21,6 @@ pub use chat::{ChatMessage, ChatTemplate};
 pub use error::{BoxError, TokenizerError};
 pub use gguf::PreTokenizerKind;
 pub use model_text::ModelText;
+pub use name::{served_name, without_quant};
 pub use stream::StreamDecoder;
 pub use tokenizer::Tokenizer;

@@ -18,7 +18,8 @@ pub struct ModelText {
     pub add_special_tokens: bool,
     /// Ids that end generation: EOS, EOT/EOM where defined, and `generation_config.json`'s.
     pub eos_ids: Vec<u32>,
-    /// GGUF `general.name`, else the file stem or folder name.
+    /// The name it is served under by default: [`crate::served_name`] of its path (the file
+    /// stem without the quantisation, the folder name, or `org/name` in the HF hub cache).
     pub name: String,
 }
 
@@ -35,7 +36,7 @@ impl ModelText {
         }
     }
 
-    /// The text side of an opened GGUF file (`path` only names it when `general.name` is absent).
+    /// The text side of an opened GGUF file (`path` names it).
     pub fn from_gguf(file: &GgufFile, path: &Path) -> Result<ModelText, TokenizerError> {
         let tokenizer = Tokenizer::from_gguf(file)?;
         let chat_template = ChatTemplate::from_gguf(file, &tokenizer)?;
@@ -52,11 +53,7 @@ impl ModelText {
         for &id in tokenizer.eos_ids() {
             push_unique(&mut eos_ids, id);
         }
-        let name = match file.get("general.name").and_then(|v| v.as_str()) {
-            Some(n) if !n.is_empty() => n.to_owned(),
-            _ => stem(path),
-        };
-        Ok(ModelText { tokenizer, chat_template, add_special_tokens, eos_ids, name })
+        Ok(ModelText { tokenizer, chat_template, add_special_tokens, eos_ids, name: crate::served_name(path) })
     }
 
     /// The text side of an HF model folder. BOS is `config.json`'s first `bos_token_id`; the EOS
@@ -74,7 +71,7 @@ impl ModelText {
         tokenizer.set_special(bos, eos_ids.clone());
         let tc = dir.join("tokenizer_config.json");
         let chat_template = if tc.exists() { ChatTemplate::from_tokenizer_config(&tc)? } else { None };
-        Ok(ModelText { tokenizer, chat_template, add_special_tokens: true, eos_ids, name: stem(dir) })
+        Ok(ModelText { tokenizer, chat_template, add_special_tokens: true, eos_ids, name: crate::served_name(dir) })
     }
 
     /// A prompt's ids, with special tokens per the model's settings.
@@ -99,10 +96,6 @@ fn push_unique(v: &mut Vec<u32>, id: u32) {
     if !v.contains(&id) {
         v.push(id);
     }
-}
-
-fn stem(path: &Path) -> String {
-    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string())
 }
 
 /// A token id field: a number or a list of numbers (anything else: none).

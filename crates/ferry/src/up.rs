@@ -165,6 +165,11 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         args.extend(node_flags.iter().cloned());
         routers.push(lock().start_router(args, router_env.clone())?);
     }
+    // The name `/v1/models` lists first: what an OpenAI client sends as `model`.
+    let served = match crate::router_cmd::served_model_names(&a.served_model_name)?.first() {
+        Some(n) => n.clone(),
+        None => ferry_tokenizer::served_name(std::path::Path::new(&model)),
+    };
     let router = routers[0].grpc.clone();
     let http = routers[0].http.clone();
     let all_routers: Vec<String> = routers.iter().map(|r| r.grpc.clone()).collect();
@@ -220,7 +225,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             None => String::new(),
         };
         println!(
-            "ready router={router} http={http} routers={} ({} prefill, {} decode, {} colocated, {threads} threads each); try: ferry generate --router {router}{try_tls} --chat \"Hello\"",
+            "ready router={router} http={http} model={served} routers={} ({} prefill, {} decode, {} colocated, {threads} threads each); try: ferry generate --router {router}{try_tls} --chat \"Hello\"",
             all_routers.join(","),
             a.prefill,
             a.decode,

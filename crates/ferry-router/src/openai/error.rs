@@ -14,7 +14,7 @@ pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
     /// The request field at fault, if one is.
-    pub param: Option<&'static str>,
+    pub param: Option<String>,
     pub code: Option<&'static str>,
     /// Seconds a client should wait before trying again (the `Retry-After` header of a 429).
     pub retry_after: Option<u32>,
@@ -26,9 +26,17 @@ impl ApiError {
         ApiError {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
-            param,
+            param: param.map(str::to_owned),
             code: None,
             retry_after: None,
+        }
+    }
+
+    /// 400 `invalid_request_error` for a field named at run time (an unknown one, say).
+    pub fn invalid_field(message: impl Into<String>, param: String) -> ApiError {
+        ApiError {
+            param: Some(param),
+            ..ApiError::invalid(message, None)
         }
     }
 
@@ -48,7 +56,7 @@ impl ApiError {
         ApiError {
             status: StatusCode::NOT_FOUND,
             message: format!("the model `{requested}` does not exist"),
-            param: Some("model"),
+            param: Some("model".into()),
             code: Some("model_not_found"),
             retry_after: None,
         }
@@ -112,7 +120,7 @@ impl From<RouterError> for ApiError {
             status: e.http_status(),
             retry_after: e.retry_after_s(),
             message: e.to_string(),
-            param,
+            param: param.map(str::to_owned),
             code,
         }
     }

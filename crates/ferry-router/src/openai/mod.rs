@@ -1,5 +1,11 @@
 //! The OpenAI-compatible HTTP API on the router: `POST /v1/completions`,
-//! `POST /v1/chat/completions`, `GET /v1/models` and `GET /v1/models/{id}` (axum, HTTP/1.1).
+//! `POST /v1/chat/completions`, `GET /v1/models` and `GET /v1/models/{id}` (axum, HTTP/1.1), and
+//! beside them, as vLLM serves them, `POST /tokenize` and `POST /detokenize` ([`tokenize`]),
+//! `GET /health` and `GET /metrics`.
+//!
+//! API keys guard `/v1/*` and the tokenizer endpoints. `/health` and `/metrics` stay open, as in
+//! vLLM: probes and Prometheus scrape them without a key, and they say nothing of any request
+//! (the worker counts and the same metrics the metrics listener serves).
 //!
 //! Each request is parsed ([`request`]) into Ferry's `GenerateRequest` and started through
 //! [`service::start`], the same path as the gRPC `Generate`; its events become one JSON answer or
@@ -7,9 +13,11 @@
 //! cancels the request on its workers. Errors answer in OpenAI's JSON shape ([`error`]).
 
 pub mod error;
+pub mod fields;
 pub mod request;
 pub mod response;
 pub mod structured;
+pub mod tokenize;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -48,20 +56,86 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// The HTTP API's routes, every one behind the API-key check when keys are configured.
+/// The HTTP API's routes: `/v1/*` and the tokenizer endpoints behind the API-key check when keys
+/// are configured, `/health` and `/metrics` open.
 pub fn router(shared: Arc<Shared>, keys: ApiKeys) -> Router {
     let state = Arc::new(Http {
         shared,
         created: unix_now(),
     });
-    Router::new()
+    let keyed = Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
-        .route("/v1/models/{id}", get(model))
+        // `{*id}`: a name may hold a `/` (`org/name`, as the HF hub names models).
+        .route("/v1/models/{*id}", get(model))
+        .route("/tokenize", post(tokenize_route))
+        .route("/detokenize", post(detokenize_route))
+        // Behind the key too: without one, no route is told apart from another.
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(keys, require_key));
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .merge(keyed)
         .with_state(state)
-        .layer(axum::middleware::from_fn_with_state(keys, require_key))
+}
+
+/// `GET /health`: 200 when the cluster can serve a request (the gRPC `Health` test), else 503;
+/// either way the ready worker counts.
+async fn health(State(h): St) -> Response {
+    let (p, d, c) = h.shared.registry.ready_counts();
+    let serving = service::can_serve((p, d, c));
+    let body = json!({
+        "status": if serving { "ok" } else { "unavailable" },
+        "prefill_workers": p,
+        "decode_workers": d,
+        "colocated_workers": c,
+    });
+    let status = if serving {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, json_ok(&body)).into_response()
+}
+
+/// `GET /metrics`: the Prometheus text the metrics listener serves.
+async fn metrics() -> Response {
+    match crate::metrics::handle() {
+        Ok(h) => (
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            h.render(),
+        )
+            .into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+async fn tokenize_route(State(h): St, body: Result<Bytes, BytesRejection>) -> Response {
+    answer(body.map_err(rejected).and_then(|b| tokenize::tokenize(&h.shared, &b)))
+}
+
+async fn detokenize_route(State(h): St, body: Result<Bytes, BytesRejection>) -> Response {
+    answer(body.map_err(rejected).and_then(|b| tokenize::detokenize(&h.shared, &b)))
+}
+
+fn answer(r: Result<Value, ApiError>) -> Response {
+    match r {
+        Ok(v) => json_ok(&v),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// A body axum could not read (too large, not UTF-8 where it must be, …).
+fn rejected(r: BytesRejection) -> ApiError {
+    ApiError {
+        status: r.status(),
+        message: r.body_text(),
+        param: None,
+        code: None,
+        retry_after: None,
+    }
 }
 
 /// Serves [`router`] on `listener` until `shutdown`.
@@ -164,26 +238,20 @@ async fn run(
     tenant: Option<&Tenant>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body.map_err(|r| ApiError {
-        status: r.status(),
-        message: r.body_text(),
-        param: None,
-        code: None,
-        retry_after: None,
-    })?;
+    let body = body.map_err(rejected)?;
     let parsed = request::parse(kind, &body)?;
     if !h.shared.serves(&parsed.model) {
         return Err(ApiError::model_not_found(&parsed.model));
     }
-    let started = service::start(&h.shared, parsed.request, tenant).map_err(|e| {
+    let started = service::start(&h.shared, parsed.request, tenant).map_err(|e| match (&e, parsed.structured_field) {
         // A grammar that does not compile is named by the field it came in.
-        let grammar = matches!(e, crate::RouterError::InvalidGrammar(_));
-        let mut api = ApiError::from(e);
-        if grammar {
-            api.param = parsed.structured_field;
-        }
-        api
+        (crate::RouterError::InvalidGrammar(g), Some(field)) => ApiError::invalid(format!("`{field}`: {g}"), Some(field)),
+        _ => ApiError::from(e),
     })?;
+    if !parsed.tags.is_empty() {
+        // `user`, `metadata`, …: the client's words about the request, for the logs only.
+        tracing::info!(request_id = %started.request_id, tags = ?parsed.tags, "request tags");
+    }
     let meta = Meta::new(
         kind,
         &started.request_id,

@@ -1,7 +1,7 @@
-//! OpenAI request bodies to Ferry's `GenerateRequest`: pure parsing, no I/O. Fields are read one
-//! by one from the JSON object so that a wrong type names its field; fields not read here are
-//! ignored (OpenAI clients send extras), and a few that would change the answer's shape
-//! (`n` > 1, `best_of` > 1, `echo`, `logprobs`) are refused rather than silently dropped.
+//! OpenAI request bodies to Ferry's `GenerateRequest`: pure parsing, no I/O. Every key of the body
+//! is first checked against [`fields`](super::fields)' table (an unknown field, or a value Ferry
+//! would not honour, is a 400 naming it); then the supported fields are read one by one from the
+//! JSON object, so that a wrong type names its field.
 
 use ferry_proto::v1::{self, generate_request::Input};
 use serde::de::DeserializeOwned;
@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 
 use super::error::ApiError;
 use super::structured;
+use super::fields;
 
 /// Which endpoint a request came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,8 +36,14 @@ pub struct Parsed {
     pub include_usage: bool,
     /// The field that asked for a structured output, if one did (named when its grammar is bad).
     pub structured_field: Option<&'static str>,
+    /// What the client said about the request (`user`, `metadata`, `safety_identifier`,
+    /// `prompt_cache_key`), as JSON text: logged with the request id.
+    pub tags: Vec<(&'static str, String)>,
     pub request: v1::GenerateRequest,
 }
+
+/// The fields logged with the request id and given no other effect.
+const TAGS: [&str; 4] = ["user", "metadata", "safety_identifier", "prompt_cache_key"];
 
 /// Parses a request body for `kind`.
 pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
@@ -48,35 +55,8 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
             None,
         ));
     };
+    fields::check(fields::FIELDS, kind, &obj, "")?;
     let model: String = field(&obj, "model")?.ok_or_else(|| required("model"))?;
-    if let Some(n) = field::<u64>(&obj, "n")?
-        && n != 1
-    {
-        return Err(ApiError::invalid(
-            format!("n = {n} is not supported: only one choice (n = 1) per request"),
-            Some("n"),
-        ));
-    }
-    if let Some(b) = field::<u64>(&obj, "best_of")?
-        && b != 1
-    {
-        return Err(ApiError::invalid(
-            "best_of is not supported (only 1)",
-            Some("best_of"),
-        ));
-    }
-    if field::<bool>(&obj, "echo")? == Some(true) {
-        return Err(ApiError::invalid("echo is not supported", Some("echo")));
-    }
-    match obj.get("logprobs") {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "logprobs are not supported",
-                Some("logprobs"),
-            ));
-        }
-    }
 
     let input = match kind {
         Kind::Completion => prompt(obj.get("prompt"))?,
@@ -112,7 +92,7 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
     let stop = v1::StopConditions {
         max_tokens: max_tokens.map_or(0, |(n, _)| n),
         stop: stop(obj.get("stop"))?,
-        stop_token_ids: Vec::new(),
+        stop_token_ids: field::<Vec<u32>>(&obj, "stop_token_ids")?.unwrap_or_default(),
         ignore_eos: field::<bool>(&obj, "ignore_eos")?.unwrap_or(false),
     };
     // vLLM's field: requests share cached prompt KV only with requests of the same salt.
@@ -126,20 +106,38 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
     let stream = field::<bool>(&obj, "stream")?.unwrap_or(false);
     let include_usage = match obj.get("stream_options") {
         None | Some(Value::Null) => false,
-        Some(Value::Object(o)) => field::<bool>(o, "include_usage")
-            .map_err(|e| ApiError {
-                param: Some("stream_options"),
-                ..e
-            })?
-            .unwrap_or(false),
+        Some(_) if !stream => {
+            return Err(ApiError::invalid(
+                "`stream_options` is only allowed when `stream` is true",
+                Some("stream_options"),
+            ));
+        }
+        Some(Value::Object(o)) => {
+            fields::check(fields::STREAM_OPTIONS, kind, o, "stream_options.")?;
+            field::<bool>(o, "include_usage")
+                .map_err(|e| ApiError {
+                    param: Some("stream_options.include_usage".into()),
+                    ..e
+                })?
+                .unwrap_or(false)
+        }
         Some(other) => return Err(wrong_type("stream_options", "an object", other)),
     };
+    let tags = TAGS
+        .iter()
+        .filter_map(|&name| match obj.get(name) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some((name, s.clone())),
+            Some(v) => Some((name, v.to_string())),
+        })
+        .collect();
     Ok(Parsed {
         kind,
         model: model.clone(),
         stream,
         include_usage,
         structured_field,
+        tags,
         request: v1::GenerateRequest {
             request_id: String::new(),
             model,
@@ -152,7 +150,7 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
 }
 
 /// `name` as a `T`; absent and `null` are `None`.
-fn field<T: DeserializeOwned>(
+pub(crate) fn field<T: DeserializeOwned>(
     obj: &Map<String, Value>,
     name: &'static str,
 ) -> Result<Option<T>, ApiError> {
@@ -164,11 +162,11 @@ fn field<T: DeserializeOwned>(
     }
 }
 
-fn required(name: &'static str) -> ApiError {
+pub(crate) fn required(name: &'static str) -> ApiError {
     ApiError::invalid(format!("`{name}` is required"), Some(name))
 }
 
-fn wrong_type(name: &'static str, want: &str, got: &Value) -> ApiError {
+pub(crate) fn wrong_type(name: &'static str, want: &str, got: &Value) -> ApiError {
     ApiError::invalid(
         format!("`{name}` must be {want}, not {}", type_name(got)),
         Some(name),
@@ -187,7 +185,7 @@ fn type_name(v: &Value) -> &'static str {
 }
 
 /// Token ids from an array of numbers, or `None` if it is not one.
-fn token_ids(a: &[Value]) -> Option<Vec<u32>> {
+pub(crate) fn token_ids(a: &[Value]) -> Option<Vec<u32>> {
     a.iter()
         .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
         .collect()
@@ -229,8 +227,8 @@ fn prompt(v: Option<&Value>) -> Result<Input, ApiError> {
 }
 
 /// `messages`: objects with a `role` and a `content` that is a string, an array of text parts, or
-/// null (an empty message).
-fn messages(v: Option<&Value>) -> Result<Vec<v1::ChatMessage>, ApiError> {
+/// null (an empty message); their other fields per [`fields::MESSAGE_FIELDS`].
+pub(crate) fn messages(v: Option<&Value>) -> Result<Vec<v1::ChatMessage>, ApiError> {
     let list = match v {
         None | Some(Value::Null) => return Err(required("messages")),
         Some(Value::Array(a)) => a,
@@ -247,6 +245,7 @@ fn messages(v: Option<&Value>) -> Result<Vec<v1::ChatMessage>, ApiError> {
         let Value::Object(m) = m else {
             return Err(bad(i, format!("must be an object, not {}", type_name(m))));
         };
+        fields::check(fields::MESSAGE_FIELDS, Kind::Chat, m, &format!("messages[{i}]."))?;
         let role = match m.get("role") {
             Some(Value::String(r)) => r.as_str(),
             None | Some(Value::Null) => return Err(bad(i, "`role` is required".into())),
@@ -356,8 +355,10 @@ mod tests {
             Kind::Completion,
             r#"{"model": "m", "prompt": "Hi", "max_tokens": 5, "temperature": 0, "top_p": 0.5,
                "seed": 7, "stop": ["a", "b"], "n": 1, "stream": true,
-               "stream_options": {"include_usage": true}, "user": "extra", "presence_penalty": 0}"#,
+               "stream_options": {"include_usage": true, "include_obfuscation": false}, "user": "extra",
+               "presence_penalty": 0, "stop_token_ids": [2, 9], "ignore_eos": true, "top_k": 4}"#,
         );
+        assert_eq!(p.tags, [("user", "extra".to_string())]);
         assert_eq!(
             (p.model.as_str(), p.stream, p.include_usage),
             ("m", true, true)
@@ -372,6 +373,7 @@ mod tests {
             (stop.max_tokens, stop.stop),
             (5, vec!["a".to_string(), "b".into()])
         );
+        assert_eq!((stop.stop_token_ids, stop.ignore_eos, s.top_k), (vec![2, 9], true, 4));
         // Defaults: OpenAI's temperature 1, Ferry's max_tokens, no stream.
         let p = ok(Kind::Completion, r#"{"model": "m", "prompt": "Hi"}"#);
         assert_eq!(p.request.sampling.unwrap().temperature, 1.0);
@@ -414,7 +416,7 @@ mod tests {
                 &format!(r#"{{"model": "m", "prompt": {prompt}}}"#),
             );
             assert_eq!(
-                (e.status.as_u16(), e.param),
+                (e.status.as_u16(), e.param.as_deref()),
                 (400, Some("prompt")),
                 "{prompt}: {e:?}"
             );
@@ -429,7 +431,7 @@ mod tests {
             r#"{"model": "m", "messages": [
                 {"role": "developer", "content": "Be brief."},
                 {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
-                {"role": "assistant", "content": null, "name": "x"}],
+                {"role": "assistant", "content": null, "name": null, "refusal": null, "tool_calls": []}],
                "max_tokens": 9, "max_completion_tokens": 3}"#,
         );
         let Some(Input::Chat(c)) = p.request.input else {
@@ -477,7 +479,7 @@ mod tests {
                 &format!(r#"{{"model": "m", "messages": {messages}}}"#),
             );
             assert_eq!(
-                (e.status.as_u16(), e.param),
+                (e.status.as_u16(), e.param.as_deref()),
                 (400, Some("messages")),
                 "{messages}"
             );
@@ -491,40 +493,67 @@ mod tests {
     fn refusals_name_the_field() {
         let base = r#""model": "m", "prompt": "Hi""#;
         for (extra, param, needle) in [
-            (r#""n": 2"#, "n", "n = 2"),
-            (r#""n": "1""#, "n", "invalid type"),
+            (r#""n": 2"#, "n", "`n` = 2 is refused: not supported yet"),
+            (r#""n": "1""#, "n", "refused"),
             (r#""max_tokens": "5""#, "max_tokens", "invalid type"),
             (r#""max_tokens": 0"#, "max_tokens", "at least 1"),
             (r#""max_tokens": -1"#, "max_tokens", "invalid value"),
             (r#""temperature": "hot""#, "temperature", "invalid type"),
             (r#""stream": 1"#, "stream", "invalid type"),
-            (r#""stream_options": 1"#, "stream_options", "an object"),
+            (r#""stream_options": {}"#, "stream_options", "only allowed when `stream` is true"),
+            (r#""stream": false, "stream_options": {}"#, "stream_options", "only allowed"),
+            (r#""stream": true, "stream_options": 1"#, "stream_options", "an object"),
             (
-                r#""stream_options": {"include_usage": "yes"}"#,
-                "stream_options",
+                r#""stream": true, "stream_options": {"include_usage": "yes"}"#,
+                "stream_options.include_usage",
                 "invalid type",
             ),
+            (
+                r#""stream": true, "stream_options": {"include_obfuscation": true}"#,
+                "stream_options.include_obfuscation",
+                "no obfuscation",
+            ),
+            (
+                r#""stream": true, "stream_options": {"usage": true}"#,
+                "stream_options.usage",
+                "unknown field \"stream_options.usage\"",
+            ),
+            (r#""stop_token_ids": [-1]"#, "stop_token_ids", "invalid value"),
+            (r#""bogus": 1"#, "bogus", "unknown field \"bogus\""),
+            (r#""messages": []"#, "messages", "unknown field"),
+            (r#""max_completion_tokens": 3"#, "max_completion_tokens", "unknown field"),
             (r#""stop": 5"#, "stop", "a string or an array"),
             (r#""stop": [1]"#, "stop", "a string or an array"),
             (r#""stop": ["a", "b", "c", "d", "e"]"#, "stop", "at most 4"),
             (r#""seed": 1.5"#, "seed", "integer"),
             (r#""seed": "1""#, "seed", "an integer"),
-            (r#""echo": true"#, "echo", "not supported"),
-            (r#""logprobs": 2"#, "logprobs", "not supported"),
-            (r#""best_of": 3"#, "best_of", "not supported"),
+            (r#""echo": true"#, "echo", "not supported yet"),
+            (r#""logprobs": 2"#, "logprobs", "not supported yet"),
+            (r#""best_of": 3"#, "best_of", "not supported yet"),
+            (r#""presence_penalty": 0.5"#, "presence_penalty", "`presence_penalty` = 0.5 is not supported: only 0"),
         ] {
             let e = err(Kind::Completion, &format!("{{{base}, {extra}}}"));
             assert_eq!(
-                (e.status.as_u16(), e.param),
+                (e.status.as_u16(), e.param.as_deref()),
                 (400, Some(param)),
                 "{extra}: {e:?}"
             );
             assert!(e.message.contains(needle), "{extra}: {}", e.message);
         }
         let e = err(Kind::Completion, r#"{"prompt": "Hi"}"#);
-        assert_eq!(e.param, Some("model"));
+        assert_eq!(e.param.as_deref(), Some("model"));
         let e = err(Kind::Completion, r#"{"model": 3, "prompt": "Hi"}"#);
-        assert_eq!(e.param, Some("model"));
+        assert_eq!(e.param.as_deref(), Some("model"));
+        // Message fields are checked too, and named with their message.
+        for (message, param, needle) in [
+            (r#"{"role": "user", "content": "x", "name": "bob"}"#, "messages[0].name", "only role and content"),
+            (r#"{"role": "user", "content": "x", "tool_call_id": "c1"}"#, "messages[0].tool_call_id", "not supported yet"),
+            (r#"{"role": "user", "content": "x", "mood": "sad"}"#, "messages[0].mood", "unknown field \"messages[0].mood\""),
+        ] {
+            let e = err(Kind::Chat, &format!(r#"{{"model": "m", "messages": [{message}]}}"#));
+            assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some(param)), "{message}: {e:?}");
+            assert!(e.message.contains(needle), "{message}: {}", e.message);
+        }
         // A negative seed is still a seed.
         let p = ok(Kind::Completion, &format!(r#"{{{base}, "seed": -1}}"#));
         assert_eq!(p.request.sampling.unwrap().seed, Some(u64::MAX));

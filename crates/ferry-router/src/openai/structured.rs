@@ -230,7 +230,7 @@ mod tests {
             (json!({"guided_regex": "a", "response_format": {"type": "json_object"}}), "guided_regex"),
         ] {
             let e = p(body.clone()).expect_err(&body.to_string());
-            assert_eq!(e.param, Some(field), "{body}: {}", e.message);
+            assert_eq!(e.param.as_deref(), Some(field), "{body}: {}", e.message);
         }
     }
 }
