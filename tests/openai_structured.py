@@ -109,12 +109,13 @@ def main():
 
     r = client.chat.completions.create(
         model=model,
-        messages=[{"role": "user", "content": "Describe the weather as a JSON object."}],
+        messages=[{"role": "user", "content": 'Give the weather in Paris as a JSON object with the keys "city" and "celsius".'}],
         response_format={"type": "json_object"},
         max_tokens=256,
         temperature=0,
     )
-    text = r.choices[0].message.content
+    text, finish = r.choices[0].message.content, r.choices[0].finish_reason
+    check("json_object answer finished", finish == "stop", (finish, text))
     check("json_object answer is a JSON object", isinstance(json.loads(text), dict), text)
 
     try:
