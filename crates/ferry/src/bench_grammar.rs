@@ -42,6 +42,10 @@ pub struct GrammarBenchArgs {
     /// Rounds of each mode (free and constrained alternate).
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// Sampling temperature for both modes (0: greedy, which isolates the mask's cost; above 0
+    /// the sampler's own work is counted too).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
     /// A JSON schema file to use instead of the built-in one.
     #[arg(long)]
     pub schema: Option<std::path::PathBuf>,
@@ -83,7 +87,7 @@ pub fn run(a: GrammarBenchArgs) -> anyhow::Result<()> {
         let constrained = round % 2 == 1;
         let mut slots: Vec<Slot> = Vec::new();
         for i in 0..a.batch {
-            slots.push(start(&mut engine, &grammars, constrained.then_some(&grammar), &prompt, i as u64)?);
+            slots.push(start(&mut engine, &grammars, constrained.then_some(&grammar), &prompt, a.temperature, i as u64)?);
         }
         let (mut steps, mut mask, mut masked, mut done, mut valid) = (Vec::new(), Duration::ZERO, 0usize, 0usize, 0usize);
         for _ in 0..a.steps {
@@ -98,10 +102,11 @@ pub fn run(a: GrammarBenchArgs) -> anyhow::Result<()> {
                 let tok = s.picker.pick(&mut l)?;
                 pick_time += t1.elapsed();
                 s.last = tok;
+                if !eos.contains(&tok) {
+                    s.out.push(tok);
+                }
                 if eos.contains(&tok) || s.picker.finished() || s.out.len() > 512 {
                     finished.push(i);
-                } else {
-                    s.out.push(tok);
                 }
             }
             steps.push(t0.elapsed().as_secs_f64() * 1e3);
@@ -116,7 +121,7 @@ pub fn run(a: GrammarBenchArgs) -> anyhow::Result<()> {
                 let text = engine.tokenizer.decode(&s.out, true)?;
                 valid += usize::from(serde_json::from_str::<serde_json::Value>(&text).is_ok());
                 engine.release(s.seq)?;
-                slots[i] = start(&mut engine, &grammars, constrained.then_some(&grammar), &prompt, (round * 1000 + i) as u64)?;
+                slots[i] = start(&mut engine, &grammars, constrained.then_some(&grammar), &prompt, a.temperature, (round * 1000 + i) as u64)?;
             }
         }
         for s in slots {
@@ -135,10 +140,10 @@ pub fn run(a: GrammarBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A fresh sequence prefilled with `prompt` (its first token made distinct by `salt`), its first
-/// token chosen (under `grammar` when given).
-fn start(engine: &mut Engine, grammars: &Grammars, grammar: Option<&OutputGrammar>, prompt: &[u32], salt: u64) -> anyhow::Result<Slot> {
-    let params = SamplingParams { temperature: 0.7, seed: Some(salt), ..SamplingParams::greedy(512) };
+/// A fresh sequence prefilled with `prompt`, its first token chosen (under `grammar` when given;
+/// `salt` seeds a sampled run).
+fn start(engine: &mut Engine, grammars: &Grammars, grammar: Option<&OutputGrammar>, prompt: &[u32], temperature: f32, salt: u64) -> anyhow::Result<Slot> {
+    let params = SamplingParams { temperature, seed: Some(salt), ..SamplingParams::greedy(512) };
     let constraint = grammar.map(|g| grammars.constraint(g, &[])).transpose()?;
     let mut picker = Picker::new(Sampler::new(&params), constraint);
     let seq = engine.new_sequence();
