@@ -4,7 +4,7 @@
 mod cluster_support;
 
 use cluster_support::*;
-use ferry_proto::v1::{generate_request, ChatInput, ChatMessage, FinishReason, GenerateRequest, SamplingParams, StopConditions};
+use ferry_proto::v1::{generate_request, structured_output, ChatInput, ChatMessage, FinishReason, GenerateRequest, SamplingParams, StopConditions, StructuredOutput};
 use std::time::{Duration, Instant};
 
 fn json(path: std::path::PathBuf) -> serde_json::Value {
@@ -207,6 +207,29 @@ async fn a_killed_decode_worker_s_stream_migrates_and_the_rest_keep_serving() {
     cluster.wait_registered(ferry_proto::v1::WorkerRole::Decode, 2, Duration::from_secs(60)).await;
     let (ids, fin, _) = kill_its_decode_worker_mid_stream(&cluster, &mut client, sampled).await;
     assert_eq!(ids, reference.ids, "the same sample as without the fault");
+    assert_eq!(fin.migrations, 1, "{fin:?}");
+
+    // A structured output survives the migration: the new workers replay the generated tail into
+    // their grammar matchers, so the answer is the one a run without the fault gives, and valid.
+    let schema = r#"{"type":"object","properties":{"city":{"type":"string","maxLength":24},"country":{"type":"string","maxLength":24},"population":{"type":"integer","minimum":0}},"required":["city","country","population"],"additionalProperties":false}"#;
+    let messages = vec![ChatMessage { role: "user".into(), content: "Describe Paris as JSON.".into() }];
+    let structured = GenerateRequest {
+        input: Some(generate_request::Input::Chat(ChatInput { messages })),
+        sampling: Some(SamplingParams {
+            temperature: 0.7,
+            seed: Some(99),
+            structured: Some(StructuredOutput { kind: Some(structured_output::Kind::JsonSchema(schema.into())) }),
+            ..Default::default()
+        }),
+        stop: Some(StopConditions { max_tokens: 96, ..Default::default() }),
+        ..Default::default()
+    };
+    let reference = run(&mut client, structured.clone()).await.expect("the structured reference");
+    let v: serde_json::Value = serde_json::from_str(&reference.text).unwrap_or_else(|e| panic!("not JSON ({e}): {}", reference.text));
+    assert!(v["city"].is_string() && v["country"].is_string() && v["population"].is_u64(), "{v}");
+    cluster.wait_registered(ferry_proto::v1::WorkerRole::Decode, 2, Duration::from_secs(60)).await;
+    let (ids, fin, _) = kill_its_decode_worker_mid_stream(&cluster, &mut client, structured).await;
+    assert_eq!(ids, reference.ids, "the same structured answer as without the fault");
     assert_eq!(fin.migrations, 1, "{fin:?}");
 
     // Kill a prefill worker too: new requests go to the one left.
