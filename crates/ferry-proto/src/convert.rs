@@ -1,7 +1,7 @@
 //! Wire messages <-> `ferry-core` types.
 
 use crate::v1;
-use ferry_core::SamplingParams;
+use ferry_core::{SamplingParams, TokenLogprob};
 
 /// The token budget when a request leaves `max_tokens` at 0.
 pub const DEFAULT_MAX_TOKENS: usize = 128;
@@ -21,13 +21,23 @@ pub fn sampling_from_wire(s: Option<&v1::SamplingParams>, stop: Option<&v1::Stop
         stop_strings: stop.stop,
         ignore_eos: stop.ignore_eos,
         token_offset: s.token_offset,
+        logprobs: s.logprobs,
+        prompt_logprobs: s.prompt_logprobs,
     }
 }
 
 /// The wire form of [`SamplingParams`]: (sampling, stop conditions).
 pub fn sampling_to_wire(p: &SamplingParams) -> (v1::SamplingParams, v1::StopConditions) {
     (
-        v1::SamplingParams { temperature: p.temperature, top_k: p.top_k as u32, top_p: Some(p.top_p), seed: p.seed, token_offset: p.token_offset },
+        v1::SamplingParams {
+            temperature: p.temperature,
+            top_k: p.top_k as u32,
+            top_p: Some(p.top_p),
+            seed: p.seed,
+            token_offset: p.token_offset,
+            logprobs: p.logprobs,
+            prompt_logprobs: p.prompt_logprobs,
+        },
         v1::StopConditions {
             max_tokens: p.max_tokens.min(u32::MAX as usize) as u32,
             stop: p.stop_strings.clone(),
@@ -35,6 +45,20 @@ pub fn sampling_to_wire(p: &SamplingParams) -> (v1::SamplingParams, v1::StopCond
             ignore_eos: p.ignore_eos,
         },
     )
+}
+
+/// A token's log-probability on the wire.
+pub fn logprob_to_wire(l: &TokenLogprob) -> v1::TokenLogprob {
+    v1::TokenLogprob {
+        token_id: l.token,
+        logprob: l.logprob,
+        top: l.top.iter().map(|&(token_id, logprob)| v1::TopLogprob { token_id, logprob }).collect(),
+    }
+}
+
+/// A token's log-probability from the wire.
+pub fn logprob_from_wire(l: &v1::TokenLogprob) -> TokenLogprob {
+    TokenLogprob { token: l.token_id, logprob: l.logprob, top: l.top.iter().map(|t| (t.token_id, t.logprob)).collect() }
 }
 
 impl std::fmt::Display for v1::WorkerRole {
@@ -98,6 +122,8 @@ mod tests {
             stop_strings: vec!["\n\n".into()],
             ignore_eos: true,
             token_offset: 5,
+            logprobs: Some(3),
+            prompt_logprobs: Some(0),
         };
         let (s, st) = sampling_to_wire(&p);
         assert_eq!(sampling_from_wire(Some(&s), Some(&st)), p);
@@ -105,5 +131,12 @@ mod tests {
         assert_eq!(d.max_tokens, DEFAULT_MAX_TOKENS);
         assert_eq!(d.top_p, 1.0);
         assert_eq!(d.temperature, 0.0);
+        assert_eq!((d.logprobs, d.prompt_logprobs), (None, None));
+    }
+
+    #[test]
+    fn logprobs_round_trip() {
+        let l = TokenLogprob { token: 9, logprob: -0.25, top: vec![(9, -0.25), (4, -1.5)] };
+        assert_eq!(logprob_from_wire(&logprob_to_wire(&l)), l);
     }
 }

@@ -144,6 +144,8 @@ pub fn prepare(
 pub struct Started {
     pub request_id: String,
     pub prompt_tokens: usize,
+    /// The prompt's token ids (an `echo` answer names them).
+    pub prompt: Vec<u32>,
     /// Deltas, then one final message or one error status. Dropping it cancels the request.
     pub events: mpsc::Receiver<Result<v1::GenerateResponse, Status>>,
 }
@@ -174,7 +176,7 @@ pub fn start(shared: &Arc<Shared>, req: v1::GenerateRequest, tenant: Option<&fer
     let prompt_tokens = prompt.len();
     let job = Job {
         request_id: id.clone(),
-        prompt,
+        prompt: prompt.clone(),
         params,
         cache_salt: ferry_core::prefix_cache::cache_salt(tenant, req.cache_salt.as_bytes()),
         start,
@@ -183,6 +185,7 @@ pub fn start(shared: &Arc<Shared>, req: v1::GenerateRequest, tenant: Option<&fer
     Ok(Started {
         request_id: id,
         prompt_tokens,
+        prompt,
         events: rx,
     })
 }

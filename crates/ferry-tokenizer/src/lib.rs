@@ -7,12 +7,14 @@
 //! - [`ModelText`]: a model path's tokenizer, chat template and special-token settings, without
 //!   its weights (what the router needs to tokenize exactly as the engine does).
 //! - [`StreamDecoder`]: ids in, whole characters out, for streaming responses.
+//! - [`Tokenizer::token_bytes`]: the bytes one token stands for (log-probability answers).
 
 mod chat;
 mod error;
 mod gguf;
 mod model_text;
 mod stream;
+mod token_bytes;
 mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate};

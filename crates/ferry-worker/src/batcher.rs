@@ -19,7 +19,9 @@ use crate::isolate::{sequence_error, step_isolating, Outcome};
 use crate::load::{LoadGauge, Reservation};
 use crate::prefill::ModelFacts;
 use crate::{Result, WorkerError};
-use ferry_core::SamplingParams;
+use crate::logprobs;
+use ferry_core::logprobs::token_logprob;
+use ferry_core::{SamplingParams, TokenLogprob};
 use ferry_engine::sampler::Sampler;
 use ferry_engine::{Engine, EngineError, FinishReason, Logits, SeqId, StepItem};
 use ferry_proto::v1::KvEnd;
@@ -32,7 +34,11 @@ use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
 pub enum DecodeEvent {
-    Token(u32),
+    /// A generated token, with its logprob when asked for (`SamplingParams::logprobs`).
+    Token(u32, Option<TokenLogprob>),
+    /// The prompt's logprobs (`SamplingParams::prompt_logprobs`), before the first token, when
+    /// this worker computed the prompt.
+    PromptLogprobs(Vec<TokenLogprob>),
     Finished { reason: FinishReason, completion_tokens: u32 },
     /// The request ended with this error (its sequence is freed).
     Failed(WorkerError),
@@ -116,6 +122,8 @@ struct Running {
     last: u32,
     prompt_tokens: usize,
     max_tokens: usize,
+    /// Alternatives per token when logprobs are asked for.
+    logprobs: Option<u32>,
     events: mpsc::UnboundedSender<DecodeEvent>,
     _reservation: Reservation,
 }
@@ -126,6 +134,8 @@ struct Prefilling {
     prompt: Vec<u32>,
     done: usize,
     params: SamplingParams,
+    /// The prompt's logprobs so far, when asked for ([`crate::logprobs`]).
+    prompt_logprobs: Vec<TokenLogprob>,
     events: mpsc::UnboundedSender<DecodeEvent>,
     reservation: Reservation,
 }
@@ -328,7 +338,7 @@ impl Loop {
             if left == 0 {
                 break;
             }
-            let n = (p.prompt.len() - p.done).min(left);
+            let n = (p.prompt.len() - p.done).min(left).min(logprobs::chunk_cap(&p.params));
             parts.push(Part::Prefill(j, p.done..p.done + n));
             left -= n;
         }
@@ -354,7 +364,7 @@ impl Loop {
                 Part::Decode(i) => StepItem { seq: self.running[*i].seq, tokens: t, logits: Logits::Last },
                 Part::Prefill(j, r) => {
                     let p = &self.prefilling[*j];
-                    let logits = if r.end == p.prompt.len() { Logits::Last } else { Logits::None };
+                    let logits = logprobs::chunk_logits(&p.params, r, p.prompt.len());
                     StepItem { seq: p.seq, tokens: &p.prompt[r.clone()], logits }
                 }
             })
@@ -377,7 +387,8 @@ impl Loop {
                 (Part::Decode(i), Ok(logits)) => {
                     let r = &mut self.running[*i];
                     let tok = r.sampler.sample(&logits);
-                    if let Some(reason) = advance(r, tok, ctx) {
+                    let lp = r.logprobs.filter(|_| !r.stop_ids.contains(&tok)).map(|n| token_logprob(&logits, tok, n as usize));
+                    if let Some(reason) = advance(r, tok, lp, ctx) {
                         leaving.push((*i, Ok(reason)));
                     }
                 }
@@ -389,6 +400,7 @@ impl Loop {
                 (Part::Prefill(j, range), Ok(logits)) => {
                     let p = &mut self.prefilling[*j];
                     p.done = range.end;
+                    let logits = logprobs::take_chunk(&p.params, &p.prompt, range.clone(), logits, &mut p.prompt_logprobs);
                     if p.done == p.prompt.len() {
                         prefilled.push((*j, Ok(logits)));
                     }
@@ -424,8 +436,11 @@ impl Loop {
             let mut sampler = Sampler::new(&p.params);
             let first = sampler.sample(&logits);
             let first_is_stop = self.engine.stop_ids(&p.params).contains(&first);
+            if p.params.prompt_logprobs.is_some() {
+                let _ = p.events.send(DecodeEvent::PromptLogprobs(p.prompt_logprobs));
+            }
             if !first_is_stop {
-                let _ = p.events.send(DecodeEvent::Token(first));
+                let _ = p.events.send(DecodeEvent::Token(first, logprobs::of_token(&p.params, &logits, first)));
             }
             let (seq, prompt_tokens) = (p.seq, p.prompt.len());
             self.start(&p.request_id, seq, first, first_is_stop, sampler, &p.params, prompt_tokens, p.events, p.reservation);
@@ -473,6 +488,9 @@ impl Loop {
                 self.start(&a.request_id, seq, end.first_token, end.first_is_stop, sampler, &a.params, a.prompt_tokens, a.events, a.reservation);
             }
             Source::Prompt { prompt, held } => {
+                // A prompt whose logprobs are asked for is computed whole (dropping a held
+                // prefix frees it).
+                let held = held.filter(|_| a.params.prompt_logprobs.is_none());
                 let (seq, done) = match held.as_ref().map(|h| h.cached) {
                     Some(cached) => match held.and_then(HeldPrefix::take) {
                         Some(seq) => (seq, cached),
@@ -486,6 +504,7 @@ impl Loop {
                     prompt,
                     done,
                     params: a.params,
+                    prompt_logprobs: Vec::new(),
                     events: a.events,
                     reservation: a.reservation,
                 });
@@ -535,6 +554,7 @@ impl Loop {
                     last: first,
                     prompt_tokens,
                     max_tokens: params.max_tokens,
+                    logprobs: params.logprobs,
                     events,
                     _reservation: reservation,
                 });
@@ -543,14 +563,15 @@ impl Loop {
     }
 }
 
-/// Account for a newly sampled token; Some(reason) when the sequence is finished.
-fn advance(r: &mut Running, tok: u32, ctx: usize) -> Option<FinishReason> {
+/// Account for a newly sampled token (`lp`: its logprob, when asked for); Some(reason) when the
+/// sequence is finished.
+fn advance(r: &mut Running, tok: u32, lp: Option<TokenLogprob>, ctx: usize) -> Option<FinishReason> {
     if r.stop_ids.contains(&tok) {
         return Some(FinishReason::StopToken(tok));
     }
     r.count += 1;
     r.last = tok;
-    let _ = r.events.send(DecodeEvent::Token(tok));
+    let _ = r.events.send(DecodeEvent::Token(tok, lp));
     if r.count >= r.max_tokens {
         Some(FinishReason::Length)
     } else if r.prompt_tokens + r.count >= ctx {

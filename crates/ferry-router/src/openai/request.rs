@@ -1,7 +1,8 @@
 //! OpenAI request bodies to Ferry's `GenerateRequest`: pure parsing, no I/O. Fields are read one
 //! by one from the JSON object so that a wrong type names its field; fields not read here are
 //! ignored (OpenAI clients send extras), and a few that would change the answer's shape
-//! (`n` > 1, `best_of` > 1, `echo`, `logprobs`) are refused rather than silently dropped.
+//! (`n` > 1, `best_of` > 1) are refused rather than silently dropped. `logprobs`, `top_logprobs`
+//! and `echo` are read by [`super::logprobs`].
 
 use ferry_proto::v1::{self, generate_request::Input};
 use serde::de::DeserializeOwned;
@@ -32,6 +33,8 @@ pub struct Parsed {
     pub stream: bool,
     /// `stream_options.include_usage`: a last chunk with `usage`.
     pub include_usage: bool,
+    /// `logprobs`, `top_logprobs`, `echo`.
+    pub logprobs: super::logprobs::Want,
     pub request: v1::GenerateRequest,
 }
 
@@ -62,18 +65,7 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
             Some("best_of"),
         ));
     }
-    if field::<bool>(&obj, "echo")? == Some(true) {
-        return Err(ApiError::invalid("echo is not supported", Some("echo")));
-    }
-    match obj.get("logprobs") {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "logprobs are not supported",
-                Some("logprobs"),
-            ));
-        }
-    }
+    let logprobs = super::logprobs::parse(kind, &obj)?;
 
     let input = match kind {
         Kind::Completion => prompt(obj.get("prompt"))?,
@@ -95,14 +87,15 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
             Some(name),
         ));
     }
-    let sampling = v1::SamplingParams {
+    let mut sampling = v1::SamplingParams {
         // OpenAI's default temperature is 1.
         temperature: field::<f32>(&obj, "temperature")?.unwrap_or(1.0),
         top_k: field::<u32>(&obj, "top_k")?.unwrap_or(0),
         top_p: field::<f32>(&obj, "top_p")?,
         seed: seed(obj.get("seed"))?,
-        token_offset: 0,
+        ..Default::default()
     };
+    logprobs.apply(&mut sampling);
     let stop = v1::StopConditions {
         max_tokens: max_tokens.map_or(0, |(n, _)| n),
         stop: stop(obj.get("stop"))?,
@@ -133,6 +126,7 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
         model: model.clone(),
         stream,
         include_usage,
+        logprobs,
         request: v1::GenerateRequest {
             request_id: String::new(),
             model,
@@ -502,8 +496,8 @@ mod tests {
             (r#""stop": ["a", "b", "c", "d", "e"]"#, "stop", "at most 4"),
             (r#""seed": 1.5"#, "seed", "integer"),
             (r#""seed": "1""#, "seed", "an integer"),
-            (r#""echo": true"#, "echo", "not supported"),
-            (r#""logprobs": 2"#, "logprobs", "not supported"),
+            (r#""echo": 1"#, "echo", "a boolean"),
+            (r#""logprobs": 21"#, "logprobs", "from 0 to 20"),
             (r#""best_of": 3"#, "best_of", "not supported"),
         ] {
             let e = err(Kind::Completion, &format!("{{{base}, {extra}}}"));
