@@ -45,6 +45,13 @@ fn log_softmax(logits: &[f64], vocab: usize) -> Vec<Vec<f64>> {
         .collect()
 }
 
+/// A row's (id, logprob), best first (equal values in id order).
+fn ranked(row: &[f64]) -> Vec<(usize, f64)> {
+    let mut r: Vec<(usize, f64)> = row.iter().copied().enumerate().collect();
+    r.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    r
+}
+
 /// A cluster in this process: the router's gRPC and HTTP addresses; it stops when dropped.
 struct Cluster {
     grpc: String,
@@ -178,14 +185,16 @@ async fn check_echo(c: &Cluster, model: &str, ids: &[u32], want: &[Vec<f64>], wh
         let got = tl[p].as_f64().unwrap_or_else(|| panic!("{what}: position {p}: {}", tl[p]));
         worst = worst.max((got - row[tok]).abs());
         assert!(close(&tl[p], row[tok]), "{what}: position {p}: token {tok} logprob {got} vs reference {}", row[tok]);
-        // The alternatives: the reference's 5 best, to the same tolerance (plus the chosen one).
-        let mut best: Vec<f64> = row.clone();
-        best.sort_by(|a, b| b.total_cmp(a));
-        let mut got_top: Vec<f64> = top[p].as_object().unwrap().values().map(|v| v.as_f64().unwrap()).collect();
-        got_top.sort_by(|a, b| b.total_cmp(a));
-        for (k, w) in best.iter().take(5).enumerate() {
-            assert!((got_top[k] - w).abs() <= TOL, "{what}: position {p}: alternative {k}: {got_top:?} vs {:?}", &best[..5]);
+        // The alternatives (keyed by text: tokens with the same text collapse): each is one of
+        // the reference's 5 best or the chosen token, and the best is the reference's best. The
+        // gRPC check below holds them by id.
+        let best = ranked(row);
+        let got_top: Vec<f64> = top[p].as_object().unwrap().values().map(|v| v.as_f64().unwrap()).collect();
+        for g in &got_top {
+            let known = best.iter().take(5).map(|&(_, v)| v).chain([row[tok]]).any(|w| (g - w).abs() <= TOL);
+            assert!(known, "{what}: position {p}: alternative {g} is not among the reference's {:?}", &best[..5]);
         }
+        assert!(got_top.iter().any(|g| (g - best[0].1).abs() <= TOL), "{what}: position {p}: the best alternative");
     }
     println!("{what}: max |Δlogprob| {worst:.2e} over {} positions", ids.len());
     // The first generated token is the reference's argmax, and its logprob the top one.
@@ -228,13 +237,14 @@ async fn check_chat(c: &Cluster, model: &str, what: &str) {
 }
 
 /// The gRPC client API carries the same logprobs: one per token id on every delta, and the
-/// prompt's on a delta of their own before the first token.
-async fn check_grpc(c: &Cluster, ids: &[u32], what: &str) {
+/// prompt's on a delta of their own before the first token. Every prompt entry's 5 alternatives
+/// are the reference's 5 best by id, and the first generated token's too.
+async fn check_grpc(c: &Cluster, ids: &[u32], want: &[Vec<f64>], what: &str) {
     use ferry_proto::v1::{ferry_client::FerryClient, generate_request, generate_response, GenerateRequest, SamplingParams, StopConditions, TokenInput};
     let mut client = FerryClient::connect(format!("http://{}", c.grpc)).await.unwrap();
     let req = GenerateRequest {
         input: Some(generate_request::Input::Tokens(TokenInput { ids: ids.to_vec() })),
-        sampling: Some(SamplingParams { logprobs: Some(2), prompt_logprobs: Some(1), ..Default::default() }),
+        sampling: Some(SamplingParams { logprobs: Some(5), prompt_logprobs: Some(5), ..Default::default() }),
         stop: Some(StopConditions { max_tokens: 4, ignore_eos: true, ..Default::default() }),
         ..Default::default()
     };
@@ -254,9 +264,16 @@ async fn check_grpc(c: &Cluster, ids: &[u32], what: &str) {
     }
     let prompt = prompt.unwrap_or_else(|| panic!("{what}: no prompt logprobs"));
     assert_eq!(prompt.iter().map(|l| l.token_id).collect::<Vec<_>>(), ids[1..], "{what}: the prompt after its first token");
-    assert!(prompt.iter().all(|l| l.top.len() == 1));
     assert_eq!(tokens.len(), 4);
-    assert!(lps.iter().zip(&tokens).all(|(l, &t)| l.token_id == t && l.top.len() == 2 && l.top[0] == ferry_proto::v1::TopLogprob { token_id: t, logprob: l.logprob }));
+    assert!(lps.iter().zip(&tokens).all(|(l, &t)| l.token_id == t && l.top.len() == 5 && l.top[0] == ferry_proto::v1::TopLogprob { token_id: t, logprob: l.logprob }));
+    // Entry p - 1 is prompt token p, under row p - 1; then the first generated token.
+    for (k, l) in prompt.iter().chain(&lps[..1]).enumerate() {
+        let best = ranked(&want[k]);
+        let got: Vec<(usize, f64)> = l.top.iter().map(|t| (t.token_id as usize, t.logprob as f64)).collect();
+        assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), best[..5].iter().map(|b| b.0).collect::<Vec<_>>(), "{what}: row {k}: the reference's 5 best ids");
+        assert!(got.iter().zip(&best).all(|(g, b)| (g.1 - b.1).abs() <= TOL), "{what}: row {k}: {got:?} vs {:?}", &best[..5]);
+        assert!((l.logprob as f64 - want[k][l.token_id as usize]).abs() <= TOL, "{what}: row {k}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -276,7 +293,7 @@ async fn echo_logprobs_match_the_hf_fixture_disaggregated_and_colocated() {
         let toks = r["choices"][0]["logprobs"]["tokens"].as_array().unwrap();
         let want_toks: Vec<Value> = greedy[..3].iter().map(|&t| json!(tokenizer.token_text(t).unwrap())).collect();
         assert_eq!(toks[ids.len()..], want_toks[..], "{what}");
-        check_grpc(&c, &ids, what).await;
+        check_grpc(&c, &ids, &want, what).await;
     }
 }
 

@@ -192,9 +192,10 @@ impl Render {
         c.top_logprobs.push(match l {
             None => Value::Null,
             Some(l) => {
+                // Alternatives with the same text collapse onto the most likely one.
                 let mut top = Map::new();
                 for t in &l.top {
-                    top.insert(self.token(t.token_id).0, json!(t.logprob));
+                    top.entry(self.token(t.token_id).0).or_insert(json!(t.logprob));
                 }
                 // The chosen token is always in (vLLM's shape: up to N + 1 entries).
                 top.entry(self.token(l.token_id).0).or_insert(json!(l.logprob));
