@@ -233,7 +233,12 @@ async fn check_chat(c: &Cluster, model: &str, what: &str) {
     body["stream"] = json!(true);
     let chunks = c.post("/v1/chat/completions", &body).await;
     let streamed: Vec<Value> = chunks.as_array().unwrap().iter().filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array()).flatten().cloned().collect();
-    assert_eq!(streamed, content, "{what}: streamed entries equal the whole answer's");
+    // The same entries (a prefix cache may serve the second run's prompt: equal to rounding).
+    assert_eq!(streamed.len(), content.len(), "{what}: streamed entries");
+    for (s, w) in streamed.iter().zip(&content) {
+        assert_eq!((&s["token"], &s["bytes"]), (&w["token"], &w["bytes"]), "{what}");
+        assert!(close(&s["logprob"], w["logprob"].as_f64().unwrap()), "{what}: {s} vs {w}");
+    }
 }
 
 /// The gRPC client API carries the same logprobs: one per token id on every delta, and the

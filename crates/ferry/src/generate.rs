@@ -66,6 +66,8 @@ impl SamplingArgs {
             stop_strings: self.stop.clone(),
             ignore_eos: self.ignore_eos,
             token_offset: 0,
+            logprobs: None,
+            prompt_logprobs: None,
         }
     }
 }
