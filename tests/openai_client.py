@@ -101,6 +101,51 @@ def main():
     check("streamed chat equals the whole one", text == a["expect_chat"], f"{text!r}")
     check("streamed chat finish_reason", finish in ("stop", "length"), finish)
 
+    # Logprobs: chat with top_logprobs, greedy, so each token's first alternative is itself.
+    r = client.chat.completions.create(model=model, messages=messages, max_tokens=n, temperature=0, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    check("chat logprobs: one entry per token", len(content) == r.usage.completion_tokens, (len(content), r.usage))
+    check(
+        "chat logprobs are well formed",
+        all(e.logprob <= 0 and len(e.top_logprobs) == 3 and bytes(e.bytes).decode("utf-8", "replace") == e.token for e in content),
+        content,
+    )
+    check(
+        "chat logprobs: greedy top-1 is the chosen token",
+        all(e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == e.logprob for e in content),
+        content,
+    )
+    check("chat logprobs spell the answer", "".join(e.token for e in content) == r.choices[0].message.content, content)
+    streamed = []
+    for ch in client.chat.completions.create(
+        model=model, messages=messages, max_tokens=n, temperature=0, logprobs=True, top_logprobs=3, stream=True
+    ):
+        if ch.choices and ch.choices[0].logprobs and ch.choices[0].logprobs.content:
+            streamed += ch.choices[0].logprobs.content
+    check(
+        "streamed chat logprobs equal the whole answer's",
+        [e.token for e in streamed] == [e.token for e in content]
+        and all(abs(a.logprob - b.logprob) <= 1e-4 for a, b in zip(streamed, content)),
+        streamed,
+    )
+
+    # Completions with echo: the prompt's tokens come first, the first one without a logprob.
+    r = client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0, echo=True, logprobs=2)
+    c = r.choices[0]
+    lp = c.logprobs
+    check("echo returns the prompt first", c.text.startswith(prompt) and len(c.text) > len(prompt), c.text)
+    check("echo logprobs cover prompt and completion", len(lp.tokens) == r.usage.prompt_tokens + 1 == len(lp.token_logprobs), lp)
+    check("the first prompt token has no logprob", lp.token_logprobs[0] is None and lp.top_logprobs[0] is None, lp)
+    check("prompt logprobs are numbers", all(isinstance(x, float) and x <= 0 for x in lp.token_logprobs[1:]), lp.token_logprobs)
+    check("echo top_logprobs hold 2 alternatives and the chosen token", all(2 <= len(t) <= 3 for t in lp.top_logprobs[1:]), lp.top_logprobs)
+    check("greedy completion token is the top one", lp.token_logprobs[-1] == max(lp.top_logprobs[-1].values()), lp)
+    check("text_offset starts at 0 and grows", lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset), lp.text_offset)
+    try:
+        client.chat.completions.create(model=model, messages=messages, max_tokens=2, logprobs=True, top_logprobs=21)
+        raise AssertionError("top_logprobs=21 was accepted")
+    except openai.BadRequestError as e:
+        check("top_logprobs=21 raises BadRequestError naming it", e.status_code == 400 and "top_logprobs" in str(e), e)
+
     # Errors become the client's exceptions.
     try:
         client.completions.create(model="gpt-17", prompt=prompt, max_tokens=2)

@@ -8,6 +8,7 @@
 //!   ships from a prefill worker to a decode worker.
 //! - [`kv_index`]: the router's index of which worker holds which KV blocks, from their events.
 //! - [`sampling`]: sampling parameters and their validation.
+//! - [`logprobs`]: token log-probabilities (log-softmax of the raw logits, top alternatives).
 //! - [`stop`]: stop strings over streamed text.
 //! - [`failure`]: what the router does when a call to a worker fails (retry, migrate, wait, final).
 //! - [`cache_policy`]: what prefix caches change in routing: decode ranking by prefix held, and
@@ -19,6 +20,7 @@ pub mod cache_policy;
 pub mod failure;
 pub mod kv_index;
 pub mod kv_payload;
+pub mod logprobs;
 pub mod loadgen;
 pub mod multiturn;
 pub mod prefix_cache;
@@ -30,6 +32,7 @@ pub mod stop;
 
 pub use block_pool::{BlockId, BlockPool, BlockTable, PoolError};
 pub use prefix_cache::{BlockHash, CacheEvent, CacheEventKind, CacheStats, Parent, Tenant};
+pub use logprobs::{TokenLogprob, MAX_TOP_LOGPROBS};
 pub use kv_payload::{KvDtype, KvLayout, KvPayloadError, KvPayloadHeader, KvSpan};
 pub use routing::{WorkerRole, WorkerState};
 pub use sampling::{SamplingError, SamplingParams};

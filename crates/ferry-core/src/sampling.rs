@@ -1,5 +1,6 @@
 //! Sampling parameters: what a request asks of the token chooser, validated before any work starts.
 
+use crate::logprobs::MAX_TOP_LOGPROBS;
 use thiserror::Error;
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -29,6 +30,15 @@ pub struct SamplingParams {
     /// Structured output: every sampled token must keep the completion inside this grammar.
     #[serde(default)]
     pub grammar: Option<OutputGrammar>,
+    /// Return each generated token's log-probability with this many most likely alternatives
+    /// (0..=[`MAX_TOP_LOGPROBS`]); None: no logprobs. See [`crate::logprobs`].
+    #[serde(default)]
+    pub logprobs: Option<u32>,
+    /// Return the prompt tokens' log-probabilities (every one but the first), each with this
+    /// many alternatives (0..=[`MAX_TOP_LOGPROBS`]); None: none. The prompt is then computed
+    /// whole, at every position: its cached prefix is not used.
+    #[serde(default)]
+    pub prompt_logprobs: Option<u32>,
 }
 
 /// What a constrained completion must be (structured outputs). Compiled by `ferry-grammar`
@@ -60,6 +70,8 @@ impl Default for SamplingParams {
             ignore_eos: false,
             token_offset: 0,
             grammar: None,
+            logprobs: None,
+            prompt_logprobs: None,
         }
     }
 }
@@ -74,6 +86,8 @@ pub enum SamplingError {
     MaxTokens(usize),
     #[error("stop strings must be non-empty")]
     EmptyStop,
+    #[error("{field} must be between 0 and {MAX_TOP_LOGPROBS}, got {got}")]
+    TopLogprobs { field: &'static str, got: u32 },
 }
 
 impl SamplingParams {
@@ -98,6 +112,11 @@ impl SamplingParams {
         if self.stop_strings.iter().any(|s| s.is_empty()) {
             return Err(SamplingError::EmptyStop);
         }
+        for (field, n) in [("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)] {
+            if let Some(got) = n.filter(|&n| n > MAX_TOP_LOGPROBS) {
+                return Err(SamplingError::TopLogprobs { field, got });
+            }
+        }
         Ok(())
     }
 }
@@ -116,10 +135,13 @@ mod tests {
             (SamplingParams { top_p: 1.5, ..ok.clone() }, SamplingError::TopP(1.5)),
             (SamplingParams { max_tokens: 0, ..ok.clone() }, SamplingError::MaxTokens(0)),
             (SamplingParams { stop_strings: vec![String::new()], ..ok.clone() }, SamplingError::EmptyStop),
+            (SamplingParams { logprobs: Some(21), ..ok.clone() }, SamplingError::TopLogprobs { field: "logprobs", got: 21 }),
+            (SamplingParams { prompt_logprobs: Some(99), ..ok.clone() }, SamplingError::TopLogprobs { field: "prompt_logprobs", got: 99 }),
         ];
         for (p, e) in cases {
             assert_eq!(p.validate(), Err(e));
         }
-        assert!(SamplingParams { temperature: f32::NAN, ..ok }.validate().is_err());
+        assert!(SamplingParams { temperature: f32::NAN, ..ok.clone() }.validate().is_err());
+        assert_eq!(SamplingParams { logprobs: Some(20), prompt_logprobs: Some(0), ..ok }.validate(), Ok(()));
     }
 }

@@ -1,8 +1,8 @@
 //! Wire messages <-> `ferry-core` types.
 
 use crate::v1;
-use ferry_core::SamplingParams;
 use ferry_core::sampling::OutputGrammar;
+use ferry_core::{SamplingParams, TokenLogprob};
 
 /// The token budget when a request leaves `max_tokens` at 0.
 pub const DEFAULT_MAX_TOKENS: usize = 128;
@@ -23,6 +23,8 @@ pub fn sampling_from_wire(s: Option<&v1::SamplingParams>, stop: Option<&v1::Stop
         ignore_eos: stop.ignore_eos,
         token_offset: s.token_offset,
         grammar: s.structured.as_ref().and_then(grammar_from_wire),
+        logprobs: s.logprobs,
+        prompt_logprobs: s.prompt_logprobs,
     }
 }
 
@@ -61,6 +63,8 @@ pub fn sampling_to_wire(p: &SamplingParams) -> (v1::SamplingParams, v1::StopCond
             seed: p.seed,
             token_offset: p.token_offset,
             structured: p.grammar.as_ref().map(grammar_to_wire),
+            logprobs: p.logprobs,
+            prompt_logprobs: p.prompt_logprobs,
         },
         v1::StopConditions {
             max_tokens: p.max_tokens.min(u32::MAX as usize) as u32,
@@ -69,6 +73,20 @@ pub fn sampling_to_wire(p: &SamplingParams) -> (v1::SamplingParams, v1::StopCond
             ignore_eos: p.ignore_eos,
         },
     )
+}
+
+/// A token's log-probability on the wire.
+pub fn logprob_to_wire(l: &TokenLogprob) -> v1::TokenLogprob {
+    v1::TokenLogprob {
+        token_id: l.token,
+        logprob: l.logprob,
+        top: l.top.iter().map(|&(token_id, logprob)| v1::TopLogprob { token_id, logprob }).collect(),
+    }
+}
+
+/// A token's log-probability from the wire.
+pub fn logprob_from_wire(l: &v1::TokenLogprob) -> TokenLogprob {
+    TokenLogprob { token: l.token_id, logprob: l.logprob, top: l.top.iter().map(|t| (t.token_id, t.logprob)).collect() }
 }
 
 impl std::fmt::Display for v1::WorkerRole {
@@ -133,6 +151,8 @@ mod tests {
             ignore_eos: true,
             token_offset: 5,
             grammar: None,
+            logprobs: Some(3),
+            prompt_logprobs: Some(0),
         };
         let (s, st) = sampling_to_wire(&p);
         assert_eq!(sampling_from_wire(Some(&s), Some(&st)), p);
@@ -151,5 +171,12 @@ mod tests {
         assert_eq!(d.max_tokens, DEFAULT_MAX_TOKENS);
         assert_eq!(d.top_p, 1.0);
         assert_eq!(d.temperature, 0.0);
+        assert_eq!((d.logprobs, d.prompt_logprobs), (None, None));
+    }
+
+    #[test]
+    fn logprobs_round_trip() {
+        let l = TokenLogprob { token: 9, logprob: -0.25, top: vec![(9, -0.25), (4, -1.5)] };
+        assert_eq!(logprob_from_wire(&logprob_to_wire(&l)), l);
     }
 }

@@ -277,12 +277,16 @@ impl v1::prefill_server::Prefill for MockService {
         };
         let offset = req.get_ref().sampling.as_ref().map_or(0, |s| s.token_offset) as usize;
         let first_token = self.cfg.script().get(offset).copied().unwrap_or(self.cfg.first_token);
+        let sampling = req.get_ref().sampling.as_ref();
+        let prompt = &req.get_ref().prompt;
         Ok(Response::new(v1::PrefillResponse {
             first_token,
             first_is_stop: false,
             queue_ms: 0.0,
             prefill_ms: 0.0,
             kv: Some(kv),
+            first_logprob: mock_logprob(sampling.and_then(|s| s.logprobs), first_token),
+            prompt_logprobs: prompt.iter().skip(1).filter_map(|&t| mock_logprob(sampling.and_then(|s| s.prompt_logprobs), t)).collect(),
             ..Default::default()
         }))
     }
@@ -308,6 +312,7 @@ impl v1::decode_server::Decode for MockService {
             return Err(s);
         }
         let offset = req.get_ref().sampling.as_ref().map_or(0, |s| s.token_offset) as usize;
+        let logprobs = req.get_ref().sampling.as_ref().and_then(|s| s.logprobs);
         let max = req.get_ref().stop.as_ref().map_or(0, |s| s.max_tokens);
         let max = if max == 0 {
             ferry_proto::DEFAULT_MAX_TOKENS
@@ -345,7 +350,10 @@ impl v1::decode_server::Decode for MockService {
                     return;
                 }
                 if tx
-                    .send(msg(Event::Tokens(v1::DecodeTokens { ids: vec![id] })))
+                    .send(msg(Event::Tokens(v1::DecodeTokens {
+                        ids: vec![id],
+                        logprobs: mock_logprob(logprobs, id).into_iter().collect(),
+                    })))
                     .await
                     .is_err()
                 {
@@ -491,5 +499,16 @@ pub async fn router_overhead(
         p99_ms: pct(0.99),
         mean_ms: samples.iter().sum::<f64>() / samples.len().max(1) as f64,
         max_ms: samples.last().copied().unwrap_or(0.0),
+    })
+}
+
+/// A made-up logprob for `id` when `top` alternatives were asked for: `-id/1000`, with the
+/// alternatives `id, id + 1, ...` (so tests can tell which token an entry belongs to).
+pub fn mock_logprob(top: Option<u32>, id: u32) -> Option<v1::TokenLogprob> {
+    let lp = |t: u32| -(t as f32) / 1000.0;
+    top.map(|n| v1::TokenLogprob {
+        token_id: id,
+        logprob: lp(id),
+        top: (id..id + n).map(|t| v1::TopLogprob { token_id: t, logprob: lp(t) }).collect(),
     })
 }

@@ -165,6 +165,8 @@ pub fn can_serve((prefill, decode, colocated): (u32, u32, u32)) -> bool {
 pub struct Started {
     pub request_id: String,
     pub prompt_tokens: usize,
+    /// The prompt's token ids (an `echo` answer names them).
+    pub prompt: Vec<u32>,
     /// Deltas, then one final message or one error status. Dropping it cancels the request.
     pub events: mpsc::Receiver<Result<v1::GenerateResponse, Status>>,
 }
@@ -196,7 +198,7 @@ pub fn start(shared: &Arc<Shared>, req: v1::GenerateRequest, tenant: Option<&fer
     let prompt_tokens = prompt.len();
     let job = Job {
         request_id: id.clone(),
-        prompt,
+        prompt: prompt.clone(),
         params,
         cache_salt: ferry_core::prefix_cache::cache_salt(tenant, req.cache_salt.as_bytes()),
         start,
@@ -205,6 +207,7 @@ pub fn start(shared: &Arc<Shared>, req: v1::GenerateRequest, tenant: Option<&fer
     Ok(Started {
         request_id: id,
         prompt_tokens,
+        prompt,
         events: rx,
     })
 }

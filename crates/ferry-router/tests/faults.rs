@@ -53,6 +53,37 @@ async fn a_broken_decode_stream_migrates_and_the_client_sees_every_token_once() 
     assert_eq!(out.text, SCRIPT);
 }
 
+/// A migrated request keeps its logprobs: every token streamed, before the break and after it
+/// from the new decode worker, has its entry; the prompt's come once (not again for the
+/// migrated attempt, whose prompt holds the streamed tokens).
+#[tokio::test]
+async fn a_migrated_request_keeps_its_logprobs_and_gets_the_prompts_once() {
+    let r = TestRouter::start(cfg()).await;
+    let script = scripted(SCRIPT).script();
+    let (_p, _bad, _good) = faulty_pair(&r, MockConfig { break_after_tokens: Some(4), ..scripted(SCRIPT) }).await;
+    let mut req = max_tokens(v1::GenerateRequest { input: Some(v1::generate_request::Input::Tokens(v1::TokenInput { ids: vec![5, 6, 7] })), ..Default::default() }, 12);
+    req.sampling = Some(v1::SamplingParams { logprobs: Some(2), prompt_logprobs: Some(1), ..Default::default() });
+    let mut s = r.client().await.generate(req).await.unwrap().into_inner();
+    let (mut ids, mut lps, mut prompts, mut fin) = (Vec::new(), Vec::new(), Vec::new(), None);
+    while let Some(m) = s.message().await.unwrap() {
+        match m.event.expect("event") {
+            v1::generate_response::Event::Delta(d) if d.token_ids.is_empty() && d.text.is_empty() => prompts.push(d.prompt_logprobs),
+            v1::generate_response::Event::Delta(d) => {
+                assert_eq!(d.logprobs.len(), d.token_ids.len(), "{d:?}");
+                ids.extend(d.token_ids);
+                lps.extend(d.logprobs);
+            }
+            v1::generate_response::Event::Final(f) => fin = Some(f),
+        }
+    }
+    assert_eq!(fin.unwrap().migrations, 1);
+    assert_eq!(ids, script[..12]);
+    let want: Vec<_> = ids.iter().map(|&id| ferry_router::mock::mock_logprob(Some(2), id).unwrap()).collect();
+    assert_eq!(lps, want, "each token's own entry, across the migration");
+    assert_eq!(prompts.len(), 1, "the prompt's logprobs once: {prompts:?}");
+    assert_eq!(prompts[0].iter().map(|l| l.token_id).collect::<Vec<_>>(), [6, 7]);
+}
+
 #[tokio::test]
 async fn a_frozen_decode_worker_is_left_within_its_lease() {
     let r = TestRouter::start(RouterConfig { lease: Duration::from_millis(600), heartbeat: Duration::from_millis(100), ..cfg() }).await;

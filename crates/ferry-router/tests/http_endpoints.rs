@@ -135,7 +135,7 @@ async fn fields_are_honoured_or_refused_never_ignored() {
     for (extra, param) in [
         (json!({"presence_penalty": 0.3}), "presence_penalty"),
         (json!({"service_tier": "flex"}), "service_tier"),
-        (json!({"logprobs": true}), "logprobs"),
+        (json!({"top_logprobs": 3}), "top_logprobs"),
         (json!({"tools": [{"type": "function", "function": {"name": "f"}}]}), "tools"),
         (json!({"response_format": {"type": "xml"}}), "response_format"),
         (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}}}), "response_format"),

@@ -8,6 +8,7 @@
 //!   its weights (what the router needs to tokenize exactly as the engine does).
 //! - [`served_name`]: the name a model path is served under by default.
 //! - [`StreamDecoder`]: ids in, whole characters out, for streaming responses.
+//! - [`Tokenizer::token_bytes`]: the bytes one token stands for (log-probability answers).
 
 mod chat;
 mod error;
@@ -15,6 +16,7 @@ mod gguf;
 mod model_text;
 mod name;
 mod stream;
+mod token_bytes;
 mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate};

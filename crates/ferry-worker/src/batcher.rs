@@ -20,7 +20,9 @@ use crate::load::{LoadGauge, Reservation};
 use crate::pick::Picker;
 use crate::prefill::ModelFacts;
 use crate::{Result, WorkerError};
-use ferry_core::SamplingParams;
+use crate::logprobs;
+use ferry_core::logprobs::token_logprob;
+use ferry_core::{SamplingParams, TokenLogprob};
 use ferry_engine::sampler::Sampler;
 use ferry_engine::{Engine, EngineError, FinishReason, Logits, SeqId, StepItem};
 use ferry_proto::v1::KvEnd;
@@ -33,7 +35,11 @@ use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
 pub enum DecodeEvent {
-    Token(u32),
+    /// A generated token, with its logprob when asked for (`SamplingParams::logprobs`).
+    Token(u32, Option<TokenLogprob>),
+    /// The prompt's logprobs (`SamplingParams::prompt_logprobs`), before the first token, when
+    /// this worker computed the prompt.
+    PromptLogprobs(Vec<TokenLogprob>),
     Finished { reason: FinishReason, completion_tokens: u32 },
     /// The request ended with this error (its sequence is freed).
     Failed(WorkerError),
@@ -119,6 +125,8 @@ struct Running {
     last: u32,
     prompt_tokens: usize,
     max_tokens: usize,
+    /// Alternatives per token when logprobs are asked for.
+    logprobs: Option<u32>,
     events: mpsc::UnboundedSender<DecodeEvent>,
     _reservation: Reservation,
 }
@@ -129,6 +137,8 @@ struct Prefilling {
     prompt: Vec<u32>,
     done: usize,
     params: SamplingParams,
+    /// The prompt's logprobs so far, when asked for ([`crate::logprobs`]).
+    prompt_logprobs: Vec<TokenLogprob>,
     events: mpsc::UnboundedSender<DecodeEvent>,
     reservation: Reservation,
     constraint: Option<ferry_grammar::Constraint>,
@@ -332,7 +342,7 @@ impl Loop {
             if left == 0 {
                 break;
             }
-            let n = (p.prompt.len() - p.done).min(left);
+            let n = (p.prompt.len() - p.done).min(left).min(logprobs::chunk_cap(&p.params));
             parts.push(Part::Prefill(j, p.done..p.done + n));
             left -= n;
         }
@@ -358,7 +368,7 @@ impl Loop {
                 Part::Decode(i) => StepItem { seq: self.running[*i].seq, tokens: t, logits: Logits::Last },
                 Part::Prefill(j, r) => {
                     let p = &self.prefilling[*j];
-                    let logits = if r.end == p.prompt.len() { Logits::Last } else { Logits::None };
+                    let logits = logprobs::chunk_logits(&p.params, r, p.prompt.len());
                     StepItem { seq: p.seq, tokens: &p.prompt[r.clone()], logits }
                 }
             })
@@ -380,9 +390,12 @@ impl Loop {
             match (part, outcome) {
                 (Part::Decode(i), Ok(mut logits)) => {
                     let r = &mut self.running[*i];
+                    let raw = r.logprobs.filter(|_| r.picker.is_constrained()).map(|_| logits.clone());
                     match r.picker.pick(&mut logits) {
                         Ok(tok) => {
-                            if let Some(reason) = advance(r, tok, ctx) {
+                            // Logprobs are the model's, before the grammar's mask.
+                            let lp = r.logprobs.filter(|_| !r.stop_ids.contains(&tok)).map(|n| token_logprob(raw.as_deref().unwrap_or(&logits), tok, n as usize));
+                            if let Some(reason) = advance(r, tok, lp, ctx) {
                                 leaving.push((*i, Ok(reason)));
                             }
                         }
@@ -400,6 +413,7 @@ impl Loop {
                 (Part::Prefill(j, range), Ok(logits)) => {
                     let p = &mut self.prefilling[*j];
                     p.done = range.end;
+                    let logits = logprobs::take_chunk(&p.params, &p.prompt, range.clone(), logits, &mut p.prompt_logprobs);
                     if p.done == p.prompt.len() {
                         prefilled.push((*j, Ok(logits)));
                     }
@@ -432,6 +446,8 @@ impl Loop {
                     continue;
                 }
             };
+            // Logprobs are the model's, before the grammar's mask.
+            let raw = (p.params.logprobs.is_some() && p.constraint.is_some()).then(|| logits.clone());
             let mut picker = Picker::new(Sampler::new(&p.params), p.constraint);
             let first = match picker.pick(&mut logits) {
                 Ok(t) => t,
@@ -443,8 +459,11 @@ impl Loop {
                 }
             };
             let first_is_stop = self.engine.stop_ids(&p.params).contains(&first);
+            if p.params.prompt_logprobs.is_some() {
+                let _ = p.events.send(DecodeEvent::PromptLogprobs(p.prompt_logprobs));
+            }
             if !first_is_stop {
-                let _ = p.events.send(DecodeEvent::Token(first));
+                let _ = p.events.send(DecodeEvent::Token(first, logprobs::of_token(&p.params, raw.as_deref().unwrap_or(&logits), first)));
             }
             let (seq, prompt_tokens) = (p.seq, p.prompt.len());
             self.start(&p.request_id, seq, first, first_is_stop, picker, &p.params, prompt_tokens, p.events, p.reservation);
@@ -502,6 +521,9 @@ impl Loop {
                 self.start(&a.request_id, seq, end.first_token, end.first_is_stop, picker, &a.params, a.prompt_tokens, a.events, a.reservation);
             }
             Source::Prompt { prompt, held } => {
+                // A prompt whose logprobs are asked for is computed whole (dropping a held
+                // prefix frees it).
+                let held = held.filter(|_| a.params.prompt_logprobs.is_none());
                 let (seq, done) = match held.as_ref().map(|h| h.cached) {
                     Some(cached) => match held.and_then(HeldPrefix::take) {
                         Some(seq) => (seq, cached),
@@ -515,6 +537,7 @@ impl Loop {
                     prompt,
                     done,
                     params: a.params,
+                    prompt_logprobs: Vec::new(),
                     events: a.events,
                     reservation: a.reservation,
                     constraint: a.constraint,
@@ -569,6 +592,7 @@ impl Loop {
                     last: first,
                     prompt_tokens,
                     max_tokens: params.max_tokens,
+                    logprobs: params.logprobs,
                     events,
                     _reservation: reservation,
                 });
@@ -577,14 +601,15 @@ impl Loop {
     }
 }
 
-/// Account for a newly sampled token; Some(reason) when the sequence is finished.
-fn advance(r: &mut Running, tok: u32, ctx: usize) -> Option<FinishReason> {
+/// Account for a newly sampled token (`lp`: its logprob, when asked for); Some(reason) when the
+/// sequence is finished.
+fn advance(r: &mut Running, tok: u32, lp: Option<TokenLogprob>, ctx: usize) -> Option<FinishReason> {
     if r.stop_ids.contains(&tok) {
         return Some(FinishReason::StopToken(tok));
     }
     r.count += 1;
     r.last = tok;
-    let _ = r.events.send(DecodeEvent::Token(tok));
+    let _ = r.events.send(DecodeEvent::Token(tok, lp));
     if r.picker.finished() {
         // The grammar is complete: only an end of sequence could follow, so stop without
         // spending a step on it.

@@ -8,7 +8,7 @@ use crate::load::Reservation;
 use crate::{Result, WorkerError};
 use ferry_core::{BlockTable, SamplingParams};
 use ferry_engine::FinishReason;
-use ferry_proto::v1::{decode_response, Admitted, DecodeFinal, DecodeRequest, DecodeResponse, DecodeTokens};
+use ferry_proto::v1::{decode_response, Admitted, DecodeFinal, DecodeRequest, DecodeResponse, DecodeTokens, PromptLogprobs};
 use ferry_proto::MIN_TRANSFER_TOKEN_LEN;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
@@ -208,6 +208,7 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
         let receiver = self.receiver.clone();
         let request_id = req.request_id.clone();
         let prompt_tokens = req.prompt_tokens as usize;
+        let prompt_logprobs = params.prompt_logprobs.is_some();
         let (placeholder, _) = mpsc::unbounded_channel();
         let admission = Admission { request_id: request_id.clone(), source: Source::Prompt { prompt: Vec::new(), held: None }, params, prompt_tokens, events: placeholder, reservation, constraint };
         // The prompt's ids, when the router sent them: a colocated prompt, or a disaggregated
@@ -215,8 +216,10 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
         let colocated = !req.prompt.is_empty();
         let ids = if colocated { req.prompt } else { req.prompt_ids };
         // Attach the longest cached prefix (whole blocks; at least the last token is left to
-        // compute, so the first token has logits wherever the rest is computed).
-        let held = match ids.is_empty() || !self.engine.facts.prefix_cache {
+        // compute, so the first token has logits wherever the rest is computed). A colocated
+        // prompt whose logprobs are asked for is computed whole: nothing attached.
+        let whole = colocated && prompt_logprobs;
+        let held = match ids.is_empty() || !self.engine.facts.prefix_cache || whole {
             true => None,
             false => match engine.attach(ids.clone(), req.cache_salt.to_vec(), ids.len() - 1).await {
                 Ok(h) => Some(h),
@@ -224,7 +227,10 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
             },
         };
         let cached = held.as_ref().map_or(0, |h| h.cached);
-        let plan = Plan::of(colocated, ids.len(), cached, req.local_prefill_max as usize, self.engine.facts.layout.block_size);
+        // Prompt logprobs come from a whole computation: never a local suffix after the prefix
+        // (a prefill worker computes it all; this worker's prefix still saves shipping).
+        let local_max = if prompt_logprobs { 0 } else { req.local_prefill_max as usize };
+        let plan = Plan::of(colocated, ids.len(), cached, local_max, self.engine.facts.layout.block_size);
         let layout = &self.engine.facts.layout;
         let not_shipped = match plan {
             Plan::Receive => layout.layer_bytes(cached) * layout.n_layers,
@@ -277,8 +283,15 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
             loop {
                 tokio::select! {
                     ev = ev_rx.recv() => match ev {
-                        Some(DecodeEvent::Token(t)) => {
-                            if tx.send(Ok(event(decode_response::Event::Tokens(DecodeTokens { ids: vec![t] })))).await.is_err() {
+                        Some(DecodeEvent::Token(t, lp)) => {
+                            let logprobs = lp.iter().map(ferry_proto::logprob_to_wire).collect();
+                            if tx.send(Ok(event(decode_response::Event::Tokens(DecodeTokens { ids: vec![t], logprobs })))).await.is_err() {
+                                return;
+                            }
+                        }
+                        Some(DecodeEvent::PromptLogprobs(lps)) => {
+                            let logprobs = lps.iter().map(ferry_proto::logprob_to_wire).collect();
+                            if tx.send(Ok(event(decode_response::Event::PromptLogprobs(PromptLogprobs { logprobs })))).await.is_err() {
                                 return;
                             }
                         }

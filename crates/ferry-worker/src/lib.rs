@@ -22,6 +22,7 @@ pub mod health;
 pub mod isolate;
 pub mod kv;
 pub mod load;
+pub mod logprobs;
 pub mod metrics;
 pub mod pick;
 pub mod prefill;

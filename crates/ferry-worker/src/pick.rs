@@ -65,6 +65,12 @@ impl Picker {
         }
     }
 
+    /// Whether a grammar masks this request's logits (callers that need the model's own
+    /// distribution, for logprobs, keep a copy first).
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
+    }
+
     /// The grammar is complete: nothing but the end of the sequence may follow.
     pub fn finished(&self) -> bool {
         self.constraint.as_ref().is_some_and(Constraint::is_finished)

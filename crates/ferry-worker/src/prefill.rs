@@ -13,15 +13,16 @@ use crate::isolate::{sequence_error, step_isolating};
 use crate::kv::transport::{self, KvTransport};
 use crate::kv::Outbound;
 use crate::load::LoadGauge;
+use crate::logprobs;
 use crate::pick::Picker;
 use ferry_grammar::LazyGrammars;
 use crate::{Result, Role, WorkerError};
 use bytes::Bytes;
 use ferry_core::kv_payload::KvPayloadHeader;
 use ferry_core::KvSpan;
-use ferry_core::{BlockTable, SamplingParams};
+use ferry_core::{BlockTable, SamplingParams, TokenLogprob};
 use ferry_engine::sampler::Sampler;
-use ferry_engine::{Engine, EngineError, Logits, SeqId, StepItem};
+use ferry_engine::{Engine, EngineError, SeqId, StepItem};
 use ferry_proto::v1::{KvBegin, KvTarget, KvTransport as KvTransportKind, PrefillRequest, PrefillResponse};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
@@ -164,6 +165,8 @@ struct Active {
     seq: SeqId,
     done: usize,
     started: Instant,
+    /// The prompt's logprobs so far, when asked for ([`crate::logprobs`]).
+    prompt_logprobs: Vec<TokenLogprob>,
 }
 
 /// Start the engine thread.
@@ -298,8 +301,13 @@ impl State {
             let Some(j) = queue.pop_front() else { break };
             left += 1;
             need_more += need;
-            // Start on the prompt's cached prefix: only the rest is computed.
-            let (seq, cached) = match engine.new_sequence_from_cache(&j.prompt, &j.salt) {
+            // Start on the prompt's cached prefix: only the rest is computed. A prompt whose
+            // logprobs are asked for is computed whole (every position's logits).
+            let started = match j.params.prompt_logprobs {
+                Some(_) => Ok((engine.new_sequence_salted(&j.salt), 0)),
+                None => engine.new_sequence_from_cache(&j.prompt, &j.salt),
+            };
+            let (seq, cached) = match started {
                 Ok(started) => started,
                 Err(e) => {
                     let _ = j.out.send(Outbound::Failed(WorkerError::InvalidRequest(format!("starting the prompt: {e}"))));
@@ -310,7 +318,7 @@ impl State {
             if cached > 0 {
                 tracing::debug!(request_id = %j.request_id, cached, prompt = j.prompt.len(), "prompt prefix served from the cache");
             }
-            active.push(Active { job: j, seq, done: cached, started: Instant::now() });
+            active.push(Active { job: j, seq, done: cached, started: Instant::now(), prompt_logprobs: Vec::new() });
         }
         for _ in 0..left {
             self.left_queue();
@@ -343,7 +351,7 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
         if left == 0 {
             break;
         }
-        let n = (a.job.prompt.len() - a.done).min(left);
+        let n = (a.job.prompt.len() - a.done).min(left).min(logprobs::chunk_cap(&a.job.params));
         plan.push((i, a.done..a.done + n));
         left -= n;
     }
@@ -362,7 +370,7 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
         .iter()
         .map(|(i, r)| {
             let a = &active[*i];
-            let logits = if r.end == a.job.prompt.len() { Logits::Last } else { Logits::None };
+            let logits = logprobs::chunk_logits(&a.job.params, r, a.job.prompt.len());
             StepItem { seq: a.seq, tokens: &a.job.prompt[r.clone()], logits }
         })
         .collect();
@@ -394,7 +402,7 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
     let mut leaving = Vec::new();
     for ((i, r), outcome) in plan.iter().zip(outcomes) {
         let a = &mut active[*i];
-        let mut logits = match outcome {
+        let logits = match outcome {
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(request_id = %a.job.request_id, "prefill step failed for this prompt alone: {e}");
@@ -405,7 +413,10 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
             }
         };
         a.done = r.end;
+        let mut logits = logprobs::take_chunk(&a.job.params, &a.job.prompt, r.clone(), logits, &mut a.prompt_logprobs);
         if a.done == a.job.prompt.len() {
+            // Logprobs are the model's, before the grammar's mask.
+            let raw = (a.job.params.logprobs.is_some() && a.job.constraint.is_some()).then(|| logits.clone());
             let mut picker = Picker::new(Sampler::new(&a.job.params), a.job.constraint.take());
             let first = match picker.pick(&mut logits) {
                 Ok(t) => t,
@@ -422,6 +433,8 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
             let end = Outbound::End {
                 first_token: first,
                 first_is_stop,
+                first_logprob: logprobs::of_token(&a.job.params, raw.as_deref().unwrap_or(&logits), first),
+                prompt_logprobs: std::mem::take(&mut a.prompt_logprobs),
                 sampler_state: picker.rng_state(),
                 queued: a.started - a.job.enqueued,
                 computed: a.started.elapsed(),
@@ -550,6 +563,8 @@ impl PrefillService {
             prefill_ms: pushed.computed.as_secs_f64() * 1e3,
             kv: Some(pushed.stats),
             cached_tokens: cached as u32,
+            first_logprob: pushed.first_logprob.as_ref().map(ferry_proto::logprob_to_wire),
+            prompt_logprobs: pushed.prompt_logprobs.iter().map(ferry_proto::logprob_to_wire).collect(),
         })
     }
 }

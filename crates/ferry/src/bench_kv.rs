@@ -124,6 +124,8 @@ async fn ferry_transfer(t: &dyn KvTransport, target: &KvTarget, lay: KvLayout, t
     let _ = tx.send(Outbound::End {
         first_token: 0,
         first_is_stop: false,
+        first_logprob: None,
+        prompt_logprobs: Vec::new(),
         sampler_state: 0,
         queued: Duration::ZERO,
         computed: Duration::ZERO,

@@ -67,6 +67,8 @@ impl SamplingArgs {
             ignore_eos: self.ignore_eos,
             token_offset: 0,
             grammar: None,
+            logprobs: None,
+            prompt_logprobs: None,
         }
     }
 }

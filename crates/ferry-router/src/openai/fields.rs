@@ -94,12 +94,12 @@ pub const FIELDS: &[Field] = &[
     f("presence_penalty", Both, limited(zero, "only 0: Ferry applies no penalties")),
     f("logit_bias", Both, limited(empty, "only {}: Ferry applies no logit bias")),
     f("n", Both, rejected(one, "not supported yet; one choice per request (n = 1)")),
-    f("logprobs", Both, rejected(off, "not supported yet; leave it unset or false")),
+    f("logprobs", Both, Supported),
     f("response_format", Both, Supported),
     // OpenAI, completions.
     f("prompt", Completions, Supported),
     f("suffix", Completions, limited(empty, "only empty: Ferry does not insert text")),
-    f("echo", Completions, rejected(off, "not supported yet; leave it unset or false")),
+    f("echo", Completions, Supported),
     f("best_of", Completions, rejected(one, "not supported yet; only 1")),
     // OpenAI, chat.
     f("messages", Chat, Supported),
@@ -118,7 +118,7 @@ pub const FIELDS: &[Field] = &[
     f("moderation", Chat, rejected(null, "moderation is not supported")),
     f("prediction", Chat, rejected(null, "predicted outputs are not supported")),
     f("web_search_options", Chat, rejected(null, "web search is not supported")),
-    f("top_logprobs", Chat, rejected(zero, "not supported yet; leave it unset or 0")),
+    f("top_logprobs", Chat, Supported),
     f("tools", Chat, rejected(empty, "not supported yet; leave it unset or []")),
     f("tool_choice", Chat, rejected(no_tool, "not supported yet; leave it unset or \"none\"")),
     f("parallel_tool_calls", Chat, rejected(on, "not supported yet; leave it unset or true")),

@@ -14,6 +14,7 @@
 
 pub mod error;
 pub mod fields;
+pub mod logprobs;
 pub mod request;
 pub mod response;
 pub mod structured;
@@ -243,6 +244,8 @@ async fn run(
     if !h.shared.serves(&parsed.model) {
         return Err(ApiError::model_not_found(&parsed.model));
     }
+    let want = parsed.logprobs;
+    let echo = want.echo.then(|| logprobs::prompt_text(&h.shared, parsed.request.input.as_ref()));
     let started = service::start(&h.shared, parsed.request, tenant).map_err(|e| match (&e, parsed.structured_field) {
         // A grammar that does not compile is named by the field it came in.
         (crate::RouterError::InvalidGrammar(g), Some(field)) => ApiError::invalid(format!("`{field}`: {g}"), Some(field)),
@@ -252,6 +255,7 @@ async fn run(
         // `user`, `metadata`, …: the client's words about the request, for the logs only.
         tracing::info!(request_id = %started.request_id, tags = ?parsed.tags, "request tags");
     }
+    let mut render = logprobs::Render::new(h.shared.clone(), kind, want, started.prompt.first().copied());
     let meta = Meta::new(
         kind,
         &started.request_id,
@@ -261,8 +265,11 @@ async fn run(
     );
     let mut events = started.events;
     if !parsed.stream {
-        let (text, fin) = collect(&mut events).await?;
-        return Ok(json_ok(&response::complete(&meta, &text, &fin)));
+        let (text, fin, lps) = collect(&mut events).await?;
+        let text = echo.unwrap_or_default() + &text;
+        let mut v = response::complete(&meta, &text, &fin);
+        v["choices"][0]["logprobs"] = render.whole(&lps);
+        return Ok(json_ok(&v));
     }
     // Wait for the first event before answering 200, so that a request failing before its first
     // token still gets its own HTTP status.
@@ -271,12 +278,17 @@ async fn run(
         Some(Err(s)) => return Err(ApiError::from_status(&s)),
         None => return Err(ApiError::server("the request ended without an answer")),
     };
-    let head = response::role_chunk(&meta).map(|v| response::sse(&v));
-    let body = tokio_stream::iter(head)
+    // Echo without logprobs: the prompt's text leads (with them, it comes with their chunk).
+    let (head, echo) = match (echo, render.wanted()) {
+        (Some(p), false) => (Some(response::text_chunk(&meta, &p)), None),
+        (echo, _) => (response::role_chunk(&meta), echo),
+    };
+    let mut sse = Sse { meta, render, echo };
+    let body = tokio_stream::iter(head.map(|v| response::sse(&v)))
         .chain(
             tokio_stream::once(Ok(first))
                 .chain(ReceiverStream::new(events))
-                .map(move |ev| sse_event(&meta, ev)),
+                .map(move |ev| sse.event(ev)),
         )
         .filter(|b| !b.is_empty())
         .map(Ok::<_, Infallible>);
@@ -290,21 +302,58 @@ async fn run(
         .into_response())
 }
 
-/// The text and final message of a request, or the error it ended with.
+/// The text, final message and logprobs of a request, or the error it ended with.
 async fn collect(
     events: &mut tokio::sync::mpsc::Receiver<Result<v1::GenerateResponse, tonic::Status>>,
-) -> Result<(String, v1::GenerateFinal), ApiError> {
+) -> Result<(String, v1::GenerateFinal, logprobs::Collected), ApiError> {
     let mut text = String::new();
+    let mut lps = logprobs::Collected::default();
     while let Some(ev) = events.recv().await {
         match ev.map_err(|s| ApiError::from_status(&s))?.event {
-            Some(Event::Delta(d)) => text.push_str(&d.text),
-            Some(Event::Final(f)) => return Ok((text, f)),
+            Some(Event::Delta(d)) => {
+                text.push_str(&d.text);
+                lps.push(&d);
+            }
+            Some(Event::Final(f)) => return Ok((text, f, lps)),
             None => {}
         }
     }
     Err(ApiError::server(
         "the request ended without a final message",
     ))
+}
+
+/// A streamed answer's state: its logprobs (they keep a text offset) and the prompt's text to
+/// echo with the prompt's logprobs.
+struct Sse {
+    meta: Meta,
+    render: logprobs::Render,
+    echo: Option<String>,
+}
+
+impl Sse {
+    /// The SSE bytes for one event of the request (empty for a delta with neither text nor
+    /// logprobs). The final message and an error each end the stream with `[DONE]`.
+    fn event(&mut self, ev: Result<v1::GenerateResponse, tonic::Status>) -> Bytes {
+        let d = match &ev {
+            Ok(v1::GenerateResponse { event: Some(Event::Delta(d)), .. }) => d,
+            _ => return sse_event(&self.meta, ev),
+        };
+        if !self.render.wanted() {
+            return sse_event(&self.meta, ev);
+        }
+        let (text, lp) = match logprobs::is_prompt_delta(d) {
+            true => match self.echo.take() {
+                Some(text) => (text, self.render.render(Some(&d.prompt_logprobs), &[])),
+                None => return Bytes::new(),
+            },
+            false if d.text.is_empty() && d.logprobs.is_empty() => return Bytes::new(),
+            false => (d.text.clone(), self.render.render(None, &d.logprobs)),
+        };
+        let mut chunk = response::text_chunk(&self.meta, &text);
+        chunk["choices"][0]["logprobs"] = lp;
+        response::sse(&chunk)
+    }
 }
 
 /// The SSE bytes for one event of the request (empty for a delta without text). The final

@@ -1,7 +1,8 @@
 //! OpenAI request bodies to Ferry's `GenerateRequest`: pure parsing, no I/O. Every key of the body
 //! is first checked against [`fields`](super::fields)' table (an unknown field, or a value Ferry
 //! would not honour, is a 400 naming it); then the supported fields are read one by one from the
-//! JSON object, so that a wrong type names its field.
+//! JSON object, so that a wrong type names its field. `logprobs`, `top_logprobs` and `echo` are
+//! read by [`super::logprobs`], the structured-output fields by [`super::structured`].
 
 use ferry_proto::v1::{self, generate_request::Input};
 use serde::de::DeserializeOwned;
@@ -39,6 +40,8 @@ pub struct Parsed {
     /// What the client said about the request (`user`, `metadata`, `safety_identifier`,
     /// `prompt_cache_key`), as JSON text: logged with the request id.
     pub tags: Vec<(&'static str, String)>,
+    /// `logprobs`, `top_logprobs`, `echo`.
+    pub logprobs: super::logprobs::Want,
     pub request: v1::GenerateRequest,
 }
 
@@ -57,6 +60,7 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
     };
     fields::check(fields::FIELDS, kind, &obj, "")?;
     let model: String = field(&obj, "model")?.ok_or_else(|| required("model"))?;
+    let logprobs = super::logprobs::parse(kind, &obj)?;
 
     let input = match kind {
         Kind::Completion => prompt(obj.get("prompt"))?,
@@ -80,15 +84,16 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
     }
     let structured = structured::parse(&obj)?;
     let structured_field = structured.as_ref().map(|(_, f)| *f);
-    let sampling = v1::SamplingParams {
+    let mut sampling = v1::SamplingParams {
         // OpenAI's default temperature is 1.
         temperature: field::<f32>(&obj, "temperature")?.unwrap_or(1.0),
         top_k: field::<u32>(&obj, "top_k")?.unwrap_or(0),
         top_p: field::<f32>(&obj, "top_p")?,
         seed: seed(obj.get("seed"))?,
-        token_offset: 0,
         structured: structured.map(|(s, _)| s),
+        ..Default::default()
     };
+    logprobs.apply(&mut sampling);
     let stop = v1::StopConditions {
         max_tokens: max_tokens.map_or(0, |(n, _)| n),
         stop: stop(obj.get("stop"))?,
@@ -138,6 +143,7 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
         include_usage,
         structured_field,
         tags,
+        logprobs,
         request: v1::GenerateRequest {
             request_id: String::new(),
             model,
@@ -527,8 +533,8 @@ mod tests {
             (r#""stop": ["a", "b", "c", "d", "e"]"#, "stop", "at most 4"),
             (r#""seed": 1.5"#, "seed", "integer"),
             (r#""seed": "1""#, "seed", "an integer"),
-            (r#""echo": true"#, "echo", "not supported yet"),
-            (r#""logprobs": 2"#, "logprobs", "not supported yet"),
+            (r#""echo": 1"#, "echo", "a boolean"),
+            (r#""logprobs": 21"#, "logprobs", "from 0 to 20"),
             (r#""best_of": 3"#, "best_of", "not supported yet"),
             (r#""presence_penalty": 0.5"#, "presence_penalty", "`presence_penalty` = 0.5 is not supported: only 0"),
         ] {

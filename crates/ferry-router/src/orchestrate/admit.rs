@@ -95,7 +95,11 @@ pub(super) async fn admit(
             // For the worker's prefix cache: it attaches what it holds and waits only for the rest.
             prompt_ids: if colocated { Vec::new() } else { prompt.to_vec() },
             cache_salt: job.cache_salt.clone().into(),
-            local_prefill_max: shared.cfg.local_prefill_max.min(u32::MAX as usize) as u32,
+            // Prompt logprobs need the whole prompt computed: never a local suffix.
+            local_prefill_max: match params.prompt_logprobs {
+                Some(_) => 0,
+                None => shared.cfg.local_prefill_max.min(u32::MAX as usize) as u32,
+            },
             ..Default::default()
         };
         let guard = InflightGuard::decode(reg, &w.id, need as u64);

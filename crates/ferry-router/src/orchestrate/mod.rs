@@ -94,6 +94,8 @@ struct Progress<'a> {
     kv: v1::KvTransferStats,
     /// Prompt tokens of the last attempt that a prefix cache served.
     cached_tokens: u32,
+    /// The prompt's logprobs reached the client: later attempts do not ask for them again.
+    prompt_logprobs_sent: bool,
 }
 
 impl Progress<'_> {
@@ -111,6 +113,11 @@ impl Progress<'_> {
         let mut params = job.params.clone();
         params.max_tokens = job.params.max_tokens.saturating_sub(n);
         params.token_offset = n as u32;
+        // The prompt's logprobs are the original prompt's, sent once (a migrated request's
+        // prompt holds generated tokens too; they are not recomputed).
+        if n > 0 || self.prompt_logprobs_sent {
+            params.prompt_logprobs = None;
+        }
         (prompt, params)
     }
 
@@ -151,6 +158,7 @@ pub async fn run(shared: Arc<Shared>, mut job: Job, tx: Tx) {
         decode_worker: String::new(),
         kv: v1::KvTransferStats::default(),
         cached_tokens: 0,
+        prompt_logprobs_sent: false,
     };
     let result = drive(&shared, &job, &mut prog, &tx).await;
     match result {
@@ -309,10 +317,9 @@ async fn interrupted(shared: &Shared, prog: &mut Progress<'_>, job: &Job, phase:
     }
 }
 
-async fn send_delta(tx: &Tx, rid: &str, text: String, token_ids: Vec<u32>) -> Result<(), Halt> {
-    let msg = v1::GenerateResponse {
-        request_id: rid.into(),
-        event: Some(Event::Delta(v1::TokenDelta { text, token_ids })),
-    };
+/// `logprobs`: one per id of `token_ids` when they were asked for, else empty.
+async fn send_delta(tx: &Tx, rid: &str, text: String, token_ids: Vec<u32>, logprobs: Vec<v1::TokenLogprob>) -> Result<(), Halt> {
+    let delta = v1::TokenDelta { text, token_ids, logprobs, ..Default::default() };
+    let msg = v1::GenerateResponse { request_id: rid.into(), event: Some(Event::Delta(delta)) };
     tx.send(Ok(msg)).await.map_err(|_| Halt::ClientGone)
 }

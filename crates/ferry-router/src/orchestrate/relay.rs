@@ -58,9 +58,13 @@ fn protocol(job: &Job, worker: &str, message: String) -> Halt {
     }))
 }
 
-/// Pushes `ids` through the relay and sends what they release with them; whether a stop string
-/// ended the request (the ids after it are not sent).
-async fn forward(job: &Job, worker: &str, prog: &mut Progress<'_>, tx: &Tx, ids: &[u32]) -> Result<bool, Halt> {
+/// Pushes `ids` through the relay and sends what they release with them, and their `logprobs`
+/// (one per id, or none); whether a stop string ended the request (the ids after it are not
+/// sent).
+async fn forward(job: &Job, worker: &str, prog: &mut Progress<'_>, tx: &Tx, ids: &[u32], logprobs: &[v1::TokenLogprob]) -> Result<bool, Halt> {
+    if !logprobs.is_empty() && logprobs.len() != ids.len() {
+        return Err(protocol(job, worker, format!("{} logprobs for {} tokens", logprobs.len(), ids.len())));
+    }
     let mut out = String::new();
     let mut taken = 0;
     let mut stopped = false;
@@ -74,8 +78,21 @@ async fn forward(job: &Job, worker: &str, prog: &mut Progress<'_>, tx: &Tx, ids:
         }
     }
     prog.sent(job, &ids[..taken]);
-    send_delta(tx, &job.request_id, out, ids[..taken].to_vec()).await?;
+    let logprobs = logprobs.get(..taken).unwrap_or_default().to_vec();
+    send_delta(tx, &job.request_id, out, ids[..taken].to_vec(), logprobs).await?;
     Ok(stopped)
+}
+
+/// Sends the prompt's logprobs on a delta of their own (once per request: later attempts do not
+/// ask for them).
+async fn send_prompt_logprobs(job: &Job, prog: &mut Progress<'_>, tx: &Tx, prompt_logprobs: Vec<v1::TokenLogprob>) -> Result<(), Halt> {
+    if prog.prompt_logprobs_sent {
+        return Ok(());
+    }
+    prog.prompt_logprobs_sent = true;
+    let delta = v1::TokenDelta { prompt_logprobs, ..Default::default() };
+    let msg = v1::GenerateResponse { request_id: job.request_id.clone(), event: Some(Event::Delta(delta)) };
+    tx.send(Ok(msg)).await.map_err(|_| Halt::ClientGone)
 }
 
 pub(super) async fn relay(
@@ -88,12 +105,18 @@ pub(super) async fn relay(
     pre: Option<v1::PrefillResponse>,
 ) -> Result<(), Halt> {
     let dw = adm.dw.clone();
+    if let Some(p) = &pre
+        && params.prompt_logprobs.is_some()
+    {
+        send_prompt_logprobs(job, prog, tx, p.prompt_logprobs.clone()).await?;
+    }
     match &pre {
         Some(p) if p.first_is_stop => {
             return finish(job, prog, tx, v1::FinishReason::StopToken, Some(params.token_offset)).await;
         }
         Some(p) => {
-            if forward(job, &dw.id, prog, tx, &[p.first_token]).await? {
+            let lp: Vec<v1::TokenLogprob> = p.first_logprob.iter().cloned().collect();
+            if forward(job, &dw.id, prog, tx, &[p.first_token], &lp).await? {
                 return finish(job, prog, tx, v1::FinishReason::StopString, None).await;
             }
         }
@@ -112,8 +135,9 @@ pub(super) async fn relay(
             Err(i) => return Err(interrupted(shared, prog, job, phase, WorkerRole::Decode, &dw, None, i).await),
         };
         match m.event {
+            Some(DecodeEvent::PromptLogprobs(p)) => send_prompt_logprobs(job, prog, tx, p.logprobs).await?,
             Some(DecodeEvent::Tokens(t)) => {
-                if forward(job, &dw.id, prog, tx, &t.ids).await? {
+                if forward(job, &dw.id, prog, tx, &t.ids, &t.logprobs).await? {
                     // A stop string ends the request here: dropping the stream cancels it on the
                     // decode worker.
                     return finish(job, prog, tx, v1::FinishReason::StopString, None).await;
@@ -140,7 +164,7 @@ pub(super) async fn finish(
     if finish != v1::FinishReason::StopString {
         let rest = prog.relay.flush().map_err(|m| protocol(job, &prog.decode_worker, m))?;
         if !rest.is_empty() {
-            send_delta(tx, &job.request_id, rest, vec![]).await?;
+            send_delta(tx, &job.request_id, rest, vec![], vec![]).await?;
         }
     }
     let n = prog.generated.len() as u32;

@@ -50,6 +50,10 @@ pub enum Outbound {
     End {
         first_token: u32,
         first_is_stop: bool,
+        /// Asked for with `SamplingParams::logprobs`; for the router, not the decode worker.
+        first_logprob: Option<ferry_core::TokenLogprob>,
+        /// Asked for with `SamplingParams::prompt_logprobs` (the prompt's tokens from the second).
+        prompt_logprobs: Vec<ferry_core::TokenLogprob>,
         sampler_state: u64,
         queued: Duration,
         computed: Duration,

@@ -283,6 +283,8 @@ impl KvTransport for TcpTransport {
 pub struct Pushed {
     pub first_token: u32,
     pub first_is_stop: bool,
+    pub first_logprob: Option<ferry_core::TokenLogprob>,
+    pub prompt_logprobs: Vec<ferry_core::TokenLogprob>,
     pub queued: Duration,
     pub computed: Duration,
     pub stats: KvTransferStats,
@@ -340,7 +342,7 @@ pub async fn push(transport: &dyn KvTransport, target: &KvTarget, begin: KvBegin
                     send_chunks(l.as_mut(), peer, stall, offset, Bytes::from(data), None, &mut chunks, &mut bytes).await?;
                 }
             }
-            Outbound::End { first_token, first_is_stop, sampler_state, queued, computed, computed_at, lease } => {
+            Outbound::End { first_token, first_is_stop, first_logprob, prompt_logprobs, sampler_state, queued, computed, computed_at, lease } => {
                 let l = match link {
                     Some(l) => l,
                     None => {
@@ -355,6 +357,8 @@ pub async fn push(transport: &dyn KvTransport, target: &KvTarget, begin: KvBegin
                 return Ok(Pushed {
                     first_token,
                     first_is_stop,
+                    first_logprob,
+                    prompt_logprobs,
                     queued,
                     computed,
                     stats: KvTransferStats {
