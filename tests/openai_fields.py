@@ -76,6 +76,10 @@ SAMPLES = {
 }
 
 
+# Fields sent together with the one under test, by (endpoint, field).
+COMPANIONS = {("chat", "top_logprobs"): {"logprobs": True}}
+
+
 def sample_of_type(tp):
     """A non-default value of a type, for a field this script has no sample for (a field that
     a newer `openai` added)."""
@@ -175,7 +179,10 @@ def main():
                 value = value[endpoint]
             if field not in SAMPLES and field != "model":
                 value = sample_of_type(tp)
-            status, message, param = send(endpoint, {field: value})
+            # A field that only means something with another one is sent with it (as OpenAI,
+            # Ferry refuses `top_logprobs` without `logprobs: true`).
+            fields = {field: value, **COMPANIONS.get((endpoint, field), {})}
+            status, message, param = send(endpoint, fields)
             judge(f"{endpoint}.{field} = {json.dumps(value)[:40]}", field, support, status, message, param)
             seen += 1
 
