@@ -7,9 +7,11 @@
 //! Streamed answers carry the same entries as whole ones; chat's `top_logprobs` lead with the
 //! chosen token under greedy. With `FERRY_SMOLLM2_GGUF` set, the same on the real default model.
 
+mod common;
+
 use ferry_engine::{Engine, EngineConfig};
 use ferry_router::RouterConfig;
-use ferry_worker::{Listeners, Role, TransportChoice, WorkerConfig};
+use ferry_worker::Role;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -60,19 +62,9 @@ struct Cluster {
 }
 
 async fn worker(role: Role, router: &str, model: &Path) -> tokio::sync::oneshot::Sender<()> {
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let data = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let cfg = WorkerConfig { model: "test".into(), router: Some(router.to_string()), transport: TransportChoice::Tcp, ..WorkerConfig::new(role, format!("{role:?}")) };
     let engine = Engine::load(model, &EngineConfig { threads: 1, max_batch_tokens: 16, ..Default::default() }).expect("load the model");
     // Steps of 16 tokens: a prompt with logprobs runs in several chunks of all-position logits.
-    let handle = ferry_worker::EngineHandle::start(role, engine, "test", Some(16));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (ready, _) = tokio::sync::watch::channel(false);
-    let listeners = Listeners { grpc, data: (role == Role::Decode).then_some(data), metrics: None, health: None };
-    tokio::spawn(async move {
-        ferry_worker::serve(cfg, handle, listeners, async move { let _ = stopped.await; }, ready).await.expect("worker");
-    });
-    stop
+    common::spawn_worker_chunked(role, router, engine, Some(16)).await
 }
 
 impl Cluster {

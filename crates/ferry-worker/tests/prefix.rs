@@ -13,7 +13,7 @@ use ferry_engine::{Engine, EngineConfig};
 use ferry_proto::v1::admin_client::AdminClient;
 use ferry_proto::v1::{GenerateFinal, ListWorkersRequest};
 use ferry_router::RouterConfig;
-use ferry_worker::{Listeners, Role, TransportChoice, WorkerConfig};
+use ferry_worker::Role;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -28,17 +28,7 @@ fn engine(prefix_cache: bool) -> Engine {
 }
 
 async fn worker(role: Role, router: &str) -> tokio::sync::oneshot::Sender<()> {
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let data = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let cfg = WorkerConfig { model: "test".into(), router: Some(router.to_string()), transport: TransportChoice::Tcp, ..WorkerConfig::new(role, format!("{role:?}")) };
-    let handle = ferry_worker::EngineHandle::start(role, engine(true), "test", None);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (ready, _) = tokio::sync::watch::channel(false);
-    let listeners = Listeners { grpc, data: (role == Role::Decode).then_some(data), metrics: None, health: None };
-    tokio::spawn(async move {
-        ferry_worker::serve(cfg, handle, listeners, async move { let _ = stopped.await; }, ready).await.expect("worker");
-    });
-    stop
+    common::spawn_worker(role, router, engine(true)).await
 }
 
 fn tokens(n: usize, seed: u32) -> Vec<u32> {

@@ -6,12 +6,14 @@ use ferry_proto::v1::{generate_request, generate_response, GenerateFinal, Genera
 use ferry_router::RouterConfig;
 
 /// A router serving on loopback until [`Router::stop`].
+#[allow(dead_code)]
 pub struct Router {
     pub addr: String,
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<Result<(), ferry_router::RouterError>>,
 }
 
+#[allow(dead_code)]
 impl Router {
     pub async fn start(cfg: RouterConfig) -> Router {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -68,11 +70,17 @@ pub async fn generate_as(router: &str, key: Option<&str>, req: GenerateRequest) 
 /// it stops when the returned sender is dropped or sent to.
 #[allow(dead_code)]
 pub async fn spawn_worker(role: ferry_worker::Role, router: &str, engine: ferry_engine::Engine) -> tokio::sync::oneshot::Sender<()> {
+    spawn_worker_chunked(role, router, engine, None).await
+}
+
+/// [`spawn_worker`] with chunked prefill's per-step budget for a colocated worker.
+#[allow(dead_code)]
+pub async fn spawn_worker_chunked(role: ferry_worker::Role, router: &str, engine: ferry_engine::Engine, chunk_tokens: Option<usize>) -> tokio::sync::oneshot::Sender<()> {
     use ferry_worker::{Listeners, Role, TransportChoice, WorkerConfig};
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let data = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let cfg = WorkerConfig { model: "test".into(), router: Some(router.to_string()), transport: TransportChoice::Tcp, ..WorkerConfig::new(role, format!("{role:?}")) };
-    let handle = ferry_worker::EngineHandle::start(role, engine, "test", None);
+    let handle = ferry_worker::EngineHandle::start(role, engine, "test", chunk_tokens);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (ready, _) = tokio::sync::watch::channel(false);
     let listeners = Listeners { grpc, data: (role == Role::Decode).then_some(data), metrics: None, health: None };
