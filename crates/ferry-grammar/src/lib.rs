@@ -12,7 +12,6 @@
 //! ([`Grammars::constraint`]'s `replay`). Nothing opaque travels between workers.
 
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
 
 use ferry_core::sampling::OutputGrammar;
 use ferry_tokenizer::Tokenizer;
@@ -110,7 +109,7 @@ impl Grammars {
     /// sampled elsewhere: the first token on the decode worker, the generated tail of the prompt
     /// after a migration).
     pub fn constraint(&self, grammar: &OutputGrammar, replay: &[u32]) -> Result<Constraint, GrammarError> {
-        let mut c = Constraint { matcher: Matcher::new(Ok(self.parser(grammar)?)), mask_time: Duration::ZERO };
+        let mut c = Constraint { matcher: Matcher::new(Ok(self.parser(grammar)?)) };
         for &t in replay {
             c.commit(t)?;
         }
@@ -193,21 +192,18 @@ impl LazyGrammars {
 /// One request's matcher.
 pub struct Constraint {
     matcher: Matcher,
-    mask_time: Duration,
 }
 
 impl Constraint {
     /// Sets the logit of every token the grammar forbids now to -inf. Once the grammar is
     /// complete only the end-of-sequence tokens remain.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), GrammarError> {
-        let t0 = Instant::now();
         let mask = self.matcher.compute_mask_or_eos().map_err(|e| GrammarError::Matcher(e.to_string()))?;
         for (i, l) in logits.iter_mut().enumerate() {
             if !mask.is_allowed(i as TokenId) {
                 *l = f32::NEG_INFINITY;
             }
         }
-        self.mask_time += t0.elapsed();
         Ok(())
     }
 
@@ -223,11 +219,6 @@ impl Constraint {
     /// The grammar is complete and admits nothing more: the sequence can finish now.
     pub fn is_finished(&self) -> bool {
         self.matcher.is_stopped()
-    }
-
-    /// Time spent computing masks so far.
-    pub fn mask_time(&self) -> Duration {
-        self.mask_time
     }
 }
 

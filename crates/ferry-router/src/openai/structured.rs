@@ -1,6 +1,8 @@
 //! Structured-output fields of an OpenAI request to Ferry's `StructuredOutput`: OpenAI's
 //! `response_format`, and vLLM's `structured_outputs` and older `guided_*` fields. At most one of
-//! them may ask for structure; each refusal names its field. The grammar itself is checked later,
+//! them may ask for structure; each refusal names its field. (`guided_decoding_backend` and
+//! `guided_whitespace_pattern` are limited and refused by [`super::fields`]' table, checked
+//! before this runs.) The grammar itself is checked later,
 //! by compiling it ([`crate::service::prepare`]), and a bad one is a 400 naming the field it came
 //! from.
 
@@ -41,22 +43,6 @@ pub fn parse(obj: &Map<String, Value>) -> Result<Asked, ApiError> {
         if let Some(v) = obj.get(name).filter(|v| !v.is_null()) {
             asked.push((kind(v, name)?, name));
         }
-    }
-    match obj.get("guided_decoding_backend") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(b)) if matches!(b.as_str(), "auto" | "guidance" | "llguidance") => {}
-        Some(other) => {
-            return Err(ApiError::invalid(
-                format!("guided_decoding_backend {other}: Ferry's only backend is llguidance (\"guidance\", \"llguidance\" or \"auto\")"),
-                Some("guided_decoding_backend"),
-            ));
-        }
-    }
-    if obj.get("guided_whitespace_pattern").is_some_and(|v| !v.is_null()) {
-        return Err(ApiError::invalid(
-            "guided_whitespace_pattern is not supported (JSON is generated compact; set llguidance's x-guidance whitespace options inside the schema instead)",
-            Some("guided_whitespace_pattern"),
-        ));
     }
     match asked.len() {
         0 => Ok(None),
@@ -207,7 +193,6 @@ mod tests {
             (Kind::Choice(v1::Choices { choices: vec!["a".into(), "b".into()] }), "guided_choice")
         );
         assert!(p(json!({"response_format": {"type": "text"}})).unwrap().is_none());
-        assert!(p(json!({"guided_decoding_backend": "llguidance"})).unwrap().is_none());
     }
 
     #[test]
@@ -225,8 +210,6 @@ mod tests {
             (json!({"guided_choice": ["a", 1]}), "guided_choice"),
             (json!({"guided_regex": 5}), "guided_regex"),
             (json!({"guided_json": 5}), "guided_json"),
-            (json!({"guided_decoding_backend": "xgrammar"}), "guided_decoding_backend"),
-            (json!({"guided_whitespace_pattern": " "}), "guided_whitespace_pattern"),
             (json!({"guided_regex": "a", "response_format": {"type": "json_object"}}), "guided_regex"),
         ] {
             let e = p(body.clone()).expect_err(&body.to_string());
