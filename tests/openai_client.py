@@ -15,11 +15,7 @@ import sys
 
 import openai
 
-
-def check(name, cond, detail=""):
-    if not cond:
-        raise AssertionError(f"{name}: {detail}")
-    print(f"ok   {name}", flush=True)
+from openai_check import check
 
 
 def main():

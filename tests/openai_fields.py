@@ -23,6 +23,8 @@ from openai.types import completion_create_params as completion_params
 from openai.types.chat import ChatCompletionMessageParam
 from openai.types.chat import completion_create_params as chat_params
 
+from openai_check import check
+
 TOOL = {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}
 
 # Representative non-default values, by field (then by endpoint where the types differ).
@@ -122,12 +124,6 @@ def table(api_md):
         for endpoint in ("chat", "completions") if on == "both" else (on,):
             out[(name, endpoint)] = support
     return out
-
-
-def check(name, cond, detail=""):
-    if not cond:
-        raise AssertionError(f"{name}: {detail}")
-    print(f"ok   {name}", flush=True)
 
 
 def main():

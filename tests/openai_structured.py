@@ -16,6 +16,8 @@ from typing import Literal, Optional
 import openai
 from pydantic import BaseModel, Field
 
+from openai_check import check
+
 
 class Address(BaseModel):
     city: str = Field(max_length=24)
@@ -74,12 +76,6 @@ CASES = [
     (Measurement, "Give the length of a pencil in centimeters with its tolerance, as JSON."),
     (Event, "Describe a birthday party as JSON."),
 ]
-
-
-def check(name, cond, detail=""):
-    if not cond:
-        raise AssertionError(f"{name}: {detail}")
-    print(f"ok   {name}", flush=True)
 
 
 def main():
