@@ -573,16 +573,82 @@ async fn openai_python_client_against_ferry_up() {
         "api_key": key,
         "model": name,
         "api_md": root.join("docs/api.md"),
+        "model_takes_tools": false,
     });
     let script = root.join("tests/openai_fields.py");
-    let out = tokio::task::spawn_blocking(move || std::process::Command::new(&python).arg(&script).arg(args.to_string()).output())
+    let py = python.clone();
+    let out = tokio::task::spawn_blocking(move || std::process::Command::new(&py).arg(&script).arg(args.to_string()).output())
         .await
         .unwrap()
         .expect("run the openai fields script");
     let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && log.contains("all checks passed"), "tests/openai_fields.py failed:\n{log}");
     eprintln!("{log}");
+
+    // SmolLM2's ChatML template takes no tools: `tools` is a 400 saying so.
+    let args = serde_json::json!({ "base_url": format!("http://{}/v1", cluster.http), "api_key": key, "model": name, "takes_tools": false });
+    run_python_script(python, "tests/openai_tools.py", args).await;
     cluster.assert_no_leaks().await;
+}
+
+/// Runs one of the `openai` client scripts with `python` and its JSON argument; fails with its
+/// output unless it ends with "all checks passed".
+async fn run_python_script(python: std::path::PathBuf, script: &str, args: serde_json::Value) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(script);
+    let out = tokio::task::spawn_blocking(move || std::process::Command::new(&python).arg(&path).arg(args.to_string()).output())
+        .await
+        .unwrap()
+        .expect("run an openai client script");
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && log.contains("all checks passed"), "{script} failed:\n{log}");
+    eprintln!("{log}");
+}
+
+/// A tiny model whose chat template takes tools: the `qwen2-bias-tied` golden fixture (random
+/// weights, the 512-token tokenizer) with vLLM's Hermes tool-calling template
+/// (tests/fixtures/tools/README.md) and a 4096-token context (room for the template's long tool
+/// prompt; the weights do not depend on it). Made under the target directory, once per run.
+fn tool_model() -> std::path::PathBuf {
+    let from = fixtures().join("golden/qwen2-bias-tied");
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("qwen2-hermes-tools-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["model.safetensors", "tokenizer.json", "generation_config.json"] {
+        std::fs::copy(from.join(f), dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+    }
+    let mut config = json(from.join("config.json"));
+    config["max_position_embeddings"] = serde_json::json!(4096);
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let mut tc = json(from.join("tokenizer_config.json"));
+    tc["model_max_length"] = serde_json::json!(4096);
+    tc["chat_template"] = serde_json::Value::String(std::fs::read_to_string(fixtures().join("tools/hermes_tool_chat_template.jinja")).unwrap());
+    std::fs::write(dir.join("tokenizer_config.json"), tc.to_string()).unwrap();
+    dir
+}
+
+/// Tool calling through the official `openai` client (tests/openai_tools.py) on `ferry up`
+/// serving a tiny model with a real tool-calling template: forced calls (required, named) valid
+/// against their schemas, streaming equal to whole answers, a multi-turn tool conversation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_tool_calls_against_ferry_up() {
+    let python = match openai_python() {
+        Ok(p) => p,
+        Err(why) if std::env::var("FERRY_REQUIRE_OPENAI").as_deref() == Ok("1") => {
+            panic!("FERRY_REQUIRE_OPENAI=1 but no Python with the openai package: {why}")
+        }
+        Err(why) => {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "\n*** SKIPPED: openai_tool_calls_against_ferry_up: {why}\n");
+            return;
+        }
+    };
+    let model = tool_model();
+    let cluster = Cluster::up(&model, 1, 1, &[]);
+    let name = model.file_name().unwrap().to_string_lossy().into_owned();
+    let args = serde_json::json!({ "base_url": format!("http://{}/v1", cluster.http), "api_key": "none", "model": name, "takes_tools": true });
+    run_python_script(python, "tests/openai_tools.py", args).await;
+    cluster.assert_no_leaks().await;
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&model);
 }
 
 /// `ferry up --admin-token`: workers register with it (the cluster comes up and serves), and the

@@ -4,6 +4,7 @@ against Ferry's field table (docs/api.md, "Request fields") and a running router
 Run by tests/cluster.rs against `ferry up`, with one JSON argument:
   base_url, api_key, model   where and how to connect (base_url ends in /v1)
   api_md                     the path of docs/api.md
+  model_takes_tools          whether the model's chat template takes tools (else `tools` is a 400)
 For every field of `openai.types.chat.completion_create_params.CompletionCreateParamsBase`,
 `openai.types.completion_create_params.CompletionCreateParamsBase` and the chat message types:
   - the field is in docs/api.md's table for that endpoint;
@@ -79,7 +80,14 @@ SAMPLES = {
 
 
 # Fields sent together with the one under test, by (endpoint, field).
-COMPANIONS = {("chat", "top_logprobs"): {"logprobs": True}}
+COMPANIONS = {
+    ("chat", "top_logprobs"): {"logprobs": True},
+    ("chat", "tool_choice"): {"tools": SAMPLES["tools"]},
+}
+
+# Supported fields that offer tools: a model whose chat template takes none (SmolLM2's ChatML)
+# answers them with a 400 saying so (docs/api.md, "Tool calling").
+OFFERS_TOOLS = {("chat", "tools"), ("chat", "tool_choice")}
 
 
 def sample_of_type(tp):
@@ -149,9 +157,12 @@ def main():
         except openai.APIStatusError as e:
             return e.status_code, str(e), getattr(e, "param", None)
 
-    def judge(label, field, support, status, message, param):
+    def judge(label, field, support, status, message, param, offers_tools=False):
         names = status == 400 and (field in (param or "") or re.search(rf"\b{re.escape(field)}\b", message))
-        if support == "supported":
+        if support == "supported" and offers_tools and not a["model_takes_tools"]:
+            no_tools = status == 400 and param == "tools" and "no tool support" in message
+            check(f"{label}: supported, refused: the model's template takes no tools", no_tools, f"{status} {message}")
+        elif support == "supported":
             check(f"{label}: supported, answered", status == 200, f"{status} {message}")
         elif support == "rejected":
             check(f"{label}: rejected with a 400 naming it", names, f"{status} {message} (param {param})")
@@ -179,7 +190,8 @@ def main():
             # Ferry refuses `top_logprobs` without `logprobs: true`).
             fields = {field: value, **COMPANIONS.get((endpoint, field), {})}
             status, message, param = send(endpoint, fields)
-            judge(f"{endpoint}.{field} = {json.dumps(value)[:40]}", field, support, status, message, param)
+            offers = (endpoint, field) in OFFERS_TOOLS
+            judge(f"{endpoint}.{field} = {json.dumps(value)[:40]}", field, support, status, message, param, offers)
             seen += 1
 
     # The fields of every kind of chat message.

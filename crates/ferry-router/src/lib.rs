@@ -91,6 +91,9 @@ pub struct RouterConfig {
     /// A decode worker that holds a prompt's prefix computes the rest itself (no prefill worker,
     /// no KV moved) when at most this many tokens are left; 0: never.
     pub local_prefill_max: usize,
+    /// The format tool calls are parsed in (and forced calls written in) on the HTTP API; `None`:
+    /// the one the model's chat template teaches ([`openai::tools::parse::Format::detect`]).
+    pub tool_call_parser: Option<openai::tools::parse::Format>,
 }
 
 /// How the router uses what it knows of the workers' prefix caches.
@@ -133,6 +136,7 @@ impl RouterConfig {
             kv_transport: transport::KvPolicy::Auto,
             prefix_routing: PrefixRouting::KvAware,
             local_prefill_max: DEFAULT_LOCAL_PREFILL_MAX,
+            tool_call_parser: None,
         }
     }
 }

@@ -92,11 +92,12 @@ pub fn prepare(
             ));
         }
         Some(Input::Chat(c)) => {
-            let rendered = render_chat(text, &c.messages, true)?;
-            // The template writes the special tokens itself.
-            text.tokenizer
-                .encode(&rendered, false)
-                .map_err(RouterError::Tokenize)?
+            let msgs: Vec<ChatMessage> = c
+                .messages
+                .iter()
+                .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
+                .collect();
+            chat_ids(text, &msgs, None)?
         }
         Some(Input::Tokens(t)) => {
             let vocab = text.tokenizer.vocab_size();
@@ -136,22 +137,30 @@ pub fn prepare(
     Ok((ids, params))
 }
 
-/// A conversation rendered with the model's chat template; with `add_generation_prompt`, it ends
-/// with the assistant's header.
+/// A conversation rendered with the model's chat template, offering `tools` when given; with
+/// `add_generation_prompt`, it ends with the assistant's header.
 pub fn render_chat(
     text: &ModelText,
-    messages: &[v1::ChatMessage],
+    messages: &[ChatMessage],
+    tools: Option<&[serde_json::Value]>,
     add_generation_prompt: bool,
 ) -> Result<String, RouterError> {
     let tpl = text.chat_template.as_ref().ok_or_else(|| {
         RouterError::InvalidRequest(format!("model {} has no chat template", text.name))
     })?;
-    let msgs: Vec<ChatMessage> = messages
-        .iter()
-        .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
-        .collect();
-    tpl.render(&msgs, add_generation_prompt)
+    tpl.render_with_tools(messages, tools, add_generation_prompt)
         .map_err(|e| RouterError::InvalidRequest(format!("chat template: {e}")))
+}
+
+/// A chat's prompt ids: the conversation rendered ([`render_chat`], ending with the assistant's
+/// header) and encoded without special tokens (the template writes them itself).
+pub fn chat_ids(
+    text: &ModelText,
+    messages: &[ChatMessage],
+    tools: Option<&[serde_json::Value]>,
+) -> Result<Vec<u32>, RouterError> {
+    let rendered = render_chat(text, messages, tools, true)?;
+    text.tokenizer.encode(&rendered, false).map_err(RouterError::Tokenize)
 }
 
 /// Whether workers ready in these numbers (prefill, decode, colocated) can serve a request: a

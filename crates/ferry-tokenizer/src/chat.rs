@@ -2,7 +2,13 @@
 //! copies into `tokenizer.chat_template`), rendered with minijinja the way `transformers`'
 //! `apply_chat_template` does: `trim_blocks` and `lstrip_blocks` on, Python string methods
 //! (`.strip()`, `.startswith()`, …) through `minijinja_contrib::pycompat`, a `raise_exception`
-//! function, and `messages`, `add_generation_prompt`, `bos_token`, `eos_token` in the context.
+//! function, and `messages`, `add_generation_prompt`, `bos_token`, `eos_token` and `tools` in the
+//! context. Messages carry what tool-calling templates read: an assistant's `tool_calls` (with
+//! `function.arguments` as an object, as HF templates expect), a tool result's `tool_call_id`, and
+//! a `name`; fields a message lacks are left undefined, as they are for a Python dict.
+//!
+//! Whether a template takes tools is read from the template itself: it refers to a `tools`
+//! variable it does not define ([`ChatTemplate::takes_tools`]).
 
 use std::path::Path;
 
@@ -15,10 +21,19 @@ const NAME: &str = "chat";
 
 /// One turn of a conversation. Roles stay strings: templates and the OpenAI-style wire format
 /// accept any role (`system`, `user`, `assistant`, `tool`, `developer`, …).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// The calls an assistant's turn made (absent from the template's view when empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// A tool result's answer to which call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The speaker's name, or for a tool result the function's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -26,8 +41,27 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            ..ChatMessage::default()
         }
     }
+}
+
+/// One call in an assistant's turn, shaped as HF templates read it:
+/// `{"id", "type": "function", "function": {"name", "arguments": {...}}}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+/// A called function: its name and its arguments (a JSON value, usually an object).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    pub name: String,
+    pub arguments: serde_json::Value,
 }
 
 /// A compiled chat template with the special-token strings it may refer to.
@@ -35,6 +69,9 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    /// The template's text (tool-call parsers are chosen by what it writes).
+    source: String,
+    takes_tools: bool,
 }
 
 fn read(path: &Path) -> Result<String, TokenizerError> {
@@ -57,10 +94,17 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_template_owned(NAME, source.to_owned())
             .map_err(TokenizerError::TemplateSyntax)?;
+        let takes_tools = env
+            .get_template(NAME)
+            .map_err(TokenizerError::TemplateSyntax)?
+            .undeclared_variables(false)
+            .contains("tools");
         Ok(ChatTemplate {
             env,
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
+            source: source.to_owned(),
+            takes_tools,
         })
     }
 
@@ -141,6 +185,18 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// Renders a conversation offering `tools` (OpenAI's `[{"type": "function", "function":
+    /// {name, description, parameters}}]`, passed as they are); `None` renders `tools` as none,
+    /// as `transformers` does without tools.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
         let template = self
             .env
             .get_template(NAME)
@@ -148,11 +204,22 @@ impl ChatTemplate {
         template
             .render(context! {
                 messages => messages,
+                tools => tools,
                 add_generation_prompt => add_generation_prompt,
                 bos_token => &self.bos_token,
                 eos_token => &self.eos_token,
             })
             .map_err(TokenizerError::TemplateRender)
+    }
+
+    /// Whether the template takes a `tools` list (it reads a `tools` variable it does not set).
+    pub fn takes_tools(&self) -> bool {
+        self.takes_tools
+    }
+
+    /// The template's Jinja text.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 }
 
@@ -161,6 +228,7 @@ impl std::fmt::Debug for ChatTemplate {
         f.debug_struct("ChatTemplate")
             .field("bos_token", &self.bos_token)
             .field("eos_token", &self.eos_token)
+            .field("takes_tools", &self.takes_tools)
             .finish_non_exhaustive()
     }
 }

@@ -19,7 +19,7 @@ mod stream;
 mod token_bytes;
 mod tokenizer;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, FunctionCall, ToolCall};
 pub use error::{BoxError, TokenizerError};
 pub use gguf::PreTokenizerKind;
 pub use model_text::ModelText;

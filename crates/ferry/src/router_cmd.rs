@@ -79,6 +79,10 @@ pub struct RouterArgs {
     /// first is the one `/v1/models` and `ModelInfo` report. Default: the model's own name.
     #[arg(long = "served-model-name", value_name = "NAME")]
     pub served_model_name: Vec<String>,
+    /// The format of the model's tool calls on the OpenAI API (vLLM's parser names): auto reads
+    /// it from the chat template (`<tool_call>` → hermes).
+    #[arg(long, value_enum, default_value_t = ToolCallParserArg::Auto)]
+    pub tool_call_parser: ToolCallParserArg,
     /// The fastest KV transport the router asks a prefill→decode pair to use: auto (= nccl) picks
     /// the fastest both workers registered (nccl, then tcp, then grpc); tcp never asks for NCCL;
     /// grpc always uses gRPC.
@@ -174,6 +178,7 @@ pub fn run(args: RouterArgs) -> anyhow::Result<()> {
             PrefixRoutingArg::Load => ferry_router::PrefixRouting::LoadOnly,
         },
         local_prefill_max: args.local_prefill_max,
+        tool_call_parser: args.tool_call_parser.format(),
         kv_transport: match args.kv_transport {
             KvPolicyArg::Auto => KvPolicy::Auto,
             KvPolicyArg::Nccl => KvPolicy::Nccl,
@@ -223,6 +228,31 @@ pub fn served_model_names(given: &[String]) -> anyhow::Result<Vec<String>> {
         names.push(n.to_string());
     }
     Ok(names)
+}
+
+/// `--tool-call-parser`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolCallParserArg {
+    /// The format the model's chat template teaches.
+    Auto,
+    /// `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (Hermes, Qwen2.5, Qwen3).
+    Hermes,
+}
+
+impl ToolCallParserArg {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolCallParserArg::Auto => "auto",
+            ToolCallParserArg::Hermes => "hermes",
+        }
+    }
+
+    fn format(self) -> Option<ferry_router::openai::tools::parse::Format> {
+        match self {
+            ToolCallParserArg::Auto => None,
+            ToolCallParserArg::Hermes => Some(ferry_router::openai::tools::parse::Format::Hermes),
+        }
+    }
 }
 
 /// `--prefix-routing`.

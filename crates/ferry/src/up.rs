@@ -88,6 +88,9 @@ pub struct UpArgs {
     /// A name clients may ask for the model by (repeatable; the router's `--served-model-name`).
     #[arg(long = "served-model-name", value_name = "NAME")]
     pub served_model_name: Vec<String>,
+    /// The format of the model's tool calls (the router's `--tool-call-parser`).
+    #[arg(long, value_enum, default_value_t = crate::router_cmd::ToolCallParserArg::Auto)]
+    pub tool_call_parser: crate::router_cmd::ToolCallParserArg,
     /// API keys the router's client APIs require (passed to it through its environment).
     #[command(flatten)]
     pub keys: crate::router_cmd::ApiKeyArgs,
@@ -159,6 +162,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
                 .into();
         args.extend(["--prefix-routing".to_string(), a.prefix_routing.as_str().to_string()]);
         args.extend(["--local-prefill-max".to_string(), a.local_prefill_max.to_string()]);
+        args.extend(["--tool-call-parser".to_string(), a.tool_call_parser.as_str().to_string()]);
         for name in crate::router_cmd::served_model_names(&a.served_model_name)? {
             args.extend(["--served-model-name".to_string(), name]);
         }

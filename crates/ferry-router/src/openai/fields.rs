@@ -119,11 +119,11 @@ pub const FIELDS: &[Field] = &[
     f("prediction", Chat, rejected(null, "predicted outputs are not supported")),
     f("web_search_options", Chat, rejected(null, "web search is not supported")),
     f("top_logprobs", Chat, Supported),
-    f("tools", Chat, rejected(empty, "not supported yet; leave it unset or []")),
-    f("tool_choice", Chat, rejected(no_tool, "not supported yet; leave it unset or \"none\"")),
-    f("parallel_tool_calls", Chat, rejected(on, "not supported yet; leave it unset or true")),
-    f("functions", Chat, rejected(empty, "not supported yet; leave it unset or []")),
-    f("function_call", Chat, rejected(no_tool, "not supported yet; leave it unset or \"none\"")),
+    f("tools", Chat, Supported),
+    f("tool_choice", Chat, Supported),
+    f("parallel_tool_calls", Chat, Supported),
+    f("functions", Chat, rejected(empty, "deprecated by OpenAI and not supported: send `tools` (type \"function\") instead")),
+    f("function_call", Chat, rejected(no_tool, "deprecated by OpenAI and not supported: send `tool_choice` instead")),
     // vLLM's extras.
     f("top_k", Both, Supported),
     f("ignore_eos", Both, Supported),
@@ -144,12 +144,12 @@ pub const FIELDS: &[Field] = &[
 pub const MESSAGE_FIELDS: &[Field] = &[
     f("role", Chat, Supported),
     f("content", Chat, Supported),
-    f("name", Chat, rejected(empty, "not supported; the chat template gets only role and content")),
+    f("name", Chat, Supported),
     f("refusal", Chat, rejected(empty, "not supported")),
     f("audio", Chat, rejected(null, "audio is not supported")),
-    f("tool_calls", Chat, rejected(empty, "not supported yet")),
-    f("tool_call_id", Chat, rejected(empty, "not supported yet")),
-    f("function_call", Chat, rejected(null, "not supported yet")),
+    f("tool_calls", Chat, Supported),
+    f("tool_call_id", Chat, Supported),
+    f("function_call", Chat, rejected(null, "deprecated by OpenAI and not supported: send `tool_calls` instead")),
 ];
 
 /// The fields of `stream_options`.
@@ -210,10 +210,6 @@ fn guidance(v: &Value) -> bool {
 
 fn off(v: &Value) -> bool {
     matches!(v, Value::Null | Value::Bool(false))
-}
-
-fn on(v: &Value) -> bool {
-    matches!(v, Value::Null | Value::Bool(true))
 }
 
 fn zero(v: &Value) -> bool {

@@ -37,9 +37,6 @@ fn each_limited_or_rejected_field_takes_its_defaults_and_refuses_the_rest() {
         (C, "moderation", &[json!(null)], &[json!({"model": "omni-moderation-latest"})]),
         (C, "prediction", &[json!(null)], &[json!({"type": "content", "content": "x"})]),
         (C, "web_search_options", &[json!(null)], &[json!({})]),
-        (C, "tools", &[json!([])], &[json!([{"type": "function", "function": {"name": "f"}}])]),
-        (C, "tool_choice", &[json!("none")], &[json!("auto"), json!("required")]),
-        (C, "parallel_tool_calls", &[json!(true)], &[json!(false)]),
         (C, "functions", &[json!([])], &[json!([{"name": "f"}])]),
         (C, "function_call", &[json!("none")], &[json!("auto")]),
         (P, "min_p", &[json!(0)], &[json!(0.1)]),
@@ -83,7 +80,7 @@ fn unknown_fields_are_named() {
 
 #[test]
 fn a_refused_value_is_shown_cut_short() {
-    let e = parse_with(Kind::Chat, &format!(r#""tools": [{{"d": "{}"}}]"#, "x".repeat(500))).unwrap_err();
+    let e = parse_with(Kind::Chat, &format!(r#""functions": [{{"d": "{}"}}]"#, "x".repeat(500))).unwrap_err();
     assert!(e.message.len() < 200 && e.message.contains('…'), "{}", e.message);
 }
 

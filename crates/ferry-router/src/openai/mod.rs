@@ -7,11 +7,13 @@
 //! vLLM: probes and Prometheus scrape them without a key, and they say nothing of any request
 //! (the worker counts and the same metrics the metrics listener serves).
 //!
-//! Each request is parsed ([`request`]) into Ferry's `GenerateRequest` and started through
-//! [`service::start`], the same path as the gRPC `Generate`; its events become one JSON answer or
-//! server-sent events ([`response`]). A client that goes away drops the event receiver, which
+//! Each request is parsed ([`request`]) into Ferry's `GenerateRequest` (a chat's prompt rendered
+//! with its tools, [`chat`]) and started through [`service::start`], the same path as the gRPC
+//! `Generate`; its events become one JSON answer or server-sent events ([`response`]), with tool
+//! calls scanned out of the text ([`tools`]). A client that goes away drops the event receiver, which
 //! cancels the request on its workers. Errors answer in OpenAI's JSON shape ([`error`]).
 
+pub mod chat;
 pub mod error;
 pub mod fields;
 pub mod logprobs;
@@ -19,6 +21,7 @@ pub mod request;
 pub mod response;
 pub mod structured;
 pub mod tokenize;
+pub mod tools;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -240,10 +243,14 @@ async fn run(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body.map_err(rejected)?;
-    let parsed = request::parse(kind, &body)?;
+    let mut parsed = request::parse(kind, &body)?;
     if !h.shared.serves(&parsed.model) {
         return Err(ApiError::model_not_found(&parsed.model));
     }
+    let calls = match kind {
+        Kind::Chat => chat::prepare(&h.shared, &mut parsed)?,
+        Kind::Completion => None,
+    };
     let want = parsed.logprobs;
     let echo = want.echo.then(|| logprobs::prompt_text(&h.shared, parsed.request.input.as_ref()));
     let started = service::start(&h.shared, parsed.request, tenant).map_err(|e| match (&e, parsed.structured_field) {
@@ -267,7 +274,13 @@ async fn run(
     if !parsed.stream {
         let (text, fin, lps) = collect(&mut events).await?;
         let text = echo.unwrap_or_default() + &text;
-        let mut v = response::complete(&meta, &text, &fin);
+        let mut v = match calls {
+            Some(c) => {
+                let (content, made) = c.whole(&text);
+                response::complete_tools(&meta, &content, &made, &fin)
+            }
+            None => response::complete(&meta, &text, &fin),
+        };
         v["choices"][0]["logprobs"] = render.whole(&lps);
         return Ok(json_ok(&v));
     }
@@ -283,7 +296,7 @@ async fn run(
         (Some(p), false) => (Some(response::text_chunk(&meta, &p)), None),
         (echo, _) => (response::role_chunk(&meta), echo),
     };
-    let mut sse = Sse { meta, render, echo };
+    let mut sse = Sse { meta, render, echo, calls };
     let body = tokio_stream::iter(head.map(|v| response::sse(&v)))
         .chain(
             tokio_stream::once(Ok(first))
@@ -323,18 +336,23 @@ async fn collect(
     ))
 }
 
-/// A streamed answer's state: its logprobs (they keep a text offset) and the prompt's text to
-/// echo with the prompt's logprobs.
+/// A streamed answer's state: its logprobs (they keep a text offset), the prompt's text to
+/// echo with the prompt's logprobs, and the tool calls it is scanned for.
 struct Sse {
     meta: Meta,
     render: logprobs::Render,
     echo: Option<String>,
+    calls: Option<chat::Calls>,
 }
 
 impl Sse {
     /// The SSE bytes for one event of the request (empty for a delta with neither text nor
     /// logprobs). The final message and an error each end the stream with `[DONE]`.
     fn event(&mut self, ev: Result<v1::GenerateResponse, tonic::Status>) -> Bytes {
+        if let Some(calls) = &mut self.calls {
+            // (No logprobs here: the request refuses them on a stream with tools.)
+            return tool_event(&self.meta, calls, ev);
+        }
         let d = match &ev {
             Ok(v1::GenerateResponse { event: Some(Event::Delta(d)), .. }) => d,
             _ => return sse_event(&self.meta, ev),
@@ -354,6 +372,39 @@ impl Sse {
         chunk["choices"][0]["logprobs"] = lp;
         response::sse(&chunk)
     }
+}
+
+/// The SSE bytes for one event of a request scanned for tool calls: content and calls as the
+/// text completes them; at the end, what the scanner held, then the finish (`"tool_calls"` when
+/// the model called).
+fn tool_event(meta: &Meta, calls: &mut chat::Calls, ev: Result<v1::GenerateResponse, tonic::Status>) -> Bytes {
+    let said = match &ev {
+        Ok(v1::GenerateResponse { event: Some(Event::Delta(d)), .. }) => calls.push(&d.text),
+        Ok(v1::GenerateResponse { event: Some(Event::Final(_)), .. }) => calls.finish(),
+        _ => Vec::new(),
+    };
+    let mut out = Vec::new();
+    for s in said {
+        match s {
+            chat::Said::Text(t) => out.extend_from_slice(&response::sse(&response::text_chunk(meta, &t))),
+            chat::Said::Call(i, c) => {
+                for chunk in response::tool_call_chunks(meta, i, &c) {
+                    out.extend_from_slice(&response::sse(&chunk));
+                }
+            }
+        }
+    }
+    match ev {
+        Ok(v1::GenerateResponse { event: Some(Event::Final(f)), .. }) => {
+            for c in response::final_chunks_after_calls(meta, &f, calls.count()) {
+                out.extend_from_slice(&response::sse(&c));
+            }
+            out.extend_from_slice(response::DONE);
+        }
+        Ok(_) => {}
+        Err(e) => out.extend_from_slice(&sse_event(meta, Err(e))),
+    }
+    Bytes::from(out)
 }
 
 /// The SSE bytes for one event of the request (empty for a delta without text). The final

@@ -5,12 +5,14 @@
 //! read by [`super::logprobs`], the structured-output fields by [`super::structured`].
 
 use ferry_proto::v1::{self, generate_request::Input};
+use ferry_tokenizer::{ChatMessage, FunctionCall, ToolCall};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
 use super::structured;
 use super::fields;
+use super::tools;
 
 /// Which endpoint a request came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +44,12 @@ pub struct Parsed {
     pub tags: Vec<(&'static str, String)>,
     /// `logprobs`, `top_logprobs`, `echo`.
     pub logprobs: super::logprobs::Want,
+    /// A chat's messages (empty for completions). The chat's prompt is rendered from them with
+    /// the model's template, and its tools ([`super::chat`]), into `request.input`.
+    pub messages: Vec<ChatMessage>,
+    /// `tools`, `tool_choice`, `parallel_tool_calls`, when any is set.
+    pub tools: Option<tools::Asked>,
+    /// `request.input` is `None` for a chat until its prompt is rendered.
     pub request: v1::GenerateRequest,
 }
 
@@ -62,11 +70,9 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
     let model: String = field(&obj, "model")?.ok_or_else(|| required("model"))?;
     let logprobs = super::logprobs::parse(kind, &obj)?;
 
-    let input = match kind {
-        Kind::Completion => prompt(obj.get("prompt"))?,
-        Kind::Chat => Input::Chat(v1::ChatInput {
-            messages: messages(obj.get("messages"))?,
-        }),
+    let (input, messages) = match kind {
+        Kind::Completion => (Some(prompt(obj.get("prompt"))?), Vec::new()),
+        Kind::Chat => (None, messages(obj.get("messages"))?),
     };
 
     let max_tokens = match kind {
@@ -84,6 +90,18 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
     }
     let structured = structured::parse(&obj)?;
     let structured_field = structured.as_ref().map(|(_, f)| *f);
+    let tools = match kind {
+        Kind::Chat => tools::parse(&obj)?,
+        Kind::Completion => None,
+    };
+    if let (Some(field), Some(t)) = (structured_field, &tools)
+        && t.forces()
+    {
+        return Err(ApiError::invalid(
+            format!("`{field}` cannot be combined with a `tool_choice` that forces a call (\"required\" or a named function): both set the output's grammar"),
+            Some(field),
+        ));
+    }
     let mut sampling = v1::SamplingParams {
         // OpenAI's default temperature is 1.
         temperature: field::<f32>(&obj, "temperature")?.unwrap_or(1.0),
@@ -109,6 +127,12 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
         ));
     }
     let stream = field::<bool>(&obj, "stream")?.unwrap_or(false);
+    if stream && logprobs.top.is_some() && tools.as_ref().is_some_and(tools::Asked::active) {
+        return Err(ApiError::invalid(
+            "`logprobs` with `tools` is not supported on a stream (a streamed answer's text is regrouped into tool calls); ask without `stream`, or with `tool_choice: \"none\"`",
+            Some("logprobs"),
+        ));
+    }
     let include_usage = match obj.get("stream_options") {
         None | Some(Value::Null) => false,
         Some(_) if !stream => {
@@ -144,10 +168,12 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
         structured_field,
         tags,
         logprobs,
+        messages,
+        tools,
         request: v1::GenerateRequest {
             request_id: String::new(),
             model,
-            input: Some(input),
+            input,
             sampling: Some(sampling),
             stop: Some(stop),
             cache_salt,
@@ -233,8 +259,10 @@ fn prompt(v: Option<&Value>) -> Result<Input, ApiError> {
 }
 
 /// `messages`: objects with a `role` and a `content` that is a string, an array of text parts, or
-/// null (an empty message); their other fields per [`fields::MESSAGE_FIELDS`].
-pub(crate) fn messages(v: Option<&Value>) -> Result<Vec<v1::ChatMessage>, ApiError> {
+/// null (an empty message); an assistant's `tool_calls`, a tool result's `tool_call_id`, a `name`;
+/// their other fields per [`fields::MESSAGE_FIELDS`]. A tool result without a `name` gets the name
+/// of the call it answers (templates such as Hermes' want it; OpenAI's clients do not send it).
+pub(crate) fn messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
     let list = match v {
         None | Some(Value::Null) => return Err(required("messages")),
         Some(Value::Array(a)) => a,
@@ -246,7 +274,7 @@ pub(crate) fn messages(v: Option<&Value>) -> Result<Vec<v1::ChatMessage>, ApiErr
     let bad = |i: usize, why: String| {
         ApiError::invalid(format!("`messages[{i}]`: {why}"), Some("messages"))
     };
-    let mut out = Vec::with_capacity(list.len());
+    let mut out: Vec<ChatMessage> = Vec::with_capacity(list.len());
     for (i, m) in list.iter().enumerate() {
         let Value::Object(m) = m else {
             return Err(bad(i, format!("must be an object, not {}", type_name(m))));
@@ -300,12 +328,73 @@ pub(crate) fn messages(v: Option<&Value>) -> Result<Vec<v1::ChatMessage>, ApiErr
                 ));
             }
         };
-        out.push(v1::ChatMessage {
-            role: role.to_owned(),
-            content,
-        });
+        let string = |key: &str| -> Result<Option<String>, ApiError> {
+            match m.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.clone())),
+                Some(other) => Err(bad(i, format!("`{key}` must be a string, not {}", type_name(other)))),
+            }
+        };
+        let tool_call_id = string("tool_call_id")?;
+        let mut name = string("name")?;
+        let tool_calls = match m.get("tool_calls") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(calls)) => calls
+                .iter()
+                .enumerate()
+                .map(|(j, c)| tool_call(c).map_err(|why| bad(i, format!("`tool_calls[{j}]`: {why}"))))
+                .collect::<Result<_, _>>()?,
+            Some(other) => return Err(bad(i, format!("`tool_calls` must be an array, not {}", type_name(other)))),
+        };
+        if role == "tool" && name.is_none() {
+            name = tool_call_id.as_ref().and_then(|id| {
+                out.iter()
+                    .flat_map(|m| &m.tool_calls)
+                    .find(|c| c.id.as_ref() == Some(id))
+                    .map(|c| c.function.name.clone())
+            });
+        }
+        out.push(ChatMessage { role: role.to_owned(), content, tool_calls, tool_call_id, name });
     }
     Ok(out)
+}
+
+/// One of an assistant message's `tool_calls`: `{"id", "type": "function", "function": {"name",
+/// "arguments"}}`, the arguments a JSON string (parsed: templates want the object, as vLLM gives
+/// them) or already an object.
+fn tool_call(c: &Value) -> Result<ToolCall, String> {
+    let Value::Object(c) = c else {
+        return Err(format!("must be an object, not {}", type_name(c)));
+    };
+    for key in c.keys() {
+        if !matches!(key.as_str(), "id" | "type" | "function") {
+            return Err(format!("unknown field {key:?} (id, type, function)"));
+        }
+    }
+    match c.get("type") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(t)) if t == "function" => {}
+        Some(other) => return Err(format!("type {other} is not supported; only \"function\"")),
+    }
+    let id = match c.get("id") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(other) => return Err(format!("`id` must be a string, not {}", type_name(other))),
+    };
+    let Some(Value::Object(f)) = c.get("function") else {
+        return Err("`function` is required: an object with `name` and `arguments`".into());
+    };
+    let Some(Value::String(name)) = f.get("name") else {
+        return Err("`function.name` is required (a string)".into());
+    };
+    let arguments = match f.get("arguments") {
+        None | Some(Value::Null) => Value::Object(Map::new()),
+        Some(Value::String(s)) => serde_json::from_str(s)
+            .map_err(|e| format!("`function.arguments` is not JSON ({e}): {s:?}"))?,
+        Some(v @ Value::Object(_)) => v.clone(),
+        Some(other) => return Err(format!("`function.arguments` must be a JSON string, not {}", type_name(other))),
+    };
+    Ok(ToolCall { id, kind: "function".into(), function: FunctionCall { name: name.clone(), arguments } })
 }
 
 /// `stop`: a string or an array of at most [`MAX_STOP`] strings.
@@ -440,10 +529,8 @@ mod tests {
                 {"role": "assistant", "content": null, "name": null, "refusal": null, "tool_calls": []}],
                "max_tokens": 9, "max_completion_tokens": 3}"#,
         );
-        let Some(Input::Chat(c)) = p.request.input else {
-            panic!("chat input")
-        };
-        let got: Vec<(&str, &str)> = c
+        assert_eq!(p.request.input, None, "rendered later, with the model's template");
+        let got: Vec<(&str, &str)> = p
             .messages
             .iter()
             .map(|m| (m.role.as_str(), m.content.as_str()))
@@ -479,6 +566,14 @@ mod tests {
                 r#"[{"role": "user", "content": [{"type": "text"}]}]"#,
                 "no `text`",
             ),
+            (r#"[{"role": "user", "content": "x", "name": 3}]"#, "`name` must be a string"),
+            (r#"[{"role": "assistant", "tool_calls": {}}]"#, "`tool_calls` must be an array"),
+            (
+                r#"[{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{nope"}}]}]"#,
+                "`tool_calls[0]`: `function.arguments` is not JSON",
+            ),
+            (r#"[{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}]"#, "`function.name` is required"),
+            (r#"[{"role": "assistant", "tool_calls": [{"type": "custom", "function": {"name": "f"}}]}]"#, "only \"function\""),
         ] {
             let e = err(
                 Kind::Chat,
@@ -493,6 +588,39 @@ mod tests {
         }
         let e = err(Kind::Chat, r#"{"model": "m"}"#);
         assert!(e.message.contains("required"), "{e:?}");
+    }
+
+    #[test]
+    fn tool_turns() {
+        let p = ok(
+            Kind::Chat,
+            r#"{"model": "m", "messages": [
+                {"role": "user", "content": "Weather?", "name": "ann"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
+                {"role": "tool", "tool_call_id": "call_9", "content": "?"}],
+               "tools": [{"type": "function", "function": {"name": "get_weather"}}]}"#,
+        );
+        let m = &p.messages;
+        assert_eq!(m[0].name.as_deref(), Some("ann"));
+        assert_eq!(m[1].tool_calls.len(), 1);
+        let c = &m[1].tool_calls[0];
+        assert_eq!((c.id.as_deref(), c.kind.as_str(), c.function.name.as_str()), (Some("call_1"), "function", "get_weather"));
+        assert_eq!(c.function.arguments, serde_json::json!({"city": "Paris"}), "a JSON string becomes the object templates want");
+        assert_eq!((m[2].tool_call_id.as_deref(), m[2].name.as_deref()), (Some("call_1"), Some("get_weather")), "named after its call");
+        assert_eq!(m[3].name, None, "no call of that id");
+        assert_eq!(p.tools.map(|t| t.choice), Some(tools::Choice::Auto));
+        // tools on completions are unknown; forcing a call and a response_format both set a grammar.
+        let e = err(Kind::Completion, r#"{"model": "m", "prompt": "x", "tools": []}"#);
+        assert_eq!(e.param.as_deref(), Some("tools"));
+        let tool = r#"[{"type": "function", "function": {"name": "f"}}]"#;
+        let e = err(Kind::Chat, &format!(r#"{{"model": "m", "messages": [{{"role": "user", "content": "x"}}], "tools": {tool}, "tool_choice": "required", "response_format": {{"type": "json_object"}}}}"#));
+        assert_eq!(e.param.as_deref(), Some("response_format"), "{e:?}");
+        let e = err(Kind::Chat, &format!(r#"{{"model": "m", "messages": [{{"role": "user", "content": "x"}}], "tools": {tool}, "stream": true, "logprobs": true}}"#));
+        assert_eq!(e.param.as_deref(), Some("logprobs"), "{e:?}");
+        // auto leaves response_format alone; logprobs without a stream are fine.
+        ok(Kind::Chat, &format!(r#"{{"model": "m", "messages": [{{"role": "user", "content": "x"}}], "tools": {tool}, "logprobs": true, "response_format": {{"type": "json_object"}}}}"#));
     }
 
     #[test]
@@ -552,8 +680,8 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("model"));
         // Message fields are checked too, and named with their message.
         for (message, param, needle) in [
-            (r#"{"role": "user", "content": "x", "name": "bob"}"#, "messages[0].name", "only role and content"),
-            (r#"{"role": "user", "content": "x", "tool_call_id": "c1"}"#, "messages[0].tool_call_id", "not supported yet"),
+            (r#"{"role": "user", "content": "x", "refusal": "no"}"#, "messages[0].refusal", "not supported"),
+            (r#"{"role": "assistant", "function_call": {"name": "f"}}"#, "messages[0].function_call", "deprecated"),
             (r#"{"role": "user", "content": "x", "mood": "sad"}"#, "messages[0].mood", "unknown field \"messages[0].mood\""),
         ] {
             let e = err(Kind::Chat, &format!(r#"{{"model": "m", "messages": [{message}]}}"#));

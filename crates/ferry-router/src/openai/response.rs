@@ -109,6 +109,56 @@ pub fn complete(meta: &Meta, text: &str, fin: &v1::GenerateFinal) -> Value {
     v
 }
 
+/// A tool call of an answer, with the id it is answered under.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdCall {
+    /// `call_<random>`.
+    pub id: String,
+    pub call: super::tools::parse::Call,
+}
+
+/// `finish_reason` of an answer that made `calls` calls: `"tool_calls"` when the model stopped
+/// after calling (not when it ran out of tokens).
+fn finish_with_calls(fin: &v1::GenerateFinal, calls: usize) -> Option<&'static str> {
+    match finish_of(fin) {
+        Some("stop") if calls > 0 => Some("tool_calls"),
+        other => other,
+    }
+}
+
+/// The whole answer of a chat request scanned for tool calls: `content` (null when the model
+/// said nothing besides its calls) and `tool_calls` (absent when it made none).
+pub fn complete_tools(meta: &Meta, content: &str, calls: &[IdCall], fin: &v1::GenerateFinal) -> Value {
+    let mut message = json!({"role": "assistant", "content": (!content.is_empty()).then_some(content)});
+    if !calls.is_empty() {
+        let list: Vec<Value> = calls
+            .iter()
+            .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.call.name, "arguments": c.call.arguments}}))
+            .collect();
+        message["tool_calls"] = json!(list);
+    }
+    let choice = json!({"index": 0, "message": message, "logprobs": null, "finish_reason": finish_with_calls(fin, calls.len())});
+    let mut v = meta.envelope(false, json!([choice]));
+    v["usage"] = usage(fin);
+    v
+}
+
+fn delta_chunk(meta: &Meta, delta: Value) -> Value {
+    meta.envelope(true, json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": null}]))
+}
+
+/// The chunks of one streamed tool call, numbered `index` in the answer, as OpenAI streams them:
+/// the id, type and name with empty arguments, then the arguments.
+pub fn tool_call_chunks(meta: &Meta, index: usize, c: &IdCall) -> [Value; 2] {
+    [
+        delta_chunk(meta, json!({"tool_calls": [{
+            "index": index, "id": c.id, "type": "function",
+            "function": {"name": c.call.name, "arguments": ""},
+        }]})),
+        delta_chunk(meta, json!({"tool_calls": [{"index": index, "function": {"arguments": c.call.arguments}}]})),
+    ]
+}
+
 fn chunk(meta: &Meta, text: Option<&str>, role: bool, finish: Option<&'static str>) -> Value {
     let choice = match meta.kind {
         Kind::Completion => json!({
@@ -144,9 +194,15 @@ pub fn text_chunk(meta: &Meta, text: &str) -> Value {
 /// The chunks that end a stream: the finish reason, then (with `include_usage`) the usage with
 /// no choices.
 pub fn final_chunks(meta: &Meta, fin: &v1::GenerateFinal) -> Vec<Value> {
+    final_chunks_after_calls(meta, fin, 0)
+}
+
+/// [`final_chunks`] of an answer that streamed `calls` tool calls.
+pub fn final_chunks_after_calls(meta: &Meta, fin: &v1::GenerateFinal, calls: usize) -> Vec<Value> {
+    let finish = finish_with_calls(fin, calls);
     let mut out = vec![match meta.kind {
-        Kind::Completion => chunk(meta, Some(""), false, finish_of(fin)),
-        Kind::Chat => chunk(meta, None, false, finish_of(fin)),
+        Kind::Completion => chunk(meta, Some(""), false, finish),
+        Kind::Chat => chunk(meta, None, false, finish),
     }];
     if meta.include_usage {
         let mut u = meta.envelope(true, json!([]));
@@ -254,5 +310,34 @@ mod tests {
             sse(&json!({"a": 1})),
             Bytes::from_static(b"data: {\"a\":1}\n\n")
         );
+    }
+
+    #[test]
+    fn tool_call_answers() {
+        use crate::openai::tools::parse::Call;
+        let m = Meta::new(Kind::Chat, "1", 5, "m".into(), false);
+        let c = IdCall { id: "call_x".into(), call: Call { name: "f".into(), arguments: "{\"a\":1}".into() } };
+        let v = complete_tools(&m, "", std::slice::from_ref(&c), &fin(v1::FinishReason::StopToken));
+        assert_eq!(
+            v["choices"][0]["message"],
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_x", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}}]})
+        );
+        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
+        // Cut short: the calls made stay, the finish says why it ended.
+        let v = complete_tools(&m, "Hm", std::slice::from_ref(&c), &fin(v1::FinishReason::Length));
+        assert_eq!((v["choices"][0]["message"]["content"].as_str(), v["choices"][0]["finish_reason"].as_str()), (Some("Hm"), Some("length")));
+        // No calls: a plain answer.
+        let v = complete_tools(&m, "Hi", &[], &fin(v1::FinishReason::StopToken));
+        assert_eq!(v["choices"][0]["message"], json!({"role": "assistant", "content": "Hi"}));
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+
+        let [head, args] = tool_call_chunks(&m, 1, &c);
+        assert_eq!(
+            head["choices"][0]["delta"],
+            json!({"tool_calls": [{"index": 1, "id": "call_x", "type": "function", "function": {"name": "f", "arguments": ""}}]})
+        );
+        assert_eq!(args["choices"][0]["delta"], json!({"tool_calls": [{"index": 1, "function": {"arguments": "{\"a\":1}"}}]}));
+        let f = final_chunks_after_calls(&m, &fin(v1::FinishReason::StopToken), 2);
+        assert_eq!(f[0]["choices"][0]["finish_reason"], "tool_calls");
     }
 }

@@ -8,7 +8,6 @@
 //!
 //! Parsing is pure; unknown fields and wrong types are a 400 naming the field, as on `/v1/*`.
 
-use ferry_proto::v1;
 use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
@@ -30,7 +29,7 @@ const TOKENIZE_FIELDS: &[Field] = &[
 #[derive(Clone, Debug, PartialEq)]
 pub enum Source {
     Prompt(String),
-    Chat { messages: Vec<v1::ChatMessage>, add_generation_prompt: bool },
+    Chat { messages: Vec<ferry_tokenizer::ChatMessage>, add_generation_prompt: bool },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -129,7 +128,7 @@ pub fn tokenize(shared: &Shared, body: &[u8]) -> Result<Value, ApiError> {
     let (rendered, special) = match &t.source {
         Source::Prompt(p) => (p.clone(), t.add_special_tokens && text.add_special_tokens),
         Source::Chat { messages, add_generation_prompt } => (
-            service::render_chat(text, messages, *add_generation_prompt).map_err(ApiError::from)?,
+            service::render_chat(text, messages, None, *add_generation_prompt).map_err(ApiError::from)?,
             t.add_special_tokens && text.add_special_tokens,
         ),
     };
@@ -178,7 +177,7 @@ mod tests {
         let t = parse_tokenize(br#"{"model": "m", "prompt": "Hi", "add_special_tokens": false, "return_token_strs": true}"#).unwrap();
         assert_eq!((t.add_special_tokens, t.return_token_strs, t.model.as_deref()), (false, true, Some("m")));
         let t = parse_tokenize(br#"{"messages": [{"role": "user", "content": "Hi"}]}"#).unwrap();
-        let msg = v1::ChatMessage { role: "user".into(), content: "Hi".into() };
+        let msg = ferry_tokenizer::ChatMessage::new("user", "Hi");
         assert_eq!(t.source, Source::Chat { messages: vec![msg.clone()], add_generation_prompt: true });
         assert!(!t.add_special_tokens, "the template writes the special tokens");
         let t = parse_tokenize(br#"{"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": false}"#).unwrap();
@@ -196,7 +195,7 @@ mod tests {
             (r#"{"prompt": "a", "model": 1}"#, Some("model"), "invalid type"),
             (r#"{"prompt": "a", "extra": 1}"#, Some("extra"), "unknown field \"extra\""),
             (r#"{"messages": "hi"}"#, Some("messages"), "must be an array"),
-            (r#"{"messages": [{"role": "user", "content": "x", "name": "n"}]}"#, Some("messages[0].name"), "not supported"),
+            (r#"{"messages": [{"role": "user", "content": "x", "refusal": "n"}]}"#, Some("messages[0].refusal"), "not supported"),
             ("[]", None, "JSON object"),
             ("{", None, "malformed JSON"),
         ] {
