@@ -150,7 +150,8 @@ def with_tools(client, model):
     # auto: whatever the (random) model writes, a well-formed answer.
     r = client.chat.completions.create(tool_choice="auto", **dict(base, max_tokens=24))
     m = r.choices[0].message
-    check("auto: an answer", r.choices[0].finish_reason in ("stop", "length", "tool_calls") and (m.content is not None or m.tool_calls), r)
+    check("auto: an answer", r.choices[0].finish_reason in ("stop", "length", "tool_calls"), r)
+    check("auto: calls only with finish_reason tool_calls or length", not m.tool_calls or r.choices[0].finish_reason != "stop", r)
 
     # A conversation with an earlier call and its result.
     turn = [

@@ -85,6 +85,12 @@ fn raise_exception(message: String) -> Result<String, minijinja::Error> {
     Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
 }
 
+/// Jinja2's `iterable` test, where `None` is not iterable (minijinja iterates it as empty):
+/// `tools is iterable and tools | length > 0` must be false without tools.
+fn is_iterable(v: minijinja::Value) -> bool {
+    !v.is_none() && v.try_iter().is_ok()
+}
+
 impl ChatTemplate {
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, TokenizerError> {
         let mut env = Environment::new();
@@ -92,6 +98,7 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        env.add_test("iterable", is_iterable);
         env.add_template_owned(NAME, source.to_owned())
             .map_err(TokenizerError::TemplateSyntax)?;
         let takes_tools = env

@@ -92,9 +92,9 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
         let tpl = engine.chat_template.as_ref().ok_or_else(|| anyhow::anyhow!("--chat: the model has no chat template"))?;
         let mut msgs = Vec::new();
         if let Some(s) = &a.system {
-            msgs.push(ChatMessage { role: "system".into(), content: s.clone() });
+            msgs.push(ChatMessage::new("system", s.clone()));
         }
-        msgs.push(ChatMessage { role: "user".into(), content: a.prompt.clone() });
+        msgs.push(ChatMessage::new("user", a.prompt.clone()));
         // The template writes the special tokens itself.
         engine.tokenizer.encode(&tpl.render(&msgs, true)?, false)?
     } else {

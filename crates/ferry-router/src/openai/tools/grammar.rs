@@ -57,9 +57,9 @@ mod tests {
             "start: call (\"\\n\" call)*\n\
              call: call_0 | call_1\n\
              call_0: \"<tool_call>\\n{\\\"name\\\": \\\"get_weather\\\", \\\"arguments\\\": \" args_0 \"}\\n</tool_call>\"\n\
-             args_0: %json {\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"],\"type\":\"object\"}\n\
+             args_0: %json {\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}\n\
              call_1: \"<tool_call>\\n{\\\"name\\\": \\\"now\\\", \\\"arguments\\\": \" args_1 \"}\\n</tool_call>\"\n\
-             args_1: %json {\"additionalProperties\":false,\"properties\":{},\"type\":\"object\"}\n"
+             args_1: %json {\"type\":\"object\",\"properties\":{},\"additionalProperties\":false}\n"
         );
         let one = lark(Format::Hermes, &asked(Choice::Required, false)).unwrap();
         assert!(one.starts_with("start: call\ncall: call_0 | call_1\n"), "{one}");
