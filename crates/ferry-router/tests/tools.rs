@@ -1,0 +1,128 @@
+//! Tool calling on the HTTP API, against mock workers that replay a scripted answer: the router
+//! serves the text side of a tiny model given vLLM's Hermes template (tests/fixtures/tools), so
+//! the prompt carries the tools; the scripted answer's `<tool_call>` block comes back as
+//! `message.tool_calls`, and streamed (token by token) as `delta.tool_calls` that add up to the
+//! same call. A template without tools (SmolLM2's) refuses them.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::TestRouter;
+use common::http::{self, post};
+use ferry_core::WorkerRole;
+use ferry_router::{Listeners, MockConfig, RouterConfig};
+use serde_json::{Value, json};
+
+const ANSWER: &str = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}\n</tool_call>";
+
+/// The text side of the tool model: the golden `qwen2-bias-tied` tokenizer and configs, with the
+/// Hermes template as `chat_template` (the router reads no weights).
+fn tool_model() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+    let from = root.join("golden/qwen2-bias-tied");
+    let dir = std::env::temp_dir().join(format!("ferry-router-tools-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["tokenizer.json", "config.json", "generation_config.json"] {
+        std::fs::copy(from.join(f), dir.join(f)).unwrap();
+    }
+    let mut tc: Value = serde_json::from_str(&std::fs::read_to_string(from.join("tokenizer_config.json")).unwrap()).unwrap();
+    tc["chat_template"] = Value::String(std::fs::read_to_string(root.join("tools/hermes_tool_chat_template.jinja")).unwrap());
+    std::fs::write(dir.join("tokenizer_config.json"), tc.to_string()).unwrap();
+    dir
+}
+
+fn weather() -> Value {
+    json!({"type": "function", "function": {"name": "get_weather", "description": "Weather.", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"]}}})
+}
+
+async fn router(model: &Path) -> (TestRouter, String) {
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = http.local_addr().unwrap().to_string();
+    let r = TestRouter::with(RouterConfig::new(model), Listeners { grpc, http: Some(http), metrics: None }).await;
+    r.channel().await;
+    (r, addr)
+}
+
+#[tokio::test]
+async fn scripted_calls_come_back_whole_and_streamed() {
+    let dir = tool_model();
+    let text = ferry_tokenizer::ModelText::open(&dir).unwrap();
+    let ids = text.tokenizer.encode(ANSWER, false).unwrap();
+    let script = MockConfig { first_token: ids[0], tokens: ids[1..].to_vec(), ..Default::default() };
+    let (r, addr) = router(&dir).await;
+    let _p = r.mock(WorkerRole::Prefill, script.clone()).await;
+    let _d = r.mock(WorkerRole::Decode, script).await;
+    let body = |extra: Value| {
+        let mut b = json!({"model": text.name, "messages": [{"role": "user", "content": "Weather in Paris?"}],
+            "tools": [weather()], "max_tokens": 200});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        b.to_string()
+    };
+
+    let v = post(&addr, "/v1/chat/completions", &body(json!({}))).await.json();
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    let msg = &choice["message"];
+    assert_eq!(msg["content"], "Let me check.", "{v}");
+    let calls = msg["tool_calls"].as_array().expect("tool_calls");
+    assert_eq!(calls.len(), 1, "{v}");
+    assert_eq!((calls[0]["type"].as_str(), calls[0]["function"]["name"].as_str()), (Some("function"), Some("get_weather")));
+    assert_eq!(calls[0]["function"]["arguments"], "{\"city\": \"Paris\", \"unit\": \"celsius\"}");
+    let id = calls[0]["id"].as_str().unwrap();
+    assert!(id.starts_with("call_") && id.len() == 29, "{id}");
+
+    // Streamed, one token per delta: content, then the call in two chunks, then the finish.
+    let events = http::open(&addr, "POST", "/v1/chat/completions", None, Some(&body(json!({"stream": true})))).await.events().await;
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let (mut content, mut name, mut args, mut finish, mut ids) = (String::new(), String::new(), String::new(), None, Vec::new());
+    for e in &events[..events.len() - 1] {
+        let c: Value = serde_json::from_str(e).unwrap();
+        let d = &c["choices"][0]["delta"];
+        content += d["content"].as_str().unwrap_or("");
+        for tc in d["tool_calls"].as_array().into_iter().flatten() {
+            assert_eq!(tc["index"], 0, "{e}");
+            ids.extend(tc["id"].as_str().map(str::to_owned));
+            name += tc["function"]["name"].as_str().unwrap_or("");
+            args += tc["function"]["arguments"].as_str().unwrap_or("");
+        }
+        if let Some(f) = c["choices"][0]["finish_reason"].as_str() {
+            finish = Some(f.to_owned());
+        }
+    }
+    assert_eq!((content.as_str(), name.as_str(), args.as_str()), ("Let me check.", "get_weather", "{\"city\": \"Paris\", \"unit\": \"celsius\"}"));
+    assert_eq!((ids.len(), finish.as_deref()), (1, Some("tool_calls")));
+
+    // tool_choice none: no tools offered, the text comes back as it is.
+    let v = post(&addr, "/v1/chat/completions", &body(json!({"tool_choice": "none"}))).await.json();
+    assert_eq!(v["choices"][0]["message"]["content"], ANSWER, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    // A forcing choice compiles its grammar in the router first (the mock replays regardless).
+    let v = post(&addr, "/v1/chat/completions", &body(json!({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}))).await;
+    assert_eq!(v.status, 200, "{}", v.body);
+    // A conversation with the call and its result renders (the result named after its call).
+    let turn = json!({"messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"unit\": \"celsius\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18"}]});
+    let a = post(&addr, "/v1/chat/completions", &body(turn)).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    r.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_template_without_tools_refuses_them() {
+    let (r, addr) = router(&common::model_path()).await;
+    let model = common::text().name;
+    let e = post(&addr, "/v1/chat/completions", &json!({"model": model, "messages": [{"role": "user", "content": "Hi"}], "tools": [weather()]}).to_string())
+        .await
+        .error(400);
+    assert_eq!(e["param"], "tools", "{e}");
+    let m = e["message"].as_str().unwrap();
+    assert!(m.contains("chat template") && m.contains("no tool support"), "{m}");
+    r.shutdown().await;
+}
