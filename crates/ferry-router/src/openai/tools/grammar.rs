@@ -2,7 +2,9 @@
 //! which each call is the format's literal text around a `%json` sub-grammar of the function's
 //! `parameters` schema, so the model can write nothing but calls the parser reads back, to the
 //! allowed functions, with valid arguments. One call, or (`parallel_tool_calls` not false, choice
-//! `"required"`) one or more separated as the format separates them.
+//! `"required"`) one or more separated as the format separates them. The arguments come out as
+//! compact JSON (as structured outputs do: small models fill free whitespace until `max_tokens`)
+//! unless a schema sets llguidance's `x-guidance` itself.
 
 use super::parse::Format;
 use super::{Asked, Choice, Tool};
@@ -25,7 +27,11 @@ pub fn lark(format: Format, asked: &Asked) -> Option<String> {
         let (head, tail) = format.call_text(&tool.name);
         let quote = |s: &str| serde_json::Value::from(s).to_string();
         g.push_str(&format!("call_{i}: {} args_{i} {}\n", quote(&head), quote(tail)));
-        g.push_str(&format!("args_{i}: %json {}\n", tool.parameters));
+        let mut schema = tool.parameters.clone();
+        if let Some(o) = schema.as_object_mut() {
+            o.entry("x-guidance").or_insert_with(|| serde_json::json!({"whitespace_flexible": false}));
+        }
+        g.push_str(&format!("args_{i}: %json {schema}\n"));
     }
     Some(g)
 }
@@ -57,9 +63,9 @@ mod tests {
             "start: call (\"\\n\" call)*\n\
              call: call_0 | call_1\n\
              call_0: \"<tool_call>\\n{\\\"name\\\": \\\"get_weather\\\", \\\"arguments\\\": \" args_0 \"}\\n</tool_call>\"\n\
-             args_0: %json {\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}\n\
+             args_0: %json {\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"],\"x-guidance\":{\"whitespace_flexible\":false}}\n\
              call_1: \"<tool_call>\\n{\\\"name\\\": \\\"now\\\", \\\"arguments\\\": \" args_1 \"}\\n</tool_call>\"\n\
-             args_1: %json {\"type\":\"object\",\"properties\":{},\"additionalProperties\":false}\n"
+             args_1: %json {\"type\":\"object\",\"properties\":{},\"additionalProperties\":false,\"x-guidance\":{\"whitespace_flexible\":false}}\n"
         );
         let one = lark(Format::Hermes, &asked(Choice::Required, false)).unwrap();
         assert!(one.starts_with("start: call\ncall: call_0 | call_1\n"), "{one}");
