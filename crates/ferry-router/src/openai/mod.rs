@@ -17,6 +17,7 @@ pub mod chat;
 pub mod error;
 pub mod fields;
 pub mod logprobs;
+pub mod messages;
 pub mod request;
 pub mod response;
 pub mod structured;

@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
 use super::fields::{self, Field, On, Support};
-use super::request::{self, Kind, field, required, token_ids, wrong_type};
+use super::request::{Kind, field, required, token_ids, wrong_type};
 use crate::service::{self, Shared};
 
 /// The fields of a tokenize request.
@@ -75,7 +75,7 @@ pub fn parse_tokenize(body: &[u8]) -> Result<Tokenize, ApiError> {
             None => return Err(required("prompt")),
         },
         Kind::Chat => Source::Chat {
-            messages: request::messages(obj.get("messages"))?,
+            messages: super::messages::parse(obj.get("messages"))?,
             add_generation_prompt: field(&obj, "add_generation_prompt")?.unwrap_or(true),
         },
     };
