@@ -91,6 +91,7 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
         top_p: field::<f32>(&obj, "top_p")?,
         seed: seed(obj.get("seed"))?,
         structured: structured.map(|(s, _)| s),
+        n: choices(&obj)?,
         ..Default::default()
     };
     logprobs.apply(&mut sampling);
@@ -153,6 +154,16 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
             cache_salt,
         },
     })
+}
+
+/// `n`: how many completions (1 when absent).
+fn choices(obj: &Map<String, Value>) -> Result<u32, ApiError> {
+    let max = ferry_core::MAX_CHOICES;
+    match field::<u32>(obj, "n")? {
+        None => Ok(1),
+        Some(n) if (1..=max).contains(&n) => Ok(n),
+        Some(n) => Err(ApiError::invalid(format!("`n` must be between 1 and {max}, got {n}"), Some("n"))),
+    }
 }
 
 /// `name` as a `T`; absent and `null` are `None`.

@@ -80,39 +80,47 @@ fn finish_of(fin: &v1::GenerateFinal) -> Option<&'static str> {
     )
 }
 
-/// OpenAI's `usage`; `prompt_tokens_details.cached_tokens` counts the prompt tokens a prefix
-/// cache served (not computed for this request).
-pub fn usage(fin: &v1::GenerateFinal) -> Value {
+/// OpenAI's `usage` over every choice's final: the prompt counted once, the completions of all
+/// choices summed; `prompt_tokens_details.cached_tokens` counts the prompt tokens a prefix cache
+/// served (not computed for this request).
+pub fn usage(fins: &[v1::GenerateFinal]) -> Value {
+    let (prompt, cached) = fins.first().map_or((0, 0), |f| (f.prompt_tokens, f.cached_tokens));
+    let completion: u32 = fins.iter().map(|f| f.completion_tokens).sum();
     json!({
-        "prompt_tokens": fin.prompt_tokens,
-        "completion_tokens": fin.completion_tokens,
-        "total_tokens": fin.prompt_tokens + fin.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     })
 }
 
-/// The whole answer of a request without `stream`.
-pub fn complete(meta: &Meta, text: &str, fin: &v1::GenerateFinal) -> Value {
-    let choice = match meta.kind {
-        Kind::Completion => json!({
-            "index": 0, "text": text, "logprobs": null, "finish_reason": finish_of(fin),
-        }),
-        Kind::Chat => json!({
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": null,
-            "finish_reason": finish_of(fin),
-        }),
-    };
-    let mut v = meta.envelope(false, json!([choice]));
-    v["usage"] = usage(fin);
+/// The whole answer of a request without `stream`: one choice per (text, final), in order.
+pub fn complete(meta: &Meta, answers: &[(String, v1::GenerateFinal)]) -> Value {
+    let choices: Vec<Value> = answers
+        .iter()
+        .enumerate()
+        .map(|(index, (text, fin))| match meta.kind {
+            Kind::Completion => json!({
+                "index": index, "text": text, "logprobs": null, "finish_reason": finish_of(fin),
+            }),
+            Kind::Chat => json!({
+                "index": index,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": null,
+                "finish_reason": finish_of(fin),
+            }),
+        })
+        .collect();
+    let fins: Vec<v1::GenerateFinal> = answers.iter().map(|(_, f)| f.clone()).collect();
+    let mut v = meta.envelope(false, json!(choices));
+    v["usage"] = usage(&fins);
     v
 }
 
-fn chunk(meta: &Meta, text: Option<&str>, role: bool, finish: Option<&'static str>) -> Value {
+fn chunk(meta: &Meta, index: u32, text: Option<&str>, role: bool, finish: Option<&'static str>) -> Value {
     let choice = match meta.kind {
         Kind::Completion => json!({
-            "index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish,
+            "index": index, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish,
         }),
         Kind::Chat => {
             let mut delta = json!({});
@@ -122,38 +130,42 @@ fn chunk(meta: &Meta, text: Option<&str>, role: bool, finish: Option<&'static st
             if let Some(t) = text {
                 delta["content"] = json!(t);
             }
-            json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+            json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish})
         }
     };
     meta.envelope(true, json!([choice]))
 }
 
-/// The first chunk of a chat stream: `delta.role = "assistant"` (none for completions).
-pub fn role_chunk(meta: &Meta) -> Option<Value> {
+/// The first chunk of a chat stream's choice `index`: `delta.role = "assistant"` (none for
+/// completions).
+pub fn role_chunk(meta: &Meta, index: u32) -> Option<Value> {
     match meta.kind {
         Kind::Completion => None,
-        Kind::Chat => Some(chunk(meta, Some(""), true, None)),
+        Kind::Chat => Some(chunk(meta, index, Some(""), true, None)),
     }
 }
 
-/// A chunk of generated text.
-pub fn text_chunk(meta: &Meta, text: &str) -> Value {
-    chunk(meta, Some(text), false, None)
+/// A chunk of choice `index`'s generated text.
+pub fn text_chunk(meta: &Meta, index: u32, text: &str) -> Value {
+    chunk(meta, index, Some(text), false, None)
 }
 
-/// The chunks that end a stream: the finish reason, then (with `include_usage`) the usage with
-/// no choices.
-pub fn final_chunks(meta: &Meta, fin: &v1::GenerateFinal) -> Vec<Value> {
-    let mut out = vec![match meta.kind {
-        Kind::Completion => chunk(meta, Some(""), false, finish_of(fin)),
-        Kind::Chat => chunk(meta, None, false, finish_of(fin)),
-    }];
-    if meta.include_usage {
+/// The chunk that ends choice `fin.index`: its finish reason.
+pub fn finish_chunk(meta: &Meta, fin: &v1::GenerateFinal) -> Value {
+    match meta.kind {
+        Kind::Completion => chunk(meta, fin.index, Some(""), false, finish_of(fin)),
+        Kind::Chat => chunk(meta, fin.index, None, false, finish_of(fin)),
+    }
+}
+
+/// After the last choice's finish chunk, with `include_usage`: the usage of them all, with no
+/// choices.
+pub fn usage_chunk(meta: &Meta, fins: &[v1::GenerateFinal]) -> Option<Value> {
+    meta.include_usage.then(|| {
         let mut u = meta.envelope(true, json!([]));
-        u["usage"] = usage(fin);
-        out.push(u);
-    }
-    out
+        u["usage"] = usage(fins);
+        u
+    })
 }
 
 /// One server-sent event: `data: JSON` and a blank line.
@@ -193,7 +205,7 @@ mod tests {
     #[test]
     fn whole_answers() {
         let m = Meta::new(Kind::Completion, "ab12", 99, "m".into(), false);
-        let v = complete(&m, "Hi", &fin(v1::FinishReason::Length));
+        let v = complete(&m, &[("Hi".into(), fin(v1::FinishReason::Length))]);
         assert_eq!(v["id"], "cmpl-ab12");
         assert_eq!(v["object"], "text_completion");
         assert_eq!(
@@ -207,7 +219,7 @@ mod tests {
             json!({"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10, "prompt_tokens_details": {"cached_tokens": 0}})
         );
         let m = Meta::new(Kind::Chat, "ab12", 99, "m".into(), false);
-        let v = complete(&m, "Hi", &fin(v1::FinishReason::StopToken));
+        let v = complete(&m, &[("Hi".into(), fin(v1::FinishReason::StopToken))]);
         assert_eq!(v["id"], "chatcmpl-ab12");
         assert_eq!(v["object"], "chat.completion");
         assert_eq!(
@@ -215,12 +227,20 @@ mod tests {
             json!({"role": "assistant", "content": "Hi"})
         );
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
+        // Two choices: each its own index, text and finish; usage counts both completions.
+        let second = v1::GenerateFinal { index: 1, completion_tokens: 5, ..fin(v1::FinishReason::Length) };
+        let v = complete(&m, &[("Hi".into(), fin(v1::FinishReason::StopToken)), ("Yo".into(), second)]);
+        assert_eq!(v["choices"][1]["index"], 1);
+        assert_eq!(v["choices"][1]["message"]["content"], "Yo");
+        assert_eq!(v["choices"][1]["finish_reason"], "length");
+        assert_eq!(v["usage"]["completion_tokens"], 8);
+        assert_eq!(v["usage"]["total_tokens"], 15);
     }
 
     #[test]
     fn chat_chunks() {
         let m = Meta::new(Kind::Chat, "1", 5, "m".into(), true);
-        let r = role_chunk(&m).unwrap();
+        let r = role_chunk(&m, 0).unwrap();
         assert_eq!(r["object"], "chat.completion.chunk");
         assert_eq!(
             r["choices"][0]["delta"],
@@ -228,28 +248,28 @@ mod tests {
         );
         assert_eq!(r["usage"], Value::Null);
         assert!(r.as_object().unwrap().contains_key("usage"));
-        let t = text_chunk(&m, "Hel");
+        let t = text_chunk(&m, 2, "Hel");
         assert_eq!(t["choices"][0]["delta"], json!({"content": "Hel"}));
+        assert_eq!(t["choices"][0]["index"], 2);
         assert_eq!(t["choices"][0]["finish_reason"], Value::Null);
-        let f = final_chunks(&m, &fin(v1::FinishReason::StopString));
-        assert_eq!(f.len(), 2);
-        assert_eq!(f[0]["choices"][0]["delta"], json!({}));
-        assert_eq!(f[0]["choices"][0]["finish_reason"], "stop");
-        assert_eq!(f[1]["choices"], json!([]));
-        assert_eq!(f[1]["usage"]["total_tokens"], 10);
+        let f = finish_chunk(&m, &fin(v1::FinishReason::StopString));
+        assert_eq!(f["choices"][0]["delta"], json!({}));
+        assert_eq!(f["choices"][0]["finish_reason"], "stop");
+        let u = usage_chunk(&m, &[fin(v1::FinishReason::StopString), fin(v1::FinishReason::Length)]).unwrap();
+        assert_eq!(u["choices"], json!([]));
+        assert_eq!(u["usage"]["total_tokens"], 13);
     }
 
     #[test]
     fn completion_chunks() {
         let m = Meta::new(Kind::Completion, "1", 5, "m".into(), false);
-        assert!(role_chunk(&m).is_none());
-        let t = text_chunk(&m, "Hel");
+        assert!(role_chunk(&m, 0).is_none());
+        let t = text_chunk(&m, 0, "Hel");
         assert_eq!(t["object"], "text_completion");
         assert_eq!(t["choices"][0]["text"], "Hel");
         assert!(!t.as_object().unwrap().contains_key("usage"));
-        let f = final_chunks(&m, &fin(v1::FinishReason::Length));
-        assert_eq!(f.len(), 1);
-        assert_eq!(f[0]["choices"][0]["finish_reason"], "length");
+        assert_eq!(finish_chunk(&m, &fin(v1::FinishReason::Length))["choices"][0]["finish_reason"], "length");
+        assert!(usage_chunk(&m, &[fin(v1::FinishReason::Length)]).is_none());
         assert_eq!(
             sse(&json!({"a": 1})),
             Bytes::from_static(b"data: {\"a\":1}\n\n")
