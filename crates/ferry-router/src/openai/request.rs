@@ -510,8 +510,9 @@ mod tests {
     fn refusals_name_the_field() {
         let base = r#""model": "m", "prompt": "Hi""#;
         for (extra, param, needle) in [
-            (r#""n": 2"#, "n", "`n` = 2 is refused: not supported yet"),
-            (r#""n": "1""#, "n", "refused"),
+            (r#""n": 0"#, "n", "between 1 and 16, got 0"),
+            (r#""n": 17"#, "n", "between 1 and 16, got 17"),
+            (r#""n": "1""#, "n", "invalid type"),
             (r#""max_tokens": "5""#, "max_tokens", "invalid type"),
             (r#""max_tokens": 0"#, "max_tokens", "at least 1"),
             (r#""max_tokens": -1"#, "max_tokens", "invalid value"),
