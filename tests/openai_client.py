@@ -149,10 +149,33 @@ def main():
     except openai.NotFoundError as e:
         check("unknown model raises NotFoundError", e.status_code == 404 and "gpt-17" in str(e), e)
     try:
-        client.completions.create(model=model, prompt=prompt, max_tokens=2, n=2)
-        raise AssertionError("n=2 was accepted")
+        client.completions.create(model=model, prompt=prompt, max_tokens=2, n=17)
+        raise AssertionError("n=17 was accepted")
     except openai.BadRequestError as e:
-        check("n=2 raises BadRequestError", e.status_code == 400, e)
+        check("n=17 raises BadRequestError naming n", e.status_code == 400 and "`n`" in str(e), e)
+
+    # Several choices: one prefill, three sampled continuations. Choice i is the one-choice
+    # request with seed + i; usage counts every choice's tokens once the prompt.
+    kw = dict(model=model, messages=messages, max_tokens=n, temperature=1.0, logprobs=True)
+    r = client.chat.completions.create(n=3, seed=40, **kw)
+    check("n=3 answers three choices, indexed", [c.index for c in r.choices] == [0, 1, 2], r.choices)
+    texts = [c.message.content for c in r.choices]
+    check("sampled choices differ", len(set(texts)) > 1, texts)
+    alone = [client.chat.completions.create(n=1, seed=40 + i, **kw).choices[0].message.content for i in range(3)]
+    check("choice i equals the request with seed + i", texts == alone, (texts, alone))
+    tokens = sum(len(c.logprobs.content) for c in r.choices)
+    check("usage counts every choice's tokens", r.usage.completion_tokens == tokens and r.usage.total_tokens == tokens + r.usage.prompt_tokens, (r.usage, tokens))
+    streamed, finishes, usage = ["", "", ""], [None] * 3, None
+    for ch in client.chat.completions.create(n=3, seed=40, stream=True, stream_options={"include_usage": True}, **kw):
+        for c in ch.choices:
+            streamed[c.index] += c.delta.content or ""
+            finishes[c.index] = c.finish_reason or finishes[c.index]
+        usage = ch.usage or usage
+    check("streamed choices equal the whole ones", streamed == texts, (streamed, texts))
+    check("each streamed choice finishes", all(f in ("stop", "length") for f in finishes), finishes)
+    check("the streamed usage counts every choice", usage is not None and usage.completion_tokens == r.usage.completion_tokens, usage)
+    r = client.completions.create(model=model, prompt=prompt, max_tokens=n, temperature=0, n=2)
+    check("greedy choices are alike", [c.text for c in r.choices] == [a["expect_text"]] * 2, r.choices)
     bad = openai.OpenAI(base_url=a["base_url"], api_key="not-the-key", max_retries=0)
     try:
         bad.models.list()

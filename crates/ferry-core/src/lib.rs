@@ -35,5 +35,5 @@ pub use prefix_cache::{BlockHash, CacheEvent, CacheEventKind, CacheStats, Parent
 pub use logprobs::{TokenLogprob, MAX_TOP_LOGPROBS};
 pub use kv_payload::{KvDtype, KvLayout, KvPayloadError, KvPayloadHeader, KvSpan};
 pub use routing::{WorkerRole, WorkerState};
-pub use sampling::{SamplingError, SamplingParams};
+pub use sampling::{SamplingError, SamplingParams, MAX_CHOICES};
 pub use stop::{Released, StopMatcher};

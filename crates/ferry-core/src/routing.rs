@@ -168,11 +168,16 @@ pub fn rank_decode(candidates: &[DecodeCandidate], need_blocks: u32) -> Vec<usiz
 }
 
 /// KV blocks a request may need: its whole sequence (prompt plus the token budget, capped at the
-/// context) in blocks of `block_size` tokens, rounded up.
-pub fn blocks_needed(prompt_tokens: usize, max_tokens: usize, max_context: usize, block_size: u32) -> u32 {
+/// context) in blocks of `block_size` tokens, rounded up. With `choices` > 1 (one prefill, then
+/// that many sequences) the prompt's full blocks are shared and counted once; each further
+/// choice holds its own copy of the prompt's last partial block and its own generated tokens.
+pub fn blocks_needed(prompt_tokens: usize, max_tokens: usize, choices: u32, max_context: usize, block_size: u32) -> u32 {
     let tokens = prompt_tokens.saturating_add(max_tokens).min(max_context);
     let bs = block_size.max(1) as usize;
-    tokens.div_ceil(bs).min(u32::MAX as usize) as u32
+    let one = tokens.div_ceil(bs);
+    let shared = prompt_tokens.min(tokens) / bs;
+    let more = (choices.max(1) as usize - 1).saturating_mul(one - shared);
+    one.saturating_add(more).min(u32::MAX as usize) as u32
 }
 
 /// Whether a lease renewed at `last_heartbeat` has run out at `now` (times as offsets from any
@@ -278,16 +283,23 @@ mod tests {
 
     #[test]
     fn blocks_needed_table() {
-        // (prompt, max_tokens, max_context, block_size, want)
+        // (prompt, max_tokens, choices, max_context, block_size, want)
         let cases = [
-            (10, 6, 2048, 16, 1),
-            (10, 7, 2048, 16, 2),
-            (2000, 128, 2048, 16, 128),
-            (0, 0, 2048, 16, 0),
-            (5, 5, 2048, 0, 10),
+            (10, 6, 1, 2048, 16, 1),
+            (10, 7, 1, 2048, 16, 2),
+            (2000, 128, 1, 2048, 16, 128),
+            (0, 0, 1, 2048, 16, 0),
+            (5, 5, 1, 2048, 0, 10),
+            // Three choices of a 40-token prompt: 2 full blocks shared, then each choice holds
+            // ceil(56 / 16) - 2 = 2 blocks of its own (its copy of the partial block included).
+            (40, 16, 3, 2048, 16, 4 + 2 + 2),
+            // A prompt of whole blocks: nothing to copy; each choice only its new tokens.
+            (32, 16, 2, 2048, 16, 3 + 1),
+            // Capped at the context: each choice's own part ends there too.
+            (2000, 128, 2, 2048, 16, 128 + 3),
         ];
-        for (prompt, max, ctx, bs, want) in cases {
-            assert_eq!(blocks_needed(prompt, max, ctx, bs), want, "{prompt} {max} {ctx} {bs}");
+        for (prompt, max, choices, ctx, bs, want) in cases {
+            assert_eq!(blocks_needed(prompt, max, choices, ctx, bs), want, "{prompt} {max} {choices} {ctx} {bs}");
         }
     }
 

@@ -39,7 +39,19 @@ pub struct SamplingParams {
     /// whole, at every position: its cached prefix is not used.
     #[serde(default)]
     pub prompt_logprobs: Option<u32>,
+    /// Completions to generate for the prompt (OpenAI's `n`): one prefill, then `n` sequences
+    /// that share the prompt's KV blocks. Choice `i` samples as a one-choice request whose seed
+    /// is `seed + i` would ([`SamplingParams::choice`]).
+    #[serde(default = "one")]
+    pub n: u32,
 }
+
+fn one() -> u32 {
+    1
+}
+
+/// The most completions one request may ask for (`n`).
+pub const MAX_CHOICES: u32 = 16;
 
 /// What a constrained completion must be (structured outputs). Compiled by `ferry-grammar`
 /// (llguidance) into a per-token mask on whichever worker samples.
@@ -72,6 +84,7 @@ impl Default for SamplingParams {
             grammar: None,
             logprobs: None,
             prompt_logprobs: None,
+            n: 1,
         }
     }
 }
@@ -88,6 +101,8 @@ pub enum SamplingError {
     EmptyStop,
     #[error("{field} must be between 0 and {MAX_TOP_LOGPROBS}, got {got}")]
     TopLogprobs { field: &'static str, got: u32 },
+    #[error("n (completions per request) must be between 1 and {MAX_CHOICES}, got {0}")]
+    Choices(u32),
 }
 
 impl SamplingParams {
@@ -99,7 +114,17 @@ impl SamplingParams {
         self.temperature == 0.0 || self.top_k == 1
     }
 
+    /// The parameters of choice `i` of an `n`-choice request, as a one-choice request: the seed
+    /// is `seed + i` (vLLM's rule), so every choice is reproducible on its own, and choice 0 is
+    /// what the same request with `n = 1` answers. Greedy choices are all alike.
+    pub fn choice(&self, i: u32) -> SamplingParams {
+        SamplingParams { n: 1, seed: self.seed.map(|s| s.wrapping_add(u64::from(i))), ..self.clone() }
+    }
+
     pub fn validate(&self) -> Result<(), SamplingError> {
+        if !(1..=MAX_CHOICES).contains(&self.n) {
+            return Err(SamplingError::Choices(self.n));
+        }
         if !self.temperature.is_finite() || self.temperature < 0.0 {
             return Err(SamplingError::Temperature(self.temperature));
         }
@@ -137,11 +162,23 @@ mod tests {
             (SamplingParams { stop_strings: vec![String::new()], ..ok.clone() }, SamplingError::EmptyStop),
             (SamplingParams { logprobs: Some(21), ..ok.clone() }, SamplingError::TopLogprobs { field: "logprobs", got: 21 }),
             (SamplingParams { prompt_logprobs: Some(99), ..ok.clone() }, SamplingError::TopLogprobs { field: "prompt_logprobs", got: 99 }),
+            (SamplingParams { n: 0, ..ok.clone() }, SamplingError::Choices(0)),
+            (SamplingParams { n: MAX_CHOICES + 1, ..ok.clone() }, SamplingError::Choices(MAX_CHOICES + 1)),
         ];
         for (p, e) in cases {
             assert_eq!(p.validate(), Err(e));
         }
         assert!(SamplingParams { temperature: f32::NAN, ..ok.clone() }.validate().is_err());
-        assert_eq!(SamplingParams { logprobs: Some(20), prompt_logprobs: Some(0), ..ok }.validate(), Ok(()));
+        assert_eq!(SamplingParams { logprobs: Some(20), prompt_logprobs: Some(0), n: MAX_CHOICES, ..ok }.validate(), Ok(()));
+    }
+
+    #[test]
+    fn each_choice_is_a_one_choice_request_with_its_own_seed() {
+        let p = SamplingParams { n: 3, seed: Some(u64::MAX), temperature: 0.8, ..SamplingParams::default() };
+        // (choice, seed)
+        for (i, seed) in [(0, Some(u64::MAX)), (1, Some(0)), (2, Some(1))] {
+            assert_eq!(p.choice(i), SamplingParams { n: 1, seed, ..p.clone() }, "choice {i}");
+        }
+        assert_eq!(SamplingParams { n: 2, ..SamplingParams::default() }.choice(1).seed, None);
     }
 }

@@ -195,6 +195,12 @@ pub struct Constraint {
 }
 
 impl Constraint {
+    /// An independent copy in the same state (one more choice of an `n`-choice request, from
+    /// where this one stands).
+    pub fn fork(&self) -> Constraint {
+        Constraint { matcher: self.matcher.deep_clone() }
+    }
+
     /// Sets the logit of every token the grammar forbids now to -inf. Once the grammar is
     /// complete only the end-of-sequence tokens remain.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), GrammarError> {

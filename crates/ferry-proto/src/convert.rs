@@ -25,6 +25,8 @@ pub fn sampling_from_wire(s: Option<&v1::SamplingParams>, stop: Option<&v1::Stop
         grammar: s.structured.as_ref().and_then(grammar_from_wire),
         logprobs: s.logprobs,
         prompt_logprobs: s.prompt_logprobs,
+        // Unset (0) is one completion.
+        n: s.n.max(1),
     }
 }
 
@@ -65,6 +67,7 @@ pub fn sampling_to_wire(p: &SamplingParams) -> (v1::SamplingParams, v1::StopCond
             structured: p.grammar.as_ref().map(grammar_to_wire),
             logprobs: p.logprobs,
             prompt_logprobs: p.prompt_logprobs,
+            n: p.n,
         },
         v1::StopConditions {
             max_tokens: p.max_tokens.min(u32::MAX as usize) as u32,
@@ -153,6 +156,7 @@ mod tests {
             grammar: None,
             logprobs: Some(3),
             prompt_logprobs: Some(0),
+            n: 4,
         };
         let (s, st) = sampling_to_wire(&p);
         assert_eq!(sampling_from_wire(Some(&s), Some(&st)), p);
@@ -171,7 +175,7 @@ mod tests {
         assert_eq!(d.max_tokens, DEFAULT_MAX_TOKENS);
         assert_eq!(d.top_p, 1.0);
         assert_eq!(d.temperature, 0.0);
-        assert_eq!((d.logprobs, d.prompt_logprobs), (None, None));
+        assert_eq!((d.logprobs, d.prompt_logprobs, d.n), (None, None, 1));
     }
 
     #[test]

@@ -275,6 +275,9 @@ impl v1::prefill_server::Prefill for MockService {
             duration_ms: 0.05,
             exposed_ms: 0.0,
         };
+        if req.get_ref().sampling.as_ref().is_some_and(|s| s.n > 1) {
+            return Err(Status::invalid_argument("mock: one choice per request (sampling.n > 1 is not mocked)"));
+        }
         let offset = req.get_ref().sampling.as_ref().map_or(0, |s| s.token_offset) as usize;
         let first_token = self.cfg.script().get(offset).copied().unwrap_or(self.cfg.first_token);
         let sampling = req.get_ref().sampling.as_ref();
@@ -353,6 +356,7 @@ impl v1::decode_server::Decode for MockService {
                     .send(msg(Event::Tokens(v1::DecodeTokens {
                         ids: vec![id],
                         logprobs: mock_logprob(logprobs, id).into_iter().collect(),
+                        choice: 0,
                     })))
                     .await
                     .is_err()
@@ -372,6 +376,7 @@ impl v1::decode_server::Decode for MockService {
                 completion_tokens: sent as u32,
                 kv_wait_ms: 0.0,
                 decode_ms: 0.0,
+                choice: 0,
             };
             if tx.send(msg(Event::Final(fin))).await.is_err() {
                 stats.decode_cancelled.fetch_add(1, Ordering::Relaxed);

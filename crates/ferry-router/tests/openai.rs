@@ -315,17 +315,17 @@ async fn bad_requests_get_openai_errors() {
         ),
         (
             "/v1/completions",
-            body(json!({"model": m, "prompt": "Hi", "n": 2})),
+            body(json!({"model": m, "prompt": "Hi", "n": 0})),
             400,
             Some("n"),
-            "`n` = 2",
+            "`n` must be between 1 and 16, got 0",
         ),
         (
             "/v1/chat/completions",
-            body(json!({"model": m, "messages": [{"role": "user", "content": "Hi"}], "n": 3})),
+            body(json!({"model": m, "messages": [{"role": "user", "content": "Hi"}], "n": 17})),
             400,
             Some("n"),
-            "`n` = 3",
+            "`n` must be between 1 and 16, got 17",
         ),
         (
             "/v1/completions",

@@ -23,7 +23,6 @@ use crate::{Result, WorkerError};
 use crate::logprobs;
 use ferry_core::logprobs::token_logprob;
 use ferry_core::{SamplingParams, TokenLogprob};
-use ferry_engine::sampler::Sampler;
 use ferry_engine::{Engine, EngineError, FinishReason, Logits, SeqId, StepItem};
 use ferry_proto::v1::KvEnd;
 use std::collections::VecDeque;
@@ -35,12 +34,14 @@ use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
 pub enum DecodeEvent {
-    /// A generated token, with its logprob when asked for (`SamplingParams::logprobs`).
-    Token(u32, Option<TokenLogprob>),
+    /// A generated token of choice `choice` (0 unless `SamplingParams::n` > 1), with its logprob
+    /// when asked for (`SamplingParams::logprobs`).
+    Token { choice: u32, token: u32, logprob: Option<TokenLogprob> },
     /// The prompt's logprobs (`SamplingParams::prompt_logprobs`), before the first token, when
     /// this worker computed the prompt.
     PromptLogprobs(Vec<TokenLogprob>),
-    Finished { reason: FinishReason, completion_tokens: u32 },
+    /// Choice `choice` ended; the request ends with its last choice.
+    Finished { choice: u32, reason: FinishReason, completion_tokens: u32 },
     /// The request ended with this error (its sequence is freed).
     Failed(WorkerError),
 }
@@ -118,6 +119,8 @@ pub struct Scheduling {
 
 struct Running {
     request_id: String,
+    /// Which of the request's choices this sequence is (`SamplingParams::n`).
+    choice: u32,
     seq: SeqId,
     picker: Picker,
     stop_ids: Vec<u32>,
@@ -128,7 +131,8 @@ struct Running {
     /// Alternatives per token when logprobs are asked for.
     logprobs: Option<u32>,
     events: mpsc::UnboundedSender<DecodeEvent>,
-    _reservation: Reservation,
+    /// The request's KV reservation, shared by its choices: released with the last.
+    _reservation: Arc<Reservation>,
 }
 
 struct Prefilling {
@@ -430,7 +434,7 @@ impl Loop {
             let r = self.running.swap_remove(i);
             let _ = self.engine.release(r.seq);
             let _ = r.events.send(match end {
-                Ok(reason) => DecodeEvent::Finished { reason, completion_tokens: r.count as u32 },
+                Ok(reason) => DecodeEvent::Finished { choice: r.choice, reason, completion_tokens: r.count as u32 },
                 Err(e) => DecodeEvent::Failed(e),
             });
         }
@@ -438,7 +442,7 @@ impl Loop {
         prefilled.sort_by_key(|f| std::cmp::Reverse(f.0));
         for (j, logits) in prefilled {
             let Some(p) = self.prefilling.remove(j) else { continue };
-            let mut logits = match logits {
+            let logits = match logits {
                 Ok(l) => l,
                 Err(e) => {
                     let _ = self.engine.release(p.seq);
@@ -446,27 +450,28 @@ impl Loop {
                     continue;
                 }
             };
-            // Logprobs are the model's, before the grammar's mask.
-            let raw = (p.params.logprobs.is_some() && p.constraint.is_some()).then(|| logits.clone());
-            let mut picker = Picker::new(Sampler::new(&p.params), p.constraint);
-            let first = match picker.pick(&mut logits) {
-                Ok(t) => t,
-                Err(e) => {
+            let stop_ids = self.engine.stop_ids(&p.params);
+            let firsts = match crate::pick::first_tokens(&p.params, p.constraint, &logits, &stop_ids) {
+                Ok(f) => f,
+                Err((choice, e)) => {
                     let _ = self.engine.release(p.seq);
-                    let what = format!("sampling the first token under the request's grammar: {e}");
+                    let what = format!("sampling the first token of choice {choice} under the request's grammar: {e}");
                     let _ = p.events.send(DecodeEvent::Failed(WorkerError::SequenceFailed { request_id: p.request_id, what }));
                     continue;
                 }
             };
-            let first_is_stop = self.engine.stop_ids(&p.params).contains(&first);
             if p.params.prompt_logprobs.is_some() {
                 let _ = p.events.send(DecodeEvent::PromptLogprobs(p.prompt_logprobs));
             }
-            if !first_is_stop {
-                let _ = p.events.send(DecodeEvent::Token(first, logprobs::of_token(&p.params, raw.as_deref().unwrap_or(&logits), first)));
+            let mut choices = Vec::with_capacity(firsts.len());
+            for (i, f) in firsts.into_iter().enumerate() {
+                if !f.is_stop {
+                    let _ = p.events.send(DecodeEvent::Token { choice: i as u32, token: f.token, logprob: f.logprob });
+                }
+                choices.push(Start { token: f.token, is_stop: f.is_stop, picker: f.picker });
             }
             let (seq, prompt_tokens) = (p.seq, p.prompt.len());
-            self.start(&p.request_id, seq, first, first_is_stop, picker, &p.params, prompt_tokens, p.events, p.reservation);
+            self.start(&p.request_id, seq, choices, &p.params, prompt_tokens, p.events, p.reservation);
         }
         Ok(())
     }
@@ -506,19 +511,29 @@ impl Loop {
                     let _ = self.engine.release(seq);
                     return Ok(());
                 }
-                let mut picker = Picker::new(Sampler::resume(&a.params, end.sampler_state), a.constraint);
-                // The first token was sampled under the grammar on the prefill worker: the matcher
-                // here takes it too before sampling the next.
-                if !end.first_is_stop
-                    && let Err(e) = picker.commit(end.first_token)
-                {
+                // The first tokens were sampled under the grammar on the prefill worker: each
+                // choice's matcher here takes its own before sampling the next.
+                let n = a.params.n.max(1) as usize;
+                let mut firsts = vec![(end.first_token, end.first_is_stop, end.sampler_state)];
+                firsts.extend(end.more_choices.iter().map(|f| (f.token, f.is_stop, f.sampler_state)));
+                if firsts.len() != n {
                     let _ = self.engine.release(seq);
-                    let what = format!("the first token {} does not fit the request's grammar: {e}", end.first_token);
+                    let what = format!("the KV's end carries first tokens for {} choices; the request has {n}", firsts.len());
                     let _ = a.events.send(DecodeEvent::Failed(WorkerError::SequenceFailed { request_id: a.request_id, what }));
                     return Ok(());
                 }
-                // The router already streamed the first token (it came with prefill's answer).
-                self.start(&a.request_id, seq, end.first_token, end.first_is_stop, picker, &a.params, a.prompt_tokens, a.events, a.reservation);
+                let pickers = match crate::pick::resume_pickers(&a.params, a.constraint, &firsts) {
+                    Ok(p) => p,
+                    Err((choice, token, e)) => {
+                        let _ = self.engine.release(seq);
+                        let what = format!("the first token {token} of choice {choice} does not fit the request's grammar: {e}");
+                        let _ = a.events.send(DecodeEvent::Failed(WorkerError::SequenceFailed { request_id: a.request_id, what }));
+                        return Ok(());
+                    }
+                };
+                let choices = firsts.iter().zip(pickers).map(|(&(token, is_stop, _), picker)| Start { token, is_stop, picker }).collect();
+                // The router already streamed the first tokens (they came with prefill's answer).
+                self.start(&a.request_id, seq, choices, &a.params, a.prompt_tokens, a.events, a.reservation);
             }
             Source::Prompt { prompt, held } => {
                 // A prompt whose logprobs are asked for is computed whole (dropping a held
@@ -547,58 +562,97 @@ impl Loop {
         Ok(())
     }
 
-    /// A sequence whose first token is known joins the running batch, unless that token already
-    /// finishes it.
+    /// A request whose first tokens are known joins the running batch, one sequence per choice
+    /// that its first token does not already finish: the first such choice runs on `seq`, each
+    /// other on a fork of it (sharing the prompt's full blocks, with its own copy of the last
+    /// partial one). `seq` is released if no choice needs it.
     #[allow(clippy::too_many_arguments)]
     fn start(
         &mut self,
         request_id: &str,
         seq: SeqId,
-        first: u32,
-        first_is_stop: bool,
-        picker: Picker,
+        choices: Vec<Start>,
         params: &SamplingParams,
         prompt_tokens: usize,
         events: mpsc::UnboundedSender<DecodeEvent>,
         reservation: Reservation,
     ) {
-        let count = usize::from(!first_is_stop);
         let stop_ids = self.engine.stop_ids(params);
-        let finish = if first_is_stop {
-            Some(FinishReason::StopToken(first))
-        } else if picker.finished() {
-            // The grammar is complete: only an end of sequence could follow.
-            Some(FinishReason::StopToken(stop_ids.first().copied().unwrap_or(first)))
-        } else if count >= params.max_tokens {
-            Some(FinishReason::Length)
-        } else if prompt_tokens + count >= self.engine.config().max_position {
-            Some(FinishReason::ContextFull)
-        } else {
-            None
-        };
-        match finish {
-            Some(reason) => {
-                let _ = self.engine.release(seq);
-                let _ = events.send(DecodeEvent::Finished { reason, completion_tokens: count as u32 });
+        let reservation = Arc::new(reservation);
+        let mut seq = Some(seq);
+        let mut joined: Vec<Running> = Vec::new();
+        let mut ended = Vec::new();
+        for (i, Start { token: first, is_stop: first_is_stop, picker }) in choices.into_iter().enumerate() {
+            let choice = i as u32;
+            let count = usize::from(!first_is_stop);
+            let finish = if first_is_stop {
+                Some(FinishReason::StopToken(first))
+            } else if picker.finished() {
+                // The grammar is complete: only an end of sequence could follow.
+                Some(FinishReason::StopToken(stop_ids.first().copied().unwrap_or(first)))
+            } else if count >= params.max_tokens {
+                Some(FinishReason::Length)
+            } else if prompt_tokens + count >= self.engine.config().max_position {
+                Some(FinishReason::ContextFull)
+            } else {
+                None
+            };
+            if let Some(reason) = finish {
+                ended.push(DecodeEvent::Finished { choice, reason, completion_tokens: count as u32 });
+                continue;
             }
-            None => {
-                tracing::debug!(request_id, "joined the running batch");
-                self.running.push(Running {
-                    request_id: request_id.to_string(),
-                    seq,
-                    picker,
-                    stop_ids,
-                    count,
-                    last: first,
-                    prompt_tokens,
-                    max_tokens: params.max_tokens,
-                    logprobs: params.logprobs,
-                    events,
-                    _reservation: reservation,
-                });
-            }
+            // The first continuing choice takes `seq`; every other a fork of the prompt's KV.
+            let own = match joined.first() {
+                None => seq.take().ok_or(None),
+                Some(lead) => self.engine.fork(lead.seq).map_err(Some),
+            };
+            let own = match own {
+                Ok(s) => s,
+                Err(e) => {
+                    let what = format!("forking the prompt's KV for choice {choice}: {}", e.map_or_else(|| "no sequence".to_string(), |e| e.to_string()));
+                    for r in joined {
+                        let _ = self.engine.release(r.seq);
+                    }
+                    if let Some(s) = seq {
+                        let _ = self.engine.release(s);
+                    }
+                    let _ = events.send(DecodeEvent::Failed(WorkerError::SequenceFailed { request_id: request_id.to_string(), what }));
+                    return;
+                }
+            };
+            joined.push(Running {
+                request_id: request_id.to_string(),
+                choice,
+                seq: own,
+                picker,
+                stop_ids: stop_ids.clone(),
+                count,
+                last: first,
+                prompt_tokens,
+                max_tokens: params.max_tokens,
+                logprobs: params.logprobs,
+                events: events.clone(),
+                _reservation: reservation.clone(),
+            });
         }
+        if let Some(s) = seq {
+            let _ = self.engine.release(s);
+        }
+        for e in ended {
+            let _ = events.send(e);
+        }
+        if !joined.is_empty() {
+            tracing::debug!(request_id, choices = joined.len(), "joined the running batch");
+        }
+        self.running.extend(joined);
     }
+}
+
+/// One choice's first token and chooser, as a request joins the running batch.
+struct Start {
+    token: u32,
+    is_stop: bool,
+    picker: Picker,
 }
 
 /// Account for a newly sampled token (`lp`: its logprob, when asked for); Some(reason) when the
@@ -609,7 +663,7 @@ fn advance(r: &mut Running, tok: u32, lp: Option<TokenLogprob>, ctx: usize) -> O
     }
     r.count += 1;
     r.last = tok;
-    let _ = r.events.send(DecodeEvent::Token(tok, lp));
+    let _ = r.events.send(DecodeEvent::Token { choice: r.choice, token: tok, logprob: lp });
     if r.picker.finished() {
         // The grammar is complete: only an end of sequence could follow, so stop without
         // spending a step on it.

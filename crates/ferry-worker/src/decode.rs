@@ -6,7 +6,7 @@
 use crate::kv::receiver::{Delivery, KvReceiver};
 use crate::load::Reservation;
 use crate::{Result, WorkerError};
-use ferry_core::{BlockTable, SamplingParams};
+use ferry_core::SamplingParams;
 use ferry_engine::FinishReason;
 use ferry_proto::v1::{decode_response, Admitted, DecodeFinal, DecodeRequest, DecodeResponse, DecodeTokens, PromptLogprobs};
 use ferry_proto::MIN_TRANSFER_TOKEN_LEN;
@@ -111,7 +111,8 @@ impl DecodeService {
         let ids = if req.prompt.is_empty() { &req.prompt_ids } else { &req.prompt };
         let constraint = crate::pick::constraint_for(&facts.grammars, &params, ids)?;
         let bs = facts.layout.block_size;
-        let need = BlockTable::blocks_for((prompt + params.max_tokens).min(facts.max_context), bs) as u64;
+        // Every choice's tokens, the prompt's full blocks counted once (they are shared).
+        let need = u64::from(ferry_core::routing::blocks_needed(prompt, params.max_tokens, params.n, facts.max_context, bs as u32));
         let reservation = self.engine.load.try_reserve(need).ok_or_else(|| {
             WorkerError::Exhausted(format!(
                 "needs {need} KV blocks; {} of {} are promised to running requests",
@@ -209,6 +210,7 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
         let request_id = req.request_id.clone();
         let prompt_tokens = req.prompt_tokens as usize;
         let prompt_logprobs = params.prompt_logprobs.is_some();
+        let choices = params.n.max(1);
         let (placeholder, _) = mpsc::unbounded_channel();
         let admission = Admission { request_id: request_id.clone(), source: Source::Prompt { prompt: Vec::new(), held: None }, params, prompt_tokens, events: placeholder, reservation, constraint };
         // The prompt's ids, when the router sent them: a colocated prompt, or a disaggregated
@@ -280,12 +282,13 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
             };
             let kv_wait = t0.elapsed();
             let t1 = Instant::now();
+            let mut ended = 0;
             loop {
                 tokio::select! {
                     ev = ev_rx.recv() => match ev {
-                        Some(DecodeEvent::Token(t, lp)) => {
-                            let logprobs = lp.iter().map(ferry_proto::logprob_to_wire).collect();
-                            if tx.send(Ok(event(decode_response::Event::Tokens(DecodeTokens { ids: vec![t], logprobs })))).await.is_err() {
+                        Some(DecodeEvent::Token { choice, token, logprob }) => {
+                            let logprobs = logprob.iter().map(ferry_proto::logprob_to_wire).collect();
+                            if tx.send(Ok(event(decode_response::Event::Tokens(DecodeTokens { ids: vec![token], logprobs, choice })))).await.is_err() {
                                 return;
                             }
                         }
@@ -295,16 +298,24 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
                                 return;
                             }
                         }
-                        Some(DecodeEvent::Finished { reason, completion_tokens }) => {
+                        Some(DecodeEvent::Finished { choice, reason, completion_tokens }) => {
                             let fin = DecodeFinal {
                                 finish_reason: finish_to_wire(reason) as i32,
                                 completion_tokens,
                                 kv_wait_ms: kv_wait.as_secs_f64() * 1e3,
                                 decode_ms: t1.elapsed().as_secs_f64() * 1e3,
+                                choice,
                             };
+                            ended += 1;
+                            if ended < choices {
+                                if tx.send(Ok(event(decode_response::Event::Final(fin)))).await.is_err() {
+                                    return;
+                                }
+                                continue;
+                            }
                             metrics::counter!("ferry_worker_requests_total", "role" => role, "outcome" => "ok").increment(1);
                             tracing::info!(
-                                request_id = %request_id, completion_tokens, finish = ?reason,
+                                request_id = %request_id, choices, completion_tokens, finish = ?reason,
                                 kv_wait_ms = fin.kv_wait_ms, decode_ms = fin.decode_ms, "decoded"
                             );
                             let _ = tx.send(Ok(event(decode_response::Event::Final(fin)))).await;

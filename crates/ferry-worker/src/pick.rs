@@ -6,10 +6,13 @@
 //! completion holds so far, so each worker rebuilds it from the request: the generated tail of a
 //! migrated request's prompt (its last `token_offset` ids) is replayed here, and a decode worker
 //! then commits the first token that came from prefill ([`Picker::commit`]).
+//!
+//! A request with `n` choices samples each choice's first token from the same prompt logits
+//! ([`first_tokens`]), each with its own sampler (seed + i) and its own copy of the matcher.
 
 use std::time::Instant;
 
-use ferry_core::SamplingParams;
+use ferry_core::{SamplingParams, TokenLogprob};
 use ferry_engine::sampler::Sampler;
 use ferry_grammar::{Constraint, GrammarError, LazyGrammars};
 
@@ -80,4 +83,48 @@ impl Picker {
     pub fn rng_state(&self) -> u64 {
         self.sampler.rng_state()
     }
+}
+
+/// One choice's first token, sampled from the prompt's last logits.
+pub struct First {
+    pub token: u32,
+    /// The token is a stop token: the choice is finished.
+    pub is_stop: bool,
+    /// Its logprob, when asked for (the model's, before the grammar's mask).
+    pub logprob: Option<TokenLogprob>,
+    /// The choice's chooser, the token taken (its sampler state and matcher move on from it).
+    pub picker: Picker,
+}
+
+/// The first token of each of the request's `params.n` choices from the prompt's last `logits`:
+/// choice `i` with the sampler of [`SamplingParams::choice`]`(i)` and its own fork of
+/// `constraint`. Err names the choice whose grammar could not be sampled under.
+pub fn first_tokens(params: &SamplingParams, constraint: Option<Constraint>, logits: &[f32], stop_ids: &[u32]) -> std::result::Result<Vec<First>, (u32, GrammarError)> {
+    let n = params.n.max(1);
+    let mut firsts = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let mut picker = Picker::new(Sampler::new(&params.choice(i)), constraint.as_ref().map(Constraint::fork));
+        let mut masked = logits.to_vec();
+        let token = picker.pick(&mut masked).map_err(|e| (i, e))?;
+        let logprob = crate::logprobs::of_token(params, logits, token);
+        firsts.push(First { token, is_stop: stop_ids.contains(&token), logprob, picker });
+    }
+    Ok(firsts)
+}
+
+/// The chooser of each of a request's `params.n` choices on a worker that did not sample the
+/// first tokens (a decode worker: they came from prefill, with each choice's sampler state):
+/// each resumes its sampler and takes its first token into its fork of `constraint`. Err names
+/// the choice whose first token does not fit the grammar.
+pub fn resume_pickers(params: &SamplingParams, constraint: Option<Constraint>, firsts: &[(u32, bool, u64)]) -> std::result::Result<Vec<Picker>, (u32, u32, GrammarError)> {
+    let mut pickers = Vec::with_capacity(firsts.len());
+    for (i, &(token, is_stop, state)) in firsts.iter().enumerate() {
+        let i = i as u32;
+        let mut picker = Picker::new(Sampler::resume(&params.choice(i), state), constraint.as_ref().map(Constraint::fork));
+        if !is_stop {
+            picker.commit(token).map_err(|e| (i, token, e))?;
+        }
+        pickers.push(picker);
+    }
+    Ok(pickers)
 }

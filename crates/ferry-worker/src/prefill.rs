@@ -14,14 +14,12 @@ use crate::kv::transport::{self, KvTransport};
 use crate::kv::Outbound;
 use crate::load::LoadGauge;
 use crate::logprobs;
-use crate::pick::Picker;
 use ferry_grammar::LazyGrammars;
 use crate::{Result, Role, WorkerError};
 use bytes::Bytes;
 use ferry_core::kv_payload::KvPayloadHeader;
 use ferry_core::KvSpan;
 use ferry_core::{BlockTable, SamplingParams, TokenLogprob};
-use ferry_engine::sampler::Sampler;
 use ferry_engine::{Engine, EngineError, SeqId, StepItem};
 use ferry_proto::v1::{KvBegin, KvTarget, KvTransport as KvTransportKind, PrefillRequest, PrefillResponse};
 use std::collections::VecDeque;
@@ -413,29 +411,37 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
             }
         };
         a.done = r.end;
-        let mut logits = logprobs::take_chunk(&a.job.params, &a.job.prompt, r.clone(), logits, &mut a.prompt_logprobs);
+        let logits = logprobs::take_chunk(&a.job.params, &a.job.prompt, r.clone(), logits, &mut a.prompt_logprobs);
         if a.done == a.job.prompt.len() {
-            // Logprobs are the model's, before the grammar's mask.
-            let raw = (a.job.params.logprobs.is_some() && a.job.constraint.is_some()).then(|| logits.clone());
-            let mut picker = Picker::new(Sampler::new(&a.job.params), a.job.constraint.take());
-            let first = match picker.pick(&mut logits) {
-                Ok(t) => t,
-                Err(e) => {
+            let stop_ids = engine.stop_ids(&a.job.params);
+            let firsts = match crate::pick::first_tokens(&a.job.params, a.job.constraint.take(), &logits, &stop_ids) {
+                Ok(f) => f,
+                Err((choice, e)) => {
                     let _ = engine.release(a.seq);
-                    let what = format!("sampling the first token under the request's grammar: {e}");
+                    let what = format!("sampling the first token of choice {choice} under the request's grammar: {e}");
                     let _ = a.job.out.send(Outbound::Failed(WorkerError::SequenceFailed { request_id: a.job.request_id.clone(), what }));
                     leaving.push(*i);
                     continue;
                 }
             };
-            let first_is_stop = engine.stop_ids(&a.job.params).contains(&first);
+            let mut firsts = firsts.into_iter();
+            let Some(first) = firsts.next() else { continue };
+            let more_choices = firsts
+                .map(|f| ferry_proto::v1::FirstToken {
+                    token: f.token,
+                    is_stop: f.is_stop,
+                    sampler_state: f.picker.rng_state(),
+                    logprob: f.logprob.as_ref().map(ferry_proto::logprob_to_wire),
+                })
+                .collect();
             let lease = SeqLease { seq: a.seq, tx: tx.clone() };
             let end = Outbound::End {
-                first_token: first,
-                first_is_stop,
-                first_logprob: logprobs::of_token(&a.job.params, raw.as_deref().unwrap_or(&logits), first),
+                first_token: first.token,
+                first_is_stop: first.is_stop,
+                first_logprob: first.logprob,
                 prompt_logprobs: std::mem::take(&mut a.prompt_logprobs),
-                sampler_state: picker.rng_state(),
+                sampler_state: first.picker.rng_state(),
+                more_choices,
                 queued: a.started - a.job.enqueued,
                 computed: a.started.elapsed(),
                 computed_at: Instant::now(),
@@ -565,6 +571,7 @@ impl PrefillService {
             cached_tokens: cached as u32,
             first_logprob: pushed.first_logprob.as_ref().map(ferry_proto::logprob_to_wire),
             prompt_logprobs: pushed.prompt_logprobs.iter().map(ferry_proto::logprob_to_wire).collect(),
+            more_choices: pushed.more_choices,
         })
     }
 }

@@ -127,6 +127,7 @@ async fn ferry_transfer(t: &dyn KvTransport, target: &KvTarget, lay: KvLayout, t
         first_logprob: None,
         prompt_logprobs: Vec::new(),
         sampler_state: 0,
+        more_choices: Vec::new(),
         queued: Duration::ZERO,
         computed: Duration::ZERO,
         computed_at: now,

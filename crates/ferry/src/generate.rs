@@ -69,6 +69,7 @@ impl SamplingArgs {
             grammar: None,
             logprobs: None,
             prompt_logprobs: None,
+            n: 1,
         }
     }
 }

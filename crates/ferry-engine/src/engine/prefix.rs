@@ -14,6 +14,9 @@
 //! - [`Engine::export_kv_from`] and [`Engine::import_kv_onto`] move only the tokens after a
 //!   block offset, onto a sequence that holds the first blocks (a decode worker with a cache hit).
 //!
+//! - [`Engine::fork`] starts another sequence on all of a sequence's KV (one more choice of an
+//!   `n`-choice request): full blocks are shared, the last partial block is copied.
+//!
 //! Only full blocks are shared, and a shared block is never written ([`Engine::step`] asserts it).
 
 use super::{Engine, SeqId};
@@ -218,6 +221,46 @@ impl<B: Backend> Engine<B> {
             Some(t) => self.record_tokens(id, t),
             None => s.tokens = None,
         }
+        Ok(id)
+    }
+
+    /// A new sequence holding the same KV as `seq` (copy-on-write at fork time): its full blocks
+    /// are shared (one more reference each), and its last partial block, which both will write
+    /// next, is copied into a block of the new sequence's own. The new sequence caches like
+    /// `seq` (same salt and token ids). Nothing changes if no block is free for the copy.
+    pub fn fork(&mut self, seq: SeqId) -> Result<SeqId> {
+        let bs = self.layout.block_size;
+        let s = self.seqs.get(&seq).ok_or(EngineError::UnknownSequence(seq.0))?;
+        let (blocks, tokens) = (s.table.blocks.clone(), s.table.tokens);
+        let (root, ids, sealed) = (s.root, s.tokens.clone(), s.sealed);
+        let full = tokens / bs;
+        let partial = tokens % bs;
+        let mut table = BlockTable { blocks: Vec::with_capacity(blocks.len()), tokens };
+        if partial > 0 {
+            let copy = self.pool.allocate(1)?;
+            let mut section = Vec::new();
+            for l in 0..self.layout.n_layers {
+                section.clear();
+                let copied = self
+                    .be
+                    .kv_export_layer(&self.kv, l, &blocks[full..full + 1], partial, &mut section)
+                    .and_then(|()| self.be.kv_import_layer(&mut self.kv, l, &copy, partial, &section));
+                if let Err(e) = copied {
+                    self.pool.release(copy[0])?;
+                    return Err(e);
+                }
+            }
+            table.blocks.extend(&blocks[..full]);
+            table.blocks.extend(copy);
+        } else {
+            table.blocks.extend(&blocks[..full]);
+        }
+        for &b in &blocks[..full] {
+            self.pool.retain(b)?;
+        }
+        let id = SeqId(self.next_seq);
+        self.next_seq += 1;
+        self.seqs.insert(id, Seq { table, root, tokens: ids, sealed });
         Ok(id)
     }
 }

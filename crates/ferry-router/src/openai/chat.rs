@@ -53,7 +53,8 @@ pub fn prepare(shared: &Shared, parsed: &mut Parsed) -> Result<Option<Calls>, Ap
 }
 
 /// The tool calls of one answer, found as its text arrives; each gets its `call_<random>` id.
-#[derive(Debug)]
+/// A request for `n` choices scans each with its own clone.
+#[derive(Clone, Debug)]
 pub struct Calls {
     scanner: Scanner,
     made: Vec<IdCall>,

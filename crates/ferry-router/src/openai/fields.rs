@@ -93,7 +93,7 @@ pub const FIELDS: &[Field] = &[
     f("frequency_penalty", Both, limited(zero, "only 0: Ferry applies no penalties")),
     f("presence_penalty", Both, limited(zero, "only 0: Ferry applies no penalties")),
     f("logit_bias", Both, limited(empty, "only {}: Ferry applies no logit bias")),
-    f("n", Both, rejected(one, "not supported yet; one choice per request (n = 1)")),
+    f("n", Both, Supported),
     f("logprobs", Both, Supported),
     f("response_format", Both, Supported),
     // OpenAI, completions.

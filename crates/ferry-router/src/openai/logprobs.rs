@@ -95,7 +95,9 @@ pub fn prompt_text(shared: &Shared, input: Option<&Input>) -> String {
     }
 }
 
-/// Builds a request's logprobs JSON, whole or chunk by chunk (it keeps the text offset).
+/// Builds a request's logprobs JSON, whole or chunk by chunk (it keeps the text offset): one
+/// per choice.
+#[derive(Clone)]
 pub struct Render {
     shared: Arc<Shared>,
     kind: Kind,

@@ -253,6 +253,7 @@ async fn run(
         Kind::Completion => None,
     };
     let want = parsed.logprobs;
+    let n = parsed.request.sampling.as_ref().map_or(1, |s| s.n.max(1));
     let echo = want.echo.then(|| logprobs::prompt_text(&h.shared, parsed.request.input.as_ref()));
     let started = service::start(&h.shared, parsed.request, tenant).map_err(|e| match (&e, parsed.structured_field) {
         // A grammar that does not compile is named by the field it came in.
@@ -263,7 +264,8 @@ async fn run(
         // `user`, `metadata`, …: the client's words about the request, for the logs only.
         tracing::info!(request_id = %started.request_id, tags = ?parsed.tags, "request tags");
     }
-    let mut render = logprobs::Render::new(h.shared.clone(), kind, want, started.prompt.first().copied());
+    let render = logprobs::Render::new(h.shared.clone(), kind, want, started.prompt.first().copied());
+    let mut renders = vec![render; n as usize];
     let meta = Meta::new(
         kind,
         &started.request_id,
@@ -273,16 +275,22 @@ async fn run(
     );
     let mut events = started.events;
     if !parsed.stream {
-        let (text, fin, lps) = collect(&mut events).await?;
-        let text = echo.unwrap_or_default() + &text;
-        let mut v = match calls {
-            Some(c) => {
-                let (content, made) = c.whole(&text);
-                response::complete_tools(&meta, &content, &made, &fin)
-            }
-            None => response::complete(&meta, &text, &fin),
-        };
-        v["choices"][0]["logprobs"] = render.whole(&lps);
+        let answers = collect(&mut events, n).await?;
+        let whole: Vec<response::Whole> = answers
+            .iter()
+            .map(|a| {
+                let text = echo.clone().unwrap_or_default() + &a.text;
+                let (text, calls) = match &calls {
+                    Some(c) => c.clone().whole(&text),
+                    None => (text, Vec::new()),
+                };
+                response::Whole { text, calls, fin: a.fin.clone() }
+            })
+            .collect();
+        let mut v = response::complete(&meta, &whole);
+        for (i, (a, r)) in answers.iter().zip(&mut renders).enumerate() {
+            v["choices"][i]["logprobs"] = r.whole(&a.logprobs);
+        }
         return Ok(json_ok(&v));
     }
     // Wait for the first event before answering 200, so that a request failing before its first
@@ -292,13 +300,15 @@ async fn run(
         Some(Err(s)) => return Err(ApiError::from_status(&s)),
         None => return Err(ApiError::server("the request ended without an answer")),
     };
-    // Echo without logprobs: the prompt's text leads (with them, it comes with their chunk).
-    let (head, echo) = match (echo, render.wanted()) {
-        (Some(p), false) => (Some(response::text_chunk(&meta, &p)), None),
-        (echo, _) => (response::role_chunk(&meta), echo),
+    // Echo without logprobs: the prompt's text leads each choice (with them, it comes with their
+    // chunk).
+    let (head, echo): (Vec<Value>, _) = match (echo, renders[0].wanted()) {
+        (Some(p), false) => ((0..n).map(|i| response::text_chunk(&meta, i, &p)).collect(), None),
+        (echo, _) => ((0..n).filter_map(|i| response::role_chunk(&meta, i)).collect(), echo),
     };
-    let mut sse = Sse { meta, render, echo, calls };
-    let body = tokio_stream::iter(head.map(|v| response::sse(&v)))
+    let calls = calls.map(|c| vec![c; n as usize]);
+    let mut sse = Sse { meta, echo: vec![echo; n as usize], renders, calls, finals: Vec::new(), n };
+    let body = tokio_stream::iter(head.into_iter().map(|v| response::sse(&v)))
         .chain(
             tokio_stream::once(Ok(first))
                 .chain(ReceiverStream::new(events))
@@ -316,122 +326,142 @@ async fn run(
         .into_response())
 }
 
-/// The text, final message and logprobs of a request, or the error it ended with.
+/// One choice's answer, whole.
+#[derive(Default)]
+struct Answer {
+    text: String,
+    fin: v1::GenerateFinal,
+    logprobs: logprobs::Collected,
+}
+
+/// The answers of a request's `n` choices, in order, or the error it ended with.
 async fn collect(
     events: &mut tokio::sync::mpsc::Receiver<Result<v1::GenerateResponse, tonic::Status>>,
-) -> Result<(String, v1::GenerateFinal, logprobs::Collected), ApiError> {
-    let mut text = String::new();
-    let mut lps = logprobs::Collected::default();
+    n: u32,
+) -> Result<Vec<Answer>, ApiError> {
+    let mut answers: Vec<Answer> = (0..n).map(|_| Answer::default()).collect();
+    let mut ended = 0;
     while let Some(ev) = events.recv().await {
         match ev.map_err(|s| ApiError::from_status(&s))?.event {
             Some(Event::Delta(d)) => {
-                text.push_str(&d.text);
-                lps.push(&d);
+                let a = choice_of(&mut answers, d.index)?;
+                a.text.push_str(&d.text);
+                a.logprobs.push(&d);
             }
-            Some(Event::Final(f)) => return Ok((text, f, lps)),
+            Some(Event::Final(f)) => {
+                let index = f.index;
+                choice_of(&mut answers, index)?.fin = f;
+                ended += 1;
+                if ended == n {
+                    return Ok(answers);
+                }
+            }
             None => {}
         }
     }
     Err(ApiError::server(
-        "the request ended without a final message",
+        "the request ended without a final message for every choice",
     ))
 }
 
-/// A streamed answer's state: its logprobs (they keep a text offset), the prompt's text to
-/// echo with the prompt's logprobs, and the tool calls it is scanned for.
+fn choice_of(answers: &mut [Answer], index: u32) -> Result<&mut Answer, ApiError> {
+    let n = answers.len();
+    answers
+        .get_mut(index as usize)
+        .ok_or_else(|| ApiError::server(format!("an answer for choice {index} of a request for {n}")))
+}
+
+/// A streamed answer's state: per choice, its logprobs (they keep a text offset), the prompt's
+/// text to echo with the prompt's logprobs, and the tool calls it is scanned for (with active
+/// tools); the finals so far (the usage sums them).
 struct Sse {
     meta: Meta,
-    render: logprobs::Render,
-    echo: Option<String>,
-    calls: Option<chat::Calls>,
+    renders: Vec<logprobs::Render>,
+    echo: Vec<Option<String>>,
+    calls: Option<Vec<chat::Calls>>,
+    finals: Vec<v1::GenerateFinal>,
+    n: u32,
 }
 
 impl Sse {
     /// The SSE bytes for one event of the request (empty for a delta with neither text nor
-    /// logprobs). The final message and an error each end the stream with `[DONE]`.
+    /// logprobs). The last choice's final and an error each end the stream with `[DONE]`.
     fn event(&mut self, ev: Result<v1::GenerateResponse, tonic::Status>) -> Bytes {
-        if let Some(calls) = &mut self.calls {
-            // (No logprobs here: the request refuses them on a stream with tools.)
-            return tool_event(&self.meta, calls, ev);
-        }
-        let d = match &ev {
-            Ok(v1::GenerateResponse { event: Some(Event::Delta(d)), .. }) => d,
-            _ => return sse_event(&self.meta, ev),
+        let ev = match ev {
+            Ok(v1::GenerateResponse { event: Some(Event::Delta(d)), .. }) => return self.delta(d),
+            Ok(v1::GenerateResponse { event: Some(Event::Final(f)), .. }) => f,
+            Ok(_) => return Bytes::new(),
+            Err(s) => return error_event(&ApiError::from_status(&s)),
         };
-        if !self.render.wanted() {
-            return sse_event(&self.meta, ev);
+        let mut out = Vec::new();
+        let mut made = 0;
+        if let Some(calls) = self.calls.as_mut().and_then(|c| c.get_mut(ev.index as usize)) {
+            // What the scanner held back, then the finish (`"tool_calls"` when the model called).
+            let said = calls.finish();
+            said_events(&self.meta, ev.index, said, &mut out);
+            made = calls.count();
         }
-        let (text, lp) = match logprobs::is_prompt_delta(d) {
-            true => match self.echo.take() {
-                Some(text) => (text, self.render.render(Some(&d.prompt_logprobs), &[])),
+        out.extend_from_slice(&response::sse(&response::finish_chunk(&self.meta, &ev, made)));
+        self.finals.push(ev);
+        if self.finals.len() as u32 >= self.n {
+            if let Some(u) = response::usage_chunk(&self.meta, &self.finals) {
+                out.extend_from_slice(&response::sse(&u));
+            }
+            out.extend_from_slice(response::DONE);
+        }
+        Bytes::from(out)
+    }
+
+    fn delta(&mut self, d: v1::TokenDelta) -> Bytes {
+        let i = d.index as usize;
+        let (Some(render), Some(echo)) = (self.renders.get_mut(i), self.echo.get_mut(i)) else {
+            return error_event(&ApiError::server(format!("a delta for choice {i} of a request for {}", self.n)));
+        };
+        if let Some(calls) = self.calls.as_mut().and_then(|c| c.get_mut(i)) {
+            // Content and calls as the text completes them. (No logprobs: the request refuses
+            // them on a stream with tools.)
+            let mut out = Vec::new();
+            said_events(&self.meta, d.index, calls.push(&d.text), &mut out);
+            return Bytes::from(out);
+        }
+        if !render.wanted() {
+            return match d.text.is_empty() {
+                true => Bytes::new(),
+                false => response::sse(&response::text_chunk(&self.meta, d.index, &d.text)),
+            };
+        }
+        let (text, lp) = match logprobs::is_prompt_delta(&d) {
+            true => match echo.take() {
+                Some(text) => (text, render.render(Some(&d.prompt_logprobs), &[])),
                 None => return Bytes::new(),
             },
             false if d.text.is_empty() && d.logprobs.is_empty() => return Bytes::new(),
-            false => (d.text.clone(), self.render.render(None, &d.logprobs)),
+            false => (d.text.clone(), render.render(None, &d.logprobs)),
         };
-        let mut chunk = response::text_chunk(&self.meta, &text);
+        let mut chunk = response::text_chunk(&self.meta, d.index, &text);
         chunk["choices"][0]["logprobs"] = lp;
         response::sse(&chunk)
     }
 }
 
-/// The SSE bytes for one event of a request scanned for tool calls: content and calls as the
-/// text completes them; at the end, what the scanner held, then the finish (`"tool_calls"` when
-/// the model called).
-fn tool_event(meta: &Meta, calls: &mut chat::Calls, ev: Result<v1::GenerateResponse, tonic::Status>) -> Bytes {
-    let said = match &ev {
-        Ok(v1::GenerateResponse { event: Some(Event::Delta(d)), .. }) => calls.push(&d.text),
-        Ok(v1::GenerateResponse { event: Some(Event::Final(_)), .. }) => calls.finish(),
-        _ => Vec::new(),
-    };
-    let mut out = Vec::new();
+/// The SSE chunks of what choice `choice`'s tool-call scanner gave out: content, and each call
+/// as OpenAI streams it.
+fn said_events(meta: &Meta, choice: u32, said: Vec<chat::Said>, out: &mut Vec<u8>) {
     for s in said {
         match s {
-            chat::Said::Text(t) => out.extend_from_slice(&response::sse(&response::text_chunk(meta, &t))),
-            chat::Said::Call(i, c) => {
-                for chunk in response::tool_call_chunks(meta, i, &c) {
+            chat::Said::Text(t) => out.extend_from_slice(&response::sse(&response::text_chunk(meta, choice, &t))),
+            chat::Said::Call(k, c) => {
+                for chunk in response::tool_call_chunks(meta, choice, k, &c) {
                     out.extend_from_slice(&response::sse(&chunk));
                 }
             }
         }
     }
-    match ev {
-        Ok(v1::GenerateResponse { event: Some(Event::Final(f)), .. }) => {
-            for c in response::final_chunks_after_calls(meta, &f, calls.count()) {
-                out.extend_from_slice(&response::sse(&c));
-            }
-            out.extend_from_slice(response::DONE);
-        }
-        Ok(_) => {}
-        Err(e) => out.extend_from_slice(&sse_event(meta, Err(e))),
-    }
-    Bytes::from(out)
 }
 
-/// The SSE bytes for one event of the request (empty for a delta without text). The final
-/// message and an error each end the stream with `[DONE]`.
-fn sse_event(meta: &Meta, ev: Result<v1::GenerateResponse, tonic::Status>) -> Bytes {
-    match ev {
-        Ok(v1::GenerateResponse {
-            event: Some(Event::Delta(d)),
-            ..
-        }) if !d.text.is_empty() => response::sse(&response::text_chunk(meta, &d.text)),
-        Ok(v1::GenerateResponse {
-            event: Some(Event::Final(f)),
-            ..
-        }) => {
-            let mut out = Vec::new();
-            for c in response::final_chunks(meta, &f) {
-                out.extend_from_slice(&response::sse(&c));
-            }
-            out.extend_from_slice(response::DONE);
-            Bytes::from(out)
-        }
-        Ok(_) => Bytes::new(),
-        Err(s) => {
-            let mut out = response::sse(&ApiError::from_status(&s).body()).to_vec();
-            out.extend_from_slice(response::DONE);
-            Bytes::from(out)
-        }
-    }
+/// An error chunk, then `[DONE]`.
+fn error_event(e: &ApiError) -> Bytes {
+    let mut out = response::sse(&e.body()).to_vec();
+    out.extend_from_slice(response::DONE);
+    Bytes::from(out)
 }

@@ -110,6 +110,7 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
         top_p: field::<f32>(&obj, "top_p")?,
         seed: seed(obj.get("seed"))?,
         structured: structured.map(|(s, _)| s),
+        n: choices(&obj)?,
         ..Default::default()
     };
     logprobs.apply(&mut sampling);
@@ -180,6 +181,16 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
             cache_salt,
         },
     })
+}
+
+/// `n`: how many completions (1 when absent).
+fn choices(obj: &Map<String, Value>) -> Result<u32, ApiError> {
+    let max = ferry_core::MAX_CHOICES;
+    match field::<u32>(obj, "n")? {
+        None => Ok(1),
+        Some(n) if (1..=max).contains(&n) => Ok(n),
+        Some(n) => Err(ApiError::invalid(format!("`n` must be between 1 and {max}, got {n}"), Some("n"))),
+    }
 }
 
 /// `name` as a `T`; absent and `null` are `None`.
@@ -489,8 +500,9 @@ mod tests {
     fn refusals_name_the_field() {
         let base = r#""model": "m", "prompt": "Hi""#;
         for (extra, param, needle) in [
-            (r#""n": 2"#, "n", "`n` = 2 is refused: not supported yet"),
-            (r#""n": "1""#, "n", "refused"),
+            (r#""n": 0"#, "n", "between 1 and 16, got 0"),
+            (r#""n": 17"#, "n", "between 1 and 16, got 17"),
+            (r#""n": "1""#, "n", "invalid type"),
             (r#""max_tokens": "5""#, "max_tokens", "invalid type"),
             (r#""max_tokens": 0"#, "max_tokens", "at least 1"),
             (r#""max_tokens": -1"#, "max_tokens", "invalid value"),

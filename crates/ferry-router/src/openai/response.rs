@@ -80,33 +80,18 @@ fn finish_of(fin: &v1::GenerateFinal) -> Option<&'static str> {
     )
 }
 
-/// OpenAI's `usage`; `prompt_tokens_details.cached_tokens` counts the prompt tokens a prefix
-/// cache served (not computed for this request).
-pub fn usage(fin: &v1::GenerateFinal) -> Value {
+/// OpenAI's `usage` over every choice's final: the prompt counted once, the completions of all
+/// choices summed; `prompt_tokens_details.cached_tokens` counts the prompt tokens a prefix cache
+/// served (not computed for this request).
+pub fn usage(fins: &[v1::GenerateFinal]) -> Value {
+    let (prompt, cached) = fins.first().map_or((0, 0), |f| (f.prompt_tokens, f.cached_tokens));
+    let completion: u32 = fins.iter().map(|f| f.completion_tokens).sum();
     json!({
-        "prompt_tokens": fin.prompt_tokens,
-        "completion_tokens": fin.completion_tokens,
-        "total_tokens": fin.prompt_tokens + fin.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     })
-}
-
-/// The whole answer of a request without `stream`.
-pub fn complete(meta: &Meta, text: &str, fin: &v1::GenerateFinal) -> Value {
-    let choice = match meta.kind {
-        Kind::Completion => json!({
-            "index": 0, "text": text, "logprobs": null, "finish_reason": finish_of(fin),
-        }),
-        Kind::Chat => json!({
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": null,
-            "finish_reason": finish_of(fin),
-        }),
-    };
-    let mut v = meta.envelope(false, json!([choice]));
-    v["usage"] = usage(fin);
-    v
 }
 
 /// A tool call of an answer, with the id it is answered under.
@@ -115,6 +100,15 @@ pub struct IdCall {
     /// `call_<random>`.
     pub id: String,
     pub call: super::tools::parse::Call,
+}
+
+/// One choice's whole answer: its text (a chat's content, without the calls scanned out of
+/// it), its tool calls (none when the request has no active tools) and its final message.
+#[derive(Clone, Debug, Default)]
+pub struct Whole {
+    pub text: String,
+    pub calls: Vec<IdCall>,
+    pub fin: v1::GenerateFinal,
 }
 
 /// `finish_reason` of an answer that made `calls` calls: `"tool_calls"` when the model stopped
@@ -126,43 +120,61 @@ fn finish_with_calls(fin: &v1::GenerateFinal, calls: usize) -> Option<&'static s
     }
 }
 
-/// The whole answer of a chat request scanned for tool calls: `content` (null when the model
-/// said nothing besides its calls) and `tool_calls` (absent when it made none).
-pub fn complete_tools(meta: &Meta, content: &str, calls: &[IdCall], fin: &v1::GenerateFinal) -> Value {
-    let mut message = json!({"role": "assistant", "content": (!content.is_empty()).then_some(content)});
-    if !calls.is_empty() {
-        let list: Vec<Value> = calls
-            .iter()
-            .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.call.name, "arguments": c.call.arguments}}))
-            .collect();
-        message["tool_calls"] = json!(list);
-    }
-    let choice = json!({"index": 0, "message": message, "logprobs": null, "finish_reason": finish_with_calls(fin, calls.len())});
-    let mut v = meta.envelope(false, json!([choice]));
-    v["usage"] = usage(fin);
+/// The whole answer of a request without `stream`: one choice per answer, in order. A chat
+/// message that made tool calls has them in `tool_calls`, and `content` null when the model
+/// said nothing besides them.
+pub fn complete(meta: &Meta, answers: &[Whole]) -> Value {
+    let choices: Vec<Value> = answers
+        .iter()
+        .enumerate()
+        .map(|(index, a)| {
+            let finish = finish_with_calls(&a.fin, a.calls.len());
+            match meta.kind {
+                Kind::Completion => json!({
+                    "index": index, "text": a.text, "logprobs": null, "finish_reason": finish,
+                }),
+                Kind::Chat => {
+                    let content = (!a.text.is_empty() || a.calls.is_empty()).then_some(&a.text);
+                    let mut message = json!({"role": "assistant", "content": content});
+                    if !a.calls.is_empty() {
+                        let list: Vec<Value> = a
+                            .calls
+                            .iter()
+                            .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.call.name, "arguments": c.call.arguments}}))
+                            .collect();
+                        message["tool_calls"] = json!(list);
+                    }
+                    json!({"index": index, "message": message, "logprobs": null, "finish_reason": finish})
+                }
+            }
+        })
+        .collect();
+    let fins: Vec<v1::GenerateFinal> = answers.iter().map(|a| a.fin.clone()).collect();
+    let mut v = meta.envelope(false, json!(choices));
+    v["usage"] = usage(&fins);
     v
 }
 
-fn delta_chunk(meta: &Meta, delta: Value) -> Value {
-    meta.envelope(true, json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": null}]))
+fn delta_chunk(meta: &Meta, index: u32, delta: Value) -> Value {
+    meta.envelope(true, json!([{"index": index, "delta": delta, "logprobs": null, "finish_reason": null}]))
 }
 
-/// The chunks of one streamed tool call, numbered `index` in the answer, as OpenAI streams them:
-/// the id, type and name with empty arguments, then the arguments.
-pub fn tool_call_chunks(meta: &Meta, index: usize, c: &IdCall) -> [Value; 2] {
+/// The chunks of one streamed tool call of choice `choice`, numbered `index` in its answer, as
+/// OpenAI streams them: the id, type and name with empty arguments, then the arguments.
+pub fn tool_call_chunks(meta: &Meta, choice: u32, index: usize, c: &IdCall) -> [Value; 2] {
     [
-        delta_chunk(meta, json!({"tool_calls": [{
+        delta_chunk(meta, choice, json!({"tool_calls": [{
             "index": index, "id": c.id, "type": "function",
             "function": {"name": c.call.name, "arguments": ""},
         }]})),
-        delta_chunk(meta, json!({"tool_calls": [{"index": index, "function": {"arguments": c.call.arguments}}]})),
+        delta_chunk(meta, choice, json!({"tool_calls": [{"index": index, "function": {"arguments": c.call.arguments}}]})),
     ]
 }
 
-fn chunk(meta: &Meta, text: Option<&str>, role: bool, finish: Option<&'static str>) -> Value {
+fn chunk(meta: &Meta, index: u32, text: Option<&str>, role: bool, finish: Option<&'static str>) -> Value {
     let choice = match meta.kind {
         Kind::Completion => json!({
-            "index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish,
+            "index": index, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish,
         }),
         Kind::Chat => {
             let mut delta = json!({});
@@ -172,44 +184,43 @@ fn chunk(meta: &Meta, text: Option<&str>, role: bool, finish: Option<&'static st
             if let Some(t) = text {
                 delta["content"] = json!(t);
             }
-            json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+            json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish})
         }
     };
     meta.envelope(true, json!([choice]))
 }
 
-/// The first chunk of a chat stream: `delta.role = "assistant"` (none for completions).
-pub fn role_chunk(meta: &Meta) -> Option<Value> {
+/// The first chunk of a chat stream's choice `index`: `delta.role = "assistant"` (none for
+/// completions).
+pub fn role_chunk(meta: &Meta, index: u32) -> Option<Value> {
     match meta.kind {
         Kind::Completion => None,
-        Kind::Chat => Some(chunk(meta, Some(""), true, None)),
+        Kind::Chat => Some(chunk(meta, index, Some(""), true, None)),
     }
 }
 
-/// A chunk of generated text.
-pub fn text_chunk(meta: &Meta, text: &str) -> Value {
-    chunk(meta, Some(text), false, None)
+/// A chunk of choice `index`'s generated text.
+pub fn text_chunk(meta: &Meta, index: u32, text: &str) -> Value {
+    chunk(meta, index, Some(text), false, None)
 }
 
-/// The chunks that end a stream: the finish reason, then (with `include_usage`) the usage with
-/// no choices.
-pub fn final_chunks(meta: &Meta, fin: &v1::GenerateFinal) -> Vec<Value> {
-    final_chunks_after_calls(meta, fin, 0)
-}
-
-/// [`final_chunks`] of an answer that streamed `calls` tool calls.
-pub fn final_chunks_after_calls(meta: &Meta, fin: &v1::GenerateFinal, calls: usize) -> Vec<Value> {
+/// The chunk that ends choice `fin.index`, which streamed `calls` tool calls: its finish reason.
+pub fn finish_chunk(meta: &Meta, fin: &v1::GenerateFinal, calls: usize) -> Value {
     let finish = finish_with_calls(fin, calls);
-    let mut out = vec![match meta.kind {
-        Kind::Completion => chunk(meta, Some(""), false, finish),
-        Kind::Chat => chunk(meta, None, false, finish),
-    }];
-    if meta.include_usage {
-        let mut u = meta.envelope(true, json!([]));
-        u["usage"] = usage(fin);
-        out.push(u);
+    match meta.kind {
+        Kind::Completion => chunk(meta, fin.index, Some(""), false, finish),
+        Kind::Chat => chunk(meta, fin.index, None, false, finish),
     }
-    out
+}
+
+/// After the last choice's finish chunk, with `include_usage`: the usage of them all, with no
+/// choices.
+pub fn usage_chunk(meta: &Meta, fins: &[v1::GenerateFinal]) -> Option<Value> {
+    meta.include_usage.then(|| {
+        let mut u = meta.envelope(true, json!([]));
+        u["usage"] = usage(fins);
+        u
+    })
 }
 
 /// One server-sent event: `data: JSON` and a blank line.
@@ -233,6 +244,10 @@ mod tests {
         }
     }
 
+    fn whole(text: &str, fin: v1::GenerateFinal) -> Whole {
+        Whole { text: text.into(), calls: Vec::new(), fin }
+    }
+
     #[test]
     fn finish_reasons() {
         for (f, want) in [
@@ -249,7 +264,7 @@ mod tests {
     #[test]
     fn whole_answers() {
         let m = Meta::new(Kind::Completion, "ab12", 99, "m".into(), false);
-        let v = complete(&m, "Hi", &fin(v1::FinishReason::Length));
+        let v = complete(&m, &[whole("Hi", fin(v1::FinishReason::Length))]);
         assert_eq!(v["id"], "cmpl-ab12");
         assert_eq!(v["object"], "text_completion");
         assert_eq!(
@@ -263,7 +278,7 @@ mod tests {
             json!({"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10, "prompt_tokens_details": {"cached_tokens": 0}})
         );
         let m = Meta::new(Kind::Chat, "ab12", 99, "m".into(), false);
-        let v = complete(&m, "Hi", &fin(v1::FinishReason::StopToken));
+        let v = complete(&m, &[whole("Hi", fin(v1::FinishReason::StopToken))]);
         assert_eq!(v["id"], "chatcmpl-ab12");
         assert_eq!(v["object"], "chat.completion");
         assert_eq!(
@@ -271,12 +286,20 @@ mod tests {
             json!({"role": "assistant", "content": "Hi"})
         );
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
+        // Two choices: each its own index, text and finish; usage counts both completions.
+        let second = v1::GenerateFinal { index: 1, completion_tokens: 5, ..fin(v1::FinishReason::Length) };
+        let v = complete(&m, &[whole("Hi", fin(v1::FinishReason::StopToken)), whole("Yo", second)]);
+        assert_eq!(v["choices"][1]["index"], 1);
+        assert_eq!(v["choices"][1]["message"]["content"], "Yo");
+        assert_eq!(v["choices"][1]["finish_reason"], "length");
+        assert_eq!(v["usage"]["completion_tokens"], 8);
+        assert_eq!(v["usage"]["total_tokens"], 15);
     }
 
     #[test]
     fn chat_chunks() {
         let m = Meta::new(Kind::Chat, "1", 5, "m".into(), true);
-        let r = role_chunk(&m).unwrap();
+        let r = role_chunk(&m, 0).unwrap();
         assert_eq!(r["object"], "chat.completion.chunk");
         assert_eq!(
             r["choices"][0]["delta"],
@@ -284,28 +307,28 @@ mod tests {
         );
         assert_eq!(r["usage"], Value::Null);
         assert!(r.as_object().unwrap().contains_key("usage"));
-        let t = text_chunk(&m, "Hel");
+        let t = text_chunk(&m, 2, "Hel");
         assert_eq!(t["choices"][0]["delta"], json!({"content": "Hel"}));
+        assert_eq!(t["choices"][0]["index"], 2);
         assert_eq!(t["choices"][0]["finish_reason"], Value::Null);
-        let f = final_chunks(&m, &fin(v1::FinishReason::StopString));
-        assert_eq!(f.len(), 2);
-        assert_eq!(f[0]["choices"][0]["delta"], json!({}));
-        assert_eq!(f[0]["choices"][0]["finish_reason"], "stop");
-        assert_eq!(f[1]["choices"], json!([]));
-        assert_eq!(f[1]["usage"]["total_tokens"], 10);
+        let f = finish_chunk(&m, &fin(v1::FinishReason::StopString), 0);
+        assert_eq!(f["choices"][0]["delta"], json!({}));
+        assert_eq!(f["choices"][0]["finish_reason"], "stop");
+        let u = usage_chunk(&m, &[fin(v1::FinishReason::StopString), fin(v1::FinishReason::Length)]).unwrap();
+        assert_eq!(u["choices"], json!([]));
+        assert_eq!(u["usage"]["total_tokens"], 13);
     }
 
     #[test]
     fn completion_chunks() {
         let m = Meta::new(Kind::Completion, "1", 5, "m".into(), false);
-        assert!(role_chunk(&m).is_none());
-        let t = text_chunk(&m, "Hel");
+        assert!(role_chunk(&m, 0).is_none());
+        let t = text_chunk(&m, 0, "Hel");
         assert_eq!(t["object"], "text_completion");
         assert_eq!(t["choices"][0]["text"], "Hel");
         assert!(!t.as_object().unwrap().contains_key("usage"));
-        let f = final_chunks(&m, &fin(v1::FinishReason::Length));
-        assert_eq!(f.len(), 1);
-        assert_eq!(f[0]["choices"][0]["finish_reason"], "length");
+        assert_eq!(finish_chunk(&m, &fin(v1::FinishReason::Length), 0)["choices"][0]["finish_reason"], "length");
+        assert!(usage_chunk(&m, &[fin(v1::FinishReason::Length)]).is_none());
         assert_eq!(
             sse(&json!({"a": 1})),
             Bytes::from_static(b"data: {\"a\":1}\n\n")
@@ -317,27 +340,27 @@ mod tests {
         use crate::openai::tools::parse::Call;
         let m = Meta::new(Kind::Chat, "1", 5, "m".into(), false);
         let c = IdCall { id: "call_x".into(), call: Call { name: "f".into(), arguments: "{\"a\":1}".into() } };
-        let v = complete_tools(&m, "", std::slice::from_ref(&c), &fin(v1::FinishReason::StopToken));
+        let v = complete(&m, &[Whole { text: String::new(), calls: vec![c.clone()], fin: fin(v1::FinishReason::StopToken) }]);
         assert_eq!(
             v["choices"][0]["message"],
             json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_x", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}}]})
         );
         assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
         // Cut short: the calls made stay, the finish says why it ended.
-        let v = complete_tools(&m, "Hm", std::slice::from_ref(&c), &fin(v1::FinishReason::Length));
+        let v = complete(&m, &[Whole { text: "Hm".into(), calls: vec![c.clone()], fin: fin(v1::FinishReason::Length) }]);
         assert_eq!((v["choices"][0]["message"]["content"].as_str(), v["choices"][0]["finish_reason"].as_str()), (Some("Hm"), Some("length")));
         // No calls: a plain answer.
-        let v = complete_tools(&m, "Hi", &[], &fin(v1::FinishReason::StopToken));
+        let v = complete(&m, &[whole("Hi", fin(v1::FinishReason::StopToken))]);
         assert_eq!(v["choices"][0]["message"], json!({"role": "assistant", "content": "Hi"}));
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
 
-        let [head, args] = tool_call_chunks(&m, 1, &c);
+        let [head, args] = tool_call_chunks(&m, 0, 1, &c);
         assert_eq!(
             head["choices"][0]["delta"],
             json!({"tool_calls": [{"index": 1, "id": "call_x", "type": "function", "function": {"name": "f", "arguments": ""}}]})
         );
         assert_eq!(args["choices"][0]["delta"], json!({"tool_calls": [{"index": 1, "function": {"arguments": "{\"a\":1}"}}]}));
-        let f = final_chunks_after_calls(&m, &fin(v1::FinishReason::StopToken), 2);
-        assert_eq!(f[0]["choices"][0]["finish_reason"], "tool_calls");
+        let f = finish_chunk(&m, &fin(v1::FinishReason::StopToken), 2);
+        assert_eq!(f["choices"][0]["finish_reason"], "tool_calls");
     }
 }

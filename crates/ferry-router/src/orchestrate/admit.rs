@@ -50,7 +50,7 @@ pub(super) async fn admit(
         c.state = WorkerState::Dead;
     }
     let ctx = reg.max_context().unwrap_or(u32::MAX) as usize;
-    let need = if block_size == 0 { 0 } else { blocks_needed(prompt.len(), params.max_tokens, ctx, block_size) };
+    let need = if block_size == 0 { 0 } else { blocks_needed(prompt.len(), params.max_tokens, params.n, ctx, block_size) };
     let ready: Vec<_> = cands.iter().filter(|c| c.state == WorkerState::Ready).collect();
     if ready.is_empty() {
         return Err(Failed::fatal(RouterError::NoWorker { role }).into());
@@ -59,9 +59,10 @@ pub(super) async fn admit(
         // No worker could ever hold it: waiting would not help.
         let most = ready.iter().map(|c| c.total_blocks).max().unwrap_or(0);
         return Err(Failed::fatal(RouterError::InvalidRequest(format!(
-            "the request needs {need} KV blocks (prompt {} + max_tokens {}) but the largest decode worker has {most}",
+            "the request needs {need} KV blocks (prompt {} + max_tokens {}, n {}) but the largest decode worker has {most}",
             prompt.len(),
-            params.max_tokens
+            params.max_tokens,
+            params.n
         )))
         .into());
     }

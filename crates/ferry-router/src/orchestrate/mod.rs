@@ -10,9 +10,14 @@
 //! and seeded requests continue exactly), wait in the admission queue for room, or end with the
 //! error. Dropping a worker call (client gone, stop string, error) cancels the request on that
 //! worker; in-flight counts are held by guards.
+//!
+//! A request with `n` > 1 choices runs as one group ([`group`]): one admission, one prefill,
+//! one decode stream carrying every choice; if that stream fails after tokens were streamed, each
+//! unfinished choice continues alone as a one-choice request.
 
 mod admit;
 mod call;
+mod group;
 mod prefill;
 mod relay;
 
@@ -68,8 +73,12 @@ impl Failed {
     }
 }
 
-/// What the request has done so far, across its attempts.
+/// What the request (one choice of it, with `n` > 1) has done so far, across its attempts.
 struct Progress<'a> {
+    /// Which choice this is (0 unless `n` > 1): every delta and final names it.
+    choice: u32,
+    /// Its final was sent.
+    done: bool,
     /// Detokenizer and stop strings: they run on across a migration.
     relay: relay::Relay<'a>,
     /// Ids streamed to the client, in order.
@@ -98,7 +107,29 @@ struct Progress<'a> {
     prompt_logprobs_sent: bool,
 }
 
-impl Progress<'_> {
+impl<'a> Progress<'a> {
+    fn new(shared: &'a Shared, params: &SamplingParams, choice: u32) -> Progress<'a> {
+        Progress {
+            choice,
+            done: false,
+            relay: relay::Relay::new(&shared.text.tokenizer, params.stop_strings.clone()),
+            generated: Vec::new(),
+            ttft: None,
+            last_token: Duration::ZERO,
+            retries: 0,
+            migrations: 0,
+            fault_at: None,
+            waited: Duration::ZERO,
+            avoid: Vec::new(),
+            place: None,
+            prefill_worker: String::new(),
+            decode_worker: String::new(),
+            kv: v1::KvTransferStats::default(),
+            cached_tokens: 0,
+            prompt_logprobs_sent: false,
+        }
+    }
+
     fn phase(&self) -> Phase {
         if self.generated.is_empty() { Phase::BeforeFirstToken } else { Phase::Streaming }
     }
@@ -143,24 +174,10 @@ pub async fn run(shared: Arc<Shared>, mut job: Job, tx: Tx) {
     if !job.params.is_greedy() && job.params.seed.is_none() {
         job.params.seed = Some(rand::random());
     }
-    let mut prog = Progress {
-        relay: relay::Relay::new(&shared.text.tokenizer, job.params.stop_strings.clone()),
-        generated: Vec::new(),
-        ttft: None,
-        last_token: Duration::ZERO,
-        retries: 0,
-        migrations: 0,
-        fault_at: None,
-        waited: Duration::ZERO,
-        avoid: Vec::new(),
-        place: None,
-        prefill_worker: String::new(),
-        decode_worker: String::new(),
-        kv: v1::KvTransferStats::default(),
-        cached_tokens: 0,
-        prompt_logprobs_sent: false,
+    let result = match job.params.n {
+        0 | 1 => drive(&shared, &job, &mut Progress::new(&shared, &job.params, 0), &tx).await,
+        _ => group::drive(&shared, &job, &tx).await,
     };
-    let result = drive(&shared, &job, &mut prog, &tx).await;
     match result {
         Ok(()) => crate::metrics::request_outcome("ok"),
         Err(Halt::ClientGone) => {
@@ -178,42 +195,54 @@ pub async fn run(shared: Arc<Shared>, mut job: Job, tx: Tx) {
 
 /// Attempts until one ends the request, acting on each failure's decision.
 async fn drive(shared: &Arc<Shared>, job: &Job, prog: &mut Progress<'_>, tx: &Tx) -> Result<(), Halt> {
-    let cfg = &shared.cfg;
     // Requests already waiting for room are not overtaken.
     if shared.queue.depth() > 0 {
         queue_wait(shared, prog, tx).await?;
     }
+    attempts(shared, job, prog, tx).await
+}
+
+/// [`attempt`] until one ends the request, acting on each failure's decision.
+async fn attempts(shared: &Arc<Shared>, job: &Job, prog: &mut Progress<'_>, tx: &Tx) -> Result<(), Halt> {
     loop {
-        let f = match attempt(shared, job, prog, tx).await {
+        match attempt(shared, job, prog, tx).await {
             Ok(()) => return Ok(()),
             Err(Halt::ClientGone) => return Err(Halt::ClientGone),
-            Err(Halt::Failed(f)) => f,
-        };
-        match f.decision {
-            Decision::Final => return Err(f.into()),
-            Decision::Wait => queue_wait(shared, prog, tx).await?,
-            Decision::Retry { .. } | Decision::Migrate { .. } => match prog.phase() {
-                Phase::BeforeFirstToken => {
-                    if prog.retries >= cfg.max_retries {
-                        return Err(gave_up(job, prog.retries, f.error).into());
-                    }
-                    prog.retries += 1;
-                    tracing::warn!(error = %f.error, attempt = prog.retries, "retrying on other workers");
-                    metrics::counter!("ferry_router_retries_total").increment(1);
-                }
-                // Tokens were streamed: the request continues elsewhere from them (and a
-                // failure while re-prefilling a migrated request is one more migration).
-                Phase::Streaming => {
-                    if prog.migrations >= cfg.max_migrations {
-                        return Err(gave_up(job, prog.migrations, f.error).into());
-                    }
-                    prog.migrations += 1;
-                    prog.fault_at.get_or_insert(job.start.elapsed());
-                    tracing::warn!(error = %f.error, migration = prog.migrations, streamed = prog.generated.len(), "migrating to other workers");
-                    metrics::counter!("ferry_router_migrations_total").increment(1);
-                }
-            },
+            Err(Halt::Failed(f)) => recover(shared, job, prog, tx, f).await?,
         }
+    }
+}
+
+/// Acts on a failed attempt's decision: Ok when the request should try again (after waiting
+/// for room, or counted as one more retry or migration), Err when it ends.
+async fn recover(shared: &Arc<Shared>, job: &Job, prog: &mut Progress<'_>, tx: &Tx, f: Failed) -> Result<(), Halt> {
+    let cfg = &shared.cfg;
+    match f.decision {
+        Decision::Final => Err(f.into()),
+        Decision::Wait => queue_wait(shared, prog, tx).await,
+        Decision::Retry { .. } | Decision::Migrate { .. } => match prog.phase() {
+            Phase::BeforeFirstToken => {
+                if prog.retries >= cfg.max_retries {
+                    return Err(gave_up(job, prog.retries, f.error).into());
+                }
+                prog.retries += 1;
+                tracing::warn!(error = %f.error, attempt = prog.retries, choice = prog.choice, "retrying on other workers");
+                metrics::counter!("ferry_router_retries_total").increment(1);
+                Ok(())
+            }
+            // Tokens were streamed: the request continues elsewhere from them (and a
+            // failure while re-prefilling a migrated request is one more migration).
+            Phase::Streaming => {
+                if prog.migrations >= cfg.max_migrations {
+                    return Err(gave_up(job, prog.migrations, f.error).into());
+                }
+                prog.migrations += 1;
+                prog.fault_at.get_or_insert(job.start.elapsed());
+                tracing::warn!(error = %f.error, migration = prog.migrations, choice = prog.choice, streamed = prog.generated.len(), "migrating to other workers");
+                metrics::counter!("ferry_router_migrations_total").increment(1);
+                Ok(())
+            }
+        },
     }
 }
 
@@ -317,9 +346,10 @@ async fn interrupted(shared: &Shared, prog: &mut Progress<'_>, job: &Job, phase:
     }
 }
 
-/// `logprobs`: one per id of `token_ids` when they were asked for, else empty.
-async fn send_delta(tx: &Tx, rid: &str, text: String, token_ids: Vec<u32>, logprobs: Vec<v1::TokenLogprob>) -> Result<(), Halt> {
-    let delta = v1::TokenDelta { text, token_ids, logprobs, ..Default::default() };
+/// `logprobs`: one per id of `token_ids` when they were asked for, else empty. `index`: the
+/// choice.
+async fn send_delta(tx: &Tx, rid: &str, index: u32, text: String, token_ids: Vec<u32>, logprobs: Vec<v1::TokenLogprob>) -> Result<(), Halt> {
+    let delta = v1::TokenDelta { text, token_ids, logprobs, index, ..Default::default() };
     let msg = v1::GenerateResponse { request_id: rid.into(), event: Some(Event::Delta(delta)) };
     tx.send(Ok(msg)).await.map_err(|_| Halt::ClientGone)
 }

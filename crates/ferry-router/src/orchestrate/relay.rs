@@ -50,7 +50,7 @@ impl<'a> Relay<'a> {
     }
 }
 
-fn protocol(job: &Job, worker: &str, message: String) -> Halt {
+pub(super) fn protocol(job: &Job, worker: &str, message: String) -> Halt {
     Halt::Failed(Failed::fatal(RouterError::Protocol {
         worker: worker.into(),
         request_id: job.request_id.clone(),
@@ -61,7 +61,7 @@ fn protocol(job: &Job, worker: &str, message: String) -> Halt {
 /// Pushes `ids` through the relay and sends what they release with them, and their `logprobs`
 /// (one per id, or none); whether a stop string ended the request (the ids after it are not
 /// sent).
-async fn forward(job: &Job, worker: &str, prog: &mut Progress<'_>, tx: &Tx, ids: &[u32], logprobs: &[v1::TokenLogprob]) -> Result<bool, Halt> {
+pub(super) async fn forward(job: &Job, worker: &str, prog: &mut Progress<'_>, tx: &Tx, ids: &[u32], logprobs: &[v1::TokenLogprob]) -> Result<bool, Halt> {
     if !logprobs.is_empty() && logprobs.len() != ids.len() {
         return Err(protocol(job, worker, format!("{} logprobs for {} tokens", logprobs.len(), ids.len())));
     }
@@ -79,18 +79,18 @@ async fn forward(job: &Job, worker: &str, prog: &mut Progress<'_>, tx: &Tx, ids:
     }
     prog.sent(job, &ids[..taken]);
     let logprobs = logprobs.get(..taken).unwrap_or_default().to_vec();
-    send_delta(tx, &job.request_id, out, ids[..taken].to_vec(), logprobs).await?;
+    send_delta(tx, &job.request_id, prog.choice, out, ids[..taken].to_vec(), logprobs).await?;
     Ok(stopped)
 }
 
-/// Sends the prompt's logprobs on a delta of their own (once per request: later attempts do not
-/// ask for them).
-async fn send_prompt_logprobs(job: &Job, prog: &mut Progress<'_>, tx: &Tx, prompt_logprobs: Vec<v1::TokenLogprob>) -> Result<(), Halt> {
+/// Sends the prompt's logprobs on a delta of their own (once per request and choice: later
+/// attempts do not ask for them).
+pub(super) async fn send_prompt_logprobs(job: &Job, prog: &mut Progress<'_>, tx: &Tx, prompt_logprobs: Vec<v1::TokenLogprob>) -> Result<(), Halt> {
     if prog.prompt_logprobs_sent {
         return Ok(());
     }
     prog.prompt_logprobs_sent = true;
-    let delta = v1::TokenDelta { prompt_logprobs, ..Default::default() };
+    let delta = v1::TokenDelta { prompt_logprobs, index: prog.choice, ..Default::default() };
     let msg = v1::GenerateResponse { request_id: job.request_id.clone(), event: Some(Event::Delta(delta)) };
     tx.send(Ok(msg)).await.map_err(|_| Halt::ClientGone)
 }
@@ -164,7 +164,7 @@ pub(super) async fn finish(
     if finish != v1::FinishReason::StopString {
         let rest = prog.relay.flush().map_err(|m| protocol(job, &prog.decode_worker, m))?;
         if !rest.is_empty() {
-            send_delta(tx, &job.request_id, rest, vec![], vec![]).await?;
+            send_delta(tx, &job.request_id, prog.choice, rest, vec![], vec![]).await?;
         }
     }
     let n = prog.generated.len() as u32;
@@ -172,9 +172,12 @@ pub(super) async fn finish(
     let ttft = prog.ttft.unwrap_or(e2e);
     let tpot = if n >= 2 { prog.last_token.saturating_sub(ttft).as_secs_f64() / (n - 1) as f64 } else { 0.0 };
     crate::metrics::observe_request(ttft, tpot, e2e, &prog.kv, e2e.saturating_sub(prog.waited));
-    let cached = u64::from(prog.cached_tokens).min(job.prompt.len() as u64);
-    metrics::counter!("ferry_router_prompt_tokens_total", "served" => "cache").increment(cached);
-    metrics::counter!("ferry_router_prompt_tokens_total", "served" => "computed").increment(job.prompt.len() as u64 - cached);
+    // The prompt is counted once per request (choice 0), however many choices share it.
+    if prog.choice == 0 {
+        let cached = u64::from(prog.cached_tokens).min(job.prompt.len() as u64);
+        metrics::counter!("ferry_router_prompt_tokens_total", "served" => "cache").increment(cached);
+        metrics::counter!("ferry_router_prompt_tokens_total", "served" => "computed").increment(job.prompt.len() as u64 - cached);
+    }
     let fin = v1::GenerateFinal {
         finish_reason: finish as i32,
         prompt_tokens: job.prompt.len() as u32,
@@ -188,7 +191,9 @@ pub(super) async fn finish(
         migrations: prog.migrations,
         retries: prog.retries,
         cached_tokens: prog.cached_tokens,
+        index: prog.choice,
     };
+    prog.done = true;
     let msg = v1::GenerateResponse { request_id: job.request_id.clone(), event: Some(Event::Final(fin)) };
     tx.send(Ok(msg)).await.map_err(|_| Halt::ClientGone)
 }

@@ -55,6 +55,9 @@ pub enum Outbound {
         /// Asked for with `SamplingParams::prompt_logprobs` (the prompt's tokens from the second).
         prompt_logprobs: Vec<ferry_core::TokenLogprob>,
         sampler_state: u64,
+        /// With `SamplingParams::n` > 1: choices 1 to n - 1's first tokens (the fields above
+        /// are choice 0's); they travel with the KV's end to the decode worker.
+        more_choices: Vec<ferry_proto::v1::FirstToken>,
         queued: Duration,
         computed: Duration,
         computed_at: Instant,

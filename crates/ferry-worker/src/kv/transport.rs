@@ -285,6 +285,8 @@ pub struct Pushed {
     pub first_is_stop: bool,
     pub first_logprob: Option<ferry_core::TokenLogprob>,
     pub prompt_logprobs: Vec<ferry_core::TokenLogprob>,
+    /// Choices 1 to n - 1's first tokens (`SamplingParams::n` > 1).
+    pub more_choices: Vec<ferry_proto::v1::FirstToken>,
     pub queued: Duration,
     pub computed: Duration,
     pub stats: KvTransferStats,
@@ -342,7 +344,7 @@ pub async fn push(transport: &dyn KvTransport, target: &KvTarget, begin: KvBegin
                     send_chunks(l.as_mut(), peer, stall, offset, Bytes::from(data), None, &mut chunks, &mut bytes).await?;
                 }
             }
-            Outbound::End { first_token, first_is_stop, first_logprob, prompt_logprobs, sampler_state, queued, computed, computed_at, lease } => {
+            Outbound::End { first_token, first_is_stop, first_logprob, prompt_logprobs, sampler_state, more_choices, queued, computed, computed_at, lease } => {
                 let l = match link {
                     Some(l) => l,
                     None => {
@@ -351,7 +353,7 @@ pub async fn push(transport: &dyn KvTransport, target: &KvTarget, begin: KvBegin
                     }
                 };
                 let kind = l.kind();
-                let ack = within(stall, peer, "waiting for the acknowledgement", l.end(KvEnd { first_token, first_is_stop, sampler_state, chunks })).await?;
+                let ack = within(stall, peer, "waiting for the acknowledgement", l.end(KvEnd { first_token, first_is_stop, sampler_state, chunks, more_choices: more_choices.clone() })).await?;
                 drop(lease);
                 let started = started.expect("set when the link opened");
                 return Ok(Pushed {
@@ -359,6 +361,7 @@ pub async fn push(transport: &dyn KvTransport, target: &KvTarget, begin: KvBegin
                     first_is_stop,
                     first_logprob,
                     prompt_logprobs,
+                    more_choices,
                     queued,
                     computed,
                     stats: KvTransferStats {

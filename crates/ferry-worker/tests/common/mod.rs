@@ -103,3 +103,37 @@ pub async fn generate_when_ready(router: &str, req: GenerateRequest) -> Result<(
         }
     }
 }
+
+/// Run `req`, any `n` (retrying while no worker is ready, as [`generate_when_ready`]): each
+/// choice's ids and final, by index. Fails if a delta or final names a choice out of range, or
+/// a choice ends twice.
+#[allow(dead_code)]
+pub async fn generate_choices(router: &str, req: GenerateRequest) -> Result<Vec<(Vec<u32>, GenerateFinal)>, tonic::Status> {
+    let n = req.sampling.as_ref().map_or(1, |s| s.n.max(1)) as usize;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut s = loop {
+        let mut c = FerryClient::connect(format!("http://{router}")).await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        match c.generate(req.clone()).await {
+            Err(e) if e.code() == tonic::Code::Unavailable && std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await
+            }
+            r => break r?.into_inner(),
+        }
+    };
+    let mut out: Vec<(Vec<u32>, Option<GenerateFinal>)> = vec![(Vec::new(), None); n];
+    while let Some(m) = s.message().await? {
+        match m.event {
+            Some(generate_response::Event::Delta(d)) => out.get_mut(d.index as usize).expect("a delta's choice is in range").0.extend(d.token_ids),
+            Some(generate_response::Event::Final(f)) => {
+                let slot = &mut out.get_mut(f.index as usize).expect("a final's choice is in range").1;
+                assert!(slot.is_none(), "choice {} ended twice", f.index);
+                *slot = Some(f);
+            }
+            None => {}
+        }
+    }
+    out.into_iter()
+        .enumerate()
+        .map(|(i, (ids, f))| f.map(|f| (ids, f)).ok_or_else(|| tonic::Status::internal(format!("no final for choice {i}"))))
+        .collect()
+}

@@ -104,7 +104,7 @@ pub fn call_of(body: &str) -> Option<Call> {
 }
 
 /// Tool calls and content out of text that arrives in pieces (see the module doc).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Scanner {
     format: Format,
     max_calls: Option<usize>,
