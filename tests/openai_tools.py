@@ -91,25 +91,30 @@ def check_calls(label, message, allowed):
     check(f"{label}: call ids are unique", len(set(ids)) == len(ids), ids)
 
 
-def streamed(client, **kw):
-    """The calls, content and finish reason a stream adds up to (the client's deltas, by index)."""
-    calls, content, finish = {}, "", None
+def streamed_choices(client, **kw):
+    """Per choice index: the calls, content and finish reason a stream adds up to (the client's
+    deltas, by choice and by call index)."""
+    out = {}
     for chunk in client.chat.completions.create(stream=True, **kw):
-        if not chunk.choices:
-            continue
-        choice = chunk.choices[0]
-        d = choice.delta
-        content += d.content or ""
-        for tc in d.tool_calls or []:
-            c = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
-            if tc.id:
-                c["id"] = tc.id
-            if tc.function and tc.function.name:
-                c["name"] += tc.function.name
-            if tc.function and tc.function.arguments:
-                c["arguments"] += tc.function.arguments
-        finish = choice.finish_reason or finish
-    return [calls[i] for i in sorted(calls)], content, finish
+        for choice in chunk.choices:
+            calls, content, finish = out.setdefault(choice.index, ({}, "", None))
+            d = choice.delta
+            content += d.content or ""
+            for tc in d.tool_calls or []:
+                c = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+                if tc.id:
+                    c["id"] = tc.id
+                if tc.function and tc.function.name:
+                    c["name"] += tc.function.name
+                if tc.function and tc.function.arguments:
+                    c["arguments"] += tc.function.arguments
+            out[choice.index] = (calls, content, choice.finish_reason or finish)
+    return {i: ([calls[k] for k in sorted(calls)], content, finish) for i, (calls, content, finish) in out.items()}
+
+
+def streamed(client, **kw):
+    """The calls, content and finish reason of a one-choice stream."""
+    return streamed_choices(client, **kw)[0]
 
 
 def with_tools(client, model):
@@ -146,6 +151,17 @@ def with_tools(client, model):
     calls, _, finish = streamed(client, tool_choice="required", **sampled)
     check("streamed required, parallel: the same calls", [(c["name"], c["arguments"]) for c in calls] == calls_of(m), f"{calls} vs {calls_of(m)}")
     check("streamed required, parallel: the same finish", finish == r.choices[0].finish_reason, finish)
+
+    # n = 2: each choice is scanned for its own calls; with a seed, the stream agrees per choice.
+    r = client.chat.completions.create(tool_choice="required", n=2, **sampled)
+    check("n=2, required: two choices", sorted(c.index for c in r.choices) == [0, 1], r.choices)
+    for c in r.choices:
+        check_calls(f"n=2, required, choice {c.index}", c.message, {"get_weather", "get_time"})
+    by_choice = streamed_choices(client, tool_choice="required", n=2, **sampled)
+    for c in r.choices:
+        calls, _, finish = by_choice.get(c.index, ([], "", None))
+        check(f"streamed n=2, choice {c.index}: the same calls", [(x["name"], x["arguments"]) for x in calls] == calls_of(c.message), f"{calls} vs {calls_of(c.message)}")
+        check(f"streamed n=2, choice {c.index}: the same finish", finish == c.finish_reason, finish)
 
     # auto: whatever the (random) model writes, a well-formed answer.
     r = client.chat.completions.create(tool_choice="auto", **dict(base, max_tokens=24))
