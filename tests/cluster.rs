@@ -469,6 +469,26 @@ fn openai_python() -> Result<std::path::PathBuf, String> {
     if has_openai(&python) { Ok(python) } else { Err(format!("{} cannot import openai {OPENAI_PIN}", python.display())) }
 }
 
+/// [`openai_python`] for test `test`, or `None` after saying on stderr why it is skipped;
+/// with `FERRY_REQUIRE_OPENAI=1` a missing Python fails the test instead.
+fn openai_python_or_skip(test: &str) -> Option<std::path::PathBuf> {
+    match openai_python() {
+        Ok(p) => Some(p),
+        Err(why) if std::env::var("FERRY_REQUIRE_OPENAI").as_deref() == Ok("1") => {
+            panic!("FERRY_REQUIRE_OPENAI=1 but no Python with the openai package: {why}")
+        }
+        Err(why) => {
+            use std::io::Write;
+            // Straight to stderr, past the test harness's capture, so the skip is seen.
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n*** SKIPPED: {test}: {why}\n*** (set FERRY_OPENAI_PYTHON to a Python with openai=={OPENAI_PIN}; FERRY_REQUIRE_OPENAI=1 makes this a failure)\n"
+            );
+            None
+        }
+    }
+}
+
 /// Text, ids and final message of one gRPC generation.
 async fn collect(mut s: tonic::Streaming<ferry_proto::v1::GenerateResponse>) -> (String, ferry_proto::v1::GenerateFinal) {
     let mut text = String::new();
@@ -484,20 +504,8 @@ async fn collect(mut s: tonic::Streaming<ferry_proto::v1::GenerateResponse>) -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_python_client_against_ferry_up() {
-    let python = match openai_python() {
-        Ok(p) => p,
-        Err(why) if std::env::var("FERRY_REQUIRE_OPENAI").as_deref() == Ok("1") => {
-            panic!("FERRY_REQUIRE_OPENAI=1 but no Python with the openai package: {why}")
-        }
-        Err(why) => {
-            use std::io::Write;
-            // Straight to stderr, past the test harness's capture, so the skip is seen.
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n*** SKIPPED: openai_python_client_against_ferry_up: {why}\n*** (set FERRY_OPENAI_PYTHON to a Python with openai=={OPENAI_PIN}; FERRY_REQUIRE_OPENAI=1 makes this a failure)\n"
-            );
-            return;
-        }
+    let Some(python) = openai_python_or_skip("openai_python_client_against_ferry_up") else {
+        return;
     };
     let model = smollm2();
     let key = "ferry-test-key";
@@ -630,16 +638,8 @@ fn tool_model() -> std::path::PathBuf {
 /// against their schemas, streaming equal to whole answers, a multi-turn tool conversation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_tool_calls_against_ferry_up() {
-    let python = match openai_python() {
-        Ok(p) => p,
-        Err(why) if std::env::var("FERRY_REQUIRE_OPENAI").as_deref() == Ok("1") => {
-            panic!("FERRY_REQUIRE_OPENAI=1 but no Python with the openai package: {why}")
-        }
-        Err(why) => {
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "\n*** SKIPPED: openai_tool_calls_against_ferry_up: {why}\n");
-            return;
-        }
+    let Some(python) = openai_python_or_skip("openai_tool_calls_against_ferry_up") else {
+        return;
     };
     let model = tool_model();
     let cluster = Cluster::up(&model, 1, 1, &[]);

@@ -11,8 +11,8 @@ use ferry_tokenizer::ChatMessage;
 fn chat_answer_matches_hf_greedy_text() {
     let mut e = engine(&smollm2_path());
     let msgs = [
-        ChatMessage { role: "system".into(), content: "You are a helpful AI assistant named SmolLM, trained by Hugging Face".into() },
-        ChatMessage { role: "user".into(), content: "What is the capital of France?".into() },
+        ChatMessage::new("system", "You are a helpful AI assistant named SmolLM, trained by Hugging Face"),
+        ChatMessage::new("user", "What is the capital of France?"),
     ];
     let text = e.chat_template.as_ref().expect("SmolLM2 has a chat template").render(&msgs, true).unwrap();
     let ids = e.tokenizer.encode(&text, false).unwrap();

@@ -7,13 +7,12 @@
 
 mod common;
 
-use common::{generate_choices, spawn_worker, Router};
+use common::generate_choices;
 use ferry_engine::{Engine, EngineConfig};
 use ferry_proto::v1::{self, generate_request, structured_output::Kind, GenerateFinal, GenerateRequest, StopConditions, StructuredOutput};
 use ferry_router::RouterConfig;
 use ferry_worker::Role;
 use std::path::PathBuf;
-use std::time::Duration;
 
 fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/golden/llama-gqa")
@@ -42,18 +41,10 @@ fn request(prompt: &[u32], n: u32, temperature: f32, seed: u64, grammar: Option<
 type Choices = Vec<(Vec<u32>, GenerateFinal)>;
 
 async fn answers(roles: &[Role], reqs: &[GenerateRequest]) -> Vec<Choices> {
-    let r = Router::start(RouterConfig { heartbeat: Duration::from_millis(100), ..RouterConfig::new(fixture()) }).await;
-    let mut workers = Vec::new();
-    for &role in roles {
-        workers.push(spawn_worker(role, &r.addr, engine()).await);
-    }
-    let mut out = Vec::new();
-    for req in reqs {
-        out.push(generate_choices(&r.addr, req.clone()).await.expect("generate"));
-    }
-    drop(workers);
-    r.stop().await;
-    out
+    common::run_each(RouterConfig::new(fixture()), roles, engine, reqs, |addr, req| async move {
+        generate_choices(&addr, req).await.expect("generate")
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -62,19 +62,11 @@ fn check_json(text: &str) {
 
 /// Runs every request on a router with `roles`; returns each answer's ids and finish reason.
 async fn answers(roles: &[Role], reqs: &[GenerateRequest]) -> Vec<(Vec<u32>, i32)> {
-    let r = Router::start(RouterConfig { heartbeat: Duration::from_millis(100), ..RouterConfig::new(fixture()) }).await;
-    let mut workers = Vec::new();
-    for &role in roles {
-        workers.push(spawn_worker(role, &r.addr, engine()).await);
-    }
-    let mut out = Vec::new();
-    for req in reqs {
-        let (ids, f) = generate_when_ready(&r.addr, req.clone()).await.expect("generate");
-        out.push((ids, f.finish_reason));
-    }
-    drop(workers);
-    r.stop().await;
-    out
+    common::run_each(RouterConfig::new(fixture()), roles, engine, reqs, |addr, req| async move {
+        let (ids, f) = generate_when_ready(&addr, req).await.expect("generate");
+        (ids, f.finish_reason)
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -90,6 +90,30 @@ pub async fn spawn_worker_chunked(role: ferry_worker::Role, router: &str, engine
     stop
 }
 
+/// A router (`cfg`, heartbeats every 100 ms) with one worker per role of `roles`, each running
+/// `engine()`; `each` runs the requests in turn against its address. Everything stops after.
+#[allow(dead_code)]
+pub async fn run_each<T, Fut: std::future::Future<Output = T>>(
+    cfg: RouterConfig,
+    roles: &[ferry_worker::Role],
+    engine: impl Fn() -> ferry_engine::Engine,
+    reqs: &[GenerateRequest],
+    each: impl Fn(String, GenerateRequest) -> Fut,
+) -> Vec<T> {
+    let r = Router::start(RouterConfig { heartbeat: std::time::Duration::from_millis(100), ..cfg }).await;
+    let mut workers = Vec::new();
+    for &role in roles {
+        workers.push(spawn_worker(role, &r.addr, engine()).await);
+    }
+    let mut out = Vec::new();
+    for req in reqs {
+        out.push(each(r.addr.clone(), req.clone()).await);
+    }
+    drop(workers);
+    r.stop().await;
+    out
+}
+
 /// [`generate`], retrying while the router has no ready worker yet (workers registering).
 #[allow(dead_code)]
 pub async fn generate_when_ready(router: &str, req: GenerateRequest) -> Result<(Vec<u32>, GenerateFinal), tonic::Status> {
