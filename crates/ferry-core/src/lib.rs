@@ -14,6 +14,9 @@
 //! - [`cache_policy`]: what prefix caches change in routing: decode ranking by prefix held, and
 //!   whether a decode worker computes a short suffix itself.
 //! - [`routing`]: the router's policy: prefill pick, decode ranking, leases.
+//! - [`profile`]: a worker's measured step costs and the cost model fitted to them.
+//! - [`sim`]: `ferry plan`'s discrete-event simulation of a router and its pools.
+//! - [`schedule`]: what goes into an engine step (decode batch, prompt chunks, prompt admission).
 
 pub mod block_pool;
 pub mod cache_policy;
@@ -24,10 +27,13 @@ pub mod logprobs;
 pub mod loadgen;
 pub mod multiturn;
 pub mod prefix_cache;
+pub mod profile;
 #[cfg(test)]
 mod prefix_cache_props;
 pub mod routing;
 pub mod sampling;
+pub mod schedule;
+pub mod sim;
 pub mod stop;
 
 pub use block_pool::{BlockId, BlockPool, BlockTable, PoolError};

@@ -62,6 +62,35 @@ impl LenDist {
     }
 }
 
+/// One request of the `random` workload.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RandomRequest {
+    /// Seconds after the start at which it is sent.
+    pub at: f64,
+    /// The prompt: ordinary vocabulary ids (from 256 up: the low ids of byte-level BPE
+    /// vocabularies are special).
+    pub ids: Vec<u32>,
+    /// Tokens to generate (end of sequence ignored).
+    pub output: usize,
+}
+
+/// The `random` workload of `ferry bench serve`: `count` requests at Poisson arrivals of `rate`,
+/// prompt and output lengths drawn from `prompt` and `output`, ids below `vocab`. `ferry plan`
+/// simulates the same requests (same seed, same lengths) that `bench serve` sends. The lengths do
+/// not depend on the rate: only the arrival times scale with it.
+pub fn random_requests(seed: u64, rate: f64, count: usize, prompt: LenDist, output: LenDist, vocab: u32) -> Vec<RandomRequest> {
+    let mut u = uniforms(seed);
+    let arrivals = poisson_arrivals(rate, count, &mut u);
+    arrivals
+        .into_iter()
+        .map(|at| {
+            let n = prompt.sample(&mut u);
+            let ids = (0..n).map(|_| 256 + (u() * (vocab.saturating_sub(256).max(1)) as f64) as u32).collect();
+            RandomRequest { at, ids, output: output.sample(&mut u) }
+        })
+        .collect()
+}
+
 /// The p-th percentile (0..=100) of `values`, linearly interpolated between the closest ranks (as
 /// numpy's default). NaN for no values.
 pub fn percentile(values: &[f64], p: f64) -> f64 {
@@ -158,6 +187,21 @@ mod tests {
         let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
         let sd = (gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64).sqrt();
         assert!((sd / mean - 1.0).abs() < 0.05, "cv {}", sd / mean);
+    }
+
+    #[test]
+    fn random_requests_keep_their_lengths_across_rates() {
+        let (pl, ol) = (LenDist::Uniform(32, 512), LenDist::Uniform(32, 96));
+        let slow = random_requests(7, 0.5, 40, pl, ol, 49_152);
+        let fast = random_requests(7, 2.0, 40, pl, ol, 49_152);
+        assert_eq!(slow.len(), 40);
+        for (s, f) in slow.iter().zip(&fast) {
+            assert_eq!((s.ids.len(), s.output), (f.ids.len(), f.output));
+            assert!((s.at - 4.0 * f.at).abs() < 1e-9);
+            assert!((32..=512).contains(&s.ids.len()) && (32..=96).contains(&s.output));
+            assert!(s.ids.iter().all(|&id| (256..49_152).contains(&id)));
+        }
+        assert_ne!(slow, random_requests(8, 0.5, 40, pl, ol, 49_152));
     }
 
     #[test]

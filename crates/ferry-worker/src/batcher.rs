@@ -22,6 +22,7 @@ use crate::prefill::ModelFacts;
 use crate::{Result, WorkerError};
 use crate::logprobs;
 use ferry_core::logprobs::token_logprob;
+use ferry_core::schedule::{plan_step, PromptLeft, StepPolicy};
 use ferry_core::{SamplingParams, TokenLogprob};
 use ferry_engine::{Engine, EngineError, FinishReason, Logits, SeqId, StepItem};
 use ferry_proto::v1::KvEnd;
@@ -325,32 +326,18 @@ impl Loop {
         });
     }
 
-    /// Which rows the next step carries (see the module doc).
+    /// Which rows the next step carries (see the module doc): [`ferry_core::schedule::plan_step`].
     fn plan(&self, rotate: &mut usize) -> Vec<Part> {
-        let cap = self.engine.max_batch_tokens().max(1);
-        // A decode worker's prompts are short suffixes after a cached prefix: they ride along
-        // with the running decodes rather than stall them.
-        let prefill_first = self.scheduling.accept_prompts && self.scheduling.chunk_tokens.is_none() && !self.prefilling.is_empty();
-        let budget = self.scheduling.chunk_tokens.unwrap_or(cap).min(cap).max(1);
-        let mut parts = Vec::new();
-        let mut left = budget;
-        if !prefill_first {
-            // Every running sequence decodes, unless they exceed the budget; then rotate.
-            let n = self.running.len().min(left);
-            let start = if n < self.running.len() { *rotate % self.running.len() } else { 0 };
-            *rotate = rotate.wrapping_add(n);
-            parts.extend((0..n).map(|k| Part::Decode((start + k) % self.running.len())));
-            left -= n;
-        }
-        for (j, p) in self.prefilling.iter().enumerate() {
-            if left == 0 {
-                break;
-            }
-            let n = (p.prompt.len() - p.done).min(left).min(logprobs::chunk_cap(&p.params));
-            parts.push(Part::Prefill(j, p.done..p.done + n));
-            left -= n;
-        }
-        parts
+        let policy = StepPolicy {
+            max_batch_tokens: self.engine.max_batch_tokens(),
+            accept_prompts: self.scheduling.accept_prompts,
+            chunk_tokens: self.scheduling.chunk_tokens,
+        };
+        let prompts: Vec<PromptLeft> =
+            self.prefilling.iter().map(|p| PromptLeft { left: p.prompt.len() - p.done, cap: logprobs::chunk_cap(&p.params) }).collect();
+        let plan = plan_step(&policy, self.running.len(), &prompts, rotate);
+        let decodes = plan.decodes.into_iter().map(Part::Decode);
+        decodes.chain(plan.prefills.into_iter().map(|(j, n)| Part::Prefill(j, self.prefilling[j].done..self.prefilling[j].done + n))).collect()
     }
 
     /// One step over `parts`. A part whose sequence fails ends that request alone; Err only

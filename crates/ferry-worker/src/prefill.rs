@@ -19,6 +19,7 @@ use crate::{Result, Role, WorkerError};
 use bytes::Bytes;
 use ferry_core::kv_payload::KvPayloadHeader;
 use ferry_core::KvSpan;
+use ferry_core::schedule::{admit_prompt, plan_prefill, Admit, PromptLeft};
 use ferry_core::{BlockTable, SamplingParams, TokenLogprob};
 use ferry_engine::{Engine, EngineError, SeqId, StepItem};
 use ferry_proto::v1::{KvBegin, KvTarget, KvTransport as KvTransportKind, PrefillRequest, PrefillResponse};
@@ -286,15 +287,16 @@ impl State {
         let mut left = 0usize;
         while let Some(j) = queue.front() {
             let need = blocks(j.prompt.len(), bs);
-            if need > engine.total_blocks() {
-                let Some(j) = queue.pop_front() else { break };
-                left += 1;
-                let what = format!("a prompt of {} tokens needs {need} KV blocks; this worker has {}", j.prompt.len(), engine.total_blocks());
-                let _ = j.out.send(Outbound::Failed(WorkerError::Exhausted(what)));
-                continue;
-            }
-            if need_more + need > engine.free_blocks() {
-                break;
+            match admit_prompt(need, need_more, engine.free_blocks(), engine.total_blocks()) {
+                Admit::Refuse => {
+                    let Some(j) = queue.pop_front() else { break };
+                    left += 1;
+                    let what = format!("a prompt of {} tokens needs {need} KV blocks; this worker has {}", j.prompt.len(), engine.total_blocks());
+                    let _ = j.out.send(Outbound::Failed(WorkerError::Exhausted(what)));
+                    continue;
+                }
+                Admit::Wait => break,
+                Admit::Start => {}
             }
             let Some(j) = queue.pop_front() else { break };
             left += 1;
@@ -343,16 +345,9 @@ fn publish(engine: &mut Engine, load: &LoadGauge, queue: &VecDeque<PrefillJob>, 
 /// One forward pass over the active prompts' next chunks (FIFO, up to the token budget). A
 /// prompt whose chunk fails alone fails alone; Err only when the backend failed.
 fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_mpsc::Sender<Cmd>, load: &LoadGauge) -> std::result::Result<(), EngineError> {
-    let mut plan = Vec::new(); // (index, range)
-    let mut left = budget;
-    for (i, a) in active.iter().enumerate() {
-        if left == 0 {
-            break;
-        }
-        let n = (a.job.prompt.len() - a.done).min(left).min(logprobs::chunk_cap(&a.job.params));
-        plan.push((i, a.done..a.done + n));
-        left -= n;
-    }
+    let prompts: Vec<PromptLeft> = active.iter().map(|a| PromptLeft { left: a.job.prompt.len() - a.done, cap: logprobs::chunk_cap(&a.job.params) }).collect();
+    // (index, range)
+    let plan: Vec<(usize, std::ops::Range<usize>)> = plan_prefill(budget, &prompts).into_iter().map(|(i, n)| (i, active[i].done..active[i].done + n)).collect();
     // The finishing prompts' (plan item, seq, first token shipped, tokens shipped, buffers, out).
     let finishing: Vec<(usize, SeqId, usize, usize, bool, mpsc::UnboundedSender<Outbound>)> = plan
         .iter()

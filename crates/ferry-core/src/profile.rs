@@ -1,0 +1,259 @@
+//! A worker's measured step costs (`ferry profile` writes them), and the cost model the planner
+//! ([`crate::sim`]) fits to them.
+//!
+//! What is measured is one engine step at a time, on the machine that will serve:
+//! - prefill steps of `prompts` prompts of `prompt_tokens` tokens each (a prompt alone, and
+//!   batches of them), and
+//! - decode steps of `batch` sequences each `context` tokens long.
+//!
+//! The cost model is linear in the work a step does, fitted per phase by least squares on
+//! relative error (a 5 ms step counts as much as a 2 s one):
+//! - a **prefill** (or mixed) step costs `a + b·T + c·A`: `T` tokens computed (the weight GEMMs)
+//!   and `A` query-key pairs attended (`n·(d + (n+1)/2)` for a chunk of `n` tokens after `d`
+//!   already computed; a decode row in a mixed step adds one token and its context);
+//! - a **decode** step costs `a + b·B + c·C`: a fixed part (reading the weights once), `B` rows,
+//!   and `C` context tokens attended in all.
+//!
+//! The fit's worst relative error over the measured points is kept with the model
+//! ([`CostModel::fit_error`]): a planner whose model misses its own calibration by 20% should not
+//! be trusted to 15%.
+
+use serde::{Deserialize, Serialize};
+
+/// The profile file's format version.
+pub const PROFILE_FORMAT: u32 = 1;
+
+/// What `ferry profile` measured on one machine for one model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Profile {
+    pub format: u32,
+    /// The model (its file stem or repo name) and the engine's fingerprint of it.
+    pub model: String,
+    pub fingerprint: String,
+    /// Where it was measured (free text: CPU model, cores, device).
+    pub machine: String,
+    /// Compute threads of the measured engine (a worker should run with as many).
+    pub threads: usize,
+    /// When (RFC 3339, UTC).
+    pub measured_at: String,
+    pub block_size: usize,
+    /// KV blocks one worker holds with the measured configuration.
+    pub kv_blocks: usize,
+    pub max_batch_tokens: usize,
+    pub max_context: usize,
+    /// Bytes of KV one token takes (all layers, K and V): what a transfer ships per token.
+    pub kv_bytes_per_token: usize,
+    pub prefill: Vec<PrefillPoint>,
+    pub decode: Vec<DecodePoint>,
+}
+
+/// One measured prefill step: `prompts` prompts of `prompt_tokens` tokens each, from scratch.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PrefillPoint {
+    pub prompts: usize,
+    pub prompt_tokens: usize,
+    /// Median seconds of the repeats.
+    pub seconds: f64,
+}
+
+/// One measured decode step: `batch` sequences, each `context` tokens long before the step.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DecodePoint {
+    pub batch: usize,
+    pub context: usize,
+    pub seconds: f64,
+}
+
+/// Query-key pairs a chunk of `n` tokens attends after `done` tokens of its sequence (causal).
+pub fn attention_pairs(done: usize, n: usize) -> f64 {
+    n as f64 * (done as f64 + (n as f64 + 1.0) / 2.0)
+}
+
+/// `a + b·x + c·y`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Linear {
+    pub a: f64,
+    pub b: f64,
+    pub c: f64,
+}
+
+impl Linear {
+    pub fn at(&self, x: f64, y: f64) -> f64 {
+        self.a + self.b * x + self.c * y
+    }
+
+    /// Least squares on relative error over `(x, y, t)`. None when the points do not determine
+    /// three coefficients (fewer than three, or all on one line).
+    pub fn fit(points: &[(f64, f64, f64)]) -> Option<Linear> {
+        // Rows [1, x, y] / t against 1: minimise sum(((a + bx + cy) - t) / t)^2.
+        let mut m = [[0.0f64; 3]; 3];
+        let mut v = [0.0f64; 3];
+        for &(x, y, t) in points {
+            if !(t > 0.0) {
+                continue;
+            }
+            let r = [1.0 / t, x / t, y / t];
+            for i in 0..3 {
+                for j in 0..3 {
+                    m[i][j] += r[i] * r[j];
+                }
+                v[i] += r[i];
+            }
+        }
+        let [a, b, c] = solve3(m, v)?;
+        Some(Linear { a, b, c })
+    }
+}
+
+/// Solve `m · x = v` by Gaussian elimination with partial pivoting; None when singular.
+fn solve3(mut m: [[f64; 3]; 3], mut v: [f64; 3]) -> Option<[f64; 3]> {
+    let scale = m.iter().flatten().fold(0.0f64, |s, x| s.max(x.abs()));
+    for col in 0..3 {
+        let pivot = (col..3).max_by(|&i, &j| m[i][col].abs().total_cmp(&m[j][col].abs()))?;
+        if m[pivot][col].abs() <= scale * 1e-12 {
+            return None;
+        }
+        m.swap(col, pivot);
+        v.swap(col, pivot);
+        for row in col + 1..3 {
+            let f = m[row][col] / m[col][col];
+            for k in col..3 {
+                m[row][k] -= f * m[col][k];
+            }
+            v[row] -= f * v[col];
+        }
+    }
+    let mut x = [0.0; 3];
+    for row in (0..3).rev() {
+        let s: f64 = (row + 1..3).map(|k| m[row][k] * x[k]).sum();
+        x[row] = (v[row] - s) / m[row][row];
+    }
+    x.iter().all(|x| x.is_finite()).then_some(x)
+}
+
+/// Step costs fitted to a [`Profile`].
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CostModel {
+    /// Seconds of a step computing `T` tokens attending `A` pairs.
+    pub prefill: Linear,
+    /// Seconds of a decode step of `B` rows attending `C` context tokens in all.
+    pub decode: Linear,
+    /// The worst relative error of each fit over its own points.
+    pub prefill_fit_error: f64,
+    pub decode_fit_error: f64,
+}
+
+/// The shortest step the model will predict (a fit may extrapolate below zero).
+const MIN_STEP_S: f64 = 1e-5;
+
+impl CostModel {
+    pub fn fit(p: &Profile) -> Result<CostModel, String> {
+        let pre: Vec<(f64, f64, f64)> = p
+            .prefill
+            .iter()
+            .map(|q| ((q.prompts * q.prompt_tokens) as f64, q.prompts as f64 * attention_pairs(0, q.prompt_tokens), q.seconds))
+            .collect();
+        let dec: Vec<(f64, f64, f64)> = p.decode.iter().map(|q| (q.batch as f64, (q.batch * (q.context + 1)) as f64, q.seconds)).collect();
+        let prefill = Linear::fit(&pre).ok_or("the profile's prefill points do not determine a cost model (need 3+ points of different sizes)")?;
+        let decode = Linear::fit(&dec).ok_or("the profile's decode points do not determine a cost model (need 3+ points of different batches and contexts)")?;
+        let worst = |l: &Linear, pts: &[(f64, f64, f64)]| pts.iter().map(|&(x, y, t)| ((l.at(x, y).max(MIN_STEP_S) - t) / t).abs()).fold(0.0, f64::max);
+        Ok(CostModel { prefill_fit_error: worst(&prefill, &pre), decode_fit_error: worst(&decode, &dec), prefill, decode })
+    }
+
+    /// Seconds of a step of `decodes` rows (their contexts summing to `decode_context`) and prompt
+    /// chunks `(done, n)`. A step with any prompt chunk is priced as a prefill step (its GEMMs
+    /// dominate), each decode row adding a token and its context's attention.
+    pub fn step(&self, decodes: usize, decode_context: usize, chunks: &[(usize, usize)]) -> f64 {
+        let t = if chunks.is_empty() {
+            self.decode.at(decodes as f64, (decode_context + decodes) as f64)
+        } else {
+            let tokens = decodes + chunks.iter().map(|c| c.1).sum::<usize>();
+            let pairs = (decode_context + decodes) as f64 + chunks.iter().map(|&(d, n)| attention_pairs(d, n)).sum::<f64>();
+            self.prefill.at(tokens as f64, pairs)
+        };
+        t.max(MIN_STEP_S)
+    }
+
+    /// Prompt tokens per second one worker prefills, for a typical prompt of `prompt_tokens`
+    /// (what a prefill worker reports to the router once it has run).
+    pub fn prefill_rate(&self, prompt_tokens: usize) -> f64 {
+        let n = prompt_tokens.max(1);
+        n as f64 / self.step(0, 0, &[(0, n)])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile(mut pre: impl FnMut(usize, usize) -> f64, mut dec: impl FnMut(usize, usize) -> f64) -> Profile {
+        let mut prefill = Vec::new();
+        for prompts in [1, 2, 4] {
+            for n in [16, 64, 256] {
+                prefill.push(PrefillPoint { prompts, prompt_tokens: n, seconds: pre(prompts, n) });
+            }
+        }
+        let mut decode = Vec::new();
+        for batch in [1, 4, 16] {
+            for context in [64, 512] {
+                decode.push(DecodePoint { batch, context, seconds: dec(batch, context) });
+            }
+        }
+        Profile {
+            format: PROFILE_FORMAT,
+            model: "m".into(),
+            fingerprint: "f".into(),
+            machine: "test".into(),
+            threads: 1,
+            measured_at: "2026-12-03T00:00:00Z".into(),
+            block_size: 16,
+            kv_blocks: 1000,
+            max_batch_tokens: 2048,
+            max_context: 8192,
+            kv_bytes_per_token: 1000,
+            prefill,
+            decode,
+        }
+    }
+
+    #[test]
+    fn an_exactly_linear_machine_is_fitted_exactly() {
+        let pre = |k: usize, n: usize| 0.01 + 2e-3 * (k * n) as f64 + 1e-6 * k as f64 * attention_pairs(0, n);
+        let dec = |b: usize, c: usize| 0.02 + 1e-3 * b as f64 + 2e-6 * (b * (c + 1)) as f64;
+        let m = CostModel::fit(&profile(pre, dec)).unwrap();
+        assert!((m.prefill.a - 0.01).abs() < 1e-9 && (m.prefill.b - 2e-3).abs() < 1e-9 && (m.prefill.c - 1e-6).abs() < 1e-12, "{m:?}");
+        assert!((m.decode.a - 0.02).abs() < 1e-9 && (m.decode.b - 1e-3).abs() < 1e-9 && (m.decode.c - 2e-6).abs() < 1e-12, "{m:?}");
+        assert!(m.prefill_fit_error < 1e-9 && m.decode_fit_error < 1e-9);
+        // Steps the profile never measured: a decode step, a chunk after a prefix, a mixed step.
+        assert!((m.step(8, 8 * 100, &[]) - dec(8, 100)).abs() < 1e-9);
+        let chunk = 0.01 + 2e-3 * 32.0 + 1e-6 * attention_pairs(100, 32);
+        assert!((m.step(0, 0, &[(100, 32)]) - chunk).abs() < 1e-9);
+        let mixed = 0.01 + 2e-3 * 36.0 + 1e-6 * (attention_pairs(0, 32) + 4.0 * 51.0);
+        assert!((m.step(4, 200, &[(0, 32)]) - mixed).abs() < 1e-9);
+        assert!((m.prefill_rate(64) - 64.0 / pre(1, 64)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn noise_shows_in_the_fit_error() {
+        let mut flip = 1.0;
+        let pre = |k: usize, n: usize| 0.01 + 2e-3 * (k * n) as f64;
+        let dec = |b: usize, _c: usize| {
+            flip = -flip;
+            (0.02 + 1e-3 * b as f64) * (1.0 + 0.1 * flip)
+        };
+        let m = CostModel::fit(&profile(pre, dec)).unwrap();
+        assert!(m.prefill_fit_error < 1e-9);
+        assert!(m.decode_fit_error > 0.05 && m.decode_fit_error < 0.3, "{}", m.decode_fit_error);
+    }
+
+    #[test]
+    fn too_few_points_are_refused() {
+        let mut p = profile(|_, _| 1.0, |_, _| 1.0);
+        p.decode.truncate(2);
+        assert!(CostModel::fit(&p).unwrap_err().contains("decode"));
+        let mut p = profile(|_, _| 1.0, |_, _| 1.0);
+        p.prefill.retain(|q| q.prompts == 1 && q.prompt_tokens == 16);
+        assert!(CostModel::fit(&p).unwrap_err().contains("prefill"));
+        assert!(Linear::fit(&[]).is_none());
+    }
+}
