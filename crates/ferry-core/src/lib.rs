@@ -15,9 +15,11 @@
 //!   whether a decode worker computes a short suffix itself.
 //! - [`routing`]: the router's policy: prefill pick, decode ranking, leases.
 //! - [`profile`]: a worker's measured step costs and the cost model fitted to them.
+//! - [`autoscale`]: `ferry router --autoscale`'s policy (the split to run next, with hysteresis).
 //! - [`sim`]: `ferry plan`'s discrete-event simulation of a router and its pools.
 //! - [`schedule`]: what goes into an engine step (decode batch, prompt chunks, prompt admission).
 
+pub mod autoscale;
 pub mod block_pool;
 pub mod cache_policy;
 pub mod failure;

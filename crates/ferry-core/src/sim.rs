@@ -520,7 +520,8 @@ impl Summary {
     pub fn of(samples: &[Sample], slo: &Slo) -> Summary {
         let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok).collect();
         let ttft: Vec<f64> = ok.iter().map(|s| s.ttft_ms).collect();
-        let tpot: Vec<f64> = ok.iter().filter(|s| s.output_tokens > 1).map(|s| s.tpot_ms).collect();
+        // Over every completed request, as `bench serve` counts them.
+        let tpot: Vec<f64> = ok.iter().map(|s| s.tpot_ms).collect();
         let span_ms = ok.iter().map(|s| s.e2e_ms).fold(0.0, f64::max);
         let tokens: usize = ok.iter().map(|s| s.output_tokens).sum();
         Summary {

@@ -14,6 +14,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod autoscale;
 mod error;
 pub mod metrics;
 pub mod mock;
@@ -94,6 +95,8 @@ pub struct RouterConfig {
     /// The format tool calls are parsed in (and forced calls written in) on the HTTP API; `None`:
     /// the one the model's chat template teaches ([`openai::tools::parse::Format::detect`]).
     pub tool_call_parser: Option<openai::tools::parse::Format>,
+    /// Scale the pools from the SLOs (`--autoscale`; needs `scaler`). None: only by hand.
+    pub autoscale: Option<autoscale::AutoscaleConfig>,
 }
 
 /// How the router uses what it knows of the workers' prefix caches.
@@ -137,6 +140,7 @@ impl RouterConfig {
             prefix_routing: PrefixRouting::KvAware,
             local_prefill_max: DEFAULT_LOCAL_PREFILL_MAX,
             tool_call_parser: None,
+            autoscale: None,
         }
     }
 }
@@ -201,6 +205,7 @@ pub async fn serve(
         text,
         grammars,
         cfg: cfg.clone(),
+        window: Default::default(),
     });
     crate::metrics::handle()?;
 
@@ -210,6 +215,11 @@ pub async fn serve(
         registry.clone(),
         (cfg.lease / 4).max(Duration::from_millis(10)),
     ));
+    let autoscaler = match &cfg.autoscale {
+        Some(_) if cfg.scaler.is_none() => return Err(RouterError::NoScaler),
+        Some(a) => Some(tokio::spawn(autoscale::run(shared.clone(), a.clone(), dial.clone()))),
+        None => None,
+    };
     let metrics_task = metrics.map(|l| {
         let mut rx = stop_rx.clone();
         tokio::spawn(crate::metrics::serve(l, serving_rx.clone(), async move {
@@ -273,6 +283,9 @@ pub async fn serve(
         .await;
     serving_tx.send_replace(false);
     sweeper.abort();
+    if let Some(t) = autoscaler {
+        t.abort();
+    }
     let _ = stop_tx.send(true);
     if let Some(t) = metrics_task {
         let _ = t.await;

@@ -27,6 +27,8 @@ pub struct Shared {
     /// Structured outputs: grammars are compiled here first, so a bad one is refused before any
     /// worker sees it.
     pub grammars: ferry_grammar::LazyGrammars,
+    /// What the autoscaler measures: arrivals and finished requests since it last looked.
+    pub window: crate::autoscale::Window,
 }
 
 impl Shared {

@@ -174,17 +174,35 @@ pub async fn run(shared: Arc<Shared>, mut job: Job, tx: Tx) {
     if !job.params.is_greedy() && job.params.seed.is_none() {
         job.params.seed = Some(rand::random());
     }
-    let result = match job.params.n {
-        0 | 1 => drive(&shared, &job, &mut Progress::new(&shared, &job.params, 0), &tx).await,
-        _ => group::drive(&shared, &job, &tx).await,
+    shared.window.arrived();
+    // (ttft, last token, tokens) of a single-choice request, for the autoscaler's window.
+    let (result, timing) = match job.params.n {
+        0 | 1 => {
+            let mut prog = Progress::new(&shared, &job.params, 0);
+            let result = drive(&shared, &job, &mut prog, &tx).await;
+            (result, Some((prog.ttft, prog.last_token, prog.generated.len())))
+        }
+        _ => (group::drive(&shared, &job, &tx).await, None),
+    };
+    let finished = |ok: bool| {
+        let (ttft, last, n) = timing.unwrap_or((None, Duration::ZERO, 0));
+        let ttft = ttft.unwrap_or_else(|| job.start.elapsed());
+        let tpot = if n >= 2 { last.saturating_sub(ttft).as_secs_f64() / (n - 1) as f64 } else { 0.0 };
+        crate::autoscale::Finished { prompt: job.prompt.len(), output: n, ttft_ms: ttft.as_secs_f64() * 1e3, tpot_ms: tpot * 1e3, ok }
     };
     match result {
-        Ok(()) => crate::metrics::request_outcome("ok"),
+        Ok(()) => {
+            crate::metrics::request_outcome("ok");
+            if timing.is_some() {
+                shared.window.finished(finished(true));
+            }
+        }
         Err(Halt::ClientGone) => {
             tracing::info!("client went away: request cancelled");
             crate::metrics::request_outcome("cancelled");
         }
         Err(Halt::Failed(f)) => {
+            shared.window.finished(finished(false));
             tracing::warn!(error = %f.error, "request failed");
             let status = Status::from(f.error);
             crate::metrics::request_outcome(crate::metrics::outcome_of(status.code()));

@@ -1,0 +1,170 @@
+//! `ferry router --autoscale`: every interval the router measures its workload (arrival rate,
+//! prompt and output lengths, SLO attainment), asks the planner for the smallest split that meets
+//! the SLOs at the forecast load ([`ferry_core::autoscale::recommend`], a simulation over the
+//! workers' measured profile), lets the pure policy decide whether and how far to move
+//! ([`ferry_core::autoscale::Autoscaler`]: hysteresis, cooldowns, one worker down at a time), and
+//! calls the Scaler (Kubernetes, or `ferry up`'s supervisor). Workers that go drain first.
+
+use crate::registry::Dial;
+use crate::service::Shared;
+use ferry_core::autoscale::{recommend, Autoscaler, Decision, Observed, Policy, Pools};
+use ferry_core::loadgen::Slo;
+use ferry_core::sim::Fleet;
+use ferry_core::WorkerRole;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How the autoscaler runs.
+#[derive(Clone, Debug)]
+pub struct AutoscaleConfig {
+    pub interval: Duration,
+    pub policy: Policy,
+    /// The workers, as `ferry profile` measured them.
+    pub fleet: Fleet,
+}
+
+/// Lengths kept to plan from (the latest finished requests).
+const LENGTHS_KEPT: usize = 512;
+
+/// One finished request, as the autoscaler counts it.
+#[derive(Clone, Copy, Debug)]
+pub struct Finished {
+    pub prompt: usize,
+    pub output: usize,
+    pub ttft_ms: f64,
+    pub tpot_ms: f64,
+    pub ok: bool,
+}
+
+/// What the router saw since the autoscaler last looked.
+#[derive(Default)]
+pub struct Window {
+    inner: Mutex<WindowInner>,
+}
+
+#[derive(Default)]
+struct WindowInner {
+    arrivals: u64,
+    finished: Vec<Finished>,
+    lengths: VecDeque<(usize, usize)>,
+}
+
+impl Window {
+    pub fn arrived(&self) {
+        self.lock().arrivals += 1;
+    }
+
+    pub fn finished(&self, f: Finished) {
+        let mut w = self.lock();
+        if f.ok {
+            if w.lengths.len() == LENGTHS_KEPT {
+                w.lengths.pop_front();
+            }
+            w.lengths.push_back((f.prompt, f.output));
+        }
+        w.finished.push(f);
+    }
+
+    /// What happened over the last `span`, and start counting again.
+    pub fn take(&self, span: Duration, slo: &Slo) -> Observed {
+        let mut w = self.lock();
+        let arrivals = std::mem::take(&mut w.arrivals);
+        let done = std::mem::take(&mut w.finished);
+        let frac = |f: &dyn Fn(&Finished) -> bool| (!done.is_empty()).then(|| done.iter().filter(|d| f(d)).count() as f64 / done.len() as f64);
+        Observed {
+            rate: arrivals as f64 / span.as_secs_f64().max(1e-3),
+            lengths: w.lengths.iter().copied().collect(),
+            attainment: frac(&|d| d.ok && d.ttft_ms <= slo.ttft_ms && d.tpot_ms <= slo.tpot_ms),
+            ttft_met: frac(&|d| d.ok && d.ttft_ms <= slo.ttft_ms),
+            tpot_met: frac(&|d| d.ok && d.tpot_ms <= slo.tpot_ms),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, WindowInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Run until the router stops (the task is aborted).
+pub async fn run(shared: Arc<Shared>, cfg: AutoscaleConfig, dial: Dial) {
+    let origin = Instant::now();
+    let mut policy_state = Autoscaler::default();
+    // What was last asked of the scaler: workers that are starting are not ready yet, and must
+    // not be asked for twice.
+    let mut target: Option<Pools> = None;
+    let mut tick = tokio::time::interval(cfg.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    let mut last = Instant::now();
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        let seen = shared.window.take(now - last, &cfg.policy.slo);
+        last = now;
+        let (p, d, _) = shared.registry.ready_counts();
+        let ready = Pools { prefill: p as usize, decode: d as usize };
+        let current = target.unwrap_or(ready);
+        let (fleet, policy, lengths, rate) = (cfg.fleet, cfg.policy, seen.lengths.clone(), seen.rate);
+        let forecast = rate * (1.0 + policy.headroom);
+        let plan = tokio::task::spawn_blocking(move || recommend(&fleet, forecast, &lengths, &policy.slo, policy.target, policy.max_workers, policy.sim_requests))
+            .await
+            .unwrap_or(None);
+        let decision = policy_state.decide(&cfg.policy, now - origin, current, plan, &seen);
+        metrics::gauge!("ferry_router_autoscale_observed_rate").set(seen.rate);
+        if let Some(a) = seen.attainment {
+            metrics::gauge!("ferry_router_autoscale_observed_attainment").set(a);
+        }
+        match decision {
+            Decision::Hold(why) => tracing::debug!(rate = seen.rate, ?plan, ready = ?ready, "autoscale: hold: {why}"),
+            Decision::Scale { to, why } => {
+                tracing::info!(rate = seen.rate, from = ?current, ?to, "autoscale: {why}");
+                let mut ok = true;
+                for (role, from, n) in [(WorkerRole::Decode, current.decode, to.decode), (WorkerRole::Prefill, current.prefill, to.prefill)] {
+                    if from == n {
+                        continue;
+                    }
+                    let direction = if n > from { "up" } else { "down" };
+                    match crate::scale::scale(shared.cfg.scaler.as_ref(), &dial, role, n as u32).await {
+                        Ok(_) => {
+                            metrics::counter!("ferry_router_autoscale_moves_total", "role" => role.as_str(), "direction" => direction).increment(1);
+                            metrics::gauge!("ferry_router_autoscale_target", "role" => role.as_str()).set(n as f64);
+                        }
+                        Err(e) => {
+                            ok = false;
+                            tracing::warn!(role = role.as_str(), replicas = n, "autoscale: the scaler refused: {e}");
+                        }
+                    }
+                }
+                // After a refusal, look at what is really there next time.
+                target = ok.then_some(to);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_counts_and_restarts() {
+        let w = Window::default();
+        let slo = Slo { ttft_ms: 100.0, tpot_ms: 10.0 };
+        for _ in 0..4 {
+            w.arrived();
+        }
+        w.finished(Finished { prompt: 10, output: 5, ttft_ms: 50.0, tpot_ms: 5.0, ok: true });
+        w.finished(Finished { prompt: 20, output: 6, ttft_ms: 150.0, tpot_ms: 5.0, ok: true });
+        w.finished(Finished { prompt: 30, output: 7, ttft_ms: 50.0, tpot_ms: 50.0, ok: true });
+        w.finished(Finished { prompt: 40, output: 8, ttft_ms: 1.0, tpot_ms: 1.0, ok: false });
+        let o = w.take(Duration::from_secs(2), &slo);
+        assert_eq!(o.rate, 2.0);
+        assert_eq!(o.lengths, vec![(10, 5), (20, 6), (30, 7)]);
+        assert_eq!((o.attainment, o.ttft_met, o.tpot_met), (Some(0.25), Some(0.5), Some(0.5)));
+        // The next interval starts from nothing but keeps the lengths to plan from.
+        let o = w.take(Duration::from_secs(2), &slo);
+        assert_eq!((o.rate, o.attainment), (0.0, None));
+        assert_eq!(o.lengths.len(), 3);
+    }
+}
