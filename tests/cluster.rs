@@ -430,6 +430,93 @@ async fn pool_scale_under_ferry_up_starts_and_drains_workers() {
     cluster.assert_no_leaks().await;
 }
 
+/// `--autoscale` under `ferry up`: a load step of long prompts makes the router add a prefill
+/// worker (the role the plan says limits TTFT), the end of the load makes it drain that worker
+/// again, and no request fails through either move.
+///
+/// The profile here is written by the test, not measured: it says prefill costs 5 ms a token
+/// (decode 2 ms a step), so that the plan at ~4 req/s of 40-token prompts needs 2 prefill workers
+/// while the tiny fixture model really serves in milliseconds. What is tested is the loop —
+/// measuring the workload, planning over a profile, scaling through `ferry up`'s supervisor with
+/// hysteresis, draining — not the profile's accuracy (`ferry plan --measured` checks that).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn autoscale_under_ferry_up_follows_a_load_step() {
+    use ferry_core::profile::{DecodePoint, PrefillPoint, Profile, PROFILE_FORMAT};
+    let dir = std::env::temp_dir().join(format!("ferry-autoscale-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let profile_path = dir.join("profile.json");
+    let prefill = [(1, 16), (1, 64), (1, 256), (2, 64), (4, 64)]
+        .map(|(prompts, prompt_tokens)| PrefillPoint { prompts, prompt_tokens, seconds: 0.002 + 0.005 * (prompts * prompt_tokens) as f64 });
+    let decode = [(1, 64), (4, 64), (16, 64), (4, 256)].map(|(batch, context)| DecodePoint { batch, context, seconds: 0.002 + 0.0001 * batch as f64 + 1e-7 * (batch * context) as f64 });
+    let profile = Profile {
+        format: PROFILE_FORMAT,
+        model: "llama-gqa".into(),
+        fingerprint: String::new(),
+        machine: "written by the test".into(),
+        threads: 1,
+        measured_at: "2026-12-03T00:00:00Z".into(),
+        block_size: 16,
+        kv_blocks: 4096,
+        max_batch_tokens: 2048,
+        max_context: 512,
+        kv_bytes_per_token: 4096,
+        prefill: prefill.to_vec(),
+        decode: decode.to_vec(),
+    };
+    std::fs::write(&profile_path, serde_json::to_string(&profile).unwrap()).unwrap();
+    let model = fixtures().join("golden/llama-gqa");
+    let profile_arg = profile_path.to_string_lossy().into_owned();
+    let cluster = Cluster::up(
+        &model,
+        1,
+        1,
+        &[
+            "--autoscale", "--autoscale-profile", &profile_arg, "--autoscale-interval-ms", "1000", "--autoscale-max-workers", "3",
+            "--autoscale-up-cooldown-ms", "1000", "--autoscale-down-cooldown-ms", "2000", "--autoscale-down-after", "2",
+            "--slo-ttft-ms", "700", "--slo-tpot-ms", "100", "--autoscale-headroom", "0",
+        ],
+    );
+    let ready = |ws: &[ferry_proto::v1::WorkerInfo], role: ferry_proto::v1::WorkerRole| {
+        ws.iter().filter(|w| w.role == role as i32 && w.state == ferry_proto::v1::WorkerState::Ready as i32).count()
+    };
+    use ferry_proto::v1::WorkerRole::{Decode, Prefill};
+    // The load step: 4 requests a second of 40-token prompts until a second prefill worker is
+    // ready (at most 40 s), and a little after so that it serves some.
+    let mut tasks = Vec::new();
+    let start = Instant::now();
+    let mut grown: Option<Instant> = None;
+    let mut i = 0u32;
+    while grown.is_none_or(|t| t.elapsed() < Duration::from_secs(2)) {
+        assert!(start.elapsed() < Duration::from_secs(40), "no prefill worker was added under load: {:?}", cluster.workers().await);
+        let mut client = cluster.client().await;
+        let ids: Vec<u32> = (0..40).map(|k| 1 + (i * 7 + k) % 500).collect();
+        tasks.push(tokio::spawn(async move { run(&mut client, token_request(&ids, 8)).await }));
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        if grown.is_none() && ready(&cluster.workers().await, Prefill) == 2 {
+            grown = Some(Instant::now());
+        }
+    }
+    let ws = cluster.workers().await;
+    assert_eq!((ready(&ws, Prefill), ready(&ws, Decode)), (2, 1), "the limiting role grew, the other did not: {ws:?}");
+    // The load stops: the added worker drains and leaves.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while ready(&cluster.workers().await, Prefill) != 1 {
+        assert!(Instant::now() < deadline, "the prefill pool did not shrink after the load: {:?}", cluster.workers().await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for (k, t) in tasks.into_iter().enumerate() {
+        let o = t.await.unwrap().unwrap_or_else(|e| panic!("request {k} failed while the pools moved: {e:?}"));
+        assert_eq!(o.ids.len(), 8);
+    }
+    let metrics = cluster.router_metrics().await;
+    assert!(metrics.contains("ferry_router_autoscale_moves_total{role=\"prefill\",direction=\"up\"}"), "{metrics}");
+    assert!(metrics.contains("ferry_router_autoscale_moves_total{role=\"prefill\",direction=\"down\"}"), "{metrics}");
+    assert_eq!(ready(&cluster.workers().await, Decode), 1);
+    cluster.assert_no_leaks().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The `openai` Python package version the client test installs.
 const OPENAI_PIN: &str = "3.57.0";
 

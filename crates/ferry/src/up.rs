@@ -105,6 +105,9 @@ pub struct UpArgs {
     /// plaintext TCP data path.
     #[arg(long)]
     pub tls: bool,
+    /// The first router scales the pools from the SLOs (see `ferry router --autoscale`).
+    #[command(flatten)]
+    pub autoscale: crate::autoscale_args::AutoscaleArgs,
 }
 
 pub fn run(a: UpArgs) -> anyhow::Result<()> {
@@ -113,6 +116,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         "need at least one prefill and one decode worker, or one colocated worker"
     );
     anyhow::ensure!(a.chunked_prefill != Some(0), "--chunked-prefill must be at least 1");
+    anyhow::ensure!(!a.autoscale.autoscale || a.colocated == 0, "--autoscale scales prefill and decode pools; not with --colocated");
     let model = ferry_engine::fetch::resolve_model(Some(&a.model))?;
     let model = model.to_string_lossy().into_owned();
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
@@ -167,6 +171,10 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             args.extend(["--served-model-name".to_string(), name]);
         }
         args.extend(node_flags.iter().cloned());
+        // One autoscaler: two would fight over the pools.
+        if i == 0 {
+            args.extend(a.autoscale.to_args());
+        }
         routers.push(lock().start_router(args, router_env.clone())?);
     }
     // The name `/v1/models` lists first: what an OpenAI client sends as `model`.

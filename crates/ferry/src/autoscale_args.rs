@@ -1,0 +1,100 @@
+//! `--autoscale` and its knobs, shared by `ferry router` and `ferry up` (which hands them to its
+//! first router).
+
+use ferry_core::autoscale::Policy;
+use ferry_core::loadgen::Slo;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct AutoscaleArgs {
+    /// Scale the prefill and decode pools from the SLOs: every interval, the smallest split
+    /// predicted (by `ferry plan`'s simulation over `--autoscale-profile`) to meet them at the
+    /// measured load, with hysteresis and cooldowns; scale-down drains. Needs a scaler
+    /// (`--kube-scale`, or `ferry up`).
+    #[arg(long, requires = "autoscale_profile")]
+    pub autoscale: bool,
+    /// The workers' profile (`ferry profile` on their machine).
+    #[arg(long, value_name = "PATH")]
+    pub autoscale_profile: Option<PathBuf>,
+    /// How often the autoscaler looks, ms.
+    #[arg(long, default_value_t = 10_000)]
+    pub autoscale_interval_ms: u64,
+    /// Most workers in all (prefill + decode).
+    #[arg(long, default_value_t = 8)]
+    pub autoscale_max_workers: usize,
+    /// TTFT target (ms) the autoscaler holds.
+    #[arg(long, default_value_t = 5000.0)]
+    pub slo_ttft_ms: f64,
+    /// TPOT target (ms) the autoscaler holds.
+    #[arg(long, default_value_t = 100.0)]
+    pub slo_tpot_ms: f64,
+    /// Fraction of requests that must meet both.
+    #[arg(long, default_value_t = 0.9)]
+    pub slo_target: f64,
+    /// Plan for the measured rate times 1 + this.
+    #[arg(long, default_value_t = 0.2)]
+    pub autoscale_headroom: f64,
+    /// No move sooner than this after the last (ms), up...
+    #[arg(long, default_value_t = 20_000)]
+    pub autoscale_up_cooldown_ms: u64,
+    /// ...and down.
+    #[arg(long, default_value_t = 60_000)]
+    pub autoscale_down_cooldown_ms: u64,
+    /// Intervals in a row the plan must ask for fewer workers before one goes.
+    #[arg(long, default_value_t = 3)]
+    pub autoscale_down_after: u32,
+}
+
+impl AutoscaleArgs {
+    /// The router's autoscaler, when `--autoscale` is on.
+    pub fn config(&self) -> anyhow::Result<Option<ferry_router::autoscale::AutoscaleConfig>> {
+        if !self.autoscale {
+            return Ok(None);
+        }
+        let path = self.autoscale_profile.as_ref().ok_or_else(|| anyhow::anyhow!("--autoscale needs --autoscale-profile"))?;
+        anyhow::ensure!(self.autoscale_max_workers >= 2, "--autoscale-max-workers must be at least 2 (one of each role)");
+        anyhow::ensure!(self.autoscale_interval_ms >= 100, "--autoscale-interval-ms must be at least 100");
+        anyhow::ensure!((0.0..=1.0).contains(&self.slo_target), "--slo-target must be a fraction in 0..=1");
+        anyhow::ensure!(self.autoscale_headroom >= 0.0, "--autoscale-headroom must not be negative");
+        let profile = crate::plan::read_profile(path)?;
+        let fleet = crate::plan::fleet(&profile, None, 2.6, 1.0)?;
+        let policy = Policy {
+            slo: Slo { ttft_ms: self.slo_ttft_ms, tpot_ms: self.slo_tpot_ms },
+            target: self.slo_target,
+            max_workers: self.autoscale_max_workers,
+            headroom: self.autoscale_headroom,
+            up_cooldown: Duration::from_millis(self.autoscale_up_cooldown_ms),
+            down_cooldown: Duration::from_millis(self.autoscale_down_cooldown_ms),
+            down_after: self.autoscale_down_after,
+            ..Policy::default()
+        };
+        Ok(Some(ferry_router::autoscale::AutoscaleConfig { interval: Duration::from_millis(self.autoscale_interval_ms), policy, fleet }))
+    }
+
+    /// The same flags, for a router `ferry up` starts.
+    pub fn to_args(&self) -> Vec<String> {
+        if !self.autoscale {
+            return Vec::new();
+        }
+        let mut v = vec!["--autoscale".to_string()];
+        if let Some(p) = &self.autoscale_profile {
+            let p = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+            v.extend(["--autoscale-profile".to_string(), p.to_string_lossy().into_owned()]);
+        }
+        for (flag, value) in [
+            ("--autoscale-interval-ms", self.autoscale_interval_ms.to_string()),
+            ("--autoscale-max-workers", self.autoscale_max_workers.to_string()),
+            ("--slo-ttft-ms", self.slo_ttft_ms.to_string()),
+            ("--slo-tpot-ms", self.slo_tpot_ms.to_string()),
+            ("--slo-target", self.slo_target.to_string()),
+            ("--autoscale-headroom", self.autoscale_headroom.to_string()),
+            ("--autoscale-up-cooldown-ms", self.autoscale_up_cooldown_ms.to_string()),
+            ("--autoscale-down-cooldown-ms", self.autoscale_down_cooldown_ms.to_string()),
+            ("--autoscale-down-after", self.autoscale_down_after.to_string()),
+        ] {
+            v.extend([flag.to_string(), value]);
+        }
+        v
+    }
+}

@@ -1,0 +1,391 @@
+//! `ferry plan`: how to spend a budget of workers, from a measured profile, a workload and SLOs.
+//!
+//! For each split of the budget (every `P:D` and all colocated) it simulates the workload through
+//! Ferry's own routing and batching decisions ([`ferry_core::sim`]) with step times from the
+//! profile's cost model, and prints the predicted TTFT/TPOT percentiles and SLO attainment at each
+//! offered rate, the goodput (the highest rate meeting the SLOs for `--slo-target` of requests),
+//! and the best split.
+
+use anyhow::{bail, ensure, Context};
+use ferry_core::loadgen::{self, LenDist, Slo};
+use ferry_core::profile::{CostModel, Profile, PROFILE_FORMAT};
+use ferry_core::sim::{self, Fleet, KvLink, SimRequest, Split, Summary};
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Args, Debug)]
+pub struct PlanArgs {
+    /// The profile `ferry profile` wrote on the machine the workers run on.
+    #[arg(long)]
+    pub profile: PathBuf,
+    /// Workers to spend: every split of this many is tried.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Only these splits (`P:D` or `Nc` for N colocated, comma-separated) instead of every one.
+    #[arg(long, value_delimiter = ',')]
+    pub splits: Vec<String>,
+    /// Offered request rates (requests/s) to predict at, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub rates: Vec<f64>,
+    /// Requests per rate, as `ferry bench serve --requests` (the same seed gives the same requests).
+    #[arg(long, default_value_t = 200)]
+    pub requests: usize,
+    /// Prompt length in tokens: `N` or `LO..HI` (uniform), as `bench serve`.
+    #[arg(long, default_value = "64..1024")]
+    pub prompt_len: String,
+    /// Output length in tokens, as `bench serve`.
+    #[arg(long, default_value = "64..256")]
+    pub output_len: String,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// A trace instead of the synthetic workload: JSON lines of `{"at": seconds, "prompt":
+    /// tokens, "output": tokens}`. Its own rate is scaled to each `--rates` value (times stretched
+    /// or compressed); with no `--rates` given explicitly, its own rate is used.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// TTFT target (ms).
+    #[arg(long, default_value_t = 5000.0)]
+    pub slo_ttft_ms: f64,
+    /// TPOT target (ms).
+    #[arg(long, default_value_t = 100.0)]
+    pub slo_tpot_ms: f64,
+    /// Fraction of requests that must meet both targets for a rate to count toward goodput.
+    #[arg(long, default_value_t = 0.9)]
+    pub slo_target: f64,
+    /// Colocated workers' chunked-prefill budget (as their `--chunked-prefill`); none: prefill first.
+    #[arg(long)]
+    pub chunked_prefill: Option<usize>,
+    /// KV transfer bandwidth between workers, GB/s (`ferry bench kv` measures it; 2.6 is its
+    /// TCP data path on loopback here).
+    #[arg(long, default_value_t = 2.6)]
+    pub kv_gbps: f64,
+    /// Fixed cost of one KV transfer, ms.
+    #[arg(long, default_value_t = 1.0)]
+    pub kv_latency_ms: f64,
+    /// Check the predictions against measurements: `SPLIT=FILE`, a split and the JSON that
+    /// `ferry bench serve --out` wrote for a cluster of that split (repeat or comma-separate).
+    /// Each measured rate is predicted with the workload, seed and SLOs recorded in the file, and
+    /// the errors of goodput, p90 TTFT and p90 TPOT are printed (the target is within 15%).
+    #[arg(long, value_delimiter = ',')]
+    pub measured: Vec<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A split as written on the command line: `P:D` or `Nc`.
+pub fn parse_split(s: &str) -> anyhow::Result<Split> {
+    let t = s.trim();
+    let num = |x: &str| x.trim().parse::<usize>().with_context(|| format!("split {s:?}: {x:?} is not a count of workers"));
+    let split = if let Some((p, d)) = t.split_once(':') {
+        Split::Disaggregated { prefill: num(p)?, decode: num(d)? }
+    } else if let Some(n) = t.strip_suffix('c').or_else(|| t.strip_suffix('C')) {
+        Split::Colocated { workers: num(n)? }
+    } else {
+        bail!("split {s:?}: write P:D (prefill:decode workers) or Nc (N colocated)");
+    };
+    let ok = match split {
+        Split::Disaggregated { prefill, decode } => prefill >= 1 && decode >= 1,
+        Split::Colocated { workers } => workers >= 1,
+    };
+    ensure!(ok, "split {s:?}: each pool needs at least one worker");
+    Ok(split)
+}
+
+pub fn read_profile(path: &Path) -> anyhow::Result<Profile> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading the profile {}", path.display()))?;
+    let p: Profile = serde_json::from_str(&text).with_context(|| format!("{} is not a profile written by `ferry profile`", path.display()))?;
+    ensure!(p.format == PROFILE_FORMAT, "{}: profile format {} (this ferry reads {PROFILE_FORMAT}); run `ferry profile` again", path.display(), p.format);
+    Ok(p)
+}
+
+/// The workers of every split, as the profile measured them.
+pub fn fleet(p: &Profile, chunked_prefill: Option<usize>, kv_gbps: f64, kv_latency_ms: f64) -> anyhow::Result<Fleet> {
+    ensure!(kv_gbps > 0.0 && kv_latency_ms >= 0.0, "--kv-gbps must be positive and --kv-latency-ms not negative");
+    let cost = CostModel::fit(p).map_err(anyhow::Error::msg)?;
+    Ok(Fleet {
+        cost,
+        block_size: p.block_size,
+        kv_blocks: p.kv_blocks,
+        max_batch_tokens: p.max_batch_tokens,
+        max_context: p.max_context,
+        chunk_tokens: chunked_prefill,
+        kv: KvLink { bytes_per_token: p.kv_bytes_per_token, bytes_per_s: kv_gbps * 1e9, latency_s: kv_latency_ms / 1e3 },
+    })
+}
+
+/// A trace file: JSON lines of `{"at", "prompt", "output"}`, sorted here by arrival.
+pub fn read_trace(path: &Path) -> anyhow::Result<Vec<SimRequest>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading the trace {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let r: SimRequest = serde_json::from_str(line).with_context(|| format!("{}:{}: want {{\"at\": s, \"prompt\": n, \"output\": n}}", path.display(), i + 1))?;
+        ensure!(r.at.is_finite() && r.at >= 0.0, "{}:{}: \"at\" must be seconds >= 0", path.display(), i + 1);
+        ensure!(r.prompt >= 1 && r.output >= 1, "{}:{}: prompt and output must be at least 1 token", path.display(), i + 1);
+        out.push(r);
+    }
+    ensure!(out.len() >= 2, "{}: a trace needs at least 2 requests", path.display());
+    out.sort_by(|a, b| a.at.total_cmp(&b.at));
+    Ok(out)
+}
+
+/// What to simulate at a given rate.
+pub enum Workload {
+    Random { requests: usize, prompt: LenDist, output: LenDist, seed: u64 },
+    /// A trace and its own rate (requests over its span).
+    Trace { requests: Vec<SimRequest>, rate: f64 },
+}
+
+impl Workload {
+    pub fn at_rate(&self, rate: f64) -> Vec<SimRequest> {
+        match self {
+            Workload::Random { requests, prompt, output, seed } => loadgen::random_requests(*seed, rate, *requests, *prompt, *output, 49_152)
+                .into_iter()
+                .map(|r| SimRequest { at: r.at, prompt: r.ids.len(), output: r.output })
+                .collect(),
+            Workload::Trace { requests, rate: own } => {
+                let t0 = requests[0].at;
+                requests.iter().map(|r| SimRequest { at: (r.at - t0) * own / rate, ..*r }).collect()
+            }
+        }
+    }
+
+    fn mean_prompt(&self) -> f64 {
+        let reqs = self.at_rate(1.0);
+        reqs.iter().map(|r| r.prompt as f64).sum::<f64>() / reqs.len().max(1) as f64
+    }
+}
+
+/// One split's predictions.
+#[derive(serde::Serialize)]
+pub struct SplitPlan {
+    pub split: Split,
+    pub label: String,
+    /// (offered rate, predicted summary) for each rate.
+    pub at: Vec<(f64, Summary)>,
+    /// Requests/s served within the SLOs for `slo_target` of requests.
+    pub goodput: f64,
+}
+
+pub fn plan(fleet: &Fleet, splits: &[Split], workload: &Workload, rates: &[f64], slo: &Slo, target: f64) -> Vec<SplitPlan> {
+    // The bisection's ceiling: every worker prefilling the mean prompt flat out, twice over.
+    let mean = workload.mean_prompt().max(1.0);
+    let per_worker = fleet.cost.prefill_rate(mean as usize) / mean;
+    let bar = crate::bench_serve::progress_styled(splits.len() as u64, "{bar:40} {pos}/{len} splits  {elapsed}  {msg}");
+    let out = splits
+        .iter()
+        .map(|&split| {
+            bar.set_message(split.to_string());
+            let at = rates.iter().map(|&r| (r, Summary::of(&sim::simulate(fleet, split, &workload.at_rate(r)), slo))).collect();
+            let hi = 2.0 * per_worker * split.workers() as f64 + 1.0;
+            let goodput = sim::goodput(fleet, split, &|r| workload.at_rate(r), slo, target, hi / 1e4, hi, 0.01);
+            bar.inc(1);
+            SplitPlan { split, label: split.to_string(), at, goodput }
+        })
+        .collect();
+    bar.finish_and_clear();
+    out
+}
+
+/// The best split: the highest goodput; ties go to the best attainment at the highest rate asked.
+pub fn best(plans: &[SplitPlan]) -> Option<&SplitPlan> {
+    let last_attainment = |p: &SplitPlan| p.at.last().map_or(0.0, |a| a.1.attainment);
+    plans.iter().max_by(|a, b| a.goodput.total_cmp(&b.goodput).then(last_attainment(a).total_cmp(&last_attainment(b))))
+}
+
+pub fn run(a: PlanArgs) -> anyhow::Result<()> {
+    if !a.measured.is_empty() {
+        return validate(&a);
+    }
+    ensure!(a.workers >= 1, "--workers must be at least 1");
+    ensure!(a.rates.iter().all(|r| r.is_finite() && *r > 0.0), "--rates must be positive request rates");
+    ensure!(a.requests >= 2, "--requests must be at least 2");
+    ensure!((0.0..=1.0).contains(&a.slo_target), "--slo-target must be a fraction in 0..=1");
+    let profile = read_profile(&a.profile)?;
+    let fleet = fleet(&profile, a.chunked_prefill, a.kv_gbps, a.kv_latency_ms)?;
+    let splits: Vec<Split> = if a.splits.is_empty() { Split::all(a.workers) } else { a.splits.iter().map(|s| parse_split(s)).collect::<anyhow::Result<_>>()? };
+    let workload = match &a.trace {
+        Some(path) => {
+            let requests = read_trace(path)?;
+            let span = requests[requests.len() - 1].at - requests[0].at;
+            ensure!(span > 0.0, "{}: every request arrives at the same time; a trace needs a span", path.display());
+            Workload::Trace { rate: (requests.len() - 1) as f64 / span, requests }
+        }
+        None => Workload::Random {
+            requests: a.requests,
+            prompt: LenDist::parse(&a.prompt_len).map_err(anyhow::Error::msg).context("--prompt-len")?,
+            output: LenDist::parse(&a.output_len).map_err(anyhow::Error::msg).context("--output-len")?,
+            seed: a.seed,
+        },
+    };
+    let slo = Slo { ttft_ms: a.slo_ttft_ms, tpot_ms: a.slo_tpot_ms };
+    let t0 = std::time::Instant::now();
+    let plans = plan(&fleet, &splits, &workload, &a.rates, &slo, a.slo_target);
+    let best = best(&plans).map(|p| p.label.clone());
+    if a.json {
+        let v = serde_json::json!({
+            "profile": a.profile, "model": profile.model, "machine": profile.machine,
+            "cost_model": fleet.cost, "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "target": a.slo_target},
+            "splits": plans, "best": best, "seconds": t0.elapsed().as_secs_f64(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("profile: {} ({}, {} threads, measured {})", profile.model, profile.machine, profile.threads, profile.measured_at);
+    println!(
+        "cost model fit: prefill within {:.1}%, decode within {:.1}% of the profile's own points",
+        fleet.cost.prefill_fit_error * 100.0,
+        fleet.cost.decode_fit_error * 100.0
+    );
+    println!("SLO: TTFT <= {} ms, TPOT <= {} ms, for {:.0}% of requests\n", slo.ttft_ms, slo.tpot_ms, a.slo_target * 100.0);
+    println!("| split | rate (req/s) | TTFT p50 / p90 / p99 (ms) | TPOT p50 / p90 / p99 (ms) | SLO met | goodput (req/s) |");
+    println!("|---|---|---|---|---|---|");
+    for p in &plans {
+        for (k, (rate, s)) in p.at.iter().enumerate() {
+            let (label, goodput) = if k == 0 { (p.label.as_str(), format!("{:.2}", p.goodput)) } else { ("", String::new()) };
+            let failed = if s.failed > 0 { format!(" ({} refused)", s.failed) } else { String::new() };
+            println!(
+                "| {label} | {rate} | {:.0} / {:.0} / {:.0} | {:.1} / {:.1} / {:.1} | {:.0}%{failed} | {goodput} |",
+                s.ttft_p50_ms, s.ttft_p90_ms, s.ttft_p99_ms, s.tpot_p50_ms, s.tpot_p90_ms, s.tpot_p99_ms, s.attainment * 100.0
+            );
+        }
+    }
+    if let Some(b) = best {
+        println!("\nbest split: {b}");
+    }
+    eprintln!("({} splits simulated in {:.2} s)", plans.len(), t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The relative error of a prediction against a measurement (NaN when the measurement is 0 and
+/// the prediction is not).
+pub fn relative_error(predicted: f64, measured: f64) -> f64 {
+    if measured == 0.0 {
+        if predicted == 0.0 { 0.0 } else { f64::NAN }
+    } else {
+        (predicted - measured) / measured
+    }
+}
+
+/// One validated cell: a split at a rate, predicted and measured.
+#[derive(serde::Serialize)]
+struct Cell {
+    split: String,
+    rate: f64,
+    predicted: Summary,
+    /// Goodput of the cell: requests/s served within the SLOs (attainment × rate).
+    predicted_goodput: f64,
+    measured_goodput: f64,
+    measured_ttft_p90_ms: f64,
+    measured_tpot_p90_ms: f64,
+    measured_attainment: f64,
+    error_goodput: f64,
+    error_ttft_p90: f64,
+    error_tpot_p90: f64,
+}
+
+fn validate(a: &PlanArgs) -> anyhow::Result<()> {
+    let profile = read_profile(&a.profile)?;
+    let fleet = fleet(&profile, a.chunked_prefill, a.kv_gbps, a.kv_latency_ms)?;
+    let mut cells = Vec::new();
+    for m in &a.measured {
+        let (split_s, path) = m.split_once('=').with_context(|| format!("--measured {m:?}: write SPLIT=FILE, e.g. 1:1=serve-disagg.json"))?;
+        let split = parse_split(split_s)?;
+        let path = Path::new(path);
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
+        ensure!(v["bench"] == "serve", "{}: not a `ferry bench serve --out` result", path.display());
+        let w = &v["workload"];
+        ensure!(w["dataset"].is_null(), "{}: a dataset workload; only the random workload is simulated", path.display());
+        let field = |x: &serde_json::Value, what: &str| x.as_f64().with_context(|| format!("{}: no number at {what}", path.display()));
+        let workload = Workload::Random {
+            requests: w["requests_per_rate"].as_u64().unwrap_or(50) as usize,
+            prompt: LenDist::parse(w["prompt_len"].as_str().unwrap_or("64..1024")).map_err(anyhow::Error::msg)?,
+            output: LenDist::parse(w["output_len"].as_str().unwrap_or("64..256")).map_err(anyhow::Error::msg)?,
+            seed: w["seed"].as_u64().unwrap_or(0),
+        };
+        let slo = Slo { ttft_ms: field(&v["slo"]["ttft_ms"], "slo.ttft_ms")?, tpot_ms: field(&v["slo"]["tpot_ms"], "slo.tpot_ms")? };
+        let runs = v["runs"].as_array().with_context(|| format!("{}: no runs", path.display()))?;
+        for run in runs {
+            let rate = field(&run["rate"], "runs[].rate")?;
+            let predicted = Summary::of(&sim::simulate(&fleet, split, &workload.at_rate(rate)), &slo);
+            let measured_attainment = field(&run["slo_attainment"], "runs[].slo_attainment")?;
+            let (mt, mp) = (field(&run["ttft_ms"]["p90"], "runs[].ttft_ms.p90")?, field(&run["tpot_ms"]["p90"], "runs[].tpot_ms.p90")?);
+            let (pg, mg) = (predicted.attainment * rate, measured_attainment * rate);
+            cells.push(Cell {
+                split: split.to_string(),
+                rate,
+                predicted,
+                predicted_goodput: pg,
+                measured_goodput: mg,
+                measured_ttft_p90_ms: mt,
+                measured_tpot_p90_ms: mp,
+                measured_attainment,
+                error_goodput: relative_error(pg, mg),
+                error_ttft_p90: relative_error(predicted.ttft_p90_ms, mt),
+                error_tpot_p90: relative_error(predicted.tpot_p90_ms, mp),
+            });
+        }
+    }
+    let within = |e: f64| e.abs() <= 0.15;
+    let hits = cells.iter().filter(|c| within(c.error_goodput) && within(c.error_ttft_p90) && within(c.error_tpot_p90)).count();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "cells": cells, "within_15_percent": hits, "of": cells.len() }))?);
+        return Ok(());
+    }
+    println!("| split | rate | goodput pred / meas (req/s) | err | TTFT p90 pred / meas (ms) | err | TPOT p90 pred / meas (ms) | err |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let pct = |e: f64| format!("{:+.0}%{}", e * 100.0, if within(e) { "" } else { " ✗" });
+    for c in &cells {
+        println!(
+            "| {} | {} | {:.3} / {:.3} | {} | {:.0} / {:.0} | {} | {:.1} / {:.1} | {} |",
+            c.split,
+            c.rate,
+            c.predicted_goodput,
+            c.measured_goodput,
+            pct(c.error_goodput),
+            c.predicted.ttft_p90_ms,
+            c.measured_ttft_p90_ms,
+            pct(c.error_ttft_p90),
+            c.predicted.tpot_p90_ms,
+            c.measured_tpot_p90_ms,
+            pct(c.error_tpot_p90)
+        );
+    }
+    println!("\n{hits} of {} cells within 15% on all three", cells.len());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_parse_or_say_why_not() {
+        assert_eq!(parse_split("1:2").unwrap(), Split::Disaggregated { prefill: 1, decode: 2 });
+        assert_eq!(parse_split(" 3c").unwrap(), Split::Colocated { workers: 3 });
+        for (bad, says) in [("0:2", "at least one"), ("x:1", "not a count"), ("2", "P:D"), ("0c", "at least one")] {
+            let e = parse_split(bad).unwrap_err();
+            assert!(format!("{e:#}").contains(says), "{bad}: {e:#}");
+        }
+    }
+
+    #[test]
+    fn traces_are_read_sorted_and_bad_lines_named() {
+        let dir = std::env::temp_dir().join(format!("ferry-plan-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good.jsonl");
+        std::fs::write(&good, "{\"at\": 2.0, \"prompt\": 10, \"output\": 3}\n\n{\"at\": 0.5, \"prompt\": 20, \"output\": 4}\n").unwrap();
+        let t = read_trace(&good).unwrap();
+        assert_eq!(t.iter().map(|r| r.prompt).collect::<Vec<_>>(), vec![20, 10]);
+        let w = Workload::Trace { rate: 1.0 / 1.5, requests: t };
+        // Twice its own rate: the gap halves.
+        let fast = w.at_rate(2.0 / 1.5);
+        assert!((fast[1].at - 0.75).abs() < 1e-9, "{fast:?}");
+        let bad = dir.join("bad.jsonl");
+        std::fs::write(&bad, "{\"at\": 0, \"prompt\": 10, \"output\": 3}\n{\"at\": 1, \"prompt\": 0, \"output\": 3}\n").unwrap();
+        assert!(format!("{:#}", read_trace(&bad).unwrap_err()).contains("bad.jsonl:2"));
+        std::fs::write(&bad, "{\"at\": 0, \"prompt\": 10}\n").unwrap();
+        assert!(format!("{:#}", read_trace(&bad).unwrap_err()).contains("bad.jsonl:1"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
