@@ -4,7 +4,8 @@
 #
 # 1. `ferry profile` measures one worker's step costs (one thread pinned to core 0, as the
 #    workers below run: `ferry up --threads 1 --pin`).
-# 2. For each split, a `ferry up` cluster of it serves the same seeded `bench serve` workload at
+# 2. For each split, a `ferry up` cluster of it (prefix caches off: every rate replays the same
+#    prompts, and the simulation has no cache) serves the same seeded `bench serve` workload at
 #    each rate (results in OUT/<split>.json).
 # 3. `ferry plan --measured` predicts every (split, rate) cell from the profile with the workload,
 #    seed and SLOs recorded in those files, and prints the errors.
@@ -37,7 +38,7 @@ for split in "${splits[@]}"; do
     esac
     label="split-${split/:/p}"
     log="$out/$label.up.log"
-    "$ferry" up --listen 127.0.0.1:0 --http 127.0.0.1:0 --threads 1 --pin "${pools[@]}" > "$log" 2>&1 &
+    "$ferry" up --listen 127.0.0.1:0 --http 127.0.0.1:0 --threads 1 --pin --no-prefix-cache "${pools[@]}" > "$log" 2>&1 &
     up=$!
     router=""
     for _ in $(seq 1 600); do

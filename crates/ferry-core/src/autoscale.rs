@@ -279,7 +279,7 @@ mod tests {
 
     fn fleet() -> Fleet {
         Fleet {
-            cost: CostModel { prefill: Linear { a: 0.0, b: 1e-3, c: 0.0 }, decode: Linear { a: 0.01, b: 1e-3, c: 0.0 }, prefill_fit_error: 0.0, decode_fit_error: 0.0 },
+            cost: CostModel { prefill: Linear { a: 0.0, b: 1e-3, c: 0.0 }, decode: Linear { a: 0.01, b: 1e-3, c: 0.0 }, decode_base: crate::profile::Knots::new(&[]), prefill_fit_error: 0.0, decode_fit_error: 0.0 },
             block_size: 16,
             kv_blocks: 10_000,
             max_batch_tokens: 2048,

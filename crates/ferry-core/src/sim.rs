@@ -573,6 +573,7 @@ mod tests {
             cost: CostModel {
                 prefill: Linear { a: 0.0, b: 1e-3, c: 0.0 },
                 decode: Linear { a: 0.01, b: 0.0, c: 0.0 },
+                decode_base: crate::profile::Knots::new(&[]),
                 prefill_fit_error: 0.0,
                 decode_fit_error: 0.0,
             },
