@@ -2,7 +2,6 @@
 //! first router).
 
 use ferry_core::autoscale::Policy;
-use ferry_core::loadgen::Slo;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -23,15 +22,8 @@ pub struct AutoscaleArgs {
     /// Most workers in all (prefill + decode).
     #[arg(long, default_value_t = 8)]
     pub autoscale_max_workers: usize,
-    /// TTFT target (ms) the autoscaler holds.
-    #[arg(long, default_value_t = 5000.0)]
-    pub slo_ttft_ms: f64,
-    /// TPOT target (ms) the autoscaler holds.
-    #[arg(long, default_value_t = 100.0)]
-    pub slo_tpot_ms: f64,
-    /// Fraction of requests that must meet both.
-    #[arg(long, default_value_t = 0.9)]
-    pub slo_target: f64,
+    #[command(flatten)]
+    pub slo: crate::bench_serve::SloArgs,
     /// Plan for the measured rate times 1 + this.
     #[arg(long, default_value_t = 0.2)]
     pub autoscale_headroom: f64,
@@ -55,13 +47,13 @@ impl AutoscaleArgs {
         let path = self.autoscale_profile.as_ref().ok_or_else(|| anyhow::anyhow!("--autoscale needs --autoscale-profile"))?;
         anyhow::ensure!(self.autoscale_max_workers >= 2, "--autoscale-max-workers must be at least 2 (one of each role)");
         anyhow::ensure!(self.autoscale_interval_ms >= 100, "--autoscale-interval-ms must be at least 100");
-        anyhow::ensure!((0.0..=1.0).contains(&self.slo_target), "--slo-target must be a fraction in 0..=1");
+        anyhow::ensure!((0.0..=1.0).contains(&self.slo.slo_target), "--slo-target must be a fraction in 0..=1");
         anyhow::ensure!(self.autoscale_headroom >= 0.0, "--autoscale-headroom must not be negative");
         let profile = crate::plan::read_profile(path)?;
         let fleet = crate::plan::fleet(&profile, None, 2.6, 1.0)?;
         let policy = Policy {
-            slo: Slo { ttft_ms: self.slo_ttft_ms, tpot_ms: self.slo_tpot_ms },
-            target: self.slo_target,
+            slo: self.slo.slo(),
+            target: self.slo.slo_target,
             max_workers: self.autoscale_max_workers,
             headroom: self.autoscale_headroom,
             up_cooldown: Duration::from_millis(self.autoscale_up_cooldown_ms),
@@ -85,9 +77,9 @@ impl AutoscaleArgs {
         for (flag, value) in [
             ("--autoscale-interval-ms", self.autoscale_interval_ms.to_string()),
             ("--autoscale-max-workers", self.autoscale_max_workers.to_string()),
-            ("--slo-ttft-ms", self.slo_ttft_ms.to_string()),
-            ("--slo-tpot-ms", self.slo_tpot_ms.to_string()),
-            ("--slo-target", self.slo_target.to_string()),
+            ("--slo-ttft-ms", self.slo.slo_ttft_ms.to_string()),
+            ("--slo-tpot-ms", self.slo.slo_tpot_ms.to_string()),
+            ("--slo-target", self.slo.slo_target.to_string()),
             ("--autoscale-headroom", self.autoscale_headroom.to_string()),
             ("--autoscale-up-cooldown-ms", self.autoscale_up_cooldown_ms.to_string()),
             ("--autoscale-down-cooldown-ms", self.autoscale_down_cooldown_ms.to_string()),

@@ -65,15 +65,8 @@ pub struct ServeBenchArgs {
     /// Seed for lengths, prompts and arrival times: the same seed gives the same workload.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// TTFT target (ms).
-    #[arg(long, default_value_t = 5000.0)]
-    pub slo_ttft_ms: f64,
-    /// TPOT target (ms).
-    #[arg(long, default_value_t = 100.0)]
-    pub slo_tpot_ms: f64,
-    /// Fraction of requests that must meet both targets for a rate to count toward goodput.
-    #[arg(long, default_value_t = 0.9)]
-    pub slo_target: f64,
+    #[command(flatten)]
+    pub slo: crate::bench_serve::SloArgs,
     /// A name for this configuration in the output and the plot.
     #[arg(long, default_value = "ferry")]
     pub label: String,
@@ -86,6 +79,32 @@ pub struct ServeBenchArgs {
     /// Earlier results (JSON from --out) to draw in the same plot.
     #[arg(long, value_delimiter = ',')]
     pub compare: Vec<PathBuf>,
+}
+
+/// Latency targets, as `bench serve`, `plan` and `--autoscale` take them.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SloArgs {
+    /// TTFT target (ms).
+    #[arg(long, default_value_t = 5000.0)]
+    pub slo_ttft_ms: f64,
+    /// TPOT target (ms).
+    #[arg(long, default_value_t = 100.0)]
+    pub slo_tpot_ms: f64,
+    /// Fraction of requests that must meet both targets (for a rate to count toward goodput).
+    #[arg(long, default_value_t = 0.9)]
+    pub slo_target: f64,
+}
+
+impl Default for SloArgs {
+    fn default() -> Self {
+        SloArgs { slo_ttft_ms: 5000.0, slo_tpot_ms: 100.0, slo_target: 0.9 }
+    }
+}
+
+impl SloArgs {
+    pub fn slo(&self) -> Slo {
+        Slo { ttft_ms: self.slo_ttft_ms, tpot_ms: self.slo_tpot_ms }
+    }
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -243,7 +262,7 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(wrong.is_empty(), "{} not with --workload {} (see `ferry bench serve --help`)", wrong.join(", "), format!("{:?}", a.workload).to_lowercase());
     anyhow::ensure!(a.requests.unwrap_or(1) >= 1, "--requests must be at least 1");
     anyhow::ensure!(a.rates.iter().all(|r| r.is_finite() && *r > 0.0), "--rates must be positive numbers");
-    let slo = Slo { ttft_ms: a.slo_ttft_ms, tpot_ms: a.slo_tpot_ms };
+    let slo = a.slo.slo();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let (client, vocab) = rt.block_on(async {
         let bearer = crate::remote::Bearer::new(a.api_key.as_deref()).map_err(|e| anyhow::anyhow!("--api-key: {e}"))?;
@@ -287,8 +306,8 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
     })?;
     let summaries: Vec<serde_json::Value> = runs.iter().map(|(r, s, w)| summary(*r, s, *w, &slo)).collect();
     let att: Vec<(f64, f64)> = runs.iter().map(|(r, s, _)| (*r, loadgen::attainment(s, &slo))).collect();
-    let goodput = loadgen::goodput(&att, a.slo_target);
-    println!("{}: SLO TTFT <= {} ms and TPOT <= {} ms for {:.0}% of requests", a.label, a.slo_ttft_ms, a.slo_tpot_ms, a.slo_target * 100.0);
+    let goodput = loadgen::goodput(&att, a.slo.slo_target);
+    println!("{}: SLO TTFT <= {} ms and TPOT <= {} ms for {:.0}% of requests", a.label, a.slo.slo_ttft_ms, a.slo.slo_tpot_ms, a.slo.slo_target * 100.0);
     println!("{:>7} {:>9} {:>7} {:>8} | {:>23} | {:>20} | {:>23} | {:>6}", "rate", "completed", "req/s", "tok/s", "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99", "E2E ms p50/p90/p99", "SLO %");
     for s in &summaries {
         let t = |k: &str, q: &str| s[k][q].as_f64().unwrap_or(f64::NAN);
@@ -313,13 +332,13 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
     }
     match goodput {
         Some(g) => println!("goodput: {g} requests/s"),
-        None => println!("goodput: no rate met the SLO for {:.0}% of requests", a.slo_target * 100.0),
+        None => println!("goodput: no rate met the SLO for {:.0}% of requests", a.slo.slo_target * 100.0),
     }
     let result = json!({
         "bench": "serve",
         "label": a.label,
         "router": a.router,
-        "slo": { "ttft_ms": a.slo_ttft_ms, "tpot_ms": a.slo_tpot_ms, "target": a.slo_target },
+        "slo": { "ttft_ms": a.slo.slo_ttft_ms, "tpot_ms": a.slo.slo_tpot_ms, "target": a.slo.slo_target },
         "workload": { "requests_per_rate": a.requests, "prompt_len": a.prompt_len, "output_len": a.output_len,
                       "dataset": a.dataset.as_ref().map(|p| p.display().to_string()), "seed": a.seed },
         "runs": summaries,

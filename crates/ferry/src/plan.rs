@@ -42,15 +42,8 @@ pub struct PlanArgs {
     /// or compressed); with no `--rates` given explicitly, its own rate is used.
     #[arg(long)]
     pub trace: Option<PathBuf>,
-    /// TTFT target (ms).
-    #[arg(long, default_value_t = 5000.0)]
-    pub slo_ttft_ms: f64,
-    /// TPOT target (ms).
-    #[arg(long, default_value_t = 100.0)]
-    pub slo_tpot_ms: f64,
-    /// Fraction of requests that must meet both targets for a rate to count toward goodput.
-    #[arg(long, default_value_t = 0.9)]
-    pub slo_target: f64,
+    #[command(flatten)]
+    pub slo: crate::bench_serve::SloArgs,
     /// Colocated workers' chunked-prefill budget (as their `--chunked-prefill`); none: prefill first.
     #[arg(long)]
     pub chunked_prefill: Option<usize>,
@@ -199,7 +192,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     ensure!(a.workers >= 1, "--workers must be at least 1");
     ensure!(a.rates.iter().all(|r| r.is_finite() && *r > 0.0), "--rates must be positive request rates");
     ensure!(a.requests >= 2, "--requests must be at least 2");
-    ensure!((0.0..=1.0).contains(&a.slo_target), "--slo-target must be a fraction in 0..=1");
+    ensure!((0.0..=1.0).contains(&a.slo.slo_target), "--slo-target must be a fraction in 0..=1");
     let profile = read_profile(&a.profile)?;
     let fleet = fleet(&profile, a.chunked_prefill, a.kv_gbps, a.kv_latency_ms)?;
     let splits: Vec<Split> = if a.splits.is_empty() { Split::all(a.workers) } else { a.splits.iter().map(|s| parse_split(s)).collect::<anyhow::Result<_>>()? };
@@ -217,14 +210,14 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             seed: a.seed,
         },
     };
-    let slo = Slo { ttft_ms: a.slo_ttft_ms, tpot_ms: a.slo_tpot_ms };
+    let slo = a.slo.slo();
     let t0 = std::time::Instant::now();
-    let plans = plan(&fleet, &splits, &workload, &a.rates, &slo, a.slo_target);
+    let plans = plan(&fleet, &splits, &workload, &a.rates, &slo, a.slo.slo_target);
     let best = best(&plans).map(|p| p.label.clone());
     if a.json {
         let v = serde_json::json!({
             "profile": a.profile, "model": profile.model, "machine": profile.machine,
-            "cost_model": fleet.cost, "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "target": a.slo_target},
+            "cost_model": fleet.cost, "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "target": a.slo.slo_target},
             "splits": plans, "best": best, "seconds": t0.elapsed().as_secs_f64(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -236,7 +229,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         fleet.cost.prefill_fit_error * 100.0,
         fleet.cost.decode_fit_error * 100.0
     );
-    println!("SLO: TTFT <= {} ms, TPOT <= {} ms, for {:.0}% of requests\n", slo.ttft_ms, slo.tpot_ms, a.slo_target * 100.0);
+    println!("SLO: TTFT <= {} ms, TPOT <= {} ms, for {:.0}% of requests\n", slo.ttft_ms, slo.tpot_ms, a.slo.slo_target * 100.0);
     println!("| split | rate (req/s) | TTFT p50 / p90 / p99 (ms) | TPOT p50 / p90 / p99 (ms) | SLO met | goodput (req/s) |");
     println!("|---|---|---|---|---|---|");
     for p in &plans {
