@@ -405,20 +405,12 @@ impl<'a> Sim<'a> {
         let now = self.now;
         match step {
             Step::Prefill(plan) => {
-                let mut finished = Vec::new();
-                for &(j, n) in &plan {
-                    let a = &mut self.workers[w].active[j];
-                    a.done += n;
-                    if a.done == self.reqs[a.r].prompt {
-                        finished.push(j);
-                    }
-                }
-                for &j in finished.iter().rev() {
-                    let Pre { r, .. } = self.workers[w].active.remove(j);
+                for r in self.advance_prompts(w, &plan) {
                     let prompt = self.reqs[r].prompt;
+                    let blocks = self.blocks(prompt);
                     let k = &mut self.workers[w];
                     k.outstanding -= prompt as u64;
-                    k.leased += prompt.div_ceil(self.fleet.block_size.max(1));
+                    k.leased += blocks;
                     // The first token goes to the client with prefill's answer.
                     self.first_token(r, now + self.fleet.kv.latency_s);
                     self.at(now + self.fleet.kv.seconds(prompt), Event::KvLanded(r));
@@ -442,22 +434,27 @@ impl<'a> Sim<'a> {
                     let Run { r, .. } = self.workers[w].running.swap_remove(i);
                     self.finish(w, r);
                 }
-                let mut prefilled = Vec::new();
-                for &(j, n) in &plan.prefills {
-                    let a = &mut self.workers[w].active[j];
-                    a.done += n;
-                    if a.done == self.reqs[a.r].prompt {
-                        prefilled.push(j);
-                    }
-                }
-                for &j in prefilled.iter().rev() {
-                    let Pre { r, .. } = self.workers[w].active.remove(j);
+                for r in self.advance_prompts(w, &plan.prefills) {
                     self.first_token(r, now);
                     self.start(w, r);
                 }
             }
         }
         self.kick(w);
+    }
+
+    /// Account `w`'s prompt chunks `(index, tokens)` as computed; the prompts they finish leave
+    /// its active list, and their requests are returned (last index first).
+    fn advance_prompts(&mut self, w: usize, chunks: &[(usize, usize)]) -> Vec<usize> {
+        let mut finished = Vec::new();
+        for &(j, n) in chunks {
+            let a = &mut self.workers[w].active[j];
+            a.done += n;
+            if a.done == self.reqs[a.r].prompt {
+                finished.push(j);
+            }
+        }
+        finished.iter().rev().map(|&j| self.workers[w].active.remove(j).r).collect()
     }
 
     fn first_token(&mut self, r: usize, t: f64) {
@@ -478,8 +475,9 @@ impl<'a> Sim<'a> {
 
     fn kv_landed(&mut self, r: usize) {
         if let Some(p) = self.state[r].prefill {
+            let blocks = self.blocks(self.reqs[r].prompt);
             let k = &mut self.workers[p];
-            k.leased -= self.reqs[r].prompt.div_ceil(self.fleet.block_size.max(1));
+            k.leased -= blocks;
             self.kick(p);
         }
         let d = self.state[r].decode;
