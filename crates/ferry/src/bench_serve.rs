@@ -217,7 +217,29 @@ pub(crate) async fn stream(mut client: crate::remote::Client, input: generate_re
     Streamed { sample: Sample { ok: true, ttft_ms: first.as_secs_f64() * 1e3, tpot_ms: tpot, e2e_ms: t0.elapsed().as_secs_f64() * 1e3, output_tokens: n }, ids, summary }
 }
 
-fn summary(rate: f64, samples: &[Sample], wall: f64, slo: &Slo) -> serde_json::Value {
+/// One request of a run: when it was sent (seconds after the run started), its prompt's length
+/// (None for a text prompt: tokenized by the router) and what the client saw.
+struct Record {
+    at: f64,
+    prompt_tokens: Option<usize>,
+    sample: Sample,
+}
+
+impl Record {
+    fn samples(records: &[Record]) -> Vec<Sample> {
+        records.iter().map(|r| r.sample).collect()
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let s = &self.sample;
+        let finite = |x: f64| x.is_finite().then_some(x);
+        json!({ "at_s": self.at, "prompt_tokens": self.prompt_tokens, "output_tokens": s.output_tokens, "ok": s.ok,
+                "ttft_ms": finite(s.ttft_ms), "tpot_ms": finite(s.tpot_ms), "e2e_ms": s.e2e_ms })
+    }
+}
+
+fn summary(rate: f64, records: &[Record], wall: f64, slo: &Slo) -> serde_json::Value {
+    let samples = Record::samples(records);
     let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok).collect();
     let pct = |f: &dyn Fn(&Sample) -> f64| {
         let v: Vec<f64> = ok.iter().map(|s| f(s)).collect();
@@ -234,7 +256,8 @@ fn summary(rate: f64, samples: &[Sample], wall: f64, slo: &Slo) -> serde_json::V
         "ttft_ms": pct(&|s| s.ttft_ms),
         "tpot_ms": pct(&|s| s.tpot_ms),
         "e2e_ms": pct(&|s| s.e2e_ms),
-        "slo_attainment": loadgen::attainment(samples, slo),
+        "slo_attainment": loadgen::attainment(&samples, slo),
+        "samples": records.iter().map(Record::json).collect::<Vec<_>>(),
     })
 }
 
@@ -289,9 +312,13 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
                 let bar = bar.clone();
                 tasks.push(tokio::spawn(async move {
                     tokio::time::sleep_until(start + Duration::from_secs_f64(p.at)).await;
+                    let (at, prompt_tokens) = (p.at, match &p.input {
+                        Input::Ids(ids) => Some(ids.len()),
+                        Input::Text(_) => None,
+                    });
                     let s = one(c, p).await;
                     bar.inc(1);
-                    s
+                    Record { at, prompt_tokens, sample: s }
                 }));
             }
             let mut samples = Vec::new();
@@ -305,7 +332,7 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
         anyhow::Ok(runs)
     })?;
     let summaries: Vec<serde_json::Value> = runs.iter().map(|(r, s, w)| summary(*r, s, *w, &slo)).collect();
-    let att: Vec<(f64, f64)> = runs.iter().map(|(r, s, _)| (*r, loadgen::attainment(s, &slo))).collect();
+    let att: Vec<(f64, f64)> = runs.iter().map(|(r, s, _)| (*r, loadgen::attainment(&Record::samples(s), &slo))).collect();
     let goodput = loadgen::goodput(&att, a.slo.slo_target);
     println!("{}: SLO TTFT <= {} ms and TPOT <= {} ms for {:.0}% of requests", a.label, a.slo.slo_ttft_ms, a.slo.slo_tpot_ms, a.slo.slo_target * 100.0);
     println!("{:>7} {:>9} {:>7} {:>8} | {:>23} | {:>20} | {:>23} | {:>6}", "rate", "completed", "req/s", "tok/s", "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99", "E2E ms p50/p90/p99", "SLO %");

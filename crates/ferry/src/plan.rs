@@ -7,7 +7,7 @@
 //! and the best split.
 
 use anyhow::{bail, ensure, Context};
-use ferry_core::loadgen::{self, LenDist, Slo};
+use ferry_core::loadgen::{self, LenDist, Sample, Slo};
 use ferry_core::profile::{CostModel, Profile, PROFILE_FORMAT};
 use ferry_core::sim::{self, Fleet, KvLink, SimRequest, Split, Summary};
 use std::path::{Path, PathBuf};
@@ -274,6 +274,31 @@ struct Cell {
     error_goodput: f64,
     error_ttft_p90: f64,
     error_tpot_p90: f64,
+    /// Per request (when the result has its requests): the median of measured / predicted TTFT
+    /// and TPOT, which separates a cost that is off in every request from a few that queued.
+    ttft_ratio_p50: Option<f64>,
+    tpot_ratio_p50: Option<f64>,
+}
+
+/// The median over `run`'s requests of measured / predicted TTFT and TPOT, pairing each recorded
+/// request with the simulated one at its place; refused when the recorded requests are not the
+/// simulated workload's (another seed or lengths). None when the result has no requests recorded.
+fn per_request_ratios(run: &serde_json::Value, simulated: &[SimRequest], predicted: &[Sample], path: &Path) -> anyhow::Result<Option<(f64, f64)>> {
+    let Some(recorded) = run["samples"].as_array() else { return Ok(None) };
+    ensure!(recorded.len() == simulated.len(), "{}: {} requests recorded at rate {}, the workload has {}", path.display(), recorded.len(), run["rate"], simulated.len());
+    let (mut ttft, mut tpot) = (Vec::new(), Vec::new());
+    for (i, (m, (q, p))) in recorded.iter().zip(simulated.iter().zip(predicted)).enumerate() {
+        if let Some(n) = m["prompt_tokens"].as_u64() {
+            ensure!(n as usize == q.prompt, "{}: request {i} at rate {} had {n} prompt tokens, the workload's has {}: not this workload", path.display(), run["rate"], q.prompt);
+        }
+        if let (Some(t), true) = (m["ttft_ms"].as_f64(), p.ok && p.ttft_ms > 0.0) {
+            ttft.push(t / p.ttft_ms);
+        }
+        if let (Some(t), true) = (m["tpot_ms"].as_f64(), p.ok && p.tpot_ms > 0.0) {
+            tpot.push(t / p.tpot_ms);
+        }
+    }
+    Ok(Some((loadgen::percentile(&ttft, 50.0), loadgen::percentile(&tpot, 50.0))))
 }
 
 fn validate(a: &PlanArgs) -> anyhow::Result<()> {
@@ -300,7 +325,10 @@ fn validate(a: &PlanArgs) -> anyhow::Result<()> {
         let runs = v["runs"].as_array().with_context(|| format!("{}: no runs", path.display()))?;
         for run in runs {
             let rate = field(&run["rate"], "runs[].rate")?;
-            let predicted = Summary::of(&sim::simulate(&fleet, split, &workload.at_rate(rate)), &slo);
+            let requests = workload.at_rate(rate);
+            let samples = sim::simulate(&fleet, split, &requests);
+            let ratios = per_request_ratios(run, &requests, &samples, path)?;
+            let predicted = Summary::of(&samples, &slo);
             let measured_attainment = field(&run["slo_attainment"], "runs[].slo_attainment")?;
             let (mt, mp) = (field(&run["ttft_ms"]["p90"], "runs[].ttft_ms.p90")?, field(&run["tpot_ms"]["p90"], "runs[].tpot_ms.p90")?);
             let (pg, mg) = (predicted.attainment * rate, measured_attainment * rate);
@@ -316,6 +344,8 @@ fn validate(a: &PlanArgs) -> anyhow::Result<()> {
                 error_goodput: relative_error(pg, mg),
                 error_ttft_p90: relative_error(predicted.ttft_p90_ms, mt),
                 error_tpot_p90: relative_error(predicted.tpot_p90_ms, mp),
+                ttft_ratio_p50: ratios.map(|r| r.0),
+                tpot_ratio_p50: ratios.map(|r| r.1),
             });
         }
     }
@@ -345,6 +375,12 @@ fn validate(a: &PlanArgs) -> anyhow::Result<()> {
         );
     }
     println!("\n{hits} of {} cells within 15% on all three", cells.len());
+    if cells.iter().any(|c| c.ttft_ratio_p50.is_some()) {
+        println!("\nPer request, measured / predicted (median):");
+        for c in cells.iter().filter(|c| c.ttft_ratio_p50.is_some()) {
+            println!("  {} at {}/s: TTFT {:.2}, TPOT {:.2}", c.split, c.rate, c.ttft_ratio_p50.unwrap_or(f64::NAN), c.tpot_ratio_p50.unwrap_or(f64::NAN));
+        }
+    }
     Ok(())
 }
 

@@ -5,12 +5,17 @@
 //! Measured, one [`Engine::step`] at a time, with the engine configured as a worker started with
 //! the same flags (model, `--threads`, `--kv-tokens`, `--max-batch-tokens`):
 //! - prefill steps: `prompts` fresh sequences computing a whole prompt of `len` random tokens each
-//!   (the last row's logits only, as a prefill worker asks), the median of `--repeats` after one
+//!   (the last row's logits only, as a prefill worker asks), `--repeats` steps per pass after one
 //!   warm-up;
-//! - decode steps: `batch` sequences of `context` tokens, each advancing one token per step, the
-//!   median of `--steps` steps. The sequences are forks of `batch` distinct prefilled ones, so
+//! - decode steps: `batch` sequences of `context` tokens, each advancing one token per step,
+//!   `--steps` steps per pass. The sequences are forks of `batch` distinct prefilled ones, so
 //!   each row attends its own KV in memory (forks of a single sequence would share their blocks
 //!   and read the same memory, hiding what KV reads cost a real batch).
+//!
+//! The grid is walked `--passes` times and each point keeps the median of all its steps: a
+//! shared machine has slow and fast spells of tens of seconds (decode steps measured a minute
+//! apart on the 2-core development VM differed by up to 1.8×), and points measured in one spell
+//! would carry it into every prediction.
 
 use crate::ModelArgs;
 use anyhow::Context;
@@ -36,8 +41,8 @@ pub struct ProfileArgs {
     /// Prefill: prompts per step (combinations over --max-batch-tokens tokens are skipped).
     #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
     pub prompts: Vec<usize>,
-    /// Prefill: timed steps per point, after one warm-up (the median is kept).
-    #[arg(long, default_value_t = 3)]
+    /// Prefill: timed steps per point in each pass, after one warm-up.
+    #[arg(long, default_value_t = 1)]
     pub repeats: usize,
     /// Decode: sequences per step.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
@@ -45,9 +50,13 @@ pub struct ProfileArgs {
     /// Decode: tokens each sequence holds when the timed steps start.
     #[arg(long, value_delimiter = ',', default_value = "64,256,1024")]
     pub contexts: Vec<usize>,
-    /// Decode: timed steps per point (the median is kept; each adds a token to every sequence).
+    /// Decode: timed steps per point in each pass (each adds a token to every sequence).
     #[arg(long, default_value_t = 8)]
     pub steps: usize,
+    /// Walks over the whole grid; each point keeps the median of its steps from every pass, so
+    /// that a slow or fast spell of the machine does not decide it.
+    #[arg(long, default_value_t = 3)]
+    pub passes: usize,
     /// The profile to write (JSON; `ferry plan --profile` reads it).
     #[arg(long, default_value = "profile.json")]
     pub out: PathBuf,
@@ -62,6 +71,7 @@ pub struct Grid {
     batches: Vec<usize>,
     contexts: Vec<usize>,
     steps: usize,
+    passes: usize,
 }
 
 /// A list flag's values, sorted and deduplicated; an empty list or a zero is refused.
@@ -78,6 +88,7 @@ impl Grid {
     pub fn new(a: &ProfileArgs) -> anyhow::Result<Grid> {
         anyhow::ensure!(a.repeats >= 1, "--repeats must be at least 1");
         anyhow::ensure!(a.steps >= 1, "--steps must be at least 1");
+        anyhow::ensure!(a.passes >= 1, "--passes must be at least 1");
         anyhow::ensure!(a.max_batch_tokens >= 1, "--max-batch-tokens must be at least 1");
         anyhow::ensure!(a.kv_tokens != Some(0), "--kv-tokens must be at least 1");
         let grid = Grid {
@@ -87,6 +98,7 @@ impl Grid {
             batches: list("batches", &a.batches)?,
             contexts: list("contexts", &a.contexts)?,
             steps: a.steps,
+            passes: a.passes,
         };
         // What `CostModel::fit` needs to determine three coefficients per phase, refused now
         // rather than after minutes of measuring: with one prompt length the attended pairs are
@@ -127,9 +139,10 @@ impl Grid {
         let (widest, longest) = (self.widest(), self.contexts.iter().max().copied().unwrap_or(0));
         anyhow::ensure!(longest + self.steps <= ctx, "--contexts {longest} plus --steps {} is more than the model's context ({ctx})", self.steps);
         let prefill_blocks = points.iter().map(|&(k, n)| k * n.div_ceil(bs)).max().unwrap_or(0);
-        // The prefilled sequences, and a fork of each: its copy of their last partial block and
-        // the blocks its steps fill.
-        let decode_blocks = widest * ((longest + self.steps).div_ceil(bs) + longest.div_ceil(bs) - longest / bs);
+        // The prefilled sequences of every context, held through the passes, and a fork of each
+        // of the longest: its copy of their last partial block and the blocks its steps fill.
+        let held: usize = self.contexts.iter().map(|c| c.div_ceil(bs)).sum();
+        let decode_blocks = widest * (held + (longest + self.steps).div_ceil(bs) - longest / bs);
         let need = prefill_blocks.max(decode_blocks);
         anyhow::ensure!(
             need <= total,
@@ -143,7 +156,7 @@ impl Grid {
     }
 
     fn points(&self, max_batch_tokens: usize) -> usize {
-        self.prefill_points(max_batch_tokens).len() + self.batches.len() * self.contexts.len()
+        (self.prefill_points(max_batch_tokens).len() + self.batches.len() * self.contexts.len()) * self.passes
     }
 }
 
@@ -188,9 +201,8 @@ fn prefill_step(engine: &mut Engine, tokens: &mut Tokens, prompts: usize, len: u
     })
 }
 
-/// The median seconds of `steps` decode steps of `seqs`, one token each.
-fn decode_steps(engine: &mut Engine, tokens: &mut Tokens, seqs: &[SeqId], steps: usize) -> anyhow::Result<f64> {
-    let mut times = Vec::with_capacity(steps);
+/// Time `steps` decode steps of `seqs`, one token each, into `times`.
+fn decode_steps(engine: &mut Engine, tokens: &mut Tokens, seqs: &[SeqId], steps: usize, times: &mut Vec<f64>) -> anyhow::Result<()> {
     for _ in 0..steps {
         let next = tokens.draw(seqs.len());
         let items: Vec<StepItem> = seqs.iter().zip(&next).map(|(&seq, t)| StepItem { seq, tokens: std::slice::from_ref(t), logits: Logits::Last }).collect();
@@ -198,7 +210,7 @@ fn decode_steps(engine: &mut Engine, tokens: &mut Tokens, seqs: &[SeqId], steps:
         engine.step(&items, &mut |_, _| {})?;
         times.push(t.elapsed().as_secs_f64());
     }
-    Ok(median(times))
+    Ok(())
 }
 
 /// Seconds kept to the nanosecond (what `Instant` resolves), so that the JSON reads back equal.
@@ -206,42 +218,53 @@ fn ns(s: f64) -> f64 {
     (s * 1e9).round() / 1e9
 }
 
-/// Measure every point of `grid` on `engine`, ticking `bar` once per point.
+/// Measure every point of `grid` on `engine`, ticking `bar` once per point and pass.
 pub fn measure(engine: &mut Engine, grid: &Grid, bar: &indicatif::ProgressBar) -> anyhow::Result<(Vec<PrefillPoint>, Vec<DecodePoint>)> {
     grid.check(engine)?;
     let mut tokens = Tokens::new(engine.config().vocab_size);
-    let mut prefill = Vec::new();
-    for (prompts, len) in grid.prefill_points(engine.max_batch_tokens()) {
-        bar.set_message(format!("prefill: {prompts} × {len} tokens"));
-        prefill_step(engine, &mut tokens, prompts, len)?;
-        let runs = (0..grid.repeats).map(|_| prefill_step(engine, &mut tokens, prompts, len)).collect::<anyhow::Result<Vec<f64>>>()?;
-        prefill.push(PrefillPoint { prompts, prompt_tokens: len, seconds: ns(median(runs)) });
-        bar.inc(1);
-    }
+    let prefill_points = grid.prefill_points(engine.max_batch_tokens());
+    let mut prefill_runs = vec![Vec::new(); prefill_points.len()];
     let widest = grid.widest();
-    let bases = (0..widest).map(|_| engine.new_sequence()).collect();
-    let decode = releasing(engine, bases, |engine, bases| {
-        let (mut decode, mut held) = (Vec::new(), 0);
-        for &context in &grid.contexts {
+    // `widest` sequences prefilled to each context, held through the passes.
+    let bases = (0..widest * grid.contexts.len()).map(|_| engine.new_sequence()).collect();
+    let decode_runs = releasing(engine, bases, |engine, bases| {
+        for (c, &context) in grid.contexts.iter().enumerate() {
             bar.set_message(format!("decode: prefilling {widest} sequences to {context} tokens"));
-            for &seq in bases {
-                engine.prefill(seq, &tokens.draw(context - held))?;
-            }
-            held = context;
-            for &batch in &grid.batches {
-                bar.set_message(format!("decode: batch {batch}, context {context}"));
-                let mut forks = Vec::with_capacity(batch);
-                let forked = bases[..batch].iter().try_for_each(|&s| engine.fork(s).map(|f| forks.push(f)));
-                let seconds = releasing(engine, forks, |engine, forks| {
-                    forked?;
-                    decode_steps(engine, &mut tokens, forks, grid.steps)
-                })?;
-                decode.push(DecodePoint { batch, context, seconds: ns(seconds) });
-                bar.inc(1);
+            for &seq in &bases[c * widest..(c + 1) * widest] {
+                engine.prefill(seq, &tokens.draw(context))?;
             }
         }
-        Ok(decode)
+        let mut decode_runs = vec![Vec::new(); grid.contexts.len() * grid.batches.len()];
+        for pass in 0..grid.passes {
+            let of = |what: String| if grid.passes > 1 { format!("pass {}/{}: {what}", pass + 1, grid.passes) } else { what };
+            for (i, &(prompts, len)) in prefill_points.iter().enumerate() {
+                bar.set_message(of(format!("prefill: {prompts} × {len} tokens")));
+                if pass == 0 {
+                    prefill_step(engine, &mut tokens, prompts, len)?;
+                }
+                for _ in 0..grid.repeats {
+                    prefill_runs[i].push(prefill_step(engine, &mut tokens, prompts, len)?);
+                }
+                bar.inc(1);
+            }
+            for (c, &context) in grid.contexts.iter().enumerate() {
+                for (b, &batch) in grid.batches.iter().enumerate() {
+                    bar.set_message(of(format!("decode: batch {batch}, context {context}")));
+                    let mut forks = Vec::with_capacity(batch);
+                    let forked = bases[c * widest..][..batch].iter().try_for_each(|&s| engine.fork(s).map(|f| forks.push(f)));
+                    releasing(engine, forks, |engine, forks| {
+                        forked?;
+                        decode_steps(engine, &mut tokens, forks, grid.steps, &mut decode_runs[c * grid.batches.len() + b])
+                    })?;
+                    bar.inc(1);
+                }
+            }
+        }
+        Ok(decode_runs)
     })?;
+    let prefill = prefill_points.iter().zip(prefill_runs).map(|(&(prompts, len), runs)| PrefillPoint { prompts, prompt_tokens: len, seconds: ns(median(runs)) }).collect();
+    let points = grid.contexts.iter().flat_map(|&context| grid.batches.iter().map(move |&batch| (batch, context)));
+    let decode = points.zip(decode_runs).map(|((batch, context), runs)| DecodePoint { batch, context, seconds: ns(median(runs)) }).collect();
     Ok((prefill, decode))
 }
 
