@@ -85,10 +85,12 @@ impl Linear {
         self.a + self.b * x + self.c * y
     }
 
-    /// Least squares on relative error over `(x, y, t)`. None when the points do not determine
-    /// three coefficients (fewer than three, or all on one line).
+    /// Least squares on relative error over `(x, y, t)`, every coefficient at least 0 (a step
+    /// never gets cheaper with more tokens or more attention: a negative coefficient only fits
+    /// noise, and extrapolates into nonsense). None when the points do not determine the
+    /// coefficients (fewer than three, or all on one line).
     pub fn fit(points: &[(f64, f64, f64)]) -> Option<Linear> {
-        // Rows [1, x, y] / t against 1: minimise sum(((a + bx + cy) - t) / t)^2.
+        // Rows r = [1, x, y] / t against 1: minimise sum((r·k - 1)^2) = k'Mk - 2v'k + n.
         let mut m = [[0.0f64; 3]; 3];
         let mut v = [0.0f64; 3];
         for &(x, y, t) in points {
@@ -103,33 +105,48 @@ impl Linear {
                 v[i] += r[i];
             }
         }
-        let [a, b, c] = solve3(m, v)?;
-        Some(Linear { a, b, c })
+        let [a, b, c] = solve(&m, &v, [true; 3])?;
+        if a >= 0.0 && b >= 0.0 && c >= 0.0 {
+            return Some(Linear { a, b, c });
+        }
+        // The non-negative optimum has some coefficients at 0 and the rest the least-squares
+        // solution over them: try every such set (seven), keep the best that is non-negative.
+        let cost = |k: &[f64; 3]| (0..3).map(|i| k[i] * ((0..3).map(|j| m[i][j] * k[j]).sum::<f64>() - 2.0 * v[i])).sum::<f64>();
+        (1u8..7)
+            .filter_map(|set| solve(&m, &v, [set & 1 != 0, set & 2 != 0, set & 4 != 0]))
+            .filter(|k| k.iter().all(|&x| x >= 0.0))
+            .min_by(|p, q| cost(p).total_cmp(&cost(q)))
+            .map(|[a, b, c]| Linear { a, b, c })
     }
 }
 
-/// Solve `m · x = v` by Gaussian elimination with partial pivoting; None when singular.
-fn solve3(mut m: [[f64; 3]; 3], mut v: [f64; 3]) -> Option<[f64; 3]> {
-    let scale = m.iter().flatten().fold(0.0f64, |s, x| s.max(x.abs()));
-    for col in 0..3 {
-        let pivot = (col..3).max_by(|&i, &j| m[i][col].abs().total_cmp(&m[j][col].abs()))?;
-        if m[pivot][col].abs() <= scale * 1e-12 {
+/// Solve `m · x = v` over the coefficients marked `free` (the others 0) by Gaussian elimination
+/// with partial pivoting; None when singular.
+fn solve(m: &[[f64; 3]; 3], v: &[f64; 3], free: [bool; 3]) -> Option<[f64; 3]> {
+    let idx: Vec<usize> = (0..3).filter(|&i| free[i]).collect();
+    let n = idx.len();
+    let mut a: Vec<Vec<f64>> = idx.iter().map(|&i| idx.iter().map(|&j| m[i][j]).collect()).collect();
+    let mut b: Vec<f64> = idx.iter().map(|&i| v[i]).collect();
+    let scale = a.iter().flatten().fold(0.0f64, |s, x| s.max(x.abs()));
+    for col in 0..n {
+        let pivot = (col..n).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
+        if a[pivot][col].abs() <= scale * 1e-12 {
             return None;
         }
-        m.swap(col, pivot);
-        v.swap(col, pivot);
-        for row in col + 1..3 {
-            let f = m[row][col] / m[col][col];
-            for k in col..3 {
-                m[row][k] -= f * m[col][k];
+        a.swap(col, pivot);
+        b.swap(col, pivot);
+        for row in col + 1..n {
+            let f = a[row][col] / a[col][col];
+            for k in col..n {
+                a[row][k] -= f * a[col][k];
             }
-            v[row] -= f * v[col];
+            b[row] -= f * b[col];
         }
     }
     let mut x = [0.0; 3];
-    for row in (0..3).rev() {
-        let s: f64 = (row + 1..3).map(|k| m[row][k] * x[k]).sum();
-        x[row] = (v[row] - s) / m[row][row];
+    for row in (0..n).rev() {
+        let s: f64 = (row + 1..n).map(|k| a[row][k] * x[idx[k]]).sum();
+        x[idx[row]] = (b[row] - s) / a[row][row];
     }
     x.iter().all(|x| x.is_finite()).then_some(x)
 }
@@ -344,5 +361,30 @@ mod tests {
         p.prefill.retain(|q| q.prompts == 1 && q.prompt_tokens == 16);
         assert!(CostModel::fit(&p).unwrap_err().contains("prefill"));
         assert!(Linear::fit(&[]).is_none());
+    }
+
+    #[test]
+    fn coefficients_are_never_negative() {
+        // Steps that grow with tokens but, through noise, less than linearly in attention: the
+        // free least-squares fit gives attention a negative cost (this was a real profile of
+        // SmolLM2 on a shared 2-core VM: -4.1 µs per attended pair).
+        let pts: Vec<(f64, f64, f64)> = [(32.0, 0.59), (128.0, 1.26), (256.0, 2.9), (512.0, 5.0), (64.0, 0.8), (1024.0, 8.9)]
+            .iter()
+            .map(|&(n, t)| (n, attention_pairs(0, n as usize), t))
+            .collect();
+        let k = Linear::fit(&pts).unwrap();
+        assert_eq!(k.c, 0.0, "the free fit's attention cost is negative (-4e-7 s a pair), the bounded one 0: {k:?}");
+        assert!(k.a >= 0.0 && k.b >= 0.0 && k.c >= 0.0, "{k:?}");
+        assert!(k.b > 0.0, "the per-token cost carries the steps: {k:?}");
+        // It is the best non-negative fit: no nearby non-negative coefficients fit better.
+        let loss = |k: &Linear| pts.iter().map(|&(x, y, t)| ((k.at(x, y) - t) / t).powi(2)).sum::<f64>();
+        for (da, db, dc) in [(1e-3, 0.0, 0.0), (-1e-3, 0.0, 0.0), (0.0, 1e-5, 0.0), (0.0, -1e-5, 0.0), (0.0, 0.0, 1e-8)] {
+            let near = Linear { a: (k.a + da).max(0.0), b: (k.b + db).max(0.0), c: (k.c + dc).max(0.0) };
+            assert!(loss(&near) >= loss(&k) - 1e-12, "{near:?} fits better than {k:?}");
+        }
+        // Exact non-negative data is fitted exactly, as before.
+        let exact: Vec<(f64, f64, f64)> = [(16.0, 3.0), (64.0, 1.0), (256.0, 7.0), (32.0, 2.0)].iter().map(|&(x, y)| (x, y, 0.1 + 0.01 * x + 0.002 * y)).collect();
+        let e = Linear::fit(&exact).unwrap();
+        assert!((e.a - 0.1).abs() < 1e-9 && (e.b - 0.01).abs() < 1e-9 && (e.c - 0.002).abs() < 1e-9, "{e:?}");
     }
 }

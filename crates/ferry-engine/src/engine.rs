@@ -165,6 +165,8 @@ pub struct Engine<B: Backend = DeviceBackend> {
     pub fingerprint: String,
     /// Whether prompts are encoded with the tokenizer's special tokens (BOS).
     pub add_special_tokens: bool,
+    /// Steps take at least what this cost model says (see [`Engine::pace`]).
+    pace: Option<ferry_core::profile::CostModel>,
 }
 
 impl Engine<DeviceBackend> {
@@ -231,6 +233,7 @@ impl<B: Backend> Engine<B> {
             chat_template: m.chat_template,
             fingerprint: m.fingerprint,
             add_special_tokens: m.add_special_tokens,
+            pace: None,
         })
     }
 
@@ -296,9 +299,40 @@ impl<B: Backend> Engine<B> {
         Ok(self.seqs.get(&seq).ok_or(EngineError::UnknownSequence(seq.0))?.table.tokens)
     }
 
+    /// Make every step last at least what `model` predicts for its shape (decode rows and their
+    /// contexts, prompt chunks and what they attend): the engine then behaves, in time, like the
+    /// device that was profiled, while it computes on this one. With a small model this emulates
+    /// many such devices on a few cores, to try routing, planning and autoscaling at scale (the
+    /// role NVIDIA Dynamo's mocker engine plays). None: steps take what they take.
+    pub fn pace(&mut self, model: Option<ferry_core::profile::CostModel>) {
+        self.pace = model;
+    }
+
     /// One forward pass over all items; returns each item's requested logits (`[rows, vocab]`
     /// flattened; empty for `Logits::None`). All-or-nothing: on error no sequence has advanced.
     pub fn step(&mut self, items: &[StepItem], on_layer: &mut (dyn FnMut(usize, &KvView<B>) + Send)) -> Result<Vec<Vec<f32>>> {
+        let Some(model) = &self.pace else { return self.compute_step(items, on_layer) };
+        // The step's shape before it runs: one-token items on a sequence with KV are decode rows.
+        let (mut decodes, mut context, mut chunks) = (0, 0, Vec::new());
+        for it in items {
+            let held = self.seqs.get(&it.seq).map_or(0, |s| s.table.tokens);
+            if it.tokens.len() == 1 && held > 0 {
+                decodes += 1;
+                context += held;
+            } else {
+                chunks.push((held, it.tokens.len()));
+            }
+        }
+        let target = std::time::Duration::from_secs_f64(model.step(decodes, context, &chunks));
+        let start = std::time::Instant::now();
+        let out = self.compute_step(items, on_layer)?;
+        if let Some(rest) = target.checked_sub(start.elapsed()) {
+            std::thread::sleep(rest);
+        }
+        Ok(out)
+    }
+
+    fn compute_step(&mut self, items: &[StepItem], on_layer: &mut (dyn FnMut(usize, &KvView<B>) + Send)) -> Result<Vec<Vec<f32>>> {
         let (ctx, vocab, bs) = (self.model.config.max_position, self.model.config.vocab_size, self.layout.block_size);
         for (i, it) in items.iter().enumerate() {
             let t = &self.seqs.get(&it.seq).ok_or(EngineError::UnknownSequence(it.seq.0))?.table;

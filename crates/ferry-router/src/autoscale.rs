@@ -19,6 +19,10 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug)]
 pub struct AutoscaleConfig {
     pub interval: Duration,
+    /// The arrival rate is measured over this much of the recent past (at least one interval):
+    /// one interval of a few arrivals is a noisy estimate (at 0.6 requests/s, 10 s hold 6 ± 2.4),
+    /// and plans from it move the pools back and forth.
+    pub rate_window: Duration,
     pub policy: Policy,
     /// The workers, as `ferry profile` measured them.
     pub fleet: Fleet,
@@ -45,14 +49,19 @@ pub struct Window {
 
 #[derive(Default)]
 struct WindowInner {
-    arrivals: u64,
+    /// Arrival times within the rate window.
+    arrivals: VecDeque<Instant>,
     finished: Vec<Finished>,
     lengths: VecDeque<(usize, usize)>,
 }
 
 impl Window {
     pub fn arrived(&self) {
-        self.lock().arrivals += 1;
+        self.arrived_at(Instant::now());
+    }
+
+    fn arrived_at(&self, t: Instant) {
+        self.lock().arrivals.push_back(t);
     }
 
     pub fn finished(&self, f: Finished) {
@@ -66,14 +75,19 @@ impl Window {
         w.finished.push(f);
     }
 
-    /// What happened over the last `span`, and start counting again.
-    pub fn take(&self, span: Duration, slo: &Slo) -> Observed {
+    /// What happened since the last call (attainment), the arrival rate over the last
+    /// `rate_window` (or over `running`, the time since counting began, while that is shorter),
+    /// and start counting again.
+    pub fn take(&self, now: Instant, rate_window: Duration, running: Duration, slo: &Slo) -> Observed {
         let mut w = self.lock();
-        let arrivals = std::mem::take(&mut w.arrivals);
+        while w.arrivals.front().is_some_and(|&t| now.saturating_duration_since(t) > rate_window) {
+            w.arrivals.pop_front();
+        }
+        let span = rate_window.min(running).as_secs_f64().max(1e-3);
         let done = std::mem::take(&mut w.finished);
         let frac = |f: &dyn Fn(&Finished) -> bool| (!done.is_empty()).then(|| done.iter().filter(|d| f(d)).count() as f64 / done.len() as f64);
         Observed {
-            rate: arrivals as f64 / span.as_secs_f64().max(1e-3),
+            rate: w.arrivals.len() as f64 / span,
             lengths: w.lengths.iter().copied().collect(),
             attainment: frac(&|d| d.ok && d.ttft_ms <= slo.ttft_ms && d.tpot_ms <= slo.tpot_ms),
             ttft_met: frac(&|d| d.ok && d.ttft_ms <= slo.ttft_ms),
@@ -96,12 +110,11 @@ pub async fn run(shared: Arc<Shared>, cfg: AutoscaleConfig, dial: Dial) {
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
-    let mut last = Instant::now();
+    let counting = Instant::now();
     loop {
         tick.tick().await;
         let now = Instant::now();
-        let seen = shared.window.take(now - last, &cfg.policy.slo);
-        last = now;
+        let seen = shared.window.take(now, cfg.rate_window.max(cfg.interval), now - counting, &cfg.policy.slo);
         let (p, d, _) = shared.registry.ready_counts();
         let ready = Pools { prefill: p as usize, decode: d as usize };
         let current = target.unwrap_or(ready);
@@ -151,20 +164,31 @@ mod tests {
     fn a_window_counts_and_restarts() {
         let w = Window::default();
         let slo = Slo { ttft_ms: 100.0, tpot_ms: 10.0 };
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
         for _ in 0..4 {
-            w.arrived();
+            w.arrived_at(t0);
         }
         w.finished(Finished { prompt: 10, output: 5, ttft_ms: 50.0, tpot_ms: 5.0, ok: true });
         w.finished(Finished { prompt: 20, output: 6, ttft_ms: 150.0, tpot_ms: 5.0, ok: true });
         w.finished(Finished { prompt: 30, output: 7, ttft_ms: 50.0, tpot_ms: 50.0, ok: true });
         w.finished(Finished { prompt: 40, output: 8, ttft_ms: 1.0, tpot_ms: 1.0, ok: false });
-        let o = w.take(Duration::from_secs(2), &slo);
+        // 2 s after counting began, with a 6 s rate window: 4 arrivals over 2 s.
+        let o = w.take(t0 + s(2), s(6), s(2), &slo);
         assert_eq!(o.rate, 2.0);
         assert_eq!(o.lengths, vec![(10, 5), (20, 6), (30, 7)]);
         assert_eq!((o.attainment, o.ttft_met, o.tpot_met), (Some(0.25), Some(0.5), Some(0.5)));
-        // The next interval starts from nothing but keeps the lengths to plan from.
-        let o = w.take(Duration::from_secs(2), &slo);
-        assert_eq!((o.rate, o.attainment), (0.0, None));
+        // The next interval: no finished request, but the rate still counts the 4 (and 2 more).
+        w.arrived_at(t0 + s(3));
+        w.arrived_at(t0 + s(4));
+        let o = w.take(t0 + s(4), s(6), s(4), &slo);
+        assert_eq!((o.rate, o.attainment), (1.5, None));
         assert_eq!(o.lengths.len(), 3);
+        // Past the window, the first 4 are forgotten: 2 arrivals over the last 6 s.
+        let o = w.take(t0 + s(8), s(6), s(8), &slo);
+        assert_eq!(o.rate, 2.0 / 6.0);
+        // Nothing for a whole window: rate 0.
+        let o = w.take(t0 + s(20), s(6), s(20), &slo);
+        assert_eq!(o.rate, 0.0);
     }
 }

@@ -19,6 +19,10 @@ pub struct AutoscaleArgs {
     /// How often the autoscaler looks, ms.
     #[arg(long, default_value_t = 10_000)]
     pub autoscale_interval_ms: u64,
+    /// The arrival rate is measured over this much of the recent past, ms (at least one
+    /// interval): longer is steadier, shorter follows a step sooner.
+    #[arg(long, default_value_t = 30_000)]
+    pub autoscale_rate_window_ms: u64,
     /// Most workers in all (prefill + decode).
     #[arg(long, default_value_t = 8)]
     pub autoscale_max_workers: usize,
@@ -61,7 +65,12 @@ impl AutoscaleArgs {
             down_after: self.autoscale_down_after,
             ..Policy::default()
         };
-        Ok(Some(ferry_router::autoscale::AutoscaleConfig { interval: Duration::from_millis(self.autoscale_interval_ms), policy, fleet }))
+        Ok(Some(ferry_router::autoscale::AutoscaleConfig {
+            interval: Duration::from_millis(self.autoscale_interval_ms),
+            rate_window: Duration::from_millis(self.autoscale_rate_window_ms),
+            policy,
+            fleet,
+        }))
     }
 
     /// The same flags, for a router `ferry up` starts.
@@ -76,6 +85,7 @@ impl AutoscaleArgs {
         }
         for (flag, value) in [
             ("--autoscale-interval-ms", self.autoscale_interval_ms.to_string()),
+            ("--autoscale-rate-window-ms", self.autoscale_rate_window_ms.to_string()),
             ("--autoscale-max-workers", self.autoscale_max_workers.to_string()),
             ("--slo-ttft-ms", self.slo.slo_ttft_ms.to_string()),
             ("--slo-tpot-ms", self.slo.slo_tpot_ms.to_string()),

@@ -238,7 +238,9 @@ impl Record {
     }
 }
 
-fn summary(rate: f64, records: &[Record], wall: f64, slo: &Slo) -> serde_json::Value {
+/// One rate's figures; `started` is when its first request could leave (Unix seconds), to line
+/// its requests' `at_s` up with other clocks (the autoscaler's moves).
+fn summary(rate: f64, records: &[Record], wall: f64, started: f64, slo: &Slo) -> serde_json::Value {
     let samples = Record::samples(records);
     let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok).collect();
     let pct = |f: &dyn Fn(&Sample) -> f64| {
@@ -251,6 +253,7 @@ fn summary(rate: f64, records: &[Record], wall: f64, slo: &Slo) -> serde_json::V
         "requests": samples.len(),
         "completed": ok.len(),
         "wall_s": wall,
+        "started_unix_s": started,
         "throughput_rps": ok.len() as f64 / wall,
         "output_tok_per_s": tokens as f64 / wall,
         "ttft_ms": pct(&|s| s.ttft_ms),
@@ -306,6 +309,7 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
             bar.set_message(format!("rate {rate}/s"));
             let plan = workload(&a, rate, vocab)?;
             let start = tokio::time::Instant::now();
+            let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
             let mut tasks = Vec::new();
             for p in plan {
                 let c = client.clone();
@@ -326,13 +330,13 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
                 samples.push(t.await?);
             }
             let wall = start.elapsed().as_secs_f64();
-            runs.push((rate, samples, wall));
+            runs.push((rate, samples, wall, started));
         }
         bar.finish_and_clear();
         anyhow::Ok(runs)
     })?;
-    let summaries: Vec<serde_json::Value> = runs.iter().map(|(r, s, w)| summary(*r, s, *w, &slo)).collect();
-    let att: Vec<(f64, f64)> = runs.iter().map(|(r, s, _)| (*r, loadgen::attainment(&Record::samples(s), &slo))).collect();
+    let summaries: Vec<serde_json::Value> = runs.iter().map(|(r, s, w, t)| summary(*r, s, *w, *t, &slo)).collect();
+    let att: Vec<(f64, f64)> = runs.iter().map(|(r, s, _, _)| (*r, loadgen::attainment(&Record::samples(s), &slo))).collect();
     let goodput = loadgen::goodput(&att, a.slo.slo_target);
     println!("{}: SLO TTFT <= {} ms and TPOT <= {} ms for {:.0}% of requests", a.label, a.slo.slo_ttft_ms, a.slo.slo_tpot_ms, a.slo.slo_target * 100.0);
     println!("{:>7} {:>9} {:>7} {:>8} | {:>23} | {:>20} | {:>23} | {:>6}", "rate", "completed", "req/s", "tok/s", "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99", "E2E ms p50/p90/p99", "SLO %");

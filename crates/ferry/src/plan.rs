@@ -58,6 +58,8 @@ pub struct PlanArgs {
     /// `ferry bench serve --out` wrote for a cluster of that split (repeat or comma-separate).
     /// Each measured rate is predicted with the workload, seed and SLOs recorded in the file, and
     /// the errors of goodput, p90 TTFT and p90 TPOT are printed (the target is within 15%).
+    /// `SPLIT=FILE@PROFILE` predicts that file from its own profile (one measured just before
+    /// it, on a machine whose speed drifts) instead of `--profile`.
     #[arg(long, value_delimiter = ',')]
     pub measured: Vec<String>,
     /// Print JSON instead of a table.
@@ -104,6 +106,13 @@ pub fn fleet(p: &Profile, chunked_prefill: Option<usize>, kv_gbps: f64, kv_laten
         chunk_tokens: chunked_prefill,
         kv: KvLink { bytes_per_token: p.kv_bytes_per_token, bytes_per_s: kv_gbps * 1e9, latency_s: kv_latency_ms / 1e3 },
     })
+}
+
+/// The profile at `path` and the simulated workers it makes.
+fn fleet_of(path: &Path, a: &PlanArgs) -> anyhow::Result<(Profile, Fleet)> {
+    let profile = read_profile(path)?;
+    let f = fleet(&profile, a.chunked_prefill, a.kv_gbps, a.kv_latency_ms)?;
+    Ok((profile, f))
 }
 
 /// A trace file: JSON lines of `{"at", "prompt", "output"}`, sorted here by arrival.
@@ -193,8 +202,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     ensure!(a.rates.iter().all(|r| r.is_finite() && *r > 0.0), "--rates must be positive request rates");
     ensure!(a.requests >= 2, "--requests must be at least 2");
     ensure!((0.0..=1.0).contains(&a.slo.slo_target), "--slo-target must be a fraction in 0..=1");
-    let profile = read_profile(&a.profile)?;
-    let fleet = fleet(&profile, a.chunked_prefill, a.kv_gbps, a.kv_latency_ms)?;
+    let (profile, fleet) = fleet_of(&a.profile, &a)?;
     let splits: Vec<Split> = if a.splits.is_empty() { Split::all(a.workers) } else { a.splits.iter().map(|s| parse_split(s)).collect::<anyhow::Result<_>>()? };
     let workload = match &a.trace {
         Some(path) => {
@@ -302,12 +310,15 @@ fn per_request_ratios(run: &serde_json::Value, simulated: &[SimRequest], predict
 }
 
 fn validate(a: &PlanArgs) -> anyhow::Result<()> {
-    let profile = read_profile(&a.profile)?;
-    let fleet = fleet(&profile, a.chunked_prefill, a.kv_gbps, a.kv_latency_ms)?;
+    let (_, default_fleet) = fleet_of(&a.profile, a)?;
     let mut cells = Vec::new();
     for m in &a.measured {
         let (split_s, path) = m.split_once('=').with_context(|| format!("--measured {m:?}: write SPLIT=FILE, e.g. 1:1=serve-disagg.json"))?;
         let split = parse_split(split_s)?;
+        let (path, fleet) = match path.split_once('@') {
+            Some((path, profile)) => (path, fleet_of(Path::new(profile), a)?.1),
+            None => (path, default_fleet),
+        };
         let path = Path::new(path);
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;

@@ -64,6 +64,10 @@ pub struct UpArgs {
     /// KV cache capacity per worker, in tokens.
     #[arg(long)]
     pub kv_tokens: Option<usize>,
+    /// Every worker emulates the device of this `ferry profile` file (the workers'
+    /// `--emulate-profile`): steps paced to its cost model. Use a small model.
+    #[arg(long)]
+    pub emulate_profile: Option<std::path::PathBuf>,
     /// Every worker decodes with 8-bit activations (`--q8-activations` of the workers: faster
     /// CPU decode, llama.cpp's math instead of the exact f32 reference; prompts over 8 tokens stay
     /// exact).
@@ -206,6 +210,10 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         }
         if a.q8_activations {
             common.push("--q8-activations".into());
+        }
+        if let Some(p) = &a.emulate_profile {
+            let p = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+            common.extend(["--emulate-profile".into(), p.display().to_string()]);
         }
         if a.no_prefix_cache {
             common.push("--no-prefix-cache".into());

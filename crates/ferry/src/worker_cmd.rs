@@ -65,6 +65,12 @@ pub struct WorkerArgs {
     /// Pin this process (and its compute threads) to these CPUs, e.g. `0` or `0,2-3`.
     #[arg(long)]
     pub cpus: Option<String>,
+    /// Emulate the device of a `ferry profile` file: every engine step lasts at least what the
+    /// profile's cost model says for its shape, and the KV cache holds what the profiled one did
+    /// (unless `--kv-tokens` says otherwise). With a small model, many workers then behave like
+    /// that device on a few cores: for trying routing, `ferry plan` and `--autoscale` at scale.
+    #[arg(long)]
+    pub emulate_profile: Option<std::path::PathBuf>,
     /// On SIGTERM/Ctrl-C: seconds to wait for in-flight requests (and, on a prefill worker, for
     /// the decode worker's acknowledgement of every KV sent) before exiting anyway. Keep it below
     /// Kubernetes' terminationGracePeriodSeconds.
@@ -80,6 +86,13 @@ pub struct WorkerArgs {
     /// TLS to the router and to decode workers.
     #[command(flatten)]
     pub dial_tls: crate::tls_args::DialTlsArgs,
+}
+
+/// `--emulate-profile`: the profile and its cost model.
+fn emulation(path: &std::path::Path) -> anyhow::Result<(ferry_core::profile::Profile, ferry_core::profile::CostModel)> {
+    let p = crate::plan::read_profile(path).with_context(|| format!("--emulate-profile {}", path.display()))?;
+    let model = ferry_core::profile::CostModel::fit(&p).map_err(|e| anyhow::anyhow!("--emulate-profile {}: {e}", path.display()))?;
+    Ok((p, model))
 }
 
 /// Parse a CPU list (`0,2-3`).
@@ -151,10 +164,15 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
     if let Some(l) = metrics {
         rt.spawn(ferry_worker::metrics::serve(l, health.clone()));
     }
-    let engine = args.model.load_with(|c| {
-        c.kv_tokens = args.kv_tokens;
+    let emulated = args.emulate_profile.as_deref().map(emulation).transpose()?;
+    let mut engine = args.model.load_with(|c| {
+        c.kv_tokens = args.kv_tokens.or(emulated.as_ref().map(|(p, _)| p.kv_blocks * p.block_size));
         c.max_batch_tokens = args.max_batch_tokens;
     })?;
+    if let Some((p, model)) = emulated {
+        eprintln!("ferry {}: steps paced to the profile of {} on {} ({} threads, measured {})", role.as_str(), p.model, p.machine, p.threads, p.measured_at);
+        engine.pace(Some(model));
+    }
     let model = std::path::Path::new(&args.model.model).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let outcome: anyhow::Result<Option<String>> = rt.block_on(async move {
         let grpc = bind(&args.listen).await?.context("--listen cannot be none")?;
