@@ -471,7 +471,7 @@ async fn autoscale_under_ferry_up_follows_a_load_step() {
         1,
         1,
         &[
-            "--autoscale", "--autoscale-profile", &profile_arg, "--autoscale-interval-ms", "1000", "--autoscale-max-workers", "3",
+            "--autoscale", "--autoscale-profile", &profile_arg, "--autoscale-interval-ms", "1000", "--autoscale-rate-window-ms", "2000", "--autoscale-max-workers", "3",
             "--autoscale-up-cooldown-ms", "1000", "--autoscale-down-cooldown-ms", "2000", "--autoscale-down-after", "2",
             "--slo-ttft-ms", "700", "--slo-tpot-ms", "100", "--autoscale-headroom", "0",
         ],

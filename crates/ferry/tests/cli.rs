@@ -142,3 +142,21 @@ fn up_with_a_taken_http_port_fails_at_once() {
     assert!(started.elapsed() < std::time::Duration::from_secs(120), "took {:?}", started.elapsed());
     drop(busy);
 }
+
+/// `--emulate-profile` that is not a profile stops the worker before it loads anything, naming
+/// the flag and the file.
+#[test]
+fn a_worker_refuses_a_bad_emulated_profile() {
+    let missing = std::env::temp_dir().join(format!("ferry-no-profile-{}.json", std::process::id()));
+    let o = ferry().args(["decode", "--listen", "127.0.0.1:0", "--emulate-profile"]).arg(&missing).arg("--model").arg(golden("llama-gqa")).output().unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--emulate-profile") && err.contains(&*missing.to_string_lossy()), "{err}");
+    let junk = std::env::temp_dir().join(format!("ferry-junk-profile-{}.json", std::process::id()));
+    std::fs::write(&junk, "{\"format\": 1}").unwrap();
+    let o = ferry().args(["decode", "--listen", "127.0.0.1:0", "--emulate-profile"]).arg(&junk).arg("--model").arg(golden("llama-gqa")).output().unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("not a profile"), "{err}");
+    let _ = std::fs::remove_file(junk);
+}
