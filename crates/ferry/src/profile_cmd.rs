@@ -489,6 +489,7 @@ mod tests {
         assert!(err(&["--contexts", ""]).contains("--contexts"));
         assert!(err(&["--repeats", "0"]).contains("--repeats"));
         assert!(err(&["--steps", "0"]).contains("--steps"));
+        assert!(err(&["--passes", "0"]).contains("--passes"));
         assert!(err(&["--prompt-lens", "16,-3"]).contains("--prompt-lens"));
         // Grids the cost model cannot be fitted to.
         assert!(err(&["--prompt-lens", "16"]).contains("--prompt-lens"));
