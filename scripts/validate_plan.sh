@@ -14,13 +14,19 @@
 #    (results in OUT/split-*.json, each request recorded).
 # Then `ferry plan --measured SPLIT=RESULT@PROFILE,...` predicts every (split, rate) cell from
 # the profile measured before it, with the workload, seed and SLOs recorded in the result, and
-# prints the errors (and, per request, the median of measured / predicted TTFT and TPOT).
+# prints the errors (and, per request, the median of measured / predicted TTFT and TPOT); and
+# again at the step time the workers measured during each rate (they price every step against
+# the profile, `--profile`): the simulator's error with the machine's drift taken out.
 #
 # Usage: scripts/validate_plan.sh [OUT_DIR]   (build first: cargo build -p ferry)
 # Knobs: FERRY (binary), SPLITS ("1:1 2c 1c"), RATES, REQUESTS, PROMPT_LEN, OUTPUT_LEN,
 #        RATES_<split> (one split's rates, the colon as p: RATES_1p1=0.1,0.2, RATES_1c=0.05,0.08),
 #        SLO_TTFT_MS, SLO_TPOT_MS, PROFILE_ARGS (extra `ferry profile` flags), PROFILE (one
-#        profile for every split instead of measuring one before each).
+#        profile for every split instead of measuring one before each), MODEL (the workers'
+#        model, `default`), EMULATE (a profile the workers emulate, `--emulate-profile`, and the
+#        plan predicts from: the simulator checked against Ferry's router and workers with the
+#        machine's drift taken out; use a small MODEL, e.g. tests/fixtures/golden/llama-gqa, and
+#        prompts that fit it: PROMPT_LEN=32..384).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:-target/validate-plan}"
@@ -40,14 +46,19 @@ for split in "${splits[@]}"; do
     label="split-${split/:/p}"
     own="RATES_${split/:/p}"
     rates="${!own:-${RATES:-0.2,0.4,0.6}}"
-    profile="${PROFILE:-$out/profile-$label.json}"
-    if [ -z "${PROFILE:-}" ]; then
+    profile="${EMULATE:-${PROFILE:-$out/profile-$label.json}}"
+    emulate=()
+    [ -n "${EMULATE:-}" ] && emulate=(--emulate-profile "$EMULATE")
+    if [ -z "${PROFILE:-}${EMULATE:-}" ]; then
         echo "== $split: profiling" >&2
         # shellcheck disable=SC2086
         taskset -c 0 "$ferry" profile --model default --threads 1 --out "$profile" ${PROFILE_ARGS:-}
     fi
     log="$out/$label.up.log"
-    "$ferry" up --listen 127.0.0.1:0 --http 127.0.0.1:0 --threads 1 --pin --no-prefix-cache "${pools[@]}" > "$log" 2>&1 &
+    # The workers price their steps against the profile: `bench serve` records, per rate, how
+    # long their steps took against it, and `plan --measured` predicts at that speed too.
+    "$ferry" up --model "${MODEL:-default}" --listen 127.0.0.1:0 --http 127.0.0.1:0 --threads 1 --pin --no-prefix-cache \
+        --profile "$profile" "${emulate[@]}" "${pools[@]}" > "$log" 2>&1 &
     up=$!
     router=""
     for _ in $(seq 1 600); do

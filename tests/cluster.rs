@@ -435,8 +435,10 @@ async fn pool_scale_under_ferry_up_starts_and_drains_workers() {
 /// again, and no request fails through either move.
 ///
 /// The profile here is written by the test, not measured: it says prefill costs 5 ms a token
-/// (decode 2 ms a step), so that the plan at ~4 req/s of 40-token prompts needs 2 prefill workers
-/// while the tiny fixture model really serves in milliseconds. What is tested is the loop —
+/// (decode 2 ms a step), so that the plan at ~4 req/s of 40-token prompts needs 2 prefill workers;
+/// the workers emulate that device (`--emulate-profile`: the tiny fixture model's steps are held
+/// to the profile's times), so the speed they report against the profile, which the autoscaler
+/// plans with, is the profile's. What is tested is the loop —
 /// measuring the workload, planning over a profile, scaling through `ferry up`'s supervisor with
 /// hysteresis, draining — not the profile's accuracy (`ferry plan --measured` checks that).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -471,7 +473,7 @@ async fn autoscale_under_ferry_up_follows_a_load_step() {
         1,
         1,
         &[
-            "--autoscale", "--autoscale-profile", &profile_arg, "--autoscale-interval-ms", "1000", "--autoscale-rate-window-ms", "2000", "--autoscale-max-workers", "3",
+            "--emulate-profile", &profile_arg, "--autoscale", "--autoscale-profile", &profile_arg, "--autoscale-interval-ms", "1000", "--autoscale-rate-window-ms", "2000", "--autoscale-max-workers", "3",
             "--autoscale-up-cooldown-ms", "1000", "--autoscale-down-cooldown-ms", "2000", "--autoscale-down-after", "2",
             "--slo-ttft-ms", "700", "--slo-tpot-ms", "100", "--autoscale-headroom", "0",
         ],

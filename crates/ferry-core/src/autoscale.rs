@@ -14,7 +14,9 @@
 //!   budget.
 
 use crate::loadgen::{attainment, poisson_arrivals, uniforms, Slo};
-use crate::sim::{simulate, Fleet, SimRequest, Split};
+use crate::sim::{simulate, Calibration, Fleet, SimRequest, Split};
+use crate::WorkerRole;
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 /// What the router measured over one interval.
@@ -198,6 +200,63 @@ impl Autoscaler {
     }
 }
 
+/// The pools' step time against their profile ([`Calibration`]), from the workers' priced-step
+/// counters (each worker's seconds of steps taken and seconds its profile says they take, since
+/// it started), over a sliding window of recent looks. A role whose workers ran less than
+/// `min_profiled_s` of profiled step time in the window (an idle pool) keeps its last factor.
+#[derive(Clone, Debug, Default)]
+pub struct Calibrator {
+    /// Each worker's counters at the last look.
+    last: HashMap<String, (f64, f64)>,
+    /// (when, role, seconds taken, seconds profiled) added between two looks.
+    deltas: VecDeque<(f64, WorkerRole, f64, f64)>,
+    current: Option<Calibration>,
+}
+
+/// A factor outside this range is taken for a broken profile or counter, not a speed.
+const FACTOR_RANGE: (f64, f64) = (0.1, 10.0);
+
+impl Calibrator {
+    /// One look at time `now` (seconds, any origin) at every worker: (id, role, seconds taken,
+    /// seconds profiled). A worker whose counters went back (restarted) counts from zero.
+    pub fn observe(&mut self, now: f64, workers: &[(String, WorkerRole, f64, f64)]) {
+        let mut seen = HashMap::with_capacity(workers.len());
+        for (id, role, took, profiled) in workers {
+            let (t0, p0) = match self.last.get(id) {
+                Some(&(t0, p0)) if *took >= t0 && *profiled >= p0 => (t0, p0),
+                _ => (0.0, 0.0),
+            };
+            if *profiled > p0 {
+                self.deltas.push_back((now, *role, took - t0, profiled - p0));
+            }
+            seen.insert(id.clone(), (*took, *profiled));
+        }
+        self.last = seen;
+    }
+
+    /// The factors over the looks of the last `window` seconds before `now` (older ones are
+    /// forgotten).
+    pub fn calibration(&mut self, now: f64, window: f64, min_profiled_s: f64) -> Calibration {
+        while self.deltas.front().is_some_and(|d| now - d.0 > window) {
+            self.deltas.pop_front();
+        }
+        let mut c = self.current.unwrap_or_default();
+        for role in [WorkerRole::Prefill, WorkerRole::Decode, WorkerRole::Colocated] {
+            let (took, profiled) = self.deltas.iter().filter(|d| d.1 == role).fold((0.0, 0.0), |(t, p), d| (t + d.2, p + d.3));
+            let factor = took / profiled;
+            if profiled >= min_profiled_s && (FACTOR_RANGE.0..=FACTOR_RANGE.1).contains(&factor) {
+                match role {
+                    WorkerRole::Prefill => c.prefill = factor,
+                    WorkerRole::Decode => c.decode = factor,
+                    WorkerRole::Colocated => c.colocated = factor,
+                }
+            }
+        }
+        self.current = Some(c);
+        c
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,6 +345,7 @@ mod tests {
             max_context: 8192,
             chunk_tokens: None,
             kv: KvLink { bytes_per_token: 1000, bytes_per_s: 1e9, latency_s: 0.0 },
+            calibration: crate::sim::Calibration::PROFILED,
         }
     }
 
@@ -308,5 +368,33 @@ mod tests {
         // Beyond what the budget can do: the largest split tried.
         let over = recommend(&f, 1000.0, &prompts, &slo, 0.9, 4, 300).unwrap();
         assert_eq!(over.total(), 4);
+    }
+
+    #[test]
+    fn calibration_follows_the_counters_of_each_role_over_the_window() {
+        let w = |id: &str, role, took, profiled| (id.to_string(), role, took, profiled);
+        let (p, d) = (WorkerRole::Prefill, WorkerRole::Decode);
+        let mut c = Calibrator::default();
+        // No counters yet: as profiled.
+        assert!(c.calibration(0.0, 30.0, 1.0).is_profiled());
+        c.observe(0.0, &[w("prefill-1", p, 10.0, 10.0), w("decode-1", d, 4.0, 8.0)]);
+        // The first look counts what the workers ran since they started.
+        let k = c.calibration(0.0, 30.0, 1.0);
+        assert_eq!((k.prefill, k.decode, k.colocated), (1.0, 0.5, 1.0));
+        // Two prefill workers, one at 2x: pooled by time (6 + 2 s taken for 4 s profiled).
+        c.observe(10.0, &[w("prefill-1", p, 16.0, 13.0), w("prefill-2", p, 2.0, 1.0), w("decode-1", d, 4.0, 8.0)]);
+        let k = c.calibration(10.0, 30.0, 1.0);
+        assert!((k.prefill - (10.0 + 8.0) / (10.0 + 4.0)).abs() < 1e-12, "{k:?}");
+        // Outside the window only the newest look counts; an idle decode pool keeps its factor.
+        let k = c.calibration(35.0, 30.0, 1.0);
+        assert!((k.prefill - 2.0).abs() < 1e-12 && k.decode == 0.5, "{k:?}");
+        // Too little profiled time to judge: kept too.
+        c.observe(40.0, &[w("prefill-1", p, 16.5, 13.1)]);
+        assert!((c.calibration(40.0, 4.0, 1.0).prefill - 2.0).abs() < 1e-12);
+        // A restarted worker (counters went back) counts from zero; a nonsense factor is ignored.
+        c.observe(50.0, &[w("prefill-1", p, 3.0, 2.0)]);
+        assert!((c.calibration(50.0, 5.0, 1.0).prefill - 1.5).abs() < 1e-12);
+        c.observe(60.0, &[w("prefill-1", p, 1003.0, 3.0)]);
+        assert!((c.calibration(60.0, 5.0, 0.5).prefill - 1.5).abs() < 1e-12);
     }
 }

@@ -28,6 +28,15 @@ use std::time::{Duration, Instant};
 
 pub mod prefix;
 
+/// Steps priced against a profile's cost model ([`Engine::price`]): how many, how long they took,
+/// and how long the model says the same shapes take on the profiled device.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepClock {
+    pub steps: u64,
+    pub seconds: f64,
+    pub model_seconds: f64,
+}
+
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     /// Worker threads (0 = one per core).
@@ -167,6 +176,9 @@ pub struct Engine<B: Backend = DeviceBackend> {
     pub add_special_tokens: bool,
     /// Steps take at least what this cost model says (see [`Engine::pace`]).
     pace: Option<ferry_core::profile::CostModel>,
+    /// Steps are priced against this cost model (see [`Engine::price`]).
+    price: Option<ferry_core::profile::CostModel>,
+    clock: StepClock,
 }
 
 impl Engine<DeviceBackend> {
@@ -234,6 +246,8 @@ impl<B: Backend> Engine<B> {
             fingerprint: m.fingerprint,
             add_special_tokens: m.add_special_tokens,
             pace: None,
+            price: None,
+            clock: StepClock::default(),
         })
     }
 
@@ -308,10 +322,25 @@ impl<B: Backend> Engine<B> {
         self.pace = model;
     }
 
+    /// Price every step against `model`: [`Engine::clock`] then sums how long steps took and how
+    /// long the model says steps of their shapes take on the profiled device, so their ratio over
+    /// any stretch of time is how fast this device runs against its profile right now (a shared
+    /// machine drifts; the router's autoscaler plans with the measured ratio). A paced engine is
+    /// priced against its pacing model unless given another.
+    pub fn price(&mut self, model: Option<ferry_core::profile::CostModel>) {
+        self.price = model;
+    }
+
+    /// The priced steps so far (all zero when nothing prices them).
+    pub fn clock(&self) -> StepClock {
+        self.clock
+    }
+
     /// One forward pass over all items; returns each item's requested logits (`[rows, vocab]`
     /// flattened; empty for `Logits::None`). All-or-nothing: on error no sequence has advanced.
     pub fn step(&mut self, items: &[StepItem], on_layer: &mut (dyn FnMut(usize, &KvView<B>) + Send)) -> Result<Vec<Vec<f32>>> {
-        let Some(model) = &self.pace else { return self.compute_step(items, on_layer) };
+        let (pace, price) = (self.pace, self.price.or(self.pace));
+        let Some(price) = price else { return self.compute_step(items, on_layer) };
         // The step's shape before it runs: one-token items on a sequence with KV are decode rows.
         let (mut decodes, mut context, mut chunks) = (0, 0, Vec::new());
         for it in items {
@@ -323,12 +352,17 @@ impl<B: Backend> Engine<B> {
                 chunks.push((held, it.tokens.len()));
             }
         }
-        let target = std::time::Duration::from_secs_f64(model.step(decodes, context, &chunks));
         let start = std::time::Instant::now();
         let out = self.compute_step(items, on_layer)?;
-        if let Some(rest) = target.checked_sub(start.elapsed()) {
-            std::thread::sleep(rest);
+        if let Some(pace) = pace {
+            let target = std::time::Duration::from_secs_f64(pace.step(decodes, context, &chunks));
+            if let Some(rest) = target.checked_sub(start.elapsed()) {
+                std::thread::sleep(rest);
+            }
         }
+        self.clock.steps += 1;
+        self.clock.seconds += start.elapsed().as_secs_f64();
+        self.clock.model_seconds += price.step(decodes, context, &chunks);
         Ok(out)
     }
 

@@ -83,3 +83,39 @@ fn paced_steps_last_what_the_profile_says_and_compute_the_same() {
         plain.release(s).unwrap();
     }
 }
+
+/// `Engine::price`: every step is counted with what it took and what the model says its shape
+/// costs on the profiled device, without changing how long it takes; a paced engine is priced
+/// against its pacing model.
+#[test]
+fn priced_steps_add_up_what_they_took_and_what_the_profile_says() {
+    let m = model();
+    let mut e = engine();
+    assert_eq!(e.clock(), ferry_engine::StepClock::default());
+    let prompt: Vec<u32> = (1..=40).collect();
+    let s = e.new_sequence();
+    e.step(&[StepItem { seq: s, tokens: &prompt, logits: Logits::Last }], &mut |_, _| {}).unwrap();
+    assert_eq!(e.clock().steps, 0, "nothing prices the steps yet");
+
+    e.price(Some(m));
+    let tok = [7u32];
+    let (d, _) = timed(&mut e, &[StepItem { seq: s, tokens: &tok, logits: Logits::Last }]);
+    let (d2, _) = timed(&mut e, &[StepItem { seq: s, tokens: &prompt[..8], logits: Logits::Last }]);
+    let c = e.clock();
+    assert_eq!(c.steps, 2);
+    let want = m.step(1, 40, &[]) + m.step(0, 0, &[(41, 8)]);
+    assert!((c.model_seconds - want).abs() < 1e-12, "priced {} s, the model says {want} s", c.model_seconds);
+    assert!(c.seconds > 0.0 && c.seconds <= (d + d2).as_secs_f64(), "counted {} s of steps that took {:?}", c.seconds, d + d2);
+    assert!(c.seconds < c.model_seconds, "pricing paced the steps: {} s against {} s", c.seconds, c.model_seconds);
+
+    // Paced and not priced otherwise: priced against the pacing model, never faster than it.
+    let mut p = engine();
+    p.pace(Some(m));
+    let q = p.new_sequence();
+    timed(&mut p, &[StepItem { seq: q, tokens: &prompt, logits: Logits::Last }]);
+    let c = p.clock();
+    assert_eq!(c.steps, 1);
+    assert!((c.model_seconds - m.step(0, 0, &[(0, 40)])).abs() < 1e-12 && c.seconds >= c.model_seconds, "{c:?}");
+    e.release(s).unwrap();
+    p.release(q).unwrap();
+}

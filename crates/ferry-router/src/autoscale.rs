@@ -4,10 +4,16 @@
 //! workers' measured profile), lets the pure policy decide whether and how far to move
 //! ([`ferry_core::autoscale::Autoscaler`]: hysteresis, cooldowns, one worker down at a time), and
 //! calls the Scaler (Kubernetes, or `ferry up`'s supervisor). Workers that go drain first.
+//!
+//! The plan is made for the devices as they run now: workers that price their steps against the
+//! profile (`--profile`) report how long their steps took against how long the profile says, and
+//! the simulation scales each role's steps by that ratio over the rate window
+//! ([`ferry_core::autoscale::Calibrator`]); a machine that runs 30% slower than when it was
+//! profiled gets the workers it needs at its present speed.
 
 use crate::registry::Dial;
 use crate::service::Shared;
-use ferry_core::autoscale::{recommend, Autoscaler, Decision, Observed, Policy, Pools};
+use ferry_core::autoscale::{recommend, Autoscaler, Calibrator, Decision, Observed, Policy, Pools};
 use ferry_core::loadgen::Slo;
 use ferry_core::sim::Fleet;
 use ferry_core::WorkerRole;
@@ -27,6 +33,9 @@ pub struct AutoscaleConfig {
     /// The workers, as `ferry profile` measured them.
     pub fleet: Fleet,
 }
+
+/// A role's calibration moves only on at least this much profiled step time in the rate window.
+const MIN_PROFILED_S: f64 = 1.0;
 
 /// Lengths kept to plan from (the latest finished requests).
 const LENGTHS_KEPT: usize = 512;
@@ -104,6 +113,7 @@ impl Window {
 pub async fn run(shared: Arc<Shared>, cfg: AutoscaleConfig, dial: Dial) {
     let origin = Instant::now();
     let mut policy_state = Autoscaler::default();
+    let mut calibrator = Calibrator::default();
     // What was last asked of the scaler: workers that are starting are not ready yet, and must
     // not be asked for twice.
     let mut target: Option<Pools> = None;
@@ -118,7 +128,14 @@ pub async fn run(shared: Arc<Shared>, cfg: AutoscaleConfig, dial: Dial) {
         let (p, d, _) = shared.registry.ready_counts();
         let ready = Pools { prefill: p as usize, decode: d as usize };
         let current = target.unwrap_or(ready);
-        let (fleet, policy, lengths, rate) = (cfg.fleet, cfg.policy, seen.lengths.clone(), seen.rate);
+        let since = (now - origin).as_secs_f64();
+        calibrator.observe(since, &shared.registry.step_clocks());
+        let calibration = calibrator.calibration(since, cfg.rate_window.max(cfg.interval).as_secs_f64(), MIN_PROFILED_S);
+        for role in [WorkerRole::Prefill, WorkerRole::Decode] {
+            metrics::gauge!("ferry_router_autoscale_step_time_ratio", "role" => role.as_str()).set(calibration.of(role));
+        }
+        let fleet = Fleet { calibration, ..cfg.fleet };
+        let (policy, lengths, rate) = (cfg.policy, seen.lengths.clone(), seen.rate);
         let forecast = rate * (1.0 + policy.headroom);
         let plan = tokio::task::spawn_blocking(move || recommend(&fleet, forecast, &lengths, &policy.slo, policy.target, policy.max_workers, policy.sim_requests))
             .await
@@ -129,9 +146,9 @@ pub async fn run(shared: Arc<Shared>, cfg: AutoscaleConfig, dial: Dial) {
             metrics::gauge!("ferry_router_autoscale_observed_attainment").set(a);
         }
         match decision {
-            Decision::Hold(why) => tracing::debug!(rate = seen.rate, ?plan, ready = ?ready, "autoscale: hold: {why}"),
+            Decision::Hold(why) => tracing::debug!(rate = seen.rate, ?plan, ready = ?ready, prefill_time = calibration.prefill, decode_time = calibration.decode, "autoscale: hold: {why}"),
             Decision::Scale { to, why } => {
-                tracing::info!(rate = seen.rate, from = ?current, ?to, "autoscale: {why}");
+                tracing::info!(rate = seen.rate, from = ?current, ?to, prefill_time = calibration.prefill, decode_time = calibration.decode, "autoscale: {why}");
                 let mut ok = true;
                 for (role, from, n) in [(WorkerRole::Decode, current.decode, to.decode), (WorkerRole::Prefill, current.prefill, to.prefill)] {
                     if from == n {

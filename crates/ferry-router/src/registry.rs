@@ -372,6 +372,12 @@ impl Registry {
         self.lock().workers.values().map(|w| w.info(now)).collect()
     }
 
+    /// Every worker's priced-step counters (`WorkerLoad.step_seconds`, `step_model_seconds`) as
+    /// its last heartbeat carried them, for the autoscaler's [`ferry_core::autoscale::Calibrator`].
+    pub fn step_clocks(&self) -> Vec<(String, WorkerRole, f64, f64)> {
+        self.lock().workers.values().map(|w| (w.id.clone(), w.role, w.load.step_seconds, w.load.step_model_seconds)).collect()
+    }
+
     pub fn get(&self, id: &str) -> Option<Worker> {
         self.lock().workers.get(id).cloned()
     }

@@ -50,6 +50,9 @@ pub struct LoadGauge {
     pub prefix_cache: AtomicBool,
     /// The cache's events, for the routers' indexes.
     pub cache_log: CacheLog,
+    /// The engine's priced steps (f64 bits): seconds taken, seconds the profile says.
+    step_seconds_bits: AtomicU64,
+    step_model_seconds_bits: AtomicU64,
 }
 
 impl LoadGauge {
@@ -66,7 +69,15 @@ impl LoadGauge {
             queue_oldest_ms: self.oldest_queued_age(Instant::now()).as_secs_f64() * 1e3,
             queued_requests: g(&self.waiting_requests) as u32,
             kv_blocks_cached: g(&self.blocks_cached) as u32,
+            step_seconds: f64::from_bits(g(&self.step_seconds_bits)),
+            step_model_seconds: f64::from_bits(g(&self.step_model_seconds_bits)),
         }
+    }
+
+    /// Publish the engine's priced steps ([`ferry_engine::Engine::price`]).
+    pub fn record_clock(&self, c: ferry_engine::StepClock) {
+        self.step_seconds_bits.store(c.seconds.to_bits(), Relaxed);
+        self.step_model_seconds_bits.store(c.model_seconds.to_bits(), Relaxed);
     }
 
     pub fn prefill_rate(&self) -> f64 {
@@ -135,6 +146,10 @@ impl LoadGauge {
             metrics::gauge!("ferry_worker_queue_waiting", "role" => role).set(s.queued_requests as f64);
         }
         metrics::gauge!("ferry_worker_kv_utilization", "role" => role).set(self.kv_utilization());
+        if s.step_model_seconds > 0.0 {
+            metrics::gauge!("ferry_worker_step_seconds", "role" => role, "clock" => "measured").set(s.step_seconds);
+            metrics::gauge!("ferry_worker_step_seconds", "role" => role, "clock" => "profile").set(s.step_model_seconds);
+        }
         metrics::gauge!("ferry_worker_queue_oldest_seconds", "role" => role).set(self.oldest_queued_age(Instant::now()).as_secs_f64());
     }
 }

@@ -22,6 +22,11 @@ pub struct ServeBenchArgs {
     /// API key for a router that requires one.
     #[arg(long, env = "FERRY_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// The router's admin token, to read its workers' step clocks (each rate records how long the
+    /// workers' steps took against their `--profile`: `step_time`, which `ferry plan --measured`
+    /// predicts with). Without access to the worker list, no step time is recorded.
+    #[arg(long, env = "FERRY_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
     /// Offered request rates (requests/s), comma-separated: one run each.
     #[arg(long, value_delimiter = ',', required = true)]
     pub rates: Vec<f64>,
@@ -240,7 +245,7 @@ impl Record {
 
 /// One rate's figures; `started` is when its first request could leave (Unix seconds), to line
 /// its requests' `at_s` up with other clocks (the autoscaler's moves).
-fn summary(rate: f64, records: &[Record], wall: f64, started: f64, slo: &Slo) -> serde_json::Value {
+fn summary(rate: f64, records: &[Record], wall: f64, started: f64, step_time: serde_json::Value, slo: &Slo) -> serde_json::Value {
     let samples = Record::samples(records);
     let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok).collect();
     let pct = |f: &dyn Fn(&Sample) -> f64| {
@@ -260,8 +265,38 @@ fn summary(rate: f64, records: &[Record], wall: f64, started: f64, slo: &Slo) ->
         "tpot_ms": pct(&|s| s.tpot_ms),
         "e2e_ms": pct(&|s| s.e2e_ms),
         "slo_attainment": loadgen::attainment(&samples, slo),
+        "step_time": step_time,
         "samples": records.iter().map(Record::json).collect::<Vec<_>>(),
     })
+}
+
+type Admin = ferry_proto::v1::admin_client::AdminClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, ferry_proto::Bearer>>;
+
+/// Every worker's priced-step counters (id → role, seconds taken, seconds its profile says).
+type Clocks = std::collections::HashMap<String, (ferry_proto::v1::WorkerRole, f64, f64)>;
+
+async fn clocks(admin: &mut Admin) -> Result<Clocks, tonic::Status> {
+    let list = admin.list_workers(ferry_proto::v1::ListWorkersRequest {}).await?.into_inner();
+    Ok(list.workers.into_iter().filter_map(|w| {
+        let role = w.role();
+        w.load.map(|l| (w.worker_id, (role, l.step_seconds, l.step_model_seconds)))
+    }).collect())
+}
+
+/// Per role, how long the workers' steps took between two looks against how long their profile
+/// says (`{"prefill": {"ratio": 1.12, "profiled_s": 40.2}, ...}`; a role that ran no priced step
+/// is absent). A worker that left between the looks is not counted; one that came, from zero.
+fn step_time(before: &Clocks, after: &Clocks) -> serde_json::Value {
+    let mut by_role: std::collections::BTreeMap<String, (f64, f64)> = Default::default();
+    for (id, (role, took, profiled)) in after {
+        let (t0, p0) = before.get(id).filter(|b| b.1 <= *took && b.2 <= *profiled).map_or((0.0, 0.0), |b| (b.1, b.2));
+        if profiled > &p0 {
+            let e = by_role.entry(role.to_string()).or_default();
+            e.0 += took - t0;
+            e.1 += profiled - p0;
+        }
+    }
+    by_role.into_iter().map(|(role, (t, p))| (role, json!({ "ratio": t / p, "profiled_s": p }))).collect::<serde_json::Map<_, _>>().into()
 }
 
 /// The options that belong to the other workload, given anyway: refused, not ignored.
@@ -290,13 +325,15 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.rates.iter().all(|r| r.is_finite() && *r > 0.0), "--rates must be positive numbers");
     let slo = a.slo.slo();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let (client, vocab) = rt.block_on(async {
+    let (client, vocab, mut admin) = rt.block_on(async {
         let bearer = crate::remote::Bearer::new(a.api_key.as_deref()).map_err(|e| anyhow::anyhow!("--api-key: {e}"))?;
         let uri = format!("http://{}", a.router);
         let channel = tonic::transport::Endpoint::from_shared(uri.clone())?.connect().await.with_context(|| format!("cannot reach the router at {uri}"))?;
-        let mut client = crate::remote::client(channel, bearer);
+        let mut client = crate::remote::client(channel.clone(), bearer);
         let vocab = client.model_info(ModelInfoRequest {}).await?.into_inner().vocab_size;
-        anyhow::Ok((client, vocab))
+        let auth = ferry_proto::Bearer::new(a.admin_token.as_deref()).map_err(|e| anyhow::anyhow!("--admin-token: {e}"))?;
+        let admin = ferry_proto::v1::admin_client::AdminClient::with_interceptor(channel, auth);
+        anyhow::Ok((client, vocab, admin))
     })?;
     if a.workload == Workload::Multiturn {
         let result = crate::bench_multiturn::run(&a, client, vocab, &rt)?;
@@ -308,6 +345,13 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
         for &rate in &a.rates {
             bar.set_message(format!("rate {rate}/s"));
             let plan = workload(&a, rate, vocab)?;
+            let before = match clocks(&mut admin).await {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    bar.suspend(|| eprintln!("bench serve: the workers' step time is not recorded (listing them: {})", e.message()));
+                    None
+                }
+            };
             let start = tokio::time::Instant::now();
             let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
             let mut tasks = Vec::new();
@@ -330,13 +374,17 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
                 samples.push(t.await?);
             }
             let wall = start.elapsed().as_secs_f64();
-            runs.push((rate, samples, wall, started));
+            let step = match before {
+                Some(b) => clocks(&mut admin).await.map_or(serde_json::Value::Null, |after| step_time(&b, &after)),
+                None => serde_json::Value::Null,
+            };
+            runs.push((rate, samples, wall, started, step));
         }
         bar.finish_and_clear();
         anyhow::Ok(runs)
     })?;
-    let summaries: Vec<serde_json::Value> = runs.iter().map(|(r, s, w, t)| summary(*r, s, *w, *t, &slo)).collect();
-    let att: Vec<(f64, f64)> = runs.iter().map(|(r, s, _, _)| (*r, loadgen::attainment(&Record::samples(s), &slo))).collect();
+    let summaries: Vec<serde_json::Value> = runs.into_iter().map(|(r, s, w, t, step)| summary(r, &s, w, t, step, &slo)).collect();
+    let att: Vec<(f64, f64)> = summaries.iter().map(|s| (s["rate"].as_f64().unwrap_or(0.0), s["slo_attainment"].as_f64().unwrap_or(0.0))).collect();
     let goodput = loadgen::goodput(&att, a.slo.slo_target);
     println!("{}: SLO TTFT <= {} ms and TPOT <= {} ms for {:.0}% of requests", a.label, a.slo.slo_ttft_ms, a.slo.slo_tpot_ms, a.slo.slo_target * 100.0);
     println!("{:>7} {:>9} {:>7} {:>8} | {:>23} | {:>20} | {:>23} | {:>6}", "rate", "completed", "req/s", "tok/s", "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99", "E2E ms p50/p90/p99", "SLO %");
@@ -392,4 +440,26 @@ fn write_results(a: &ServeBenchArgs, result: serde_json::Value, plot_of: fn(&[se
         std::fs::write(plot, plot_of(&all)).with_context(|| format!("writing {}", plot.display()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_proto::v1::WorkerRole::{Decode, Prefill};
+
+    #[test]
+    fn step_time_is_the_ratio_of_each_role_s_increases_between_two_looks() {
+        let clocks = |ws: &[(&str, ferry_proto::v1::WorkerRole, f64, f64)]| -> Clocks { ws.iter().map(|&(id, r, t, p)| (id.to_string(), (r, t, p))).collect() };
+        let before = clocks(&[("prefill-1", Prefill, 10.0, 10.0), ("decode-1", Decode, 5.0, 4.0), ("decode-2", Decode, 1.0, 1.0)]);
+        // prefill-1 ran 6 s for 4 profiled; prefill-2 came (from zero) and ran 3 s for 2; decode-1
+        // restarted (its counters went back: counted from zero); decode-2 left.
+        let after = clocks(&[("prefill-1", Prefill, 16.0, 14.0), ("prefill-2", Prefill, 3.0, 2.0), ("decode-1", Decode, 2.0, 2.5)]);
+        let v = step_time(&before, &after);
+        assert!((v["prefill"]["ratio"].as_f64().unwrap() - 9.0 / 6.0).abs() < 1e-12, "{v}");
+        assert_eq!(v["prefill"]["profiled_s"].as_f64(), Some(6.0));
+        assert!((v["decode"]["ratio"].as_f64().unwrap() - 0.8).abs() < 1e-12, "{v}");
+        assert!(v.get("colocated").is_none(), "{v}");
+        // Nothing priced: nothing recorded.
+        assert_eq!(step_time(&after, &after), serde_json::json!({}));
+    }
 }

@@ -9,7 +9,7 @@
 use anyhow::{bail, ensure, Context};
 use ferry_core::loadgen::{self, LenDist, Sample, Slo};
 use ferry_core::profile::{CostModel, Profile, PROFILE_FORMAT};
-use ferry_core::sim::{self, Fleet, KvLink, SimRequest, Split, Summary};
+use ferry_core::sim::{self, Calibration, Fleet, KvLink, SimRequest, Split, Summary};
 use std::path::{Path, PathBuf};
 
 #[derive(clap::Args, Debug)]
@@ -105,6 +105,7 @@ pub fn fleet(p: &Profile, chunked_prefill: Option<usize>, kv_gbps: f64, kv_laten
         max_context: p.max_context,
         chunk_tokens: chunked_prefill,
         kv: KvLink { bytes_per_token: p.kv_bytes_per_token, bytes_per_s: kv_gbps * 1e9, latency_s: kv_latency_ms / 1e3 },
+        calibration: Calibration::PROFILED,
     })
 }
 
@@ -286,6 +287,16 @@ struct Cell {
     /// and TPOT, which separates a cost that is off in every request from a few that queued.
     ttft_ratio_p50: Option<f64>,
     tpot_ratio_p50: Option<f64>,
+    /// The step-time factors the cell was predicted with (1: the profile as measured).
+    calibration: Calibration,
+}
+
+/// The step-time factors a `bench serve` run recorded (`step_time`: how long the workers' steps
+/// took against their profile during that rate), for the roles it saw; None when it recorded none.
+fn recorded_calibration(run: &serde_json::Value) -> Option<Calibration> {
+    let m = run["step_time"].as_object().filter(|m| !m.is_empty())?;
+    let of = |role: &str| m.get(role).and_then(|r| r["ratio"].as_f64()).filter(|r| r.is_finite() && *r > 0.0).unwrap_or(1.0);
+    Some(Calibration { prefill: of("prefill"), decode: of("decode"), colocated: of("colocated") })
 }
 
 /// The median over `run`'s requests of measured / predicted TTFT and TPOT, pairing each recorded
@@ -311,7 +322,9 @@ fn per_request_ratios(run: &serde_json::Value, simulated: &[SimRequest], predict
 
 fn validate(a: &PlanArgs) -> anyhow::Result<()> {
     let (_, default_fleet) = fleet_of(&a.profile, a)?;
-    let mut cells = Vec::new();
+    // Predicted from the profile; and, where the runs recorded the workers' step time, from the
+    // profile scaled to the speed the devices ran at during each rate.
+    let (mut cells, mut calibrated) = (Vec::new(), Vec::new());
     for m in &a.measured {
         let (split_s, path) = m.split_once('=').with_context(|| format!("--measured {m:?}: write SPLIT=FILE, e.g. 1:1=serve-disagg.json"))?;
         let split = parse_split(split_s)?;
@@ -337,41 +350,77 @@ fn validate(a: &PlanArgs) -> anyhow::Result<()> {
         for run in runs {
             let rate = field(&run["rate"], "runs[].rate")?;
             let requests = workload.at_rate(rate);
-            let samples = sim::simulate(&fleet, split, &requests);
-            let ratios = per_request_ratios(run, &requests, &samples, path)?;
-            let predicted = Summary::of(&samples, &slo);
             let measured_attainment = field(&run["slo_attainment"], "runs[].slo_attainment")?;
             let (mt, mp) = (field(&run["ttft_ms"]["p90"], "runs[].ttft_ms.p90")?, field(&run["tpot_ms"]["p90"], "runs[].tpot_ms.p90")?);
-            let (pg, mg) = (predicted.attainment * rate, measured_attainment * rate);
-            cells.push(Cell {
-                split: split.to_string(),
-                rate,
-                predicted,
-                predicted_goodput: pg,
-                measured_goodput: mg,
-                measured_ttft_p90_ms: mt,
-                measured_tpot_p90_ms: mp,
-                measured_attainment,
-                error_goodput: relative_error(pg, mg),
-                error_ttft_p90: relative_error(predicted.ttft_p90_ms, mt),
-                error_tpot_p90: relative_error(predicted.tpot_p90_ms, mp),
-                ttft_ratio_p50: ratios.map(|r| r.0),
-                tpot_ratio_p50: ratios.map(|r| r.1),
-            });
+            let cell = |fleet: &Fleet| -> anyhow::Result<Cell> {
+                let samples = sim::simulate(fleet, split, &requests);
+                let ratios = per_request_ratios(run, &requests, &samples, path)?;
+                let predicted = Summary::of(&samples, &slo);
+                let (pg, mg) = (predicted.attainment * rate, measured_attainment * rate);
+                Ok(Cell {
+                    split: split.to_string(),
+                    rate,
+                    predicted_goodput: pg,
+                    measured_goodput: mg,
+                    measured_ttft_p90_ms: mt,
+                    measured_tpot_p90_ms: mp,
+                    measured_attainment,
+                    error_goodput: relative_error(pg, mg),
+                    error_ttft_p90: relative_error(predicted.ttft_p90_ms, mt),
+                    error_tpot_p90: relative_error(predicted.tpot_p90_ms, mp),
+                    predicted,
+                    ttft_ratio_p50: ratios.map(|r| r.0),
+                    tpot_ratio_p50: ratios.map(|r| r.1),
+                    calibration: fleet.calibration,
+                })
+            };
+            cells.push(cell(&fleet)?);
+            if let Some(calibration) = recorded_calibration(run) {
+                calibrated.push(cell(&Fleet { calibration, ..fleet })?);
+            }
         }
     }
-    let within = |e: f64| e.abs() <= 0.15;
-    let hits = cells.iter().filter(|c| within(c.error_goodput) && within(c.error_ttft_p90) && within(c.error_tpot_p90)).count();
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "cells": cells, "within_15_percent": hits, "of": cells.len() }))?);
+        let report = |cells: &[Cell]| serde_json::json!({ "cells": cells, "within_15_percent": hits(cells), "of": cells.len() });
+        let mut v = report(&cells);
+        if !calibrated.is_empty() {
+            v["at_measured_step_time"] = report(&calibrated);
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    println!("| split | rate | goodput pred / meas (req/s) | err | TTFT p90 pred / meas (ms) | err | TPOT p90 pred / meas (ms) | err |");
-    println!("|---|---|---|---|---|---|---|---|");
+    print_cells(&cells);
+    if cells.iter().any(|c| c.ttft_ratio_p50.is_some()) {
+        println!("\nPer request, measured / predicted (median):");
+        for c in cells.iter().filter(|c| c.ttft_ratio_p50.is_some()) {
+            println!("  {} at {}/s: TTFT {:.2}, TPOT {:.2}", c.split, c.rate, c.ttft_ratio_p50.unwrap_or(f64::NAN), c.tpot_ratio_p50.unwrap_or(f64::NAN));
+        }
+    }
+    if !calibrated.is_empty() {
+        println!("\nAt the step time the workers measured during each rate (their steps' time ÷ the profile's, per role):");
+        print_cells(&calibrated);
+    }
+    Ok(())
+}
+
+fn within(e: f64) -> bool {
+    e.abs() <= 0.15
+}
+
+/// Cells within 15% on goodput, p90 TTFT and p90 TPOT.
+fn hits(cells: &[Cell]) -> usize {
+    cells.iter().filter(|c| within(c.error_goodput) && within(c.error_ttft_p90) && within(c.error_tpot_p90)).count()
+}
+
+fn print_cells(cells: &[Cell]) {
+    let calibrated = cells.iter().any(|c| !c.calibration.is_profiled());
+    println!("| split | rate | goodput pred / meas (req/s) | err | TTFT p90 pred / meas (ms) | err | TPOT p90 pred / meas (ms) | err |{}", if calibrated { " step time P / D / C |" } else { "" });
+    println!("|---|---|---|---|---|---|---|---|{}", if calibrated { "---|" } else { "" });
     let pct = |e: f64| format!("{:+.0}%{}", e * 100.0, if within(e) { "" } else { " ✗" });
-    for c in &cells {
+    for c in cells {
+        let k = c.calibration;
         println!(
-            "| {} | {} | {:.3} / {:.3} | {} | {:.0} / {:.0} | {} | {:.1} / {:.1} | {} |",
+            "| {} | {} | {:.3} / {:.3} | {} | {:.0} / {:.0} | {} | {:.1} / {:.1} | {} |{}",
             c.split,
             c.rate,
             c.predicted_goodput,
@@ -382,22 +431,25 @@ fn validate(a: &PlanArgs) -> anyhow::Result<()> {
             pct(c.error_ttft_p90),
             c.predicted.tpot_p90_ms,
             c.measured_tpot_p90_ms,
-            pct(c.error_tpot_p90)
+            pct(c.error_tpot_p90),
+            if calibrated { format!(" {:.2} / {:.2} / {:.2} |", k.prefill, k.decode, k.colocated) } else { String::new() }
         );
     }
-    println!("\n{hits} of {} cells within 15% on all three", cells.len());
-    if cells.iter().any(|c| c.ttft_ratio_p50.is_some()) {
-        println!("\nPer request, measured / predicted (median):");
-        for c in cells.iter().filter(|c| c.ttft_ratio_p50.is_some()) {
-            println!("  {} at {}/s: TTFT {:.2}, TPOT {:.2}", c.split, c.rate, c.ttft_ratio_p50.unwrap_or(f64::NAN), c.tpot_ratio_p50.unwrap_or(f64::NAN));
-        }
-    }
-    Ok(())
+    println!("\n{} of {} cells within 15% on all three", hits(cells), cells.len());
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recorded_step_time_becomes_the_cell_s_calibration() {
+        let run = serde_json::json!({ "step_time": { "prefill": { "ratio": 1.25, "profiled_s": 30.0 }, "decode": { "ratio": 0.8, "profiled_s": 40.0 } } });
+        assert_eq!(recorded_calibration(&run), Some(Calibration { prefill: 1.25, decode: 0.8, colocated: 1.0 }));
+        for none in [serde_json::json!({}), serde_json::json!({ "step_time": null }), serde_json::json!({ "step_time": {} })] {
+            assert_eq!(recorded_calibration(&none), None, "{none}");
+        }
+    }
 
     #[test]
     fn splits_parse_or_say_why_not() {

@@ -68,6 +68,11 @@ pub struct UpArgs {
     /// `--emulate-profile`): steps paced to its cost model. Use a small model.
     #[arg(long)]
     pub emulate_profile: Option<std::path::PathBuf>,
+    /// Every worker prices its steps against this `ferry profile` file and reports how long they
+    /// took against it (the workers' `--profile`; `--autoscale` plans at that speed, and `bench
+    /// serve` records it). Default: `--autoscale-profile` when autoscaling.
+    #[arg(long)]
+    pub profile: Option<std::path::PathBuf>,
     /// Every worker decodes with 8-bit activations (`--q8-activations` of the workers: faster
     /// CPU decode, llama.cpp's math instead of the exact f32 reference; prompts over 8 tokens stay
     /// exact).
@@ -211,9 +216,14 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         if a.q8_activations {
             common.push("--q8-activations".into());
         }
+        // Workers may start in another directory: absolute paths.
+        let absolute = |p: &std::path::PathBuf| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()).display().to_string();
         if let Some(p) = &a.emulate_profile {
-            let p = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
-            common.extend(["--emulate-profile".into(), p.display().to_string()]);
+            common.extend(["--emulate-profile".into(), absolute(p)]);
+        }
+        let priced = a.profile.as_ref().or(a.autoscale.autoscale_profile.as_ref().filter(|_| a.autoscale.autoscale));
+        if let Some(p) = priced {
+            common.extend(["--profile".into(), absolute(p)]);
         }
         if a.no_prefix_cache {
             common.push("--no-prefix-cache".into());

@@ -71,6 +71,12 @@ pub struct WorkerArgs {
     /// that device on a few cores: for trying routing, `ferry plan` and `--autoscale` at scale.
     #[arg(long)]
     pub emulate_profile: Option<std::path::PathBuf>,
+    /// Price every engine step against this `ferry profile` file and report, with the heartbeats
+    /// and as `ferry_worker_step_seconds`, how long steps took against how long the profile says
+    /// they take: the device's speed now against its profile, which the router's `--autoscale`
+    /// plans with (a shared machine's speed drifts). Default: the emulated profile, if any.
+    #[arg(long)]
+    pub profile: Option<std::path::PathBuf>,
     /// On SIGTERM/Ctrl-C: seconds to wait for in-flight requests (and, on a prefill worker, for
     /// the decode worker's acknowledgement of every KV sent) before exiting anyway. Keep it below
     /// Kubernetes' terminationGracePeriodSeconds.
@@ -88,10 +94,10 @@ pub struct WorkerArgs {
     pub dial_tls: crate::tls_args::DialTlsArgs,
 }
 
-/// `--emulate-profile`: the profile and its cost model.
-fn emulation(path: &std::path::Path) -> anyhow::Result<(ferry_core::profile::Profile, ferry_core::profile::CostModel)> {
-    let p = crate::plan::read_profile(path).with_context(|| format!("--emulate-profile {}", path.display()))?;
-    let model = ferry_core::profile::CostModel::fit(&p).map_err(|e| anyhow::anyhow!("--emulate-profile {}: {e}", path.display()))?;
+/// The profile at `path` (given as `flag`) and its cost model.
+fn cost_model(flag: &str, path: &std::path::Path) -> anyhow::Result<(ferry_core::profile::Profile, ferry_core::profile::CostModel)> {
+    let p = crate::plan::read_profile(path).with_context(|| format!("{flag} {}", path.display()))?;
+    let model = ferry_core::profile::CostModel::fit(&p).map_err(|e| anyhow::anyhow!("{flag} {}: {e}", path.display()))?;
     Ok((p, model))
 }
 
@@ -164,7 +170,8 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
     if let Some(l) = metrics {
         rt.spawn(ferry_worker::metrics::serve(l, health.clone()));
     }
-    let emulated = args.emulate_profile.as_deref().map(emulation).transpose()?;
+    let emulated = args.emulate_profile.as_deref().map(|p| cost_model("--emulate-profile", p)).transpose()?;
+    let priced = args.profile.as_deref().map(|p| cost_model("--profile", p)).transpose()?;
     let mut engine = args.model.load_with(|c| {
         c.kv_tokens = args.kv_tokens.or(emulated.as_ref().map(|(p, _)| p.kv_blocks * p.block_size));
         c.max_batch_tokens = args.max_batch_tokens;
@@ -172,6 +179,10 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
     if let Some((p, model)) = emulated {
         eprintln!("ferry {}: steps paced to the profile of {} on {} ({} threads, measured {})", role.as_str(), p.model, p.machine, p.threads, p.measured_at);
         engine.pace(Some(model));
+    }
+    if let Some((p, model)) = priced {
+        eprintln!("ferry {}: steps priced against the profile of {} on {} (measured {})", role.as_str(), p.model, p.machine, p.measured_at);
+        engine.price(Some(model));
     }
     let model = std::path::Path::new(&args.model.model).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let outcome: anyhow::Result<Option<String>> = rt.block_on(async move {
