@@ -514,6 +514,15 @@ async fn autoscale_under_ferry_up_follows_a_load_step() {
     let metrics = cluster.router_metrics().await;
     assert!(metrics.contains("ferry_router_autoscale_moves_total{role=\"prefill\",direction=\"up\"}"), "{metrics}");
     assert!(metrics.contains("ferry_router_autoscale_moves_total{role=\"prefill\",direction=\"down\"}"), "{metrics}");
+    // The workers priced their steps against the profile they emulate, and the router measured
+    // their speed from the heartbeats: the profile's (a paced step never runs short of it; exactly
+    // 1 would be the default of a router that measured nothing).
+    let ratio = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("ferry_router_autoscale_step_time_ratio{role=\"prefill\"} "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no prefill step-time ratio: {metrics}"));
+    assert!(ratio > 1.0 && ratio < 1.5, "prefill steps ran {ratio}x the emulated profile's time");
     assert_eq!(ready(&cluster.workers().await, Decode), 1);
     cluster.assert_no_leaks().await;
     let _ = std::fs::remove_dir_all(&dir);
