@@ -147,8 +147,8 @@ impl LoadGauge {
         }
         metrics::gauge!("ferry_worker_kv_utilization", "role" => role).set(self.kv_utilization());
         if s.step_model_seconds > 0.0 {
-            metrics::gauge!("ferry_worker_step_seconds", "role" => role, "clock" => "measured").set(s.step_seconds);
-            metrics::gauge!("ferry_worker_step_seconds", "role" => role, "clock" => "profile").set(s.step_model_seconds);
+            metrics::gauge!("ferry_worker_priced_step_seconds", "role" => role, "clock" => "measured").set(s.step_seconds);
+            metrics::gauge!("ferry_worker_priced_step_seconds", "role" => role, "clock" => "profile").set(s.step_model_seconds);
         }
         metrics::gauge!("ferry_worker_queue_oldest_seconds", "role" => role).set(self.oldest_queued_age(Instant::now()).as_secs_f64());
     }

@@ -72,7 +72,7 @@ pub struct WorkerArgs {
     #[arg(long)]
     pub emulate_profile: Option<std::path::PathBuf>,
     /// Price every engine step against this `ferry profile` file and report, with the heartbeats
-    /// and as `ferry_worker_step_seconds`, how long steps took against how long the profile says
+    /// and as `ferry_worker_priced_step_seconds`, how long steps took against how long the profile says
     /// they take: the device's speed now against its profile, which the router's `--autoscale`
     /// plans with (a shared machine's speed drifts). Default: the emulated profile, if any.
     #[arg(long)]
