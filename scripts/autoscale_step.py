@@ -13,6 +13,9 @@ lasts what the profile's cost model says) while computing a small model, so that
 than this machine has cores behave like that many profiled devices; the autoscaler plans over the
 same profile. What is measured is the control loop (detection, planning, start-up, routing to
 the new workers, draining), not the profile's accuracy (`scripts/validate_plan.sh` measures that).
+With `--emulate SLOWER.json` the workers emulate another device than the profiled one (a machine
+slower than when it was profiled): the autoscaler then plans at the speed the workers measure
+against the profile, or, with `--uncalibrated`, at the profile's.
 
 Usage: scripts/autoscale_step.py --profile PROFILE.json [--out DIR] (build first: cargo build -p ferry)
 """
@@ -30,7 +33,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--profile", required=True, help="the profile the workers emulate and the autoscaler plans over")
+    ap.add_argument("--profile", required=True, help="the profile the autoscaler plans over (and the workers emulate, unless --emulate)")
+    ap.add_argument("--emulate", help="the profile the workers emulate instead: a device other than the profiled one")
+    ap.add_argument("--uncalibrated", action="store_true", help="the autoscaler plans at the profile's speed (--autoscale-uncalibrated)")
     ap.add_argument("--out", default=os.path.join(ROOT, "target/autoscale-step"))
     ap.add_argument("--ferry", default=os.path.join(ROOT, "target/debug/ferry"))
     ap.add_argument("--model", default=os.path.join(ROOT, "tests/fixtures/golden/llama-gqa"))
@@ -51,10 +56,11 @@ def main():
     up_log = open(os.path.join(a.out, "up.log"), "w")
     up = subprocess.Popen(
         [a.ferry, "up", "--model", a.model, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", "1",
-         "--prefill", "1", "--decode", "1", "--no-prefix-cache", "--emulate-profile", a.profile,
+         "--prefill", "1", "--decode", "1", "--no-prefix-cache", "--emulate-profile", a.emulate or a.profile,
          "--autoscale", "--autoscale-profile", a.profile, "--autoscale-interval-ms", str(a.interval_ms),
          "--autoscale-max-workers", str(a.max_workers), "--autoscale-up-cooldown-ms", str(a.interval_ms),
-         "--autoscale-down-cooldown-ms", str(3 * a.interval_ms), "--autoscale-down-after", "3", *slo],
+         "--autoscale-down-cooldown-ms", str(3 * a.interval_ms), "--autoscale-down-after", "3", *slo,
+         *(["--autoscale-uncalibrated"] if a.uncalibrated else [])],
         stdout=up_log, stderr=subprocess.STDOUT)
     try:
         router = wait_ready(up, os.path.join(a.out, "up.log"))
@@ -134,7 +140,7 @@ def report(a, phases, pools, load_end):
             last = p["ready"]
     end = pools[-1]["ready"] if pools else None
     result = {
-        "slo": {"ttft_ms": a.slo_ttft_ms, "tpot_ms": a.slo_tpot_ms}, "profile": a.profile,
+        "slo": {"ttft_ms": a.slo_ttft_ms, "tpot_ms": a.slo_tpot_ms}, "profile": a.profile, "emulated": a.emulate or a.profile, "calibrated": not a.uncalibrated,
         "load": {"low": [a.low_rate, a.low_requests], "high": [a.high_rate, a.high_requests], "prompt_len": a.prompt_len, "output_len": a.output_len},
         "pools_over_time": moves,
         "high_load_from_s": round(high_start - t0, 1), "load_end_s": round(load_end - t0, 1),

@@ -32,6 +32,9 @@ pub struct AutoscaleConfig {
     pub policy: Policy,
     /// The workers, as `ferry profile` measured them.
     pub fleet: Fleet,
+    /// Scale each role's steps by the workers' measured step time against the profile (false:
+    /// plan at the profile's speed).
+    pub calibrate: bool,
 }
 
 /// A role's calibration moves only on at least this much profiled step time in the rate window.
@@ -130,9 +133,10 @@ pub async fn run(shared: Arc<Shared>, cfg: AutoscaleConfig, dial: Dial) {
         let current = target.unwrap_or(ready);
         let since = (now - origin).as_secs_f64();
         calibrator.observe(since, &shared.registry.step_clocks());
-        let calibration = calibrator.calibration(since, cfg.rate_window.max(cfg.interval).as_secs_f64(), MIN_PROFILED_S);
+        let measured = calibrator.calibration(since, cfg.rate_window.max(cfg.interval).as_secs_f64(), MIN_PROFILED_S);
+        let calibration = if cfg.calibrate { measured } else { cfg.fleet.calibration };
         for role in [WorkerRole::Prefill, WorkerRole::Decode] {
-            metrics::gauge!("ferry_router_autoscale_step_time_ratio", "role" => role.as_str()).set(calibration.of(role));
+            metrics::gauge!("ferry_router_autoscale_step_time_ratio", "role" => role.as_str()).set(measured.of(role));
         }
         let fleet = Fleet { calibration, ..cfg.fleet };
         let (policy, lengths, rate) = (cfg.policy, seen.lengths.clone(), seen.rate);

@@ -40,6 +40,11 @@ pub struct AutoscaleArgs {
     /// Intervals in a row the plan must ask for fewer workers before one goes.
     #[arg(long, default_value_t = 3)]
     pub autoscale_down_after: u32,
+    /// Plan at the profile's speed, ignoring how long the workers' steps take against it (by
+    /// default the plan scales each role's steps by the ratio the workers measure; see their
+    /// `--profile`).
+    #[arg(long)]
+    pub autoscale_uncalibrated: bool,
 }
 
 impl AutoscaleArgs {
@@ -70,6 +75,7 @@ impl AutoscaleArgs {
             rate_window: Duration::from_millis(self.autoscale_rate_window_ms),
             policy,
             fleet,
+            calibrate: !self.autoscale_uncalibrated,
         }))
     }
 
@@ -96,6 +102,9 @@ impl AutoscaleArgs {
             ("--autoscale-down-after", self.autoscale_down_after.to_string()),
         ] {
             v.extend([flag.to_string(), value]);
+        }
+        if self.autoscale_uncalibrated {
+            v.push("--autoscale-uncalibrated".into());
         }
         v
     }

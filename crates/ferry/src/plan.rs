@@ -14,9 +14,10 @@ use std::path::{Path, PathBuf};
 
 #[derive(clap::Args, Debug)]
 pub struct PlanArgs {
-    /// The profile `ferry profile` wrote on the machine the workers run on.
+    /// The profile `ferry profile` wrote on the machine the workers run on (with `--measured`,
+    /// needed only for entries that name no profile of their own).
     #[arg(long)]
-    pub profile: PathBuf,
+    pub profile: Option<PathBuf>,
     /// Workers to spend: every split of this many is tried.
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
@@ -203,7 +204,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     ensure!(a.rates.iter().all(|r| r.is_finite() && *r > 0.0), "--rates must be positive request rates");
     ensure!(a.requests >= 2, "--requests must be at least 2");
     ensure!((0.0..=1.0).contains(&a.slo.slo_target), "--slo-target must be a fraction in 0..=1");
-    let (profile, fleet) = fleet_of(&a.profile, &a)?;
+    let (profile, fleet) = fleet_of(a.profile.as_ref().context("--profile is needed: the profile `ferry profile` wrote for the workers")?, &a)?;
     let splits: Vec<Split> = if a.splits.is_empty() { Split::all(a.workers) } else { a.splits.iter().map(|s| parse_split(s)).collect::<anyhow::Result<_>>()? };
     let workload = match &a.trace {
         Some(path) => {
@@ -289,6 +290,8 @@ struct Cell {
     tpot_ratio_p50: Option<f64>,
     /// The step-time factors the cell was predicted with (1: the profile as measured).
     calibration: Calibration,
+    #[serde(skip)]
+    colocated: bool,
 }
 
 /// The step-time factors a `bench serve` run recorded (`step_time`: how long the workers' steps
@@ -321,7 +324,7 @@ fn per_request_ratios(run: &serde_json::Value, simulated: &[SimRequest], predict
 }
 
 fn validate(a: &PlanArgs) -> anyhow::Result<()> {
-    let (_, default_fleet) = fleet_of(&a.profile, a)?;
+    let default_fleet = a.profile.as_ref().map(|p| fleet_of(p, a)).transpose()?.map(|(_, f)| f);
     // Predicted from the profile; and, where the runs recorded the workers' step time, from the
     // profile scaled to the speed the devices ran at during each rate.
     let (mut cells, mut calibrated) = (Vec::new(), Vec::new());
@@ -330,7 +333,7 @@ fn validate(a: &PlanArgs) -> anyhow::Result<()> {
         let split = parse_split(split_s)?;
         let (path, fleet) = match path.split_once('@') {
             Some((path, profile)) => (path, fleet_of(Path::new(profile), a)?.1),
-            None => (path, default_fleet),
+            None => (path, default_fleet.with_context(|| format!("--measured {m:?} names no profile: give --profile, or write SPLIT=FILE@PROFILE"))?),
         };
         let path = Path::new(path);
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -372,6 +375,7 @@ fn validate(a: &PlanArgs) -> anyhow::Result<()> {
                     ttft_ratio_p50: ratios.map(|r| r.0),
                     tpot_ratio_p50: ratios.map(|r| r.1),
                     calibration: fleet.calibration,
+                    colocated: matches!(split, Split::Colocated { .. }),
                 })
             };
             cells.push(cell(&fleet)?);
@@ -414,7 +418,7 @@ fn hits(cells: &[Cell]) -> usize {
 
 fn print_cells(cells: &[Cell]) {
     let calibrated = cells.iter().any(|c| !c.calibration.is_profiled());
-    println!("| split | rate | goodput pred / meas (req/s) | err | TTFT p90 pred / meas (ms) | err | TPOT p90 pred / meas (ms) | err |{}", if calibrated { " step time P / D / C |" } else { "" });
+    println!("| split | rate | goodput pred / meas (req/s) | err | TTFT p90 pred / meas (ms) | err | TPOT p90 pred / meas (ms) | err |{}", if calibrated { " step time ÷ profile |" } else { "" });
     println!("|---|---|---|---|---|---|---|---|{}", if calibrated { "---|" } else { "" });
     let pct = |e: f64| format!("{:+.0}%{}", e * 100.0, if within(e) { "" } else { " ✗" });
     for c in cells {
@@ -432,7 +436,11 @@ fn print_cells(cells: &[Cell]) {
             c.predicted.tpot_p90_ms,
             c.measured_tpot_p90_ms,
             pct(c.error_tpot_p90),
-            if calibrated { format!(" {:.2} / {:.2} / {:.2} |", k.prefill, k.decode, k.colocated) } else { String::new() }
+            match (calibrated, c.colocated) {
+                (false, _) => String::new(),
+                (true, true) => format!(" {:.2} |", k.colocated),
+                (true, false) => format!(" P {:.2}, D {:.2} |", k.prefill, k.decode),
+            }
         );
     }
     println!("\n{} of {} cells within 15% on all three", hits(cells), cells.len());

@@ -182,6 +182,15 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
     }
     if let Some((p, model)) = priced {
         eprintln!("ferry {}: steps priced against the profile of {} on {} (measured {})", role.as_str(), p.model, p.machine, p.measured_at);
+        if args.emulate_profile.is_none() && !p.fingerprint.is_empty() && p.fingerprint != engine.fingerprint {
+            eprintln!(
+                "ferry {}: warning: --profile was measured for another model ({}, fingerprint {}; this worker serves {}): its step-time ratio compares two models",
+                role.as_str(),
+                p.model,
+                p.fingerprint,
+                engine.fingerprint
+            );
+        }
         engine.price(Some(model));
     }
     let model = std::path::Path::new(&args.model.model).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();

@@ -73,12 +73,15 @@ fn bad_invocations_fail_clearly() {
     // Without the `cuda` feature, `--device cuda` names the feature; with it (and no GPU, as in
     // CI) it names the missing driver or device.
     let no_cuda = if cfg!(feature = "cuda") { "is not available" } else { "rebuild with --features cuda" };
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 7] = [
         (&["generate", "--model", "/no/such/model.gguf", "hi"], "/no/such/model.gguf"),
         (&["generate", "--device", "cuda", "hi"], no_cuda),
         (&["generate", "--device", "tpu", "hi"], "expected cpu, cuda or cuda:N"),
         (&["generate", "--top-p", "0", "hi"], "top_p"),
         (&["score", "--model", "/no/such/dir", "--tokens", "/no/such/t.safetensors", "--out", "/tmp/x"], "/no/such/t.safetensors"),
+        // A plan needs a profile; a checked cell names its own or takes --profile.
+        (&["plan", "--workers", "2"], "--profile is needed"),
+        (&["plan", "--measured", "1:1=/no/such/run.json"], "names no profile"),
     ];
     for (args, needle) in cases {
         let o = ferry().args(args).output().unwrap();
