@@ -533,7 +533,15 @@ const OPENAI_PIN: &str = "3.57.0";
 
 /// A Python that has the `openai` package: `$FERRY_OPENAI_PYTHON`, else a venv under `target/`
 /// made once with `python3 -m venv` and `pip install openai==OPENAI_PIN` (reused after that).
+///
+/// Once per test process: the tests that need it run in parallel, and two of them creating the
+/// same venv at once break each other (`python3 -m venv --clear` removes what the other installs).
 fn openai_python() -> Result<std::path::PathBuf, String> {
+    static PYTHON: std::sync::OnceLock<Result<std::path::PathBuf, String>> = std::sync::OnceLock::new();
+    PYTHON.get_or_init(find_or_make_openai_python).clone()
+}
+
+fn find_or_make_openai_python() -> Result<std::path::PathBuf, String> {
     let imports = |python: &std::path::Path, check: &str| {
         std::process::Command::new(python).args(["-c", &format!("import openai, sys; {check}")]).output().is_ok_and(|o| o.status.success())
     };
