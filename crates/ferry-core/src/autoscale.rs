@@ -213,6 +213,19 @@ pub struct Calibrator {
     current: Option<Calibration>,
 }
 
+/// How much each worker's priced-step counters (seconds taken, seconds profiled) grew from
+/// `before` (by worker id) to `now`: (role, seconds taken, seconds profiled) per worker that ran a
+/// priced step. A worker absent from `before`, or whose counters went back (it restarted), counts
+/// from zero.
+pub fn clock_increases<R: Copy>(before: &HashMap<String, (f64, f64)>, now: &[(String, R, f64, f64)]) -> Vec<(R, f64, f64)> {
+    now.iter()
+        .filter_map(|(id, role, took, profiled)| {
+            let (t0, p0) = before.get(id).copied().filter(|&(t0, p0)| *took >= t0 && *profiled >= p0).unwrap_or((0.0, 0.0));
+            (*profiled > p0).then(|| (*role, took - t0, profiled - p0))
+        })
+        .collect()
+}
+
 /// A factor outside this range is taken for a broken profile or counter, not a speed.
 const FACTOR_RANGE: (f64, f64) = (0.1, 10.0);
 
@@ -220,18 +233,10 @@ impl Calibrator {
     /// One look at time `now` (seconds, any origin) at every worker: (id, role, seconds taken,
     /// seconds profiled). A worker whose counters went back (restarted) counts from zero.
     pub fn observe(&mut self, now: f64, workers: &[(String, WorkerRole, f64, f64)]) {
-        let mut seen = HashMap::with_capacity(workers.len());
-        for (id, role, took, profiled) in workers {
-            let (t0, p0) = match self.last.get(id) {
-                Some(&(t0, p0)) if *took >= t0 && *profiled >= p0 => (t0, p0),
-                _ => (0.0, 0.0),
-            };
-            if *profiled > p0 {
-                self.deltas.push_back((now, *role, took - t0, profiled - p0));
-            }
-            seen.insert(id.clone(), (*took, *profiled));
+        for (role, took, profiled) in clock_increases(&self.last, workers) {
+            self.deltas.push_back((now, role, took, profiled));
         }
-        self.last = seen;
+        self.last = workers.iter().map(|(id, _, took, profiled)| (id.clone(), (*took, *profiled))).collect();
     }
 
     /// The factors over the looks of the last `window` seconds before `now` (older ones are

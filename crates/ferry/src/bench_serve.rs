@@ -270,31 +270,28 @@ fn summary(rate: f64, records: &[Record], wall: f64, started: f64, step_time: se
     })
 }
 
-type Admin = ferry_proto::v1::admin_client::AdminClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, ferry_proto::Bearer>>;
+/// Every worker's priced-step counters: (id, role, seconds taken, seconds its profile says).
+type Clocks = Vec<(String, ferry_proto::v1::WorkerRole, f64, f64)>;
 
-/// Every worker's priced-step counters (id → role, seconds taken, seconds its profile says).
-type Clocks = std::collections::HashMap<String, (ferry_proto::v1::WorkerRole, f64, f64)>;
-
-async fn clocks(admin: &mut Admin) -> Result<Clocks, tonic::Status> {
+async fn clocks(admin: &mut crate::pool_cmd::Admin) -> Result<Clocks, tonic::Status> {
     let list = admin.list_workers(ferry_proto::v1::ListWorkersRequest {}).await?.into_inner();
     Ok(list.workers.into_iter().filter_map(|w| {
         let role = w.role();
-        w.load.map(|l| (w.worker_id, (role, l.step_seconds, l.step_model_seconds)))
+        w.load.map(|l| (w.worker_id, role, l.step_seconds, l.step_model_seconds))
     }).collect())
 }
 
 /// Per role, how long the workers' steps took between two looks against how long their profile
 /// says (`{"prefill": {"ratio": 1.12, "profiled_s": 40.2}, ...}`; a role that ran no priced step
-/// is absent). A worker that left between the looks is not counted; one that came, from zero.
+/// is absent). A worker that left between the looks is not counted; one that came, or restarted,
+/// from zero ([`ferry_core::autoscale::clock_increases`]).
 fn step_time(before: &Clocks, after: &Clocks) -> serde_json::Value {
+    let before = before.iter().map(|(id, _, took, profiled)| (id.clone(), (*took, *profiled))).collect();
     let mut by_role: std::collections::BTreeMap<String, (f64, f64)> = Default::default();
-    for (id, (role, took, profiled)) in after {
-        let (t0, p0) = before.get(id).filter(|b| b.1 <= *took && b.2 <= *profiled).map_or((0.0, 0.0), |b| (b.1, b.2));
-        if profiled > &p0 {
-            let e = by_role.entry(role.to_string()).or_default();
-            e.0 += took - t0;
-            e.1 += profiled - p0;
-        }
+    for (role, took, profiled) in ferry_core::autoscale::clock_increases(&before, after) {
+        let e = by_role.entry(role.to_string()).or_default();
+        e.0 += took;
+        e.1 += profiled;
     }
     by_role.into_iter().map(|(role, (t, p))| (role, json!({ "ratio": t / p, "profiled_s": p }))).collect::<serde_json::Map<_, _>>().into()
 }
@@ -449,7 +446,7 @@ mod tests {
 
     #[test]
     fn step_time_is_the_ratio_of_each_role_s_increases_between_two_looks() {
-        let clocks = |ws: &[(&str, ferry_proto::v1::WorkerRole, f64, f64)]| -> Clocks { ws.iter().map(|&(id, r, t, p)| (id.to_string(), (r, t, p))).collect() };
+        let clocks = |ws: &[(&str, ferry_proto::v1::WorkerRole, f64, f64)]| -> Clocks { ws.iter().map(|&(id, r, t, p)| (id.to_string(), r, t, p)).collect() };
         let before = clocks(&[("prefill-1", Prefill, 10.0, 10.0), ("decode-1", Decode, 5.0, 4.0), ("decode-2", Decode, 1.0, 1.0)]);
         // prefill-1 ran 6 s for 4 profiled; prefill-2 came (from zero) and ran 3 s for 2; decode-1
         // restarted (its counters went back: counted from zero); decode-2 left.

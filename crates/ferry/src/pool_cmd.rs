@@ -115,7 +115,7 @@ fn call(cmd: PoolCommand) -> anyhow::Result<(PoolOpts, Vec<v1::WorkerInfo>)> {
     })
 }
 
-type Admin = v1::admin_client::AdminClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, ferry_proto::Bearer>>;
+pub(crate) type Admin = v1::admin_client::AdminClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, ferry_proto::Bearer>>;
 
 async fn admin(router: &str, opts: &PoolOpts) -> anyhow::Result<Admin> {
     let auth = ferry_proto::Bearer::new(opts.admin_token.as_deref()).map_err(|e| anyhow::anyhow!("--admin-token: {e}"))?;
