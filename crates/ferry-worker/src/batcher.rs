@@ -192,7 +192,7 @@ pub fn spawn_with(engine: Engine, model: String, scheduling: Scheduling, faults:
     std::thread::Builder::new()
         .name(format!("ferry-{role}"))
         .spawn(move || {
-            let mut lp = Loop { engine, running: Vec::new(), prefilling: VecDeque::new(), load, scheduling, role, faults, steps: 0 };
+            let mut lp = Loop { engine, running: Vec::new(), prefilling: VecDeque::new(), load, scheduling, role, faults, steps: 0, busy: 0.0 };
             let what = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lp.run(&rx))) {
                 Ok(Ok(())) => return,
                 Ok(Err(e)) => format!("a {role} step failed at the backend: {e}"),
@@ -234,6 +234,8 @@ struct Loop {
     faults: FaultInjection,
     /// Steps run so far (for [`FaultInjection::before_step`]).
     steps: u64,
+    /// Seconds the loop was busy around its steps ([`crate::cache_log::publish`]).
+    busy: f64,
 }
 
 /// One row group of a step.
@@ -254,6 +256,9 @@ impl Loop {
                     Err(_) => return Ok(()),
                 }
             }
+            // Busy from here to the step's end: the admissions (a decode worker imports arriving
+            // KV here), the plan, the step, sampling and streaming the tokens.
+            let busy = Instant::now();
             while let Ok(cmd) = rx.try_recv() {
                 self.handle(cmd)?;
             }
@@ -263,6 +268,7 @@ impl Loop {
             }
             let parts = self.plan(&mut rotate);
             self.step(parts)?;
+            self.busy += busy.elapsed().as_secs_f64();
         }
     }
 
@@ -298,7 +304,7 @@ impl Loop {
     }
 
     fn publish(&mut self) {
-        crate::cache_log::publish(&mut self.engine, &self.load, self.role);
+        crate::cache_log::publish(&mut self.engine, &self.load, self.role, self.busy);
         self.load.blocks_free.store(self.engine.free_blocks() as u64, Relaxed);
         self.load.active_sequences.store((self.running.len() + self.prefilling.len()) as u64, Relaxed);
         let queued: usize = self.prefilling.iter().map(|p| p.prompt.len() - p.done).sum();

@@ -208,11 +208,12 @@ impl CacheLog {
     }
 }
 
-/// On the engine thread, at every publish: record the priced steps ([`LoadGauge::record_clock`]),
-/// move the cache's new events into the log, record how many blocks are cached, and set the
-/// prefix cache metrics (`role`: prefill, decode, colocated).
-pub fn publish(engine: &mut Engine, load: &LoadGauge, role: &'static str) {
-    load.record_clock(engine.clock());
+/// On the engine thread, at every publish: record the priced steps against the seconds the loop
+/// was busy around them, `busy` ([`LoadGauge::record_clock`]), move the cache's new events into
+/// the log, record how many blocks are cached, and set the prefix cache metrics (`role`:
+/// prefill, decode, colocated).
+pub fn publish(engine: &mut Engine, load: &LoadGauge, role: &'static str, busy: f64) {
+    load.record_clock(engine.clock(), busy);
     let enabled = engine.prefix_cache_enabled();
     load.prefix_cache.store(enabled, Relaxed);
     if !enabled {

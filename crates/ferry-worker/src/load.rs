@@ -74,9 +74,14 @@ impl LoadGauge {
         }
     }
 
-    /// Publish the engine's priced steps ([`ferry_engine::Engine::price`]).
-    pub fn record_clock(&self, c: ferry_engine::StepClock) {
-        self.step_seconds_bits.store(c.seconds.to_bits(), Relaxed);
+    /// Publish the engine's priced steps ([`ferry_engine::Engine::price`]) against `busy`, the
+    /// seconds the worker's loop spent on them: the step itself and the work between steps that
+    /// the profile does not contain (admitting requests, importing arriving KV, sampling,
+    /// streaming tokens), so that the ratio is how much slower than its profile the worker
+    /// serves, not only computes. Nothing priced: both zero.
+    pub fn record_clock(&self, c: ferry_engine::StepClock, busy: f64) {
+        let seconds = if c.steps > 0 { busy } else { 0.0 };
+        self.step_seconds_bits.store(seconds.to_bits(), Relaxed);
         self.step_model_seconds_bits.store(c.model_seconds.to_bits(), Relaxed);
     }
 
@@ -157,6 +162,17 @@ impl LoadGauge {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_published_step_time_is_the_loop_s_busy_time_against_the_priced_steps() {
+        let g = LoadGauge::default();
+        // Nothing priced: the loop's time is not published (no profile to compare it with).
+        g.record_clock(ferry_engine::StepClock::default(), 3.0);
+        assert_eq!((g.snapshot().step_seconds, g.snapshot().step_model_seconds), (0.0, 0.0));
+        // Priced: the loop's busy seconds (steps and the work around them), not the engine's.
+        g.record_clock(ferry_engine::StepClock { steps: 4, seconds: 2.0, model_seconds: 1.5 }, 2.2);
+        assert_eq!((g.snapshot().step_seconds, g.snapshot().step_model_seconds), (2.2, 1.5));
+    }
 
     #[test]
     fn reservations_never_exceed_the_pool_and_come_back() {

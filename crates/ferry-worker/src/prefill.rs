@@ -183,7 +183,7 @@ pub fn spawn_with(engine: Engine, model: String, opts: PrefillOptions) -> Prefil
     std::thread::Builder::new()
         .name("ferry-prefill".into())
         .spawn(move || {
-            let mut st = State { engine, queue: VecDeque::new(), active: Vec::new(), load, faults: opts.faults, steps: 0 };
+            let mut st = State { engine, queue: VecDeque::new(), active: Vec::new(), load, faults: opts.faults, steps: 0, busy: 0.0 };
             let what = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| st.run(&rx, &tx))) {
                 Ok(Ok(())) => return,
                 Ok(Err(e)) => format!("a prefill step failed at the backend: {e}"),
@@ -215,6 +215,8 @@ struct State {
     load: Arc<LoadGauge>,
     faults: FaultInjection,
     steps: u64,
+    /// Seconds the loop was busy around its steps ([`crate::cache_log::publish`]).
+    busy: f64,
 }
 
 impl State {
@@ -230,13 +232,15 @@ impl State {
         self.load.blocks_total.store(self.engine.total_blocks() as u64, Relaxed);
         self.load.block_size.store(bs as u64, Relaxed);
         loop {
-            publish(&mut self.engine, &self.load, &self.queue, &self.active);
+            publish(&mut self.engine, &self.load, &self.queue, &self.active, self.busy);
             if self.queue.is_empty() && self.active.is_empty() {
                 match rx.recv() {
                     Ok(cmd) => self.handle(cmd),
                     Err(_) => return Ok(()),
                 }
             }
+            // Busy from here to the step's end (the step ships the KV layer by layer).
+            let busy = Instant::now();
             while let Ok(cmd) = rx.try_recv() {
                 self.handle(cmd);
             }
@@ -253,6 +257,7 @@ impl State {
             self.faults.before_step(self.steps);
             self.steps += 1;
             step(&mut self.engine, &mut self.active, budget, tx, &self.load)?;
+            self.busy += busy.elapsed().as_secs_f64();
         }
     }
 
@@ -330,8 +335,8 @@ fn blocks(tokens: usize, bs: usize) -> usize {
     BlockTable::blocks_for(tokens, bs)
 }
 
-fn publish(engine: &mut Engine, load: &LoadGauge, queue: &VecDeque<PrefillJob>, active: &[Active]) {
-    crate::cache_log::publish(engine, load, Role::Prefill.as_str());
+fn publish(engine: &mut Engine, load: &LoadGauge, queue: &VecDeque<PrefillJob>, active: &[Active], busy: f64) {
+    crate::cache_log::publish(engine, load, Role::Prefill.as_str(), busy);
     let queued: usize = queue.iter().map(|j| j.prompt.len()).sum::<usize>() + active.iter().map(|a| a.job.prompt.len() - a.done).sum::<usize>();
     load.blocks_free.store(engine.free_blocks() as u64, Relaxed);
     load.active_sequences.store(engine.active_sequences() as u64, Relaxed);
