@@ -26,7 +26,9 @@
 #        model, `default`), EMULATE (a profile the workers emulate, `--emulate-profile`, and the
 #        plan predicts from: the simulator checked against Ferry's router and workers with the
 #        machine's drift taken out; use a small MODEL, e.g. tests/fixtures/golden/llama-gqa, and
-#        prompts that fit it: PROMPT_LEN=32..384).
+#        prompts that fit it: PROMPT_LEN=32..384), PROFILE_EVERY (`split`, the default: one profile
+#        and one cluster per split; `rate`: a profile and a fresh cluster before every rate, so
+#        that each cell is predicted from a profile measured minutes before it, not up to 20).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:-target/validate-plan}"
@@ -35,6 +37,38 @@ ferry="${FERRY:-./target/debug/ferry}"
 splits=(${SPLITS:-1:1 2c 1c})
 load=(--requests "${REQUESTS:-20}" --prompt-len "${PROMPT_LEN:-32..512}" --output-len "${OUTPUT_LEN:-32..96}" --seed 7
       --slo-ttft-ms "${SLO_TTFT_MS:-5000}" --slo-tpot-ms "${SLO_TPOT_MS:-45}")
+
+# Profile (unless PROFILE or EMULATE gives one), start a cluster of the split, serve the rates,
+# stop it; appends SPLIT=RESULT@PROFILE to `measured`.
+measure() {
+    local split="$1" label="$2" rates="$3"
+    local profile="${EMULATE:-${PROFILE:-$out/profile-$label.json}}"
+    local emulate=()
+    [ -n "${EMULATE:-}" ] && emulate=(--emulate-profile "$EMULATE")
+    if [ -z "${PROFILE:-}${EMULATE:-}" ]; then
+        echo "== $split ($label): profiling" >&2
+        # shellcheck disable=SC2086
+        taskset -c 0 "$ferry" profile --model default --threads 1 --out "$profile" ${PROFILE_ARGS:-}
+    fi
+    local log="$out/$label.up.log"
+    # The workers price their steps against the profile: `bench serve` records, per rate, how
+    # long their steps took against it, and `plan --measured` predicts at that speed too.
+    "$ferry" up --model "${MODEL:-default}" --listen 127.0.0.1:0 --http 127.0.0.1:0 --threads 1 --pin --no-prefix-cache \
+        --profile "$profile" "${emulate[@]}" "${pools[@]}" > "$log" 2>&1 &
+    local up=$!
+    local router=""
+    for _ in $(seq 1 600); do
+        router="$(grep -o 'ready router=[0-9.:]*' "$log" | cut -d= -f2 || true)"
+        [ -n "$router" ] && break
+        sleep 0.2
+    done
+    [ -n "$router" ] || { echo "$split: cluster did not start (see $log)" >&2; kill "$up"; exit 1; }
+    echo "== $split ($label): bench serve against $router at $rates req/s" >&2
+    "$ferry" bench serve --router "$router" "${load[@]}" --rates "$rates" --label "$split" --out "$out/$label.json"
+    kill -TERM "$up"; wait "$up" || true
+    measured+=("$split=$out/$label.json@$profile")
+    last_profile="$profile"
+}
 
 measured=()
 for split in "${splits[@]}"; do
@@ -46,34 +80,17 @@ for split in "${splits[@]}"; do
     label="split-${split/:/p}"
     own="RATES_${split/:/p}"
     rates="${!own:-${RATES:-0.2,0.4,0.6}}"
-    profile="${EMULATE:-${PROFILE:-$out/profile-$label.json}}"
-    emulate=()
-    [ -n "${EMULATE:-}" ] && emulate=(--emulate-profile "$EMULATE")
-    if [ -z "${PROFILE:-}${EMULATE:-}" ]; then
-        echo "== $split: profiling" >&2
-        # shellcheck disable=SC2086
-        taskset -c 0 "$ferry" profile --model default --threads 1 --out "$profile" ${PROFILE_ARGS:-}
+    if [ "${PROFILE_EVERY:-split}" = rate ]; then
+        IFS=, read -r -a cells_rates <<< "$rates"
+        for rate in "${cells_rates[@]}"; do
+            measure "$split" "$label-r$rate" "$rate"
+        done
+    else
+        measure "$split" "$label" "$rates"
     fi
-    log="$out/$label.up.log"
-    # The workers price their steps against the profile: `bench serve` records, per rate, how
-    # long their steps took against it, and `plan --measured` predicts at that speed too.
-    "$ferry" up --model "${MODEL:-default}" --listen 127.0.0.1:0 --http 127.0.0.1:0 --threads 1 --pin --no-prefix-cache \
-        --profile "$profile" "${emulate[@]}" "${pools[@]}" > "$log" 2>&1 &
-    up=$!
-    router=""
-    for _ in $(seq 1 600); do
-        router="$(grep -o 'ready router=[0-9.:]*' "$log" | cut -d= -f2 || true)"
-        [ -n "$router" ] && break
-        sleep 0.2
-    done
-    [ -n "$router" ] || { echo "$split: cluster did not start (see $log)" >&2; kill "$up"; exit 1; }
-    echo "== $split: bench serve against $router" >&2
-    "$ferry" bench serve --router "$router" "${load[@]}" --rates "$rates" --label "$split" --out "$out/$label.json"
-    kill -TERM "$up"; wait "$up" || true
-    measured+=("$split=$out/$label.json@$profile")
 done
 
 cells="$(IFS=,; echo "${measured[*]}")"
-"$ferry" plan --profile "$profile" --measured "$cells" | tee "$out/validation.md"
-"$ferry" plan --profile "$profile" --measured "$cells" --json > "$out/validation.json"
+"$ferry" plan --profile "$last_profile" --measured "$cells" | tee "$out/validation.md"
+"$ferry" plan --profile "$last_profile" --measured "$cells" --json > "$out/validation.json"
 echo "results in $out" >&2
