@@ -38,8 +38,8 @@ splits=(${SPLITS:-1:1 2c 1c})
 load=(--requests "${REQUESTS:-20}" --prompt-len "${PROMPT_LEN:-32..512}" --output-len "${OUTPUT_LEN:-32..96}" --seed 7
       --slo-ttft-ms "${SLO_TTFT_MS:-5000}" --slo-tpot-ms "${SLO_TPOT_MS:-45}")
 
-# Profile (unless PROFILE or EMULATE gives one), start a cluster of the split, serve the rates,
-# stop it; appends SPLIT=RESULT@PROFILE to `measured`.
+# Profile (unless PROFILE or EMULATE gives one), start a cluster of the split (`pools`), serve
+# the rates, stop it; appends SPLIT=RESULT@PROFILE to `measured`.
 measure() {
     local split="$1" label="$2" rates="$3"
     local profile="${EMULATE:-${PROFILE:-$out/profile-$label.json}}"
@@ -67,7 +67,6 @@ measure() {
     "$ferry" bench serve --router "$router" "${load[@]}" --rates "$rates" --label "$split" --out "$out/$label.json"
     kill -TERM "$up"; wait "$up" || true
     measured+=("$split=$out/$label.json@$profile")
-    last_profile="$profile"
 }
 
 measured=()
@@ -91,6 +90,6 @@ for split in "${splits[@]}"; do
 done
 
 cells="$(IFS=,; echo "${measured[*]}")"
-"$ferry" plan --profile "$last_profile" --measured "$cells" | tee "$out/validation.md"
-"$ferry" plan --profile "$last_profile" --measured "$cells" --json > "$out/validation.json"
+"$ferry" plan --measured "$cells" | tee "$out/validation.md"
+"$ferry" plan --measured "$cells" --json > "$out/validation.json"
 echo "results in $out" >&2
