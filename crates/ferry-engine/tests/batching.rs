@@ -89,6 +89,40 @@ fn mixed_step_prefill_and_decode_together() {
 }
 
 #[test]
+fn decode_batches_either_side_of_the_matmul_switch_equal_alone() {
+    // A decode step of 12 rows takes the CPU matmul's row-dot path, one of 13 its dequantize +
+    // GEMM path (`GEMV_MAX_ROWS`): each sequence's logits in either equal its own step alone.
+    let mut e = engine(&smollm2_path());
+    let base = prompts(&e);
+    let ps: Vec<Vec<u32>> = (0..13).map(|i| [base[i % base.len()].clone(), e.encode(&format!(" number {i}")).unwrap()].concat()).collect();
+    let seqs: Vec<SeqId> = ps.iter().map(|_| e.new_sequence()).collect();
+    let next: Vec<u32> = seqs.iter().zip(&ps).map(|(&s, p)| ferry_engine::sampler::argmax(&e.prefill(s, p).unwrap())).collect();
+    let mut alone = Vec::new();
+    for (&s, &t) in seqs.iter().zip(&next) {
+        let copy = e.import_kv(&e.export_kv(s).unwrap()).unwrap();
+        alone.push(e.step(&[StepItem { seq: copy, tokens: &[t], logits: Logits::Last }], &mut |_, _| {}).unwrap().remove(0));
+        e.release(copy).unwrap();
+    }
+    let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+    for rows in [12, 13] {
+        let copies: Vec<SeqId> = seqs[..rows].iter().map(|&s| e.import_kv(&e.export_kv(s).unwrap()).unwrap()).collect();
+        let items: Vec<StepItem> = copies.iter().zip(&toks).map(|(&seq, t)| StepItem { seq, tokens: t, logits: Logits::Last }).collect();
+        let batched = e.step(&items, &mut |_, _| {}).unwrap();
+        for (i, (a, b)) in alone.iter().zip(&batched).enumerate() {
+            let d = max_abs_diff(a, b);
+            assert!(d <= 1e-3, "{rows} rows: sequence {i}'s batched decode logits differ from alone by {d}");
+        }
+        for c in copies {
+            e.release(c).unwrap();
+        }
+    }
+    for s in seqs {
+        e.release(s).unwrap();
+    }
+    assert_eq!(e.free_blocks(), e.total_blocks());
+}
+
+#[test]
 fn q8_decode_is_batch_invariant() {
     // With 8-bit activations, decode rows run the interleaved kernels, whose result for one
     // sequence does not depend on the others in the step: batched decode logits are bit for bit

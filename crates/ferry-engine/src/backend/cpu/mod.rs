@@ -336,9 +336,9 @@ impl Backend for CpuBackend {
 ///
 /// With `interleave` (the 8-bit-activation mode), every matrix the interleaved decode kernel
 /// supports (`Q4_0`/`Q4_1`/`Q8_0`, rows a multiple of 8) also gets a copy with its rows in groups
-/// of 8 (`HostWeight::x8`), after all the row-layout matrices: matmuls of at most 8 rows
-/// (decode) read only those copies, longer prompts only the originals. It costs their size again
-/// in memory.
+/// of 8 (`HostWeight::x8`), after all the row-layout matrices: matmuls of at most
+/// `GEMV_MAX_ROWS` rows (decode) read only those copies, longer prompts only the originals. It
+/// costs their size again in memory.
 pub fn pack_weights(w: &mut crate::weights::WeightSet, n_layers: usize, interleave: bool) -> Result<()> {
     const ALIGN: usize = 64;
     let x8_ok = |t: &HostWeight| interleave && ferry_quant::supports_x8(t.ty) && t.rows().is_multiple_of(ferry_quant::X8_ROWS) && t.rows() > 0;
