@@ -88,6 +88,20 @@ fn mixed_step_prefill_and_decode_together() {
     e.release(b).unwrap();
 }
 
+/// The logits of each sequence's next decode step (token `next[i]`) taken alone, on a copy of its
+/// KV (export → import), the sequence itself left as it was.
+fn each_alone(e: &mut Engine, seqs: &[SeqId], next: &[u32]) -> Vec<Vec<f32>> {
+    seqs.iter()
+        .zip(next)
+        .map(|(&s, &t)| {
+            let copy = e.import_kv(&e.export_kv(s).unwrap()).unwrap();
+            let logits = e.step(&[StepItem { seq: copy, tokens: &[t], logits: Logits::Last }], &mut |_, _| {}).unwrap().remove(0);
+            e.release(copy).unwrap();
+            logits
+        })
+        .collect()
+}
+
 #[test]
 fn decode_batches_either_side_of_the_matmul_switch_equal_alone() {
     // A decode step of 12 rows takes the CPU matmul's row-dot path, one of 13 its dequantize +
@@ -97,12 +111,7 @@ fn decode_batches_either_side_of_the_matmul_switch_equal_alone() {
     let ps: Vec<Vec<u32>> = (0..13).map(|i| [base[i % base.len()].clone(), e.encode(&format!(" number {i}")).unwrap()].concat()).collect();
     let seqs: Vec<SeqId> = ps.iter().map(|_| e.new_sequence()).collect();
     let next: Vec<u32> = seqs.iter().zip(&ps).map(|(&s, p)| ferry_engine::sampler::argmax(&e.prefill(s, p).unwrap())).collect();
-    let mut alone = Vec::new();
-    for (&s, &t) in seqs.iter().zip(&next) {
-        let copy = e.import_kv(&e.export_kv(s).unwrap()).unwrap();
-        alone.push(e.step(&[StepItem { seq: copy, tokens: &[t], logits: Logits::Last }], &mut |_, _| {}).unwrap().remove(0));
-        e.release(copy).unwrap();
-    }
+    let alone = each_alone(&mut e, &seqs, &next);
     let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
     for rows in [12, 13] {
         let copies: Vec<SeqId> = seqs[..rows].iter().map(|&s| e.import_kv(&e.export_kv(s).unwrap()).unwrap()).collect();
@@ -133,13 +142,8 @@ fn q8_decode_is_batch_invariant() {
     let seqs: Vec<SeqId> = ps.iter().map(|_| e.new_sequence()).collect();
     let mut next: Vec<u32> = seqs.iter().zip(&ps).map(|(&s, p)| ferry_engine::sampler::argmax(&e.prefill(s, p).unwrap())).collect();
     for _ in 0..4 {
-        // Each sequence alone, on a copy of its KV (export → import), then all of them together.
-        let mut alone = Vec::new();
-        for (&s, &t) in seqs.iter().zip(&next) {
-            let copy = e.import_kv(&e.export_kv(s).unwrap()).unwrap();
-            alone.push(e.step(&[StepItem { seq: copy, tokens: &[t], logits: Logits::Last }], &mut |_, _| {}).unwrap().remove(0));
-            e.release(copy).unwrap();
-        }
+        // Each sequence alone, then all of them together.
+        let alone = each_alone(&mut e, &seqs, &next);
         let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
         let items: Vec<StepItem> = seqs.iter().zip(&toks).map(|(&seq, t)| StepItem { seq, tokens: t, logits: Logits::Last }).collect();
         let batched = e.step(&items, &mut |_, _| {}).unwrap();
