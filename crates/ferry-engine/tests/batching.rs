@@ -12,6 +12,12 @@ fn prompts(e: &Engine) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// `n` distinct prompts: the four above in turn, each ending in its own number.
+fn numbered_prompts(e: &Engine, n: usize) -> Vec<Vec<u32>> {
+    let base = prompts(e);
+    (0..n).map(|i| [base[i % base.len()].clone(), e.encode(&format!(" number {i}")).unwrap()].concat()).collect()
+}
+
 fn alone(e: &mut Engine, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>) {
     let seq = e.new_sequence();
     let last = e.prefill(seq, prompt).unwrap();
@@ -107,8 +113,7 @@ fn decode_batches_either_side_of_the_matmul_switch_equal_alone() {
     // A decode step of 12 rows takes the CPU matmul's row-dot path, one of 13 its dequantize +
     // GEMM path (`GEMV_MAX_ROWS`): each sequence's logits in either equal its own step alone.
     let mut e = engine(&smollm2_path());
-    let base = prompts(&e);
-    let ps: Vec<Vec<u32>> = (0..13).map(|i| [base[i % base.len()].clone(), e.encode(&format!(" number {i}")).unwrap()].concat()).collect();
+    let ps = numbered_prompts(&e, 12);
     let seqs: Vec<SeqId> = ps.iter().map(|_| e.new_sequence()).collect();
     let next: Vec<u32> = seqs.iter().zip(&ps).map(|(&s, p)| ferry_engine::sampler::argmax(&e.prefill(s, p).unwrap())).collect();
     let alone = each_alone(&mut e, &seqs, &next);
@@ -135,10 +140,11 @@ fn decode_batches_either_side_of_the_matmul_switch_equal_alone() {
 fn q8_decode_is_batch_invariant() {
     // With 8-bit activations, decode rows run the interleaved kernels, whose result for one
     // sequence does not depend on the others in the step: batched decode logits are bit for bit
-    // those of the sequence alone (the prefill stays exact f32 either way).
+    // those of the sequence alone (the prefill stays exact f32 either way), up to the 12 rows of
+    // the row-dot path (`GEMV_MAX_ROWS`).
     let cfg = ferry_engine::EngineConfig { threads: 2, activations: ferry_engine::Activations::Q8, ..Default::default() };
     let mut e = Engine::load(&smollm2_path(), &cfg).unwrap();
-    let ps = prompts(&e);
+    let ps = numbered_prompts(&e, 12);
     let seqs: Vec<SeqId> = ps.iter().map(|_| e.new_sequence()).collect();
     let mut next: Vec<u32> = seqs.iter().zip(&ps).map(|(&s, p)| ferry_engine::sampler::argmax(&e.prefill(s, p).unwrap())).collect();
     for _ in 0..4 {
