@@ -113,7 +113,7 @@ fn decode_batches_either_side_of_the_matmul_switch_equal_alone() {
     // A decode step of 12 rows takes the CPU matmul's row-dot path, one of 13 its dequantize +
     // GEMM path (`GEMV_MAX_ROWS`): each sequence's logits in either equal its own step alone.
     let mut e = engine(&smollm2_path());
-    let ps = numbered_prompts(&e, 12);
+    let ps = numbered_prompts(&e, 13);
     let seqs: Vec<SeqId> = ps.iter().map(|_| e.new_sequence()).collect();
     let next: Vec<u32> = seqs.iter().zip(&ps).map(|(&s, p)| ferry_engine::sampler::argmax(&e.prefill(s, p).unwrap())).collect();
     let alone = each_alone(&mut e, &seqs, &next);
