@@ -1,4 +1,6 @@
 #!/bin/bash
+# /tmp/ferry-gemvN: `cargo build -p ferry` (dev profile) with GEMV_MAX_ROWS = N in
+# crates/ferry-engine/src/backend/cpu/matmul.rs, the binary copied there.
 # Paired A/B: decode steps with the row-dot path up to 8 rows (before) and 12 (after);
 # batches 13 and 16 take the same GEMM path in both binaries: the noise control.
 mkdir -p /tmp/gemv2

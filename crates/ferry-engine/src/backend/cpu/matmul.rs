@@ -17,7 +17,7 @@ use rayon::prelude::*;
 /// At most this many activation rows use the row-dot (GEMV) path. Its cost grows with every row
 /// (each weight is dequantized in registers once per activation row), the GEMM path's mostly does
 /// not (each weight is dequantized once per call): SmolLM2 Q4_1 decode steps of 10 and 12
-/// sequences took 0.7-0.96x as long by row-dot as by GEMM in 22 of 24 paired runs (1 and 2
+/// sequences took 0.68-0.96x as long by row-dot as by GEMM in 22 of 24 paired runs (1 and 2
 /// threads), 16 about the same, 20 and more longer (docs/benchmarks.md, issue #2's section).
 pub(crate) const GEMV_MAX_ROWS: usize = 12;
 
