@@ -1,12 +1,11 @@
 #!/usr/bin/env python3
-"""HF transformers (eager) on the same shapes as `ferry bench engine --model synthetic:NAME
+"""HF transformers (sdpa attention) on the same shapes as `ferry bench engine --model synthetic:NAME
 --device cuda`: random bf16 weights made on the GPU, prefill of one prompt, greedy decode at
 batch 1 and at --batch, and the GPU's limits measured in the same run (a device copy for the
 memory bandwidth, an 8192^3 bf16 matmul for the peak). Prints one JSON line.
 
 The peer Ferry's GPU figures are compared with in docs/benchmarks.md. Needs torch (CUDA) and
-transformers; nothing is downloaded. Prepared without a GPU: not run yet.
-"""
+transformers; nothing is downloaded. """
 import argparse
 import json
 import time
@@ -36,7 +35,7 @@ def llama_config(name):
     else:
         kw["rope_theta"], kw["rope_scaling"] = theta, rope
     cfg = LlamaConfig(**kw)
-    cfg._attn_implementation = "eager"
+    cfg._attn_implementation = "sdpa"
     return cfg
 
 
@@ -115,7 +114,7 @@ def main():
     print(json.dumps({
         "bench": "hf_transformers_gpu", "model": f"synthetic:{a.model}", "torch": torch.__version__,
         "transformers": transformers.__version__, "device": torch.cuda.get_device_name(0),
-        "attention": "eager", "prompt_len": a.prompt_len, "gen": a.gen, "batch": a.batch,
+        "attention": cfg._attn_implementation, "prompt_len": a.prompt_len, "gen": a.gen, "batch": a.batch,
         "prefill_tok_s": r(t / prefill_s), "prefill_tflop_s": r(flops / prefill_s / 1e12),
         "bf16_gemm_peak_tflop_s": r(peak / 1e12), "prefill_peak_fraction": r(flops / prefill_s / peak, 3),
         "decode_tok_s": r(d1), "batch_decode_tok_s": r(db), "weight_bytes_per_decode_step": weight_bytes,

