@@ -121,6 +121,7 @@ impl std::fmt::Display for v1::KvTransport {
             v1::KvTransport::Grpc => "grpc",
             v1::KvTransport::Tcp => "tcp",
             v1::KvTransport::Nccl => "nccl",
+            v1::KvTransport::CudaIpc => "cuda-ipc",
         })
     }
 }

@@ -4,8 +4,9 @@
 //! always, the TCP data path where plaintext is allowed, NCCL on GPU workers with NCCL pipes. A
 //! worker's `--kv-transport` is its ceiling (it registers nothing faster than that), and so is the
 //! router's `--kv-transport`. For each request the router picks the fastest transport both workers
-//! registered, under its ceiling: NCCL, then TCP, then gRPC. The prefill worker falls back from
-//! NCCL to the host path if the pair cannot set it up, and reports what it used.
+//! registered, under its ceiling: CUDA IPC (one node), then NCCL, then TCP, then gRPC. The prefill
+//! worker falls back from a device pipe (CUDA IPC, NCCL) to the host path if the pair cannot set
+//! it up (e.g. CUDA IPC between two nodes), and reports what it used.
 
 use ferry_proto::v1::KvTransport as Kind;
 
@@ -15,7 +16,9 @@ pub enum KvPolicy {
     /// The fastest transport both workers support.
     #[default]
     Auto,
-    /// At most NCCL (the same as auto today).
+    /// At most CUDA IPC (the same as auto today).
+    CudaIpc,
+    /// At most NCCL (never CUDA IPC).
     Nccl,
     /// At most the TCP data path (never NCCL).
     Tcp,
@@ -26,7 +29,8 @@ pub enum KvPolicy {
 impl KvPolicy {
     fn ceiling(self) -> Kind {
         match self {
-            KvPolicy::Auto | KvPolicy::Nccl => Kind::Nccl,
+            KvPolicy::Auto | KvPolicy::CudaIpc => Kind::CudaIpc,
+            KvPolicy::Nccl => Kind::Nccl,
             KvPolicy::Tcp => Kind::Tcp,
             KvPolicy::Grpc => Kind::Grpc,
         }
@@ -34,7 +38,7 @@ impl KvPolicy {
 }
 
 /// Fastest first.
-const ORDER: [Kind; 3] = [Kind::Nccl, Kind::Tcp, Kind::Grpc];
+const ORDER: [Kind; 4] = [Kind::CudaIpc, Kind::Nccl, Kind::Tcp, Kind::Grpc];
 
 fn rank(k: Kind) -> usize {
     ORDER.iter().position(|&o| o == k).unwrap_or(ORDER.len())
@@ -63,7 +67,7 @@ pub fn choose(policy: KvPolicy, prefill: &[Kind], decode: &[Kind]) -> Kind {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use Kind::{Grpc, Nccl, Tcp};
+    use Kind::{CudaIpc, Grpc, Nccl, Tcp};
 
     #[test]
     fn the_fastest_common_transport_under_the_ceiling() {
@@ -85,6 +89,12 @@ mod tests {
             (KvPolicy::Tcp, &[Grpc, Nccl], &[Grpc, Nccl], Grpc),
             // Nothing registered in common: gRPC, which every worker serves.
             (KvPolicy::Auto, &[], &[], Grpc),
+            // CUDA IPC above NCCL when both registered it; the NCCL ceiling keeps it off.
+            (KvPolicy::Auto, &[Grpc, Tcp, CudaIpc], &[Grpc, Tcp, CudaIpc], CudaIpc),
+            (KvPolicy::CudaIpc, &[Grpc, Tcp, CudaIpc], &[Grpc, Tcp, CudaIpc], CudaIpc),
+            (KvPolicy::Nccl, &[Grpc, Tcp, CudaIpc], &[Grpc, Tcp, CudaIpc], Tcp),
+            // One side with NCCL pipes, the other with CUDA IPC pipes: the host path.
+            (KvPolicy::Auto, &[Grpc, Tcp, CudaIpc], &[Grpc, Tcp, Nccl], Tcp),
         ];
         for (policy, p, d, want) in cases {
             assert_eq!(choose(*policy, p, d), *want, "{policy:?} prefill {p:?} decode {d:?}");

@@ -79,6 +79,29 @@ pub enum TransportChoice {
     /// Device to device over NCCL (GPU workers; falls back to TCP or gRPC when a pair cannot
     /// set it up).
     Nccl,
+    /// Device to device through CUDA IPC (GPU workers on one node; falls back likewise).
+    CudaIpc,
+}
+
+impl TransportChoice {
+    /// The wire transport of this choice.
+    pub fn kind(self) -> ferry_proto::v1::KvTransport {
+        use ferry_proto::v1::KvTransport as K;
+        match self {
+            TransportChoice::Tcp => K::Tcp,
+            TransportChoice::Grpc => K::Grpc,
+            TransportChoice::Nccl => K::Nccl,
+            TransportChoice::CudaIpc => K::CudaIpc,
+        }
+    }
+
+    /// The device pipe this choice asks for, if any.
+    pub fn pipe(self) -> Option<ferry_proto::v1::KvTransport> {
+        match self {
+            TransportChoice::Nccl | TransportChoice::CudaIpc => Some(self.kind()),
+            TransportChoice::Tcp | TransportChoice::Grpc => None,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -155,8 +178,13 @@ fn kv_transports(cfg: &WorkerConfig, data_listener: bool) -> Vec<i32> {
     if tcp_path && cfg.transport != TransportChoice::Grpc {
         v.push(K::Tcp);
     }
-    if cfg.pipes.is_some() && cfg.transport == TransportChoice::Nccl {
-        v.push(K::Nccl);
+    // A device pipe is registered under the transport its connector provides, when this
+    // worker's ceiling is that transport.
+    if let Some(pipes) = &cfg.pipes {
+        let kind = pipes.0.transport();
+        if cfg.transport.pipe() == Some(kind) {
+            v.push(kind);
+        }
     }
     v.into_iter().map(|k| k as i32).collect()
 }
@@ -330,7 +358,7 @@ pub async fn serve(
                 engine: handle,
                 tcp: Arc::new(TcpTransport),
                 grpc: Arc::new(GrpcTransport::new(Channels::new(client_tls.clone()))),
-                nccl: cfg.pipes.as_ref().map(|p| {
+                pipe: cfg.pipes.as_ref().map(|p| {
                     Arc::new(kv::pipe::PipeTransport::new(p.0.clone(), Channels::new(client_tls.clone()), cfg.name.clone(), facts.fingerprint.clone()))
                         as Arc<dyn kv::transport::KvTransport>
                 }),

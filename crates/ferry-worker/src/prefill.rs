@@ -463,8 +463,8 @@ pub struct PrefillService {
     pub engine: PrefillHandle,
     pub tcp: Arc<dyn KvTransport>,
     pub grpc: Arc<dyn KvTransport>,
-    /// Device-to-device pipes (NCCL), when this worker has them.
-    pub nccl: Option<Arc<dyn KvTransport>>,
+    /// Device-to-device pipes (NCCL or CUDA IPC), when this worker has them.
+    pub pipe: Option<Arc<dyn KvTransport>>,
     /// This worker's own preference, for requests whose target names no transport.
     pub prefer: crate::TransportChoice,
     /// The plaintext TCP data path may be used (not with TLS).
@@ -491,11 +491,7 @@ impl PrefillService {
     /// be set up, TCP to gRPC when the decode worker has no data address or TLS is on.
     fn transport_for(&self, target: &KvTarget) -> Arc<dyn KvTransport> {
         let wanted = match KvTransportKind::try_from(target.transport).unwrap_or(KvTransportKind::Unspecified) {
-            KvTransportKind::Unspecified => match self.prefer {
-                crate::TransportChoice::Nccl => KvTransportKind::Nccl,
-                crate::TransportChoice::Tcp => KvTransportKind::Tcp,
-                crate::TransportChoice::Grpc => KvTransportKind::Grpc,
-            },
+            KvTransportKind::Unspecified => self.prefer.kind(),
             k => k,
         };
         let tcp_ok = self.allow_tcp && !target.data_addr.is_empty();
@@ -503,11 +499,11 @@ impl PrefillService {
         let host = if tcp_ok { &self.tcp } else { &self.grpc };
         match wanted {
             KvTransportKind::Grpc => self.grpc.clone(),
-            KvTransportKind::Nccl => match &self.nccl {
-                Some(nccl) => Arc::new(transport::Fallback { first: nccl.clone(), then: host.clone() }),
-                None => {
-                    metrics::counter!("ferry_kv_transport_fallbacks_total", "from" => "nccl", "to" => host.kind().to_string()).increment(1);
-                    tracing::debug!("KV over NCCL requested, but this worker has no NCCL: using {}", host.kind());
+            KvTransportKind::Nccl | KvTransportKind::CudaIpc => match &self.pipe {
+                Some(pipe) if pipe.kind() == wanted => Arc::new(transport::Fallback { first: pipe.clone(), then: host.clone() }),
+                _ => {
+                    metrics::counter!("ferry_kv_transport_fallbacks_total", "from" => wanted.to_string(), "to" => host.kind().to_string()).increment(1);
+                    tracing::debug!("KV over {wanted} requested, but this worker has no such pipes: using {}", host.kind());
                     host.clone()
                 }
             },
@@ -538,7 +534,7 @@ impl PrefillService {
                 target.start_block
             )));
         }
-        let buffers = transport.kind() == KvTransportKind::Nccl;
+        let buffers = matches!(transport.kind(), KvTransportKind::Nccl | KvTransportKind::CudaIpc);
         let cached = Arc::new(AtomicUsize::new(0));
         let salt = req.cache_salt.to_vec();
         let job = PrefillJob { request_id: req.request_id.clone(), prompt: req.prompt, params, out, cancelled, enqueued: Instant::now(), buffers, salt, ship_from, cached: cached.clone(), constraint };

@@ -70,7 +70,7 @@ pub fn disagg(a: DisaggBenchArgs) -> anyhow::Result<()> {
     drop(engine);
 
     // The cluster: one prefill and one decode worker, `threads` each.
-    let transport = format!("{:?}", a.kv_transport).to_lowercase();
+    let transport = a.kv_transport.flag_value();
     let mut child = std::process::Command::new(std::env::current_exe()?)
         .args(["up", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", &threads.to_string(), "--kv-transport", &transport, "--model"])
         .arg(&path)

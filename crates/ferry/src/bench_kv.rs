@@ -5,6 +5,11 @@
 //! worker's assembler: CRC, order and size checks, copy into the payload) that discards each
 //! payload once validated, plus a raw TCP sink. The parent sends the same bytes through
 //! `ferry_worker::kv::transport::push` (exactly what a prefill worker runs) and as plain 4 MiB writes.
+//!
+//! With `--device cuda[:N]` the layers also start in device memory, as a GPU prefill worker
+//! exports them, and go over the CUDA IPC pipe (`--kv-transport cuda-ipc`: the sink exports its
+//! receive buffer, this process copies into it on the GPU, both sides checksum on the device);
+//! the ceiling then is the device's own copy of the same bytes, measured in the same run.
 
 use anyhow::Context;
 use bytes::Bytes;
@@ -31,10 +36,16 @@ pub struct KvBenchArgs {
     pub kv_heads: usize,
     #[arg(long, default_value_t = 64)]
     pub head_dim: usize,
+    /// `cuda[:N]`: also measure the CUDA IPC pipe from device memory (needs a GPU build).
+    #[arg(long, default_value = "cpu", value_parser = crate::parse_device)]
+    pub device: ferry_engine::Device,
 }
 
 #[derive(clap::Args, Debug)]
 pub struct KvSinkArgs {
+    /// `cuda[:N]`: also accept CUDA IPC pipes, receiving into this device's memory.
+    #[arg(long, default_value = "cpu", value_parser = crate::parse_device)]
+    pub device: ferry_engine::Device,
     #[arg(long)]
     pub layers: usize,
     #[arg(long)]
@@ -80,7 +91,11 @@ pub fn sink(a: KvSinkArgs) -> anyhow::Result<()> {
                 });
             }
         });
-        let svc = ferry_proto::v1::kv_transfer_server::KvTransferServer::new(KvTransferService::new(receiver, None, ferry_worker::kv::DEFAULT_STALL))
+        let pipes = match a.device {
+            ferry_engine::Device::Cuda(_) => crate::pipes::pipes(ferry_proto::v1::KvTransport::CudaIpc, a.device).map(|p| p.0),
+            ferry_engine::Device::Cpu => None,
+        };
+        let svc = ferry_proto::v1::kv_transfer_server::KvTransferServer::new(KvTransferService::new(receiver, pipes, ferry_worker::kv::DEFAULT_STALL))
             .max_decoding_message_size(MAX_MESSAGE_BYTES);
         tonic::transport::Server::builder()
             .initial_stream_window_size(H2_WINDOW)
@@ -110,12 +125,26 @@ async fn raw_tcp(addr: &str, bytes: usize) -> anyhow::Result<Duration> {
 }
 
 async fn ferry_transfer(t: &dyn KvTransport, target: &KvTarget, lay: KvLayout, tokens: usize, layers: &[Bytes]) -> anyhow::Result<Duration> {
-    let header = KvPayloadHeader { layout: lay, tokens };
-    let begin = KvBegin { transfer_token: "bench".into(), fingerprint: FINGERPRINT.into(), header: header.encode().to_vec().into(), request_id: "bench".into() };
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     // Checksums are computed as the engine exports each layer, before the transfer (see
     // `Outbound::layer`); they are outside the timed part, as the export itself is.
     let msgs: Vec<Outbound> = layers.iter().enumerate().map(|(l, d)| Outbound::layer((l * lay.layer_bytes(tokens)) as u64, d.clone())).collect();
+    send(t, target, lay, tokens, msgs).await
+}
+
+/// The layers as device buffers on `device` (as a GPU prefill worker exports them), sent as
+/// buffer frames.
+async fn device_transfer(t: &dyn KvTransport, target: &KvTarget, lay: KvLayout, tokens: usize, layers: &[Bytes], device: ferry_engine::Device) -> anyhow::Result<Duration> {
+    let mut msgs = Vec::new();
+    for (l, d) in layers.iter().enumerate() {
+        msgs.push(Outbound::Buffer { offset: (l * lay.layer_bytes(tokens)) as u64, buf: crate::pipes::device_buffer(device, d)? });
+    }
+    send(t, target, lay, tokens, msgs).await
+}
+
+async fn send(t: &dyn KvTransport, target: &KvTarget, lay: KvLayout, tokens: usize, msgs: Vec<Outbound>) -> anyhow::Result<Duration> {
+    let header = KvPayloadHeader { layout: lay, tokens };
+    let begin = KvBegin { transfer_token: "bench".into(), fingerprint: FINGERPRINT.into(), header: header.encode().to_vec().into(), request_id: "bench".into() };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let start = Instant::now();
     for m in msgs {
         let _ = tx.send(m);
@@ -140,8 +169,12 @@ async fn ferry_transfer(t: &dyn KvTransport, target: &KvTarget, lay: KvLayout, t
 pub fn run(a: KvBenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.tokens >= 1 && a.repeats >= 1, "--tokens and --repeats must be at least 1");
     let exe = std::env::current_exe()?;
+    let device = match a.device {
+        ferry_engine::Device::Cuda(n) => format!("cuda:{n}"),
+        ferry_engine::Device::Cpu => "cpu".into(),
+    };
     let mut child = std::process::Command::new(exe)
-        .args(["bench", "kv-sink", "--layers", &a.layers.to_string(), "--kv-heads", &a.kv_heads.to_string(), "--head-dim", &a.head_dim.to_string()])
+        .args(["bench", "kv-sink", "--layers", &a.layers.to_string(), "--kv-heads", &a.kv_heads.to_string(), "--head-dim", &a.head_dim.to_string(), "--device", &device])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .context("starting the sink process")?;
@@ -167,12 +200,35 @@ pub fn run(a: KvBenchArgs) -> anyhow::Result<()> {
             t.push(gbps(ferry_transfer(&tcp, &target, lay, a.tokens, &layers).await?));
             g.push(gbps(ferry_transfer(&grpc_t, &target, lay, a.tokens, &layers).await?));
         }
-        anyhow::Ok((median(r), median(t), median(g)))
+        // The CUDA IPC pipe from device memory, and the device's own copy of the same bytes.
+        let mut dev = serde_json::Map::new();
+        if let ferry_engine::Device::Cuda(_) = a.device {
+            let pipes = crate::pipes::pipes(ferry_proto::v1::KvTransport::CudaIpc, a.device).context("no CUDA IPC pipes on this device")?;
+            let ipc = ferry_worker::kv::pipe::PipeTransport::new(pipes.0, ferry_worker::kv::transport::Channels::new(None), "bench".into(), FINGERPRINT.into());
+            let ipc_target = KvTarget { transport: ferry_proto::v1::KvTransport::CudaIpc as i32, ..target.clone() };
+            device_transfer(&ipc, &ipc_target, lay, a.tokens, &layers, a.device).await?;
+            let (mut i, mut tc, mut c) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..a.repeats {
+                i.push(gbps(device_transfer(&ipc, &ipc_target, lay, a.tokens, &layers, a.device).await?));
+                // TCP from device memory: the layers copied to the host first, as a GPU
+                // prefill worker does for a host transport.
+                tc.push(gbps(device_transfer(&tcp, &target, lay, a.tokens, &layers, a.device).await?));
+                c.push(crate::pipes::device_copy_rate(a.device, bytes)? / 1e9);
+            }
+            let (i, tc, c) = (median(i), median(tc), median(c));
+            dev.insert("device".into(), device.clone().into());
+            dev.insert("ferry_cuda_ipc_gb_per_s".into(), i.into());
+            dev.insert("ferry_tcp_from_device_gb_per_s".into(), tc.into());
+            dev.insert("device_copy_gb_per_s".into(), c.into());
+            dev.insert("ferry_cuda_ipc_vs_device_copy".into(), (i / c).into());
+            dev.insert("ferry_cuda_ipc_vs_tcp_from_device".into(), (i / tc).into());
+        }
+        anyhow::Ok((median(r), median(t), median(g), dev))
     });
     let _ = child.kill();
     let _ = child.wait();
-    let (raw_gbps, tcp_gbps, grpc_gbps) = result?;
-    let out = serde_json::json!({
+    let (raw_gbps, tcp_gbps, grpc_gbps, dev) = result?;
+    let mut out = serde_json::json!({
         "bench": "kv",
         "tokens": a.tokens,
         "bytes": bytes,
@@ -183,6 +239,9 @@ pub fn run(a: KvBenchArgs) -> anyhow::Result<()> {
         "ferry_tcp_vs_raw": tcp_gbps / raw_gbps,
         "ferry_grpc_vs_raw": grpc_gbps / raw_gbps,
     });
+    if let Some(o) = out.as_object_mut() {
+        o.extend(dev);
+    }
     println!("{out}");
     Ok(())
 }

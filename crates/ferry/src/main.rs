@@ -9,7 +9,7 @@ mod bench_kv;
 mod bench_multiturn;
 mod bench_serve;
 mod generate;
-mod nccl;
+mod pipes;
 mod plan;
 mod plot;
 mod pool_cmd;
@@ -92,7 +92,7 @@ pub struct ModelArgs {
     pub no_prefix_cache: bool,
 }
 
-fn parse_device(s: &str) -> Result<ferry_engine::Device, String> {
+pub(crate) fn parse_device(s: &str) -> Result<ferry_engine::Device, String> {
     s.parse().map_err(|e: ferry_engine::EngineError| e.to_string())
 }
 

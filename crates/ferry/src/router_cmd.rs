@@ -107,6 +107,7 @@ pub struct RouterArgs {
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
 pub enum KvPolicyArg {
     Auto,
+    CudaIpc,
     Nccl,
     Tcp,
     Grpc,
@@ -183,6 +184,7 @@ pub fn run(args: RouterArgs) -> anyhow::Result<()> {
         tool_call_parser: args.tool_call_parser.format(),
         kv_transport: match args.kv_transport {
             KvPolicyArg::Auto => KvPolicy::Auto,
+            KvPolicyArg::CudaIpc => KvPolicy::CudaIpc,
             KvPolicyArg::Nccl => KvPolicy::Nccl,
             KvPolicyArg::Tcp => KvPolicy::Tcp,
             KvPolicyArg::Grpc => KvPolicy::Grpc,

@@ -207,7 +207,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         let common = &mut s.template_mut().common;
         // One address, or a comma-separated list: a worker registers with every router.
         common.extend(["--router".to_string(), all_routers.join(","), "--model".into(), model.clone(), "--threads".into(), threads.to_string()]);
-        common.extend(["--kv-transport".into(), format!("{:?}", a.kv_transport).to_lowercase()]);
+        common.extend(["--kv-transport".into(), a.kv_transport.flag_value()]);
         common.extend(["--device".into(), a.device.clone()]);
         common.extend(node_flags.iter().cloned());
         if let Some(k) = a.kv_tokens {

@@ -146,6 +146,16 @@ pub enum KvTransportArg {
     Grpc,
     /// Device to device (GPU workers with NCCL); falls back to tcp, else grpc.
     Nccl,
+    /// Device to device through CUDA IPC (GPU workers on one node); falls back to tcp, else grpc.
+    CudaIpc,
+}
+
+impl KvTransportArg {
+    /// The flag's value (`cuda-ipc`), to pass on to a child process.
+    pub fn flag_value(self) -> String {
+        use clap::ValueEnum;
+        self.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default()
+    }
 }
 
 async fn bind(addr: &str) -> anyhow::Result<Option<tokio::net::TcpListener>> {
@@ -203,8 +213,9 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
         let name = args.name.clone().unwrap_or_else(|| format!("{role_name}@{addr}"));
         // NCCL pipes, or a warning saying why not, before the ready line.
         let pipes = match args.kv_transport {
-            KvTransportArg::Nccl => crate::nccl::pipes(args.model.device),
-            _ => None,
+            KvTransportArg::Nccl => crate::pipes::pipes(ferry_proto::v1::KvTransport::Nccl, args.model.device),
+            KvTransportArg::CudaIpc => crate::pipes::pipes(ferry_proto::v1::KvTransport::CudaIpc, args.model.device),
+            KvTransportArg::Tcp | KvTransportArg::Grpc => None,
         };
         // One machine-readable line on stdout: `ferry up` and the tests wait for it.
         let show = |l: &Option<tokio::net::TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or("-".into());
@@ -220,6 +231,7 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
                 KvTransportArg::Tcp => TransportChoice::Tcp,
                 KvTransportArg::Grpc => TransportChoice::Grpc,
                 KvTransportArg::Nccl => TransportChoice::Nccl,
+                KvTransportArg::CudaIpc => TransportChoice::CudaIpc,
             },
             kv_timeout: Duration::from_millis(args.kv_timeout_ms),
             kv_stall_timeout: Duration::from_millis(args.kv_stall_timeout_ms),

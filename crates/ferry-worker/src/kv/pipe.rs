@@ -1,4 +1,8 @@
-//! KV over a device-to-device pipe: a two-rank NCCL communicator per prefill→decode pair.
+//! KV over a device-to-device pipe per prefill→decode pair: a two-rank NCCL communicator
+//! (`--kv-transport nccl`), or CUDA IPC between two processes of one node (`cuda-ipc`: the decode
+//! side exports its receive buffer, the prefill side maps it and copies into it; host frames over
+//! a Unix socket). Everything below holds for both; the connector says which it is
+//! ([`PipeConnector::transport`]).
 //!
 //! NCCL point-to-point gives an ordered pipe of messages whose sizes both sides must agree on. On
 //! it this module runs the same transfer as the other transports — `begin`, checksummed `data`
@@ -76,6 +80,9 @@ pub trait BytePipe: Send {
 pub trait PipeConnector: Send + Sync {
     /// What this is, for logs (`"nccl on cuda:0"`).
     fn describe(&self) -> String;
+    /// The transport these pipes are (`Nccl` or `CudaIpc`): what a worker registers, and what
+    /// the rendezvous asks the peer for.
+    fn transport(&self) -> Transport;
     /// A fresh rendezvous id (rank 0 creates it; the NCCL unique id).
     fn new_id(&self) -> std::result::Result<Vec<u8>, String>;
     /// Join the two-rank communicator `id` as `rank` (0: the prefill worker, 1: the decode
@@ -164,6 +171,8 @@ struct Peers {
 /// Sends KV over pipes (the prefill side of the NCCL transport).
 pub struct PipeTransport {
     connector: Arc<dyn PipeConnector>,
+    /// `connector.transport()`.
+    kind: Transport,
     channels: Channels,
     peers: Arc<Mutex<Peers>>,
     /// This worker's name and model fingerprint (sent with the rendezvous).
@@ -181,6 +190,7 @@ impl PipeTransport {
 
     pub fn new(connector: Arc<dyn PipeConnector>, channels: Channels, name: String, fingerprint: String) -> Self {
         PipeTransport {
+            kind: connector.transport(),
             connector,
             channels,
             peers: Arc::default(),
@@ -201,7 +211,7 @@ impl PipeTransport {
         if let Some(until) = p.backoff.get(peer) {
             if Instant::now() < *until {
                 let left = until.saturating_duration_since(Instant::now());
-                return Err(unavailable(peer, format!("NCCL to this peer failed recently; not retried for another {:.0} s", left.as_secs_f64())));
+                return Err(unavailable(peer, format!("{} to this peer failed recently; not retried for another {:.0} s", self.kind, left.as_secs_f64())));
             }
         }
         let mut retired = Vec::new();
@@ -219,7 +229,7 @@ impl PipeTransport {
         *open -= retired.len().min(*open);
         if found.is_none() {
             if *open >= Self::MAX_PIPES_PER_PEER {
-                return Err(unavailable(peer, format!("{} NCCL pipes to this peer are all busy", Self::MAX_PIPES_PER_PEER)));
+                return Err(unavailable(peer, format!("{} {} pipes to this peer are all busy", Self::MAX_PIPES_PER_PEER, self.kind)));
             }
             *open += 1;
         }
@@ -235,25 +245,26 @@ impl PipeTransport {
     async fn rendezvous(&self, target: &KvTarget) -> Result<Box<dyn BytePipe>> {
         let peer = &target.grpc_addr;
         let started = Instant::now();
-        let id = self.connector.new_id().map_err(|e| unavailable(peer, format!("NCCL unique id: {e}")))?;
+        let kind = self.kind;
+        let id = self.connector.new_id().map_err(|e| unavailable(peer, format!("{kind} rendezvous id: {e}")))?;
         let timeout = self.connector.connect_timeout();
         let (connector, local_id) = (self.connector.clone(), id.clone());
         let local = tokio::task::spawn_blocking(move || connector.connect(&local_id, 0, timeout));
         let mut client = KvTransferClient::new(self.channels.get(peer)?);
-        let req = NcclConnectRequest { unique_id: id.into(), peer: self.name.clone(), timeout_ms: timeout.as_millis() as u32, fingerprint: self.fingerprint.clone() };
+        let req = NcclConnectRequest { unique_id: id.into(), peer: self.name.clone(), timeout_ms: timeout.as_millis() as u32, fingerprint: self.fingerprint.clone(), transport: kind as i32 };
         let remote = tokio::time::timeout(timeout + Duration::from_secs(1), client.nccl_connect(req)).await;
         let remote = match remote {
             Ok(Ok(r)) => r.into_inner(),
             // The local join then times out on its own (its thread ends at `connect_timeout`).
-            Ok(Err(s)) => return Err(unavailable(peer, format!("NCCL rendezvous refused: {}", s.message()))),
-            Err(_) => return Err(unavailable(peer, format!("NCCL rendezvous timed out after {} ms", timeout.as_millis()))),
+            Ok(Err(s)) => return Err(unavailable(peer, format!("{kind} rendezvous refused: {}", s.message()))),
+            Err(_) => return Err(unavailable(peer, format!("{kind} rendezvous timed out after {} ms", timeout.as_millis()))),
         };
         let pipe = local
             .await
             .map_err(|e| WorkerError::Internal(e.to_string()))?
-            .map_err(|e| unavailable(peer, format!("NCCL communicator: {e}")))?;
-        metrics::histogram!("ferry_kv_nccl_connect_seconds").record(started.elapsed().as_secs_f64());
-        tracing::info!(peer = %peer, device = remote.device, ms = started.elapsed().as_millis() as u64, "NCCL pipe up");
+            .map_err(|e| unavailable(peer, format!("{kind} pipe: {e}")))?;
+        metrics::histogram!("ferry_kv_nccl_connect_seconds", "transport" => kind.to_string()).record(started.elapsed().as_secs_f64());
+        tracing::info!(peer = %peer, device = remote.device, ms = started.elapsed().as_millis() as u64, transport = %kind, "device pipe up");
         Ok(pipe)
     }
 
@@ -302,7 +313,7 @@ async fn on_pipe<T: Send + 'static>(
 #[tonic::async_trait]
 impl KvTransport for PipeTransport {
     fn kind(&self) -> Transport {
-        Transport::Nccl
+        self.kind
     }
 
     async fn open(&self, target: &KvTarget, begin: KvBegin) -> Result<Box<dyn KvLink>> {
@@ -321,10 +332,10 @@ impl KvTransport for PipeTransport {
         let deadline = Instant::now() + self.op_timeout;
         let (pipe, r) = on_pipe(pipe, move |p| send_message(p, Kind::Begin, &msg, deadline)).await;
         match (pipe, r) {
-            (Some(pipe), Ok(())) => Ok(Box::new(PipeLink { pipe: Some(pipe), peer, peers: self.peers.clone(), op_timeout: self.op_timeout, backoff: self.backoff })),
+            (Some(pipe), Ok(())) => Ok(Box::new(PipeLink { pipe: Some(pipe), peer, peers: self.peers.clone(), op_timeout: self.op_timeout, backoff: self.backoff, kind: self.kind })),
             (_, Err(e)) => {
                 Self::lost(&self.peers, &peer, self.backoff);
-                Err(unavailable(&peer, format!("NCCL pipe ({}): sending begin: {e}", if fresh { "new" } else { "pooled" })))
+                Err(unavailable(&peer, format!("{} pipe ({}): sending begin: {e}", self.kind, if fresh { "new" } else { "pooled" })))
             }
             (None, Ok(())) => unreachable!("a pipe task that returned Ok gave the pipe back"),
         }
@@ -338,11 +349,12 @@ struct PipeLink {
     peers: Arc<Mutex<Peers>>,
     op_timeout: Duration,
     backoff: Duration,
+    kind: Transport,
 }
 
 impl PipeLink {
     async fn op<T: Send + 'static>(&mut self, what: &str, f: impl FnOnce(&mut dyn BytePipe) -> std::result::Result<T, String> + Send + 'static) -> Result<T> {
-        let pipe = self.pipe.take().ok_or_else(|| unavailable(&self.peer, "NCCL pipe already closed"))?;
+        let pipe = self.pipe.take().ok_or_else(|| unavailable(&self.peer, format!("{} pipe already closed", self.kind)))?;
         let (pipe, r) = on_pipe(pipe, f).await;
         match r {
             Ok(v) => {
@@ -353,7 +365,7 @@ impl PipeLink {
                 // A failed or timed-out operation leaves the pipe out of step: drop it (which
                 // aborts the communicator), and keep away from the peer for a while.
                 PipeTransport::lost(&self.peers, &self.peer, self.backoff);
-                Err(unavailable(&self.peer, format!("NCCL pipe: {what}: {e}")))
+                Err(unavailable(&self.peer, format!("{} pipe: {what}: {e}", self.kind)))
             }
         }
     }
@@ -362,7 +374,7 @@ impl PipeLink {
 #[tonic::async_trait]
 impl KvLink for PipeLink {
     fn kind(&self) -> Transport {
-        Transport::Nccl
+        self.kind
     }
 
     async fn data(&mut self, offset: u64, data: Bytes, crc: u32) -> Result<()> {
@@ -439,22 +451,29 @@ impl Drop for PipeLink {
 /// `KvTransfer.NcclConnect`: join the communicator, then serve transfers on it from a thread of
 /// its own until the peer closes it, it idles for [`IDLE_CLOSE`], or an operation fails.
 pub async fn accept(receiver: Arc<KvReceiver>, connector: Option<Arc<dyn PipeConnector>>, req: NcclConnectRequest, op_timeout: Duration, slots: &PipeSlots) -> Result<u32> {
-    let Some(connector) = connector else {
-        return Err(WorkerError::PeerUnavailable { peer: req.peer, what: "this decode worker has no NCCL (it runs on the CPU, or libnccl could not be loaded)".into() });
+    // Peers that predate the field ask for NCCL.
+    let wanted = match Transport::try_from(req.transport).unwrap_or(Transport::Unspecified) {
+        Transport::Unspecified => Transport::Nccl,
+        k => k,
+    };
+    let connector = match connector {
+        Some(c) if c.transport() == wanted => c,
+        Some(c) => return Err(WorkerError::PeerUnavailable { peer: req.peer, what: format!("this decode worker's device pipes are {}, not {wanted}", c.transport()) }),
+        None => return Err(WorkerError::PeerUnavailable { peer: req.peer, what: format!("this decode worker has no {wanted} pipes (it runs on the CPU, or the library could not be loaded)") }),
     };
     if req.fingerprint != receiver.fingerprint() {
-        return Err(WorkerError::Incompatible { id: 0, what: format!("NCCL peer {} serves model {}, this worker {}", req.peer, req.fingerprint, receiver.fingerprint()) });
+        return Err(WorkerError::Incompatible { id: 0, what: format!("{wanted} peer {} serves model {}, this worker {}", req.peer, req.fingerprint, receiver.fingerprint()) });
     }
     // Held from here until the pipe closes: the rendezvous RPC is not authenticated by a
     // transfer token, so what callers can make this worker hold is bounded.
-    let slot = slots.take().ok_or_else(|| WorkerError::Exhausted(format!("{} NCCL pipes are open or being set up on this worker", PipeSlots::MAX)))?;
+    let slot = slots.take().ok_or_else(|| WorkerError::Exhausted(format!("{} device pipes are open or being set up on this worker", PipeSlots::MAX)))?;
     let timeout = Duration::from_millis(req.timeout_ms.clamp(100, 30_000) as u64);
     let id = req.unique_id.to_vec();
     let c = connector.clone();
     let pipe = tokio::task::spawn_blocking(move || c.connect(&id, 1, timeout))
         .await
         .map_err(|e| WorkerError::Internal(e.to_string()))?
-        .map_err(|e| WorkerError::PeerUnavailable { peer: req.peer.clone(), what: format!("NCCL communicator: {e}") })?;
+        .map_err(|e| WorkerError::PeerUnavailable { peer: req.peer.clone(), what: format!("{wanted} pipe: {e}") })?;
     let rt = tokio::runtime::Handle::current();
     let peer = req.peer.clone();
     std::thread::Builder::new()
@@ -463,8 +482,8 @@ pub async fn accept(receiver: Arc<KvReceiver>, connector: Option<Arc<dyn PipeCon
             let _slot = slot;
             metrics::gauge!("ferry_kv_nccl_pipes").increment(1.0);
             match serve(&receiver, pipe, &rt, op_timeout) {
-                Ok(()) => tracing::debug!(peer = %peer, "NCCL pipe closed"),
-                Err(e) => tracing::warn!(peer = %peer, "NCCL pipe dropped: {e}"),
+                Ok(()) => tracing::debug!(peer = %peer, transport = %wanted, "device pipe closed"),
+                Err(e) => tracing::warn!(peer = %peer, transport = %wanted, "device pipe dropped: {e}"),
             }
             metrics::gauge!("ferry_kv_nccl_pipes").decrement(1.0);
         })
@@ -677,6 +696,11 @@ impl BytePipe for InProcessPipe {
 impl PipeConnector for InProcessConnector {
     fn describe(&self) -> String {
         "in-process pipes".into()
+    }
+
+    /// Stands in for NCCL (the tests' pipes).
+    fn transport(&self) -> Transport {
+        Transport::Nccl
     }
 
     fn new_id(&self) -> std::result::Result<Vec<u8>, String> {

@@ -15,8 +15,9 @@ use super::driver::{self, describe};
 use super::kernels;
 use super::nvrtc;
 use crate::error::{EngineError, Result};
-use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{sys as cu, CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
+use std::mem::ManuallyDrop;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -57,6 +58,19 @@ impl Kit {
     }
 }
 
+/// A random 64-bit id (std's hasher is randomly keyed per process; mixed with the time and a
+/// counter so two ids of one process differ too).
+pub(crate) fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNT.fetch_add(1, Ordering::Relaxed));
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
 /// Little-endian bytes as f32 words (KV as the payload carries it; a short tail is dropped).
 pub(crate) fn f32s_of(bytes: &[u8]) -> Vec<f32> {
     bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
@@ -65,11 +79,43 @@ pub(crate) fn f32s_of(bytes: &[u8]) -> Vec<f32> {
 /// Bytes in device memory (a whole number of 32-bit words: KV is f32).
 pub struct DeviceBytes {
     /// At least one word (CUDA has no empty allocations); `len` says how many bytes count.
-    buf: CudaSlice<f32>,
+    /// Freed by `Drop` (by cudarc, or by `cuMemFree` for an exported buffer).
+    buf: ManuallyDrop<CudaSlice<f32>>,
     len: usize,
     kit: Arc<Kit>,
     /// Recorded after the work that fills `buf`, on the stream that does it.
     ready: Option<CudaEvent>,
+    /// Set for a buffer made by [`DeviceBytes::exportable`]: how another process opens it.
+    export: Option<IpcExport>,
+}
+
+/// A buffer another process on this node can open with `cuIpcOpenMemHandle`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpcExport {
+    /// `cuIpcGetMemHandle` of the whole allocation.
+    pub handle: [u8; 64],
+    /// Unique per allocation (random), so a peer never mistakes a new buffer for one it mapped
+    /// before.
+    pub id: u64,
+}
+
+impl Drop for DeviceBytes {
+    fn drop(&mut self) {
+        // SAFETY: `buf` is taken once, here, and never used again.
+        let buf = unsafe { ManuallyDrop::take(&mut self.buf) };
+        if self.export.is_none() {
+            drop(buf);
+            return;
+        }
+        let ptr = buf.leak();
+        let _ = self.kit.ctx.bind_to_thread();
+        // SAFETY: `ptr` came from cuMemAlloc in `exportable` and only this value owns it. The
+        // free waits for work using it (cuMemFree synchronizes); a peer that still maps it keeps
+        // its own mapping until it closes it.
+        unsafe {
+            cu::cuMemFree_v2(ptr);
+        }
+    }
 }
 
 impl DeviceBytes {
@@ -81,7 +127,64 @@ impl DeviceBytes {
         kit.ctx.bind_to_thread().map_err(|e| err("bind the context", describe(&e)))?;
         let buf = kit.stream.alloc_zeros::<f32>((len / 4).max(1)).map_err(|e| err("kv buffer", format!("cannot allocate {len} bytes: {}", describe(&e))))?;
         kit.stream.synchronize().map_err(|e| err("kv buffer", describe(&e)))?;
-        Ok(DeviceBytes { buf, len, kit: kit.clone(), ready: None })
+        Ok(DeviceBytes { buf: ManuallyDrop::new(buf), len, kit: kit.clone(), ready: None, export: None })
+    }
+
+    /// `len` zeroed bytes on device `ordinal` that another process can open through CUDA IPC
+    /// ([`DeviceBytes::ipc_export`]). Allocated with `cuMemAlloc`: the stream-ordered pool that
+    /// cudarc allocates from gives memory `cuIpcGetMemHandle` refuses.
+    pub fn exportable(ordinal: usize, len: usize) -> Result<Self> {
+        if !len.is_multiple_of(4) {
+            return Err(err("kv buffer", format!("{len} bytes is not a whole number of 32-bit words")));
+        }
+        let kit = Kit::for_device(ordinal)?;
+        kit.ctx.bind_to_thread().map_err(|e| err("bind the context", describe(&e)))?;
+        let words = (len / 4).max(1);
+        let mut ptr: cu::CUdeviceptr = 0;
+        // SAFETY: writes one device pointer; the context is bound to this thread.
+        let r = unsafe { cu::cuMemAlloc_v2(&mut ptr, words * 4) };
+        if r != cu::CUresult::CUDA_SUCCESS {
+            return Err(err("exportable kv buffer", format!("cannot allocate {len} bytes: {r:?}")));
+        }
+        // SAFETY: `ptr` is `words` 32-bit words of this context's device, owned from here by the
+        // value built below (its Drop frees it with cuMemFree).
+        let buf = unsafe { kit.stream.upgrade_device_ptr::<f32>(ptr, words) };
+        let mut b = DeviceBytes { buf: ManuallyDrop::new(buf), len, kit: kit.clone(), ready: None, export: Some(IpcExport { handle: [0; 64], id: 0 }) };
+        let mut h = cu::CUipcMemHandle { reserved: [0; 64] };
+        // SAFETY: `ptr` is the base of a cuMemAlloc allocation; writes the 64-byte handle. The
+        // memset fills `words` words of it.
+        let r = unsafe {
+            let r = cu::cuMemsetD32_v2(ptr, 0, words);
+            if r == cu::CUresult::CUDA_SUCCESS { cu::cuIpcGetMemHandle(&mut h, ptr) } else { r }
+        };
+        if r != cu::CUresult::CUDA_SUCCESS {
+            return Err(err("exportable kv buffer", format!("cuIpcGetMemHandle: {r:?}")));
+        }
+        let handle: [u8; 64] = std::array::from_fn(|i| h.reserved[i] as u8);
+        b.export = Some(IpcExport { handle, id: random_u64() });
+        Ok(b)
+    }
+
+    /// Bytes per second the device copies from one buffer of `len` bytes to another (each byte
+    /// counted once), best of 3 after a warm-up: the ceiling of a device-to-device KV transfer.
+    pub fn copy_rate(ordinal: usize, len: usize) -> Result<f64> {
+        let (src, mut dst) = (Self::alloc(ordinal, len)?, Self::alloc(ordinal, len)?);
+        let k = src.kit.clone();
+        let mut best = 0f64;
+        for i in 0..4 {
+            let t = std::time::Instant::now();
+            k.stream.memcpy_dtod(&*src.buf, &mut *dst.buf).map_err(|e| err("copy_rate", describe(&e)))?;
+            k.stream.synchronize().map_err(|e| err("copy_rate", describe(&e)))?;
+            if i > 0 {
+                best = best.max(len as f64 / t.elapsed().as_secs_f64());
+            }
+        }
+        Ok(best)
+    }
+
+    /// How another process opens this buffer, if it was made by [`DeviceBytes::exportable`].
+    pub fn ipc_export(&self) -> Option<IpcExport> {
+        self.export
     }
 
     /// A buffer for `len` bytes on device `ordinal` (what a receiving pipe allocates).
@@ -92,7 +195,7 @@ impl DeviceBytes {
     /// Wrap `buf`, filled by work queued on `stream` (an event is recorded after it).
     pub(crate) fn filled(buf: CudaSlice<f32>, kit: Arc<Kit>, stream: &CudaStream) -> Result<Self> {
         let ready = stream.record_event(None).map_err(|e| err("record the kv export event", describe(&e)))?;
-        Ok(DeviceBytes { len: buf.len() * 4, buf, kit, ready: Some(ready) })
+        Ok(DeviceBytes { len: buf.len() * 4, buf: ManuallyDrop::new(buf), kit, ready: Some(ready), export: None })
     }
 
     pub fn len(&self) -> usize {
@@ -134,7 +237,7 @@ impl DeviceBytes {
     /// The device slice (for kernels of the same device), once the buffer is ready.
     pub(crate) fn slice(&self) -> Result<&CudaSlice<f32>> {
         self.wait_ready()?;
-        Ok(&self.buf)
+        Ok(&*self.buf)
     }
 
     pub(crate) fn checksum(&self, range: Range<usize>) -> Result<u32> {

@@ -28,6 +28,8 @@ mod driver;
 #[cfg(feature = "cuda")]
 mod measure;
 #[cfg(feature = "cuda")]
+pub mod ipc;
+#[cfg(feature = "cuda")]
 pub mod nccl;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
