@@ -236,7 +236,7 @@ fi
 
 if want 7; then
 step "7. profile of Llama-3-8B shapes on the GPU (for ferry plan)"
-timeout 150 "$FERRY_BIN" profile --device cuda --model synthetic:llama3-8b --kv-tokens 70000 --max-batch-tokens 8192 --prompt-lens 256,1024,2048 --prompts 1,2,4 \
+timeout 150 "$FERRY_BIN" profile --device cuda --model synthetic:llama3-8b --kv-tokens 90000 --max-batch-tokens 8192 --prompt-lens 256,1024,2048 --prompts 1,2,4 \
     --batches 1,4,16,32 --contexts 512,2048 --steps 8 --passes 2 --out "$OUT/profile-h200-llama3-8b.json" >"$OUT/profile.log" 2>&1 || { fail "ferry profile"; tail -20 "$OUT/profile.log" >&2; }
 tail -5 "$OUT/profile.log"
 fi

@@ -536,7 +536,7 @@ impl PipeInbound {
 
 /// A pipe operation that failed: the pipe is out of step.
 fn pipe_broken(e: String) -> Event {
-    Event::Broken(format!("NCCL pipe: {e}"))
+    Event::Broken(format!("device pipe: {e}"))
 }
 
 impl InboundLink for PipeInbound {
@@ -592,7 +592,7 @@ impl InboundLink for PipeInbound {
     async fn reply(&mut self, reply: KvAckFrame) -> Result<()> {
         let deadline = self.deadline();
         send_message(self.pipe.as_mut(), Kind::Reply, &reply, deadline)
-            .map_err(|e| WorkerError::PeerUnavailable { peer: "prefill worker".into(), what: format!("NCCL pipe: sending the reply: {e}") })
+            .map_err(|e| WorkerError::PeerUnavailable { peer: "prefill worker".into(), what: format!("device pipe: sending the reply: {e}") })
     }
 }
 

@@ -103,17 +103,79 @@ impl Drop for DeviceBytes {
     fn drop(&mut self) {
         // SAFETY: `buf` is taken once, here, and never used again.
         let buf = unsafe { ManuallyDrop::take(&mut self.buf) };
-        if self.export.is_none() {
+        let Some(export) = self.export else {
             drop(buf);
             return;
-        }
+        };
+        let cap = buf.len() * 4;
         let ptr = buf.leak();
         let _ = self.kit.ctx.bind_to_thread();
-        // SAFETY: `ptr` came from cuMemAlloc in `exportable` and only this value owns it. The
-        // free waits for work using it (cuMemFree synchronizes); a peer that still maps it keeps
-        // its own mapping until it closes it.
+        // Every user of the buffer finished its device work before it let go (see the module
+        // doc); the kit's own stream is waited for here.
+        let _ = self.kit.stream.synchronize();
+        spare::give(self.kit.ordinal, spare::Region { ptr, cap, export });
+    }
+}
+
+/// Exported allocations not in use, kept for the next [`DeviceBytes::exportable`] of the same
+/// device. A peer keeps the buffers it wrote into mapped, so reusing one spares the allocation,
+/// its handle and the peer's `cuIpcOpenMemHandle`, which together cost more than copying the
+/// bytes (first GPU run: ~17 ms per transfer, whatever its size). At most [`spare::KEEP_BYTES`]
+/// per device are kept; the rest are freed.
+mod spare {
+    use super::{cu, IpcExport};
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+
+    pub(super) const KEEP_BYTES: usize = 2 << 30;
+
+    pub(super) struct Region {
+        pub(super) ptr: cu::CUdeviceptr,
+        pub(super) cap: usize,
+        pub(super) export: IpcExport,
+    }
+
+    // SAFETY: a region is a device address and its export, owned by whoever holds the Region.
+    unsafe impl Send for Region {}
+
+    fn lists() -> &'static Mutex<HashMap<usize, Vec<Region>>> {
+        static L: OnceLock<Mutex<HashMap<usize, Vec<Region>>>> = OnceLock::new();
+        L.get_or_init(Default::default)
+    }
+
+    /// The smallest spare region of device `ordinal` that holds `len` bytes.
+    pub(super) fn take(ordinal: usize, len: usize) -> Option<Region> {
+        let mut l = lists().lock().unwrap_or_else(|p| p.into_inner());
+        let list = l.get_mut(&ordinal)?;
+        let i = (0..list.len()).filter(|&i| list[i].cap >= len).min_by_key(|&i| list[i].cap)?;
+        Some(list.swap_remove(i))
+    }
+
+    /// Keep `r` for reuse; past KEEP_BYTES in all, the smallest regions are freed.
+    pub(super) fn give(ordinal: usize, r: Region) {
+        let freed = {
+            let mut l = lists().lock().unwrap_or_else(|p| p.into_inner());
+            let list = l.entry(ordinal).or_default();
+            list.push(r);
+            list.sort_by_key(|r| std::cmp::Reverse(r.cap));
+            let mut kept = 0;
+            let keep = list.iter().take_while(|r| {
+                kept += r.cap;
+                kept <= KEEP_BYTES
+            });
+            let n = keep.count();
+            list.split_off(n)
+        };
+        for r in freed {
+            free(r);
+        }
+    }
+
+    pub(super) fn free(r: Region) {
+        // SAFETY: `r.ptr` came from cuMemAlloc in `exportable` and only `r` owns it; the caller's
+        // context is current. A peer that still maps it keeps its mapping until it closes it.
         unsafe {
-            cu::cuMemFree_v2(ptr);
+            cu::cuMemFree_v2(r.ptr);
         }
     }
 }
@@ -130,39 +192,44 @@ impl DeviceBytes {
         Ok(DeviceBytes { buf: ManuallyDrop::new(buf), len, kit: kit.clone(), ready: None, export: None })
     }
 
-    /// `len` zeroed bytes on device `ordinal` that another process can open through CUDA IPC
-    /// ([`DeviceBytes::ipc_export`]). Allocated with `cuMemAlloc`: the stream-ordered pool that
-    /// cudarc allocates from gives memory `cuIpcGetMemHandle` refuses.
+    /// `len` bytes on device `ordinal` that another process can open through CUDA IPC
+    /// ([`DeviceBytes::ipc_export`]), to be written whole by that process (not zeroed: a memset
+    /// here would race the peer's copy, which no stream of this process orders). Allocated with
+    /// `cuMemAlloc` (the stream-ordered pool that cudarc allocates from gives memory
+    /// `cuIpcGetMemHandle` refuses), or a spare one reused (see [`spare`]).
     pub fn exportable(ordinal: usize, len: usize) -> Result<Self> {
         if !len.is_multiple_of(4) {
             return Err(err("kv buffer", format!("{len} bytes is not a whole number of 32-bit words")));
         }
         let kit = Kit::for_device(ordinal)?;
         kit.ctx.bind_to_thread().map_err(|e| err("bind the context", describe(&e)))?;
-        let words = (len / 4).max(1);
-        let mut ptr: cu::CUdeviceptr = 0;
-        // SAFETY: writes one device pointer; the context is bound to this thread.
-        let r = unsafe { cu::cuMemAlloc_v2(&mut ptr, words * 4) };
-        if r != cu::CUresult::CUDA_SUCCESS {
-            return Err(err("exportable kv buffer", format!("cannot allocate {len} bytes: {r:?}")));
-        }
-        // SAFETY: `ptr` is `words` 32-bit words of this context's device, owned from here by the
-        // value built below (its Drop frees it with cuMemFree).
-        let buf = unsafe { kit.stream.upgrade_device_ptr::<f32>(ptr, words) };
-        let mut b = DeviceBytes { buf: ManuallyDrop::new(buf), len, kit: kit.clone(), ready: None, export: Some(IpcExport { handle: [0; 64], id: 0 }) };
-        let mut h = cu::CUipcMemHandle { reserved: [0; 64] };
-        // SAFETY: `ptr` is the base of a cuMemAlloc allocation; writes the 64-byte handle. The
-        // memset fills `words` words of it.
-        let r = unsafe {
-            let r = cu::cuMemsetD32_v2(ptr, 0, words);
-            if r == cu::CUresult::CUDA_SUCCESS { cu::cuIpcGetMemHandle(&mut h, ptr) } else { r }
+        let region = match spare::take(ordinal, len) {
+            Some(r) => r,
+            None => {
+                // Room to grow: a power of two up to 64 MiB, whole 64 MiB steps above.
+                let cap = if len <= 64 << 20 { len.max(1 << 20).next_power_of_two() } else { len.next_multiple_of(64 << 20) };
+                let mut ptr: cu::CUdeviceptr = 0;
+                // SAFETY: writes one device pointer; the context is bound to this thread.
+                let r = unsafe { cu::cuMemAlloc_v2(&mut ptr, cap) };
+                if r != cu::CUresult::CUDA_SUCCESS {
+                    return Err(err("exportable kv buffer", format!("cannot allocate {cap} bytes: {r:?}")));
+                }
+                let mut h = cu::CUipcMemHandle { reserved: [0; 64] };
+                // SAFETY: `ptr` is the base of a cuMemAlloc allocation; writes the 64-byte handle.
+                let r = unsafe { cu::cuIpcGetMemHandle(&mut h, ptr) };
+                let handle: [u8; 64] = std::array::from_fn(|i| h.reserved[i] as u8);
+                let region = spare::Region { ptr, cap, export: IpcExport { handle, id: random_u64() } };
+                if r != cu::CUresult::CUDA_SUCCESS {
+                    spare::free(region);
+                    return Err(err("exportable kv buffer", format!("cuIpcGetMemHandle: {r:?}")));
+                }
+                region
+            }
         };
-        if r != cu::CUresult::CUDA_SUCCESS {
-            return Err(err("exportable kv buffer", format!("cuIpcGetMemHandle: {r:?}")));
-        }
-        let handle: [u8; 64] = std::array::from_fn(|i| h.reserved[i] as u8);
-        b.export = Some(IpcExport { handle, id: random_u64() });
-        Ok(b)
+        // SAFETY: the region is `cap` bytes of this context's device, owned from here by the value
+        // built below (its Drop gives it back to the spares).
+        let buf = unsafe { kit.stream.upgrade_device_ptr::<f32>(region.ptr, region.cap / 4) };
+        Ok(DeviceBytes { buf: ManuallyDrop::new(buf), len, kit: kit.clone(), ready: None, export: Some(region.export) })
     }
 
     /// Bytes per second the device copies from one buffer of `len` bytes to another (each byte

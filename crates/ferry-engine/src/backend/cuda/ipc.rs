@@ -120,16 +120,31 @@ pub struct IpcPipe {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     ordinal: usize,
-    /// The peer buffer this side has open: (its id, its base address here).
-    mapped: Option<(u64, cu::CUdeviceptr)>,
+    /// The peer buffers this side has open, most recent last: (id, base address here). The peer
+    /// reuses its buffers, so a mapping usually serves many transfers.
+    mapped: Vec<(u64, cu::CUdeviceptr)>,
 }
+
+/// Peer buffers kept mapped per pipe.
+const MAPPED_MAX: usize = 8;
 
 // SAFETY: the raw mapped pointer is only used by the thread holding the pipe (`&mut self`).
 unsafe impl Send for IpcPipe {}
 
 impl Drop for IpcPipe {
     fn drop(&mut self) {
-        self.unmap();
+        let _ = self.ctx.bind_to_thread();
+        for (_, ptr) in std::mem::take(&mut self.mapped) {
+            unmap(ptr);
+        }
+    }
+}
+
+/// Close a mapping made by cuIpcOpenMemHandle (the pipe's context current).
+fn unmap(ptr: cu::CUdeviceptr) {
+    // SAFETY: `ptr` was returned by cuIpcOpenMemHandle on this context and not closed since.
+    unsafe {
+        cu::cuIpcCloseMemHandle(ptr);
     }
 }
 
@@ -189,7 +204,7 @@ impl IpcPipe {
         unsafe { ctx.disable_event_tracking() };
         ctx.bind_to_thread().map_err(|e| format!("cuda:{ordinal}: {}", driver::describe(&e)))?;
         let stream = ctx.new_stream().map_err(|e| format!("cuda:{ordinal}: a stream: {}", driver::describe(&e)))?;
-        Ok(IpcPipe { sock, ctx, stream, ordinal, mapped: None })
+        Ok(IpcPipe { sock, ctx, stream, ordinal, mapped: Vec::new() })
     }
 
     fn write(&mut self, data: &[u8], deadline: Instant, what: &str) -> R<()> {
@@ -228,31 +243,24 @@ impl IpcPipe {
         }
     }
 
-    fn unmap(&mut self) {
-        if let Some((_, ptr)) = self.mapped.take() {
-            let _ = self.ctx.bind_to_thread();
-            // SAFETY: `ptr` was returned by cuIpcOpenMemHandle on this context and not closed.
-            unsafe {
-                cu::cuIpcCloseMemHandle(ptr);
-            }
-        }
-    }
-
-    /// The peer's exported buffer `id` mapped into this process (kept open until another id comes).
+    /// The peer's exported buffer `id` mapped into this process (the least recently used of
+    /// [`MAPPED_MAX`] mappings is closed to make room).
     fn map(&mut self, id: u64, handle: [u8; 64]) -> R<cu::CUdeviceptr> {
-        if let Some((mid, ptr)) = self.mapped {
-            if mid == id {
-                return Ok(ptr);
-            }
-        }
-        self.unmap();
         self.ctx.bind_to_thread().map_err(|e| driver::describe(&e))?;
+        if let Some(i) = self.mapped.iter().position(|&(m, _)| m == id) {
+            let m = self.mapped.remove(i);
+            self.mapped.push(m);
+            return Ok(m.1);
+        }
+        if self.mapped.len() >= MAPPED_MAX {
+            unmap(self.mapped.remove(0).1);
+        }
         let h = cu::CUipcMemHandle { reserved: std::array::from_fn(|i| handle[i] as _) };
         let mut ptr: cu::CUdeviceptr = 0;
         // SAFETY: writes one pointer; the handle came from the peer's cuIpcGetMemHandle. Lazy
         // peer access lets the peer's buffer sit on another GPU of this node.
         cu_ok(unsafe { cu::cuIpcOpenMemHandle_v2(&mut ptr, h, cu::CUipcMem_flags_enum::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32) }, "cuIpcOpenMemHandle")?;
-        self.mapped = Some((id, ptr));
+        self.mapped.push((id, ptr));
         Ok(ptr)
     }
 
@@ -351,7 +359,7 @@ impl IpcPipe {
         self.read(out, deadline, "receiving buffer bytes on the socket")
     }
 
-    /// A zeroed buffer of `len` bytes on this pipe's device that the peer can write into.
+    /// A buffer of `len` bytes on this pipe's device that the peer writes into (reused across transfers).
     pub fn alloc(&self, len: usize) -> R<DeviceBytes> {
         DeviceBytes::exportable(self.ordinal, len).map_err(|e| e.to_string())
     }
