@@ -1,6 +1,6 @@
 //! The device's physical limits, measured in the same run as a benchmark: memory bandwidth (a
 //! device-to-device copy; the decode roofline) and bf16 matrix throughput (a cuBLAS GEMM; the
-//! prefill ceiling). Status: built, **never run on a GPU**.
+//! prefill ceiling). Run on an H200 (docs/benchmarks.md).
 
 use super::backend::CudaBackend;
 use super::dense::Gemm;
