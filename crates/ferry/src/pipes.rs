@@ -85,6 +85,10 @@ mod cuda {
         fn device(&self) -> u32 {
             self.ordinal as u32
         }
+
+        fn device_uuid(&self) -> Option<[u8; 16]> {
+            ferry_engine::backend::cuda::device_uuid(self.ordinal).ok()
+        }
     }
 
     struct Nccl(NcclPipe);

@@ -92,6 +92,9 @@ pub trait PipeConnector: Send + Sync {
     fn device(&self) -> u32 {
         0
     }
+    /// That device's UUID, where known: a NCCL rendezvous between two workers on the same GPU
+    /// is refused at once instead of timing out.
+    fn device_uuid(&self) -> Option<[u8; 16]>;
     /// How long the prefill side waits for a rendezvous.
     fn connect_timeout(&self) -> Duration {
         Duration::from_secs(10)
@@ -251,7 +254,7 @@ impl PipeTransport {
         let (connector, local_id) = (self.connector.clone(), id.clone());
         let local = tokio::task::spawn_blocking(move || connector.connect(&local_id, 0, timeout));
         let mut client = KvTransferClient::new(self.channels.get(peer)?);
-        let req = NcclConnectRequest { unique_id: id.into(), peer: self.name.clone(), timeout_ms: timeout.as_millis() as u32, fingerprint: self.fingerprint.clone(), transport: kind as i32 };
+        let req = NcclConnectRequest { unique_id: id.into(), peer: self.name.clone(), timeout_ms: timeout.as_millis() as u32, fingerprint: self.fingerprint.clone(), transport: kind as i32, device_uuid: self.connector.device_uuid().map(|u| u.to_vec()).unwrap_or_default().into() };
         let remote = tokio::time::timeout(timeout + Duration::from_secs(1), client.nccl_connect(req)).await;
         let remote = match remote {
             Ok(Ok(r)) => r.into_inner(),
@@ -461,6 +464,12 @@ pub async fn accept(receiver: Arc<KvReceiver>, connector: Option<Arc<dyn PipeCon
         Some(c) => return Err(WorkerError::PeerUnavailable { peer: req.peer, what: format!("this decode worker's device pipes are {}, not {wanted}", c.transport()) }),
         None => return Err(WorkerError::PeerUnavailable { peer: req.peer, what: format!("this decode worker has no {wanted} pipes (it runs on the CPU, or the library could not be loaded)") }),
     };
+    if wanted == Transport::Nccl && !req.device_uuid.is_empty() && connector.device_uuid().is_some_and(|u| req.device_uuid[..] == u[..]) {
+        return Err(WorkerError::PeerUnavailable {
+            peer: req.peer,
+            what: "both workers are on the same GPU, where NCCL cannot pair two ranks (use --kv-transport cuda-ipc)".into(),
+        });
+    }
     if req.fingerprint != receiver.fingerprint() {
         return Err(WorkerError::Incompatible { id: 0, what: format!("{wanted} peer {} serves model {}, this worker {}", req.peer, req.fingerprint, receiver.fingerprint()) });
     }
@@ -631,6 +640,8 @@ pub struct InProcessConnector {
     buffer_sends: Arc<std::sync::atomic::AtomicUsize>,
     /// Test hook: flip one byte of every buffer message sent (a corrupting link).
     pub corrupt_buffers: Arc<std::sync::atomic::AtomicBool>,
+    /// Test hook: the device UUID these pipes report (none by default).
+    pub uuid: Mutex<Option<[u8; 16]>>,
 }
 
 impl InProcessConnector {
@@ -701,6 +712,10 @@ impl PipeConnector for InProcessConnector {
     /// Stands in for NCCL (the tests' pipes).
     fn transport(&self) -> Transport {
         Transport::Nccl
+    }
+
+    fn device_uuid(&self) -> Option<[u8; 16]> {
+        *self.uuid.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn new_id(&self) -> std::result::Result<Vec<u8>, String> {
@@ -786,5 +801,24 @@ mod tests {
         let t0 = Instant::now();
         assert!(c.connect(&id, 0, Duration::from_millis(100)).is_err());
         assert!(t0.elapsed() >= Duration::from_millis(100));
+    }
+
+    /// First GPU run: a NCCL pair on one GPU waited out the 10 s connect timeout before falling
+    /// back. With both UUIDs known, the decode side refuses at once.
+    #[tokio::test]
+    async fn a_nccl_pair_on_one_gpu_is_refused_at_once() {
+        let layout = ferry_core::KvLayout { dtype: ferry_core::KvDtype::F32, block_size: 16, n_layers: 1, n_kv_heads: 1, head_dim: 4 };
+        let receiver = KvReceiver::sink("fp".into(), layout);
+        let c = InProcessConnector::new();
+        *c.uuid.lock().unwrap() = Some([7; 16]);
+        let req = |uuid: &[u8]| NcclConnectRequest { unique_id: c.new_id().unwrap().into(), peer: "p".into(), timeout_ms: 100, fingerprint: "fp".into(), transport: Transport::Nccl as i32, device_uuid: uuid.to_vec().into() };
+        let slots = PipeSlots::default();
+        let t = Instant::now();
+        let e = accept(receiver.clone(), Some(c.clone()), req(&[7; 16]), Duration::from_secs(1), &slots).await.unwrap_err();
+        assert!(e.to_string().contains("same GPU"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(1));
+        // Another GPU's UUID goes on to the rendezvous (which times out here: no rank 0 joins).
+        let e = accept(receiver, Some(c.clone()), req(&[8; 16]), Duration::from_secs(1), &slots).await.unwrap_err();
+        assert!(!e.to_string().contains("same GPU"), "{e}");
     }
 }

@@ -46,3 +46,16 @@ pub(crate) fn open(ordinal: usize) -> Result<Arc<CudaContext>> {
     }
     CudaContext::new(ordinal).map_err(|e| EngineError::DeviceUnavailable(dev, format!("cannot create a context: {}", describe(&e))))
 }
+
+/// Device `ordinal`'s 16-byte UUID (what `nvidia-smi -L` prints), to tell two processes on one GPU.
+pub fn device_uuid(ordinal: usize) -> Result<[u8; 16]> {
+    let ctx = open(ordinal)?;
+    let fail = |what: &str, r: sys::CUresult| EngineError::DeviceUnavailable(format!("cuda:{ordinal}"), format!("{what}: {r:?}"));
+    let mut uuid = sys::CUuuid { bytes: [0; 16] };
+    // SAFETY: `ctx.cu_device()` is a valid device handle; the call writes 16 bytes.
+    let r = unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, ctx.cu_device()) };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(fail("cuDeviceGetUuid", r));
+    }
+    Ok(std::array::from_fn(|i| uuid.bytes[i] as u8))
+}

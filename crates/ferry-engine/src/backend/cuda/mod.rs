@@ -40,6 +40,8 @@ mod ops;
 pub use backend::{CudaBackend, CudaBatch, CudaKv, CudaTensor, CudaWeight};
 #[cfg(feature = "cuda")]
 pub use bytes::DeviceBytes;
+#[cfg(feature = "cuda")]
+pub use driver::device_uuid;
 
 /// Stands in for the CUDA backend in a build without the `cuda` feature: it cannot be created.
 #[cfg(not(feature = "cuda"))]
