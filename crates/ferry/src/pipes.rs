@@ -37,7 +37,7 @@ fn connector(kind: KvTransport, device: ferry_engine::Device) -> Result<Arc<dyn 
         KvTransport::Nccl if !nccl::nccl_present() => {
             Err("libnccl.so could not be loaded (install NCCL; with the nvidia-nccl-cu12 wheel, link libnccl.so to its lib/libnccl.so.2 and put both on LD_LIBRARY_PATH)".into())
         }
-        KvTransport::Nccl | KvTransport::CudaIpc => Ok(Arc::new(cuda::Connector { ordinal, kind })),
+        KvTransport::Nccl | KvTransport::CudaIpc => Ok(Arc::new(cuda::Connector { ordinal, kind, uuid: ferry_engine::backend::cuda::device_uuid(ordinal).ok() })),
         other => Err(format!("{other} is not a device pipe")),
     }
 }
@@ -54,6 +54,8 @@ mod cuda {
     pub(super) struct Connector {
         pub(super) ordinal: usize,
         pub(super) kind: KvTransport,
+        /// The device's UUID, read once (None if the driver would not say).
+        pub(super) uuid: Option<[u8; 16]>,
     }
 
     impl PipeConnector for Connector {
@@ -87,7 +89,7 @@ mod cuda {
         }
 
         fn device_uuid(&self) -> Option<[u8; 16]> {
-            ferry_engine::backend::cuda::device_uuid(self.ordinal).ok()
+            self.uuid
         }
     }
 

@@ -58,19 +58,6 @@ impl Kit {
     }
 }
 
-/// A random 64-bit id (std's hasher is randomly keyed per process; mixed with the time and a
-/// counter so two ids of one process differ too).
-pub(crate) fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNT: AtomicU64 = AtomicU64::new(0);
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(COUNT.fetch_add(1, Ordering::Relaxed));
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
-    h.write_u32(std::process::id());
-    h.finish()
-}
-
 /// Little-endian bytes as f32 words (KV as the payload carries it; a short tail is dropped).
 pub(crate) fn f32s_of(bytes: &[u8]) -> Vec<f32> {
     bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
@@ -218,7 +205,7 @@ impl DeviceBytes {
                 // SAFETY: `ptr` is the base of a cuMemAlloc allocation; writes the 64-byte handle.
                 let r = unsafe { cu::cuIpcGetMemHandle(&mut h, ptr) };
                 let handle: [u8; 64] = std::array::from_fn(|i| h.reserved[i] as u8);
-                let region = spare::Region { ptr, cap, export: IpcExport { handle, id: random_u64() } };
+                let region = spare::Region { ptr, cap, export: IpcExport { handle, id: rand::random() } };
                 if r != cu::CUresult::CUDA_SUCCESS {
                     spare::free(region);
                     return Err(err("exportable kv buffer", format!("cuIpcGetMemHandle: {r:?}")));

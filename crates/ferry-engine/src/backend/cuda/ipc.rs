@@ -66,7 +66,7 @@ fn listeners() -> &'static Mutex<HashMap<Vec<u8>, (UnixListener, PathBuf)>> {
 /// A fresh rendezvous id: `boot-id\nsocket-path`, with the socket already listening (so rank 1
 /// can connect as soon as it is told the id).
 pub fn new_id() -> R<Vec<u8>> {
-    let name = format!("kv-{}-{:016x}.sock", std::process::id(), super::bytes::random_u64());
+    let name = format!("kv-{}-{:016x}.sock", std::process::id(), rand::random::<u64>());
     let path = socket_dir()?.join(name);
     let listener = UnixListener::bind(&path).map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
     let id = format!("{}\n{}", node_id(), path.display()).into_bytes();
@@ -85,6 +85,12 @@ enum Dest {
 
 impl Dest {
     const BYTES: usize = 8 + 8 + 64 + 8 + 8;
+
+    fn len(&self) -> u64 {
+        match *self {
+            Dest::Device { len, .. } | Dest::Socket { len } => len,
+        }
+    }
 
     fn encode(&self) -> [u8; Self::BYTES] {
         let mut b = [0u8; Self::BYTES];
@@ -265,10 +271,24 @@ impl IpcPipe {
         Ok(ptr)
     }
 
-    fn read_dest(&mut self, deadline: Instant) -> R<Dest> {
+    /// The receiver's descriptor for a buffer frame of `len` bytes.
+    fn read_dest(&mut self, len: usize, deadline: Instant) -> R<Dest> {
         let mut b = [0u8; Dest::BYTES];
         self.read(&mut b, deadline, "waiting for the receiver's buffer descriptor")?;
-        Dest::decode(&b)
+        let d = Dest::decode(&b)?;
+        if d.len() != len as u64 {
+            return Err(format!("the receiver wants {} bytes, the frame has {len}", d.len()));
+        }
+        Ok(d)
+    }
+
+    /// Into the peer's exported buffer `id` at `offset`: `copy(destination, stream)` enqueues the
+    /// copy on this pipe's stream; it is waited for, then confirmed to the peer.
+    fn copy_into_peer(&mut self, id: u64, handle: [u8; 64], offset: u64, deadline: Instant, what: &str, copy: impl FnOnce(cu::CUdeviceptr, cu::CUstream) -> cu::CUresult) -> R<()> {
+        let dst = self.map(id, handle)?;
+        cu_ok(copy(dst + offset, self.stream.cu_stream()), what)?;
+        self.wait_stream(deadline, "copying into the peer's buffer")?;
+        self.write(&[1], deadline, "confirming the copy")
     }
 
     /// Send bytes `range` of `src` (on this pipe's device) into the receiver's buffer.
@@ -280,25 +300,16 @@ impl IpcPipe {
             return Err(format!("bytes {}..{} of a {}-byte device buffer", range.start, range.end, src.len()));
         }
         let len = range.len();
-        match self.read_dest(deadline)? {
-            Dest::Device { id, handle, offset, len: want } => {
-                if want != len as u64 {
-                    return Err(format!("the receiver wants {want} bytes, the frame has {len}"));
-                }
-                let dst = self.map(id, handle)?;
+        match self.read_dest(len, deadline)? {
+            Dest::Device { id, handle, offset, .. } => {
                 let from = src.device_ptr(range.start).map_err(|e| e.to_string())?;
                 // SAFETY: `from` addresses `len` bytes of `src` (ready: device_ptr waited for its
-                // fill); `dst + offset` lies in the peer's exported buffer, whose bounds the peer
+                // fill); the destination lies in the peer's exported buffer, whose bounds the peer
                 // checked against its buffer when it sent the descriptor. The copy is waited for
-                // below, before `src` can be released.
-                cu_ok(unsafe { cu::cuMemcpyDtoDAsync_v2(dst + offset, from, len, self.stream.cu_stream()) }, "cuMemcpyDtoDAsync (peer buffer)")?;
-                self.wait_stream(deadline, "copying into the peer's buffer")?;
-                self.write(&[1], deadline, "confirming the copy")
+                // before `src` can be released.
+                self.copy_into_peer(id, handle, offset, deadline, "cuMemcpyDtoDAsync (peer buffer)", |dst, stream| unsafe { cu::cuMemcpyDtoDAsync_v2(dst, from, len, stream) })
             }
-            Dest::Socket { len: want } => {
-                if want != len as u64 {
-                    return Err(format!("the receiver wants {want} bytes, the frame has {len}"));
-                }
+            Dest::Socket { .. } => {
                 let host = src.to_host(range).map_err(|e| e.to_string())?;
                 self.write(&host, deadline, "sending buffer bytes on the socket")
             }
@@ -308,24 +319,13 @@ impl IpcPipe {
     /// Send host bytes as a buffer frame (a GPU worker does not make these; kept for the
     /// protocol's sake): into the peer's buffer from the host, or on the socket.
     pub fn send_host_as_buffer(&mut self, data: &[u8], deadline: Instant) -> R<()> {
-        match self.read_dest(deadline)? {
-            Dest::Device { id, handle, offset, len } => {
-                if len != data.len() as u64 {
-                    return Err(format!("the receiver wants {len} bytes, the frame has {}", data.len()));
-                }
-                let dst = self.map(id, handle)?;
-                // SAFETY: `data` is `len` host bytes alive across the wait below; the bounds as in
-                // send_device.
-                cu_ok(unsafe { cu::cuMemcpyHtoDAsync_v2(dst + offset, data.as_ptr() as *const _, data.len(), self.stream.cu_stream()) }, "cuMemcpyHtoDAsync (peer buffer)")?;
-                self.wait_stream(deadline, "copying into the peer's buffer")?;
-                self.write(&[1], deadline, "confirming the copy")
+        match self.read_dest(data.len(), deadline)? {
+            Dest::Device { id, handle, offset, .. } => {
+                // SAFETY: `data` is `data.len()` host bytes alive across the wait; the bounds as
+                // in send_device.
+                self.copy_into_peer(id, handle, offset, deadline, "cuMemcpyHtoDAsync (peer buffer)", |dst, stream| unsafe { cu::cuMemcpyHtoDAsync_v2(dst, data.as_ptr() as *const _, data.len(), stream) })
             }
-            Dest::Socket { len } => {
-                if len != data.len() as u64 {
-                    return Err(format!("the receiver wants {len} bytes, the frame has {}", data.len()));
-                }
-                self.write(data, deadline, "sending buffer bytes on the socket")
-            }
+            Dest::Socket { .. } => self.write(data, deadline, "sending buffer bytes on the socket"),
         }
     }
 
