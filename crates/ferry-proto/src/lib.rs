@@ -1,6 +1,6 @@
 //! Ferry's wire contract: the code generated from `proto/ferry/v1/*.proto` (client, worker, KV
 //! transfer and admin APIs), the conversions between wire messages and `ferry-core` types, and
-//! what every client and server of those APIs shares: bearer tokens ([`Bearer`]) and TLS
+//! what every client and server of those APIs shares: bearer tokens ([`Bearer`]), the cluster secret ([`cluster`]) and TLS
 //! ([`tls`]).
 
 pub mod v1 {
@@ -12,10 +12,12 @@ pub mod v1 {
 }
 
 mod bearer;
+pub mod cluster;
 mod convert;
 pub mod tls;
 
-pub use bearer::{Bearer, InvalidToken};
+pub use bearer::{Bearer, InvalidToken, bearer_token, ct_eq};
+pub use cluster::ClusterSecret;
 pub use convert::*;
 
 /// The shortest `DecodeRequest.transfer_token` a decode worker accepts. The router mints 32 hex

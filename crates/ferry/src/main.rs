@@ -8,6 +8,7 @@ mod bench_grammar;
 mod bench_kv;
 mod bench_multiturn;
 mod bench_serve;
+mod cluster_args;
 mod generate;
 mod pipes;
 mod plan;
@@ -20,6 +21,7 @@ mod score;
 mod supervisor;
 mod tls_args;
 mod up;
+mod up_credentials;
 mod worker_cmd;
 
 use clap::{Parser, Subcommand};
