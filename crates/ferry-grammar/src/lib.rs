@@ -113,6 +113,17 @@ pub enum GrammarError {
 }
 
 impl GrammarError {
+    /// The kind of grammar refused, where the refusal is about one.
+    pub fn kind(&self) -> Option<GrammarKind> {
+        match self {
+            GrammarError::Invalid { kind, .. }
+            | GrammarError::Limit { kind, .. }
+            | GrammarError::Timeout { kind, .. }
+            | GrammarError::Panicked { kind } => Some(*kind),
+            GrammarError::Tokenizer(_) | GrammarError::Busy { .. } | GrammarError::Threads(_) | GrammarError::Matcher(_) => None,
+        }
+    }
+
     /// llguidance's `raw` message, cleaned, as a refusal of a `kind` grammar.
     fn invalid(kind: GrammarKind, raw: &str) -> Self {
         GrammarError::Invalid { kind, message: message::clean(raw, "the grammar engine refused it") }
