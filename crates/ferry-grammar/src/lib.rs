@@ -228,7 +228,9 @@ impl Grammars {
         for &t in replay {
             c.commit(t)?;
         }
-        c.matcher.compute_mask_or_eos().map_err(|e| GrammarError::invalid(kind, &e.to_string()))?;
+        c.matcher
+            .compute_mask_or_eos()
+            .map_err(|e| GrammarError::invalid(kind, &format!("its first token mask cannot be computed: {e}")))?;
         Ok(c)
     }
 }
