@@ -10,8 +10,14 @@
 //! prefill -> decode hop (and a migration) as exactly that: every worker that samples builds the
 //! constraint from the request's grammar and replays the completion so far
 //! ([`Grammars::constraint`]'s `replay`). Nothing opaque travels between workers.
+//!
+//! A grammar is hostile input (issue 32): before it compiles it must fit [`Limits`]
+//! ([`limits::check`]); it compiles under llguidance's fuel limits, off the async runtime on a
+//! [`CompilePool`] of large-stack threads ([`LazyGrammars::check`], [`LazyGrammars::constraint`]),
+//! and its first mask is computed at once, so every failure a worker would meet shows at the
+//! router's check. Messages are cut to a clean first line ([`message::clean`]).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use ferry_core::sampling::OutputGrammar;
 use ferry_tokenizer::Tokenizer;
@@ -20,6 +26,61 @@ use llguidance::{Matcher, ParserFactory};
 use serde_json::{Value, json};
 use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 
+mod lazy;
+pub mod limits;
+pub mod message;
+pub mod pool;
+
+pub use lazy::LazyGrammars;
+pub use limits::Limits;
+pub use pool::{CompilePool, PoolConfig};
+
+/// Which kind of grammar a request asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GrammarKind {
+    JsonSchema,
+    JsonObject,
+    Regex,
+    Lark,
+    Choice,
+}
+
+impl GrammarKind {
+    pub fn of(g: &OutputGrammar) -> Self {
+        match g {
+            OutputGrammar::JsonSchema(_) => GrammarKind::JsonSchema,
+            OutputGrammar::JsonObject => GrammarKind::JsonObject,
+            OutputGrammar::Regex(_) => GrammarKind::Regex,
+            OutputGrammar::Lark(_) => GrammarKind::Lark,
+            OutputGrammar::Choice(_) => GrammarKind::Choice,
+        }
+    }
+
+    /// Its field in the wire's `StructuredOutput` (gRPC clients' name for it).
+    pub fn wire_field(self) -> &'static str {
+        match self {
+            GrammarKind::JsonSchema => "json_schema",
+            GrammarKind::JsonObject => "json_object",
+            GrammarKind::Regex => "regex",
+            GrammarKind::Lark => "lark",
+            GrammarKind::Choice => "choice",
+        }
+    }
+}
+
+impl std::fmt::Display for GrammarKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            GrammarKind::JsonSchema => "JSON schema",
+            GrammarKind::JsonObject => "JSON object grammar",
+            GrammarKind::Regex => "regular expression",
+            GrammarKind::Lark => "Lark grammar",
+            GrammarKind::Choice => "choice list",
+        })
+    }
+}
+
+/// Every message here is fit for a client: llguidance's text only through [`message::clean`].
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum GrammarError {
     /// The model's tokenizer cannot be turned into a token trie (final: no request can use a
@@ -28,16 +89,52 @@ pub enum GrammarError {
     Tokenizer(String),
     /// The request's grammar is malformed or unsupported (final: the request is invalid).
     #[error("invalid {kind}: {message}")]
-    Invalid { kind: &'static str, message: String },
+    Invalid { kind: GrammarKind, message: String },
+    /// The grammar exceeds one of the [`Limits`] (final).
+    #[error("invalid {kind}: {what} is {value}, above the limit of {max}")]
+    Limit { kind: GrammarKind, what: &'static str, value: u64, max: u64 },
+    /// Compiling the grammar (with its first mask) took longer than the pool's budget (final: it
+    /// would again).
+    #[error("invalid {kind}: it did not compile within the {budget_ms} ms budget")]
+    Timeout { kind: GrammarKind, budget_ms: u64 },
+    /// The grammar engine panicked on this grammar (final: it would again).
+    #[error("invalid {kind}: the grammar engine failed on it")]
+    Panicked { kind: GrammarKind },
+    /// Every compile thread is taken and the request waited its turn too long (retryable: the
+    /// grammar may be fine; come back shortly).
+    #[error("the grammar compiler is busy (waited {waited_ms} ms for a thread): retry shortly")]
+    Busy { waited_ms: u64 },
+    /// The compile threads could not be started (final for this process).
+    #[error("structured outputs are unavailable: the compile threads did not start: {0}")]
+    Threads(String),
     /// The matcher refused a token or failed (the completion so far does not fit the grammar).
     #[error("the structured-output matcher failed: {0}")]
     Matcher(String),
+}
+
+impl GrammarError {
+    /// The kind of grammar refused, where the refusal is about one.
+    pub fn kind(&self) -> Option<GrammarKind> {
+        match self {
+            GrammarError::Invalid { kind, .. }
+            | GrammarError::Limit { kind, .. }
+            | GrammarError::Timeout { kind, .. }
+            | GrammarError::Panicked { kind } => Some(*kind),
+            GrammarError::Tokenizer(_) | GrammarError::Busy { .. } | GrammarError::Threads(_) | GrammarError::Matcher(_) => None,
+        }
+    }
+
+    /// llguidance's `raw` message, cleaned, as a refusal of a `kind` grammar.
+    fn invalid(kind: GrammarKind, raw: &str) -> Self {
+        GrammarError::Invalid { kind, message: message::clean(raw, "the grammar engine refused it") }
+    }
 }
 
 /// The grammar engine for one model: its token trie and llguidance's parser factory.
 pub struct Grammars {
     factory: ParserFactory,
     vocab: usize,
+    limits: Limits,
 }
 
 impl std::fmt::Debug for Grammars {
@@ -69,6 +166,11 @@ impl Grammars {
     /// ids past the tokenizer's are never allowed). `None`: the tokenizer's own size (enough to
     /// check grammars, as the router does).
     pub fn new(tokenizer: &Tokenizer, vocab: Option<usize>) -> Result<Self, GrammarError> {
+        Self::with_limits(tokenizer, vocab, Limits::default())
+    }
+
+    /// [`Grammars::new`], compiling under `limits`.
+    pub fn with_limits(tokenizer: &Tokenizer, vocab: Option<usize>, limits: Limits) -> Result<Self, GrammarError> {
         let text = tokenizer.to_json().map_err(|e| GrammarError::Tokenizer(e.to_string()))?;
         let json: Value = serde_json::from_str(&text).map_err(|e| GrammarError::Tokenizer(e.to_string()))?;
         let mut words = llguidance::token_bytes_from_tokenizer_json(&json).map_err(|e| GrammarError::Tokenizer(e.to_string()))?;
@@ -92,7 +194,8 @@ impl Grammars {
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| GrammarError::Tokenizer(e.to_string()))?;
         // Errors come back to the caller; llguidance's own stderr logging stays off.
         factory.quiet();
-        Ok(Self { factory, vocab })
+        *factory.limits_mut() = limits.parser_limits();
+        Ok(Self { factory, vocab, limits })
     }
 
     /// The width of the masks (the model's vocabulary).
@@ -100,36 +203,35 @@ impl Grammars {
         self.vocab
     }
 
-    /// Checks that `grammar` compiles (the router does this before any worker sees it).
+    /// The limits grammars compile under.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Checks that `grammar` fits the limits, compiles, and yields its first mask (the router
+    /// does this before any worker sees it). Runs on the calling thread: servers go through
+    /// [`LazyGrammars::check`], which runs it on the compile pool.
     pub fn check(&self, grammar: &OutputGrammar) -> Result<(), GrammarError> {
-        self.parser(grammar).map(drop)
+        self.constraint(grammar, &[]).map(drop)
     }
 
     /// A constraint for one request, advanced over `replay` (the completion's tokens already
     /// sampled elsewhere: the first token on the decode worker, the generated tail of the prompt
-    /// after a migration).
+    /// after a migration). Its mask is computed once here: some grammars (a `$ref` cycle,
+    /// `a{1000}{1000}`) compile and fail only there.
     pub fn constraint(&self, grammar: &OutputGrammar, replay: &[u32]) -> Result<Constraint, GrammarError> {
-        let mut c = Constraint { matcher: Matcher::new(Ok(self.parser(grammar)?)) };
+        let kind = GrammarKind::of(grammar);
+        limits::check(grammar, &self.limits)?;
+        let top = top_level(grammar).map_err(|message| GrammarError::invalid(kind, &message))?;
+        let parser = self.factory.create_parser(top).map_err(|e| GrammarError::invalid(kind, &e.to_string()))?;
+        let mut c = Constraint { matcher: Matcher::new(Ok(parser)) };
         for &t in replay {
             c.commit(t)?;
         }
+        c.matcher
+            .compute_mask_or_eos()
+            .map_err(|e| GrammarError::invalid(kind, &format!("its first token mask cannot be computed: {e}")))?;
         Ok(c)
-    }
-
-    fn parser(&self, grammar: &OutputGrammar) -> Result<llguidance::TokenParser, GrammarError> {
-        let kind = kind(grammar);
-        let top = top_level(grammar).map_err(|message| GrammarError::Invalid { kind, message })?;
-        self.factory.create_parser(top).map_err(|e| GrammarError::Invalid { kind, message: e.to_string() })
-    }
-}
-
-fn kind(g: &OutputGrammar) -> &'static str {
-    match g {
-        OutputGrammar::JsonSchema(_) => "JSON schema",
-        OutputGrammar::JsonObject => "JSON object grammar",
-        OutputGrammar::Regex(_) => "regular expression",
-        OutputGrammar::Lark(_) => "Lark grammar",
-        OutputGrammar::Choice(_) => "choice list",
     }
 }
 
@@ -158,34 +260,9 @@ fn top_level(g: &OutputGrammar) -> Result<TopLevelGrammar, String> {
                 return Err("at least one choice is needed".into());
             }
             // Lark string literals are JSON strings, so any choice text is quoted exactly.
-            let alts: Vec<String> = choices.iter().map(|c| serde_json::to_string(c).expect("a string serializes")).collect();
+            let alts = choices.iter().map(|c| serde_json::to_string(c).map_err(|e| e.to_string())).collect::<Result<Vec<String>, String>>()?;
             Ok(TopLevelGrammar::from_lark(format!("start: {}", alts.join(" | "))))
         }
-    }
-}
-
-/// A [`Grammars`] built on first use (building the token trie takes a moment; a process that
-/// never sees a grammar never pays it), shared by every request of a worker or router.
-pub struct LazyGrammars {
-    tokenizer: Arc<Tokenizer>,
-    vocab: Option<usize>,
-    cell: OnceLock<Result<Grammars, GrammarError>>,
-}
-
-impl std::fmt::Debug for LazyGrammars {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LazyGrammars").field("vocab", &self.vocab).field("built", &self.cell.get().is_some()).finish()
-    }
-}
-
-impl LazyGrammars {
-    /// See [`Grammars::new`] for `vocab`.
-    pub fn new(tokenizer: Arc<Tokenizer>, vocab: Option<usize>) -> Self {
-        Self { tokenizer, vocab, cell: OnceLock::new() }
-    }
-
-    pub fn get(&self) -> Result<&Grammars, GrammarError> {
-        self.cell.get_or_init(|| Grammars::new(&self.tokenizer, self.vocab)).as_ref().map_err(Clone::clone)
     }
 }
 
@@ -204,7 +281,7 @@ impl Constraint {
     /// Sets the logit of every token the grammar forbids now to -inf. Once the grammar is
     /// complete only the end-of-sequence tokens remain.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), GrammarError> {
-        let mask = self.matcher.compute_mask_or_eos().map_err(|e| GrammarError::Matcher(e.to_string()))?;
+        let mask = self.matcher.compute_mask_or_eos().map_err(|e| GrammarError::Matcher(message::clean(&e.to_string(), "the mask could not be computed")))?;
         for (i, l) in logits.iter_mut().enumerate() {
             if !mask.is_allowed(i as TokenId) {
                 *l = f32::NEG_INFINITY;
@@ -219,7 +296,9 @@ impl Constraint {
         if self.matcher.is_stopped() {
             return Ok(());
         }
-        self.matcher.consume_token(token).map_err(|e| GrammarError::Matcher(format!("token {token}: {e}")))
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| GrammarError::Matcher(format!("token {token}: {}", message::clean(&e.to_string(), "refused"))))
     }
 
     /// The grammar is complete and admits nothing more: the sequence can finish now.
@@ -230,3 +309,5 @@ impl Constraint {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod hostile_tests;

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::*;
 
-fn tokenizer() -> Tokenizer {
+pub fn tokenizer() -> Tokenizer {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/golden/llama-gqa");
     ModelText::from_hf_dir(&dir).expect("fixture tokenizer").tokenizer
 }
@@ -160,13 +160,13 @@ fn a_token_outside_the_grammar_is_refused() {
 fn invalid_grammars_are_named() {
     let (g, _) = grammars();
     let bad = [
-        (OutputGrammar::JsonSchema("{not json".into()), "JSON schema"),
-        (OutputGrammar::JsonSchema("[1,2]".into()), "JSON schema"),
-        (OutputGrammar::JsonSchema(r#"{"type":"frobnicate"}"#.into()), "JSON schema"),
-        (OutputGrammar::Regex("(unclosed".into()), "regular expression"),
-        (OutputGrammar::Lark("start: undefined_rule".into()), "Lark grammar"),
-        (OutputGrammar::Lark("  ".into()), "Lark grammar"),
-        (OutputGrammar::Choice(vec![]), "choice list"),
+        (OutputGrammar::JsonSchema("{not json".into()), GrammarKind::JsonSchema),
+        (OutputGrammar::JsonSchema("[1,2]".into()), GrammarKind::JsonSchema),
+        (OutputGrammar::JsonSchema(r#"{"type":"frobnicate"}"#.into()), GrammarKind::JsonSchema),
+        (OutputGrammar::Regex("(unclosed".into()), GrammarKind::Regex),
+        (OutputGrammar::Lark("start: undefined_rule".into()), GrammarKind::Lark),
+        (OutputGrammar::Lark("  ".into()), GrammarKind::Lark),
+        (OutputGrammar::Choice(vec![]), GrammarKind::Choice),
     ];
     for (grammar, kind) in bad {
         match g.check(&grammar) {

@@ -14,8 +14,13 @@ pub enum RouterError {
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     /// The request's structured output does not compile (a bad JSON schema, regex or grammar).
-    #[error("invalid request: sampling.structured: {0}")]
+    #[error("invalid request: {field}: {0}", field = grammar_field(.0))]
     InvalidGrammar(#[source] ferry_grammar::GrammarError),
+    /// Every grammar-compile thread is busy and the request waited its turn too long (retryable:
+    /// 429 / RESOURCE_EXHAUSTED with `Retry-After`, like a full admission queue; the grammar itself
+    /// was not judged).
+    #[error("structured output: the grammar compiler is busy (waited {waited_ms} ms): retry in {retry_after_s} s")]
+    GrammarBusy { waited_ms: u64, retry_after_s: u32 },
     #[error("unknown model {requested:?}: this router serves {served:?}")]
     UnknownModel { requested: String, served: String },
     #[error("no ready {role} worker")]
@@ -104,11 +109,21 @@ impl RouterError {
     /// Seconds a client should wait before trying again, for the refusals that say so.
     pub fn retry_after_s(&self) -> Option<u32> {
         match self {
-            RouterError::QueueFull { retry_after_s, .. } | RouterError::QueueTimeout { retry_after_s, .. } => {
+            RouterError::QueueFull { retry_after_s, .. }
+            | RouterError::QueueTimeout { retry_after_s, .. }
+            | RouterError::GrammarBusy { retry_after_s, .. } => {
                 Some(*retry_after_s)
             }
             _ => None,
         }
+    }
+}
+
+/// Where a gRPC client set the grammar: `sampling.structured.<kind>` (the kind, when known).
+fn grammar_field(e: &ferry_grammar::GrammarError) -> String {
+    match e.kind() {
+        Some(k) => format!("sampling.structured.{}", k.wire_field()),
+        None => "sampling.structured".to_owned(),
     }
 }
 
@@ -144,7 +159,8 @@ impl RouterError {
             | RouterError::Protocol { .. } => Code::Unavailable,
             RouterError::DecodeExhausted { .. }
             | RouterError::QueueFull { .. }
-            | RouterError::QueueTimeout { .. } => Code::ResourceExhausted,
+            | RouterError::QueueTimeout { .. }
+            | RouterError::GrammarBusy { .. } => Code::ResourceExhausted,
             RouterError::MovesExhausted { last, .. } => last.grpc_code(),
             RouterError::FingerprintMismatch { .. }
             | RouterError::ShuttingDown(_)
@@ -178,7 +194,9 @@ impl RouterError {
             | RouterError::Protocol { .. }
             | RouterError::DecodeExhausted { .. }
             | RouterError::ScaleFailed { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            RouterError::QueueFull { .. } | RouterError::QueueTimeout { .. } => StatusCode::TOO_MANY_REQUESTS,
+            RouterError::QueueFull { .. } | RouterError::QueueTimeout { .. } | RouterError::GrammarBusy { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             RouterError::MovesExhausted { last, .. } => last.http_status(),
             RouterError::ShuttingDown(_) | RouterError::NoScaler => StatusCode::CONFLICT,
             RouterError::FingerprintMismatch { .. }

@@ -59,7 +59,8 @@ pub fn request_id(given: &str) -> String {
     }
 }
 
-/// Checks a request and turns it into prompt ids and sampling parameters.
+/// Checks a request and turns it into prompt ids and sampling parameters (its grammar is
+/// checked after, by [`check_grammar`]).
 pub fn prepare(
     shared: &Shared,
     req: &v1::GenerateRequest,
@@ -133,10 +134,19 @@ pub fn prepare(
     params
         .validate()
         .map_err(|e| RouterError::InvalidRequest(e.to_string()))?;
-    if let Some(g) = &params.grammar {
-        shared.grammars.get().and_then(|gs| gs.check(g)).map_err(RouterError::InvalidGrammar)?;
-    }
     Ok((ids, params))
+}
+
+/// Compiles a request's grammar as a worker would (limits, compile, first mask), on the grammar
+/// pool's threads, never this runtime's (issue 32). A full pool is a retryable refusal.
+pub async fn check_grammar(shared: &Shared, grammar: &ferry_core::sampling::OutputGrammar) -> Result<(), RouterError> {
+    use ferry_grammar::GrammarError as G;
+    shared.grammars.check(grammar).await.map_err(|e| match e {
+        G::Busy { waited_ms } => RouterError::GrammarBusy { waited_ms, retry_after_s: 1 },
+        e @ (G::Tokenizer(_) | G::Invalid { .. } | G::Limit { .. } | G::Timeout { .. } | G::Panicked { .. } | G::Threads(_) | G::Matcher(_)) => {
+            RouterError::InvalidGrammar(e)
+        }
+    })
 }
 
 /// A conversation rendered with the model's chat template, offering `tools` when given; with
@@ -187,13 +197,16 @@ pub struct Started {
 /// request metrics.
 /// `tenant`: the API key's tenant, when keys are on (its prompts share cached KV only with each
 /// other).
-pub fn start(shared: &Arc<Shared>, req: v1::GenerateRequest, tenant: Option<&ferry_core::Tenant>) -> Result<Started, RouterError> {
+pub async fn start(shared: &Arc<Shared>, req: v1::GenerateRequest, tenant: Option<&ferry_core::Tenant>) -> Result<Started, RouterError> {
     let start = Instant::now();
     let id = request_id(&req.request_id);
     let span = tracing::info_span!("generate", request_id = %id);
     let (prompt, params) = span.in_scope(|| prepare(shared, &req)).inspect_err(|_| {
         crate::metrics::request_outcome("invalid");
     })?;
+    if let Some(g) = &params.grammar {
+        check_grammar(shared, g).instrument(span.clone()).await.inspect_err(|_| crate::metrics::request_outcome("invalid"))?;
+    }
     let counts = shared.registry.ready_counts();
     if !can_serve(counts) {
         let (p, _, _) = counts;
@@ -232,7 +245,7 @@ impl v1::ferry_server::Ferry for FerryService {
         request: Request<v1::GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
         let tenant = request.extensions().get::<ferry_core::Tenant>().copied();
-        let started = start(&self.shared, request.into_inner(), tenant.as_ref())?;
+        let started = start(&self.shared, request.into_inner(), tenant.as_ref()).await?;
         Ok(Response::new(ReceiverStream::new(started.events)))
     }
 

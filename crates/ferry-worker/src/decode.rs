@@ -75,7 +75,7 @@ pub fn finish_to_wire(r: FinishReason) -> ferry_proto::v1::FinishReason {
 impl DecodeService {
     /// Refuses `req` unless it can run here: the role, the prompt, the transfer token, sampling,
     /// and room in the KV cache (reserved on success).
-    fn admit(&self, req: &DecodeRequest) -> Result<Admit> {
+    async fn admit(&self, req: &DecodeRequest) -> Result<Admit> {
         let facts = &self.engine.facts;
         if !req.prompt.is_empty() && !self.engine.scheduling.accept_prompts {
             return Err(WorkerError::InvalidRequest("this is a decode worker: prompts go to prefill or colocated workers".into()));
@@ -109,7 +109,7 @@ impl DecodeService {
         let params = ferry_proto::sampling_from_wire(req.sampling.as_ref(), req.stop.as_ref());
         params.validate()?;
         let ids = if req.prompt.is_empty() { &req.prompt_ids } else { &req.prompt };
-        let constraint = crate::pick::constraint_for(&facts.grammars, &params, ids)?;
+        let constraint = crate::pick::constraint_for(&facts.grammars, &params, ids).await?;
         let bs = facts.layout.block_size;
         // Every choice's tokens, the prompt's full blocks counted once (they are shared).
         let need = u64::from(ferry_core::routing::blocks_needed(prompt, params.max_tokens, params.n, facts.max_context, bs as u32));
@@ -198,10 +198,11 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
     async fn decode(&self, req: Request<DecodeRequest>) -> std::result::Result<Response<EventStream>, Status> {
         let req = req.into_inner();
         let role = if self.engine.scheduling.accept_prompts { "colocated" } else { "decode" };
-        let (Admit { params, reservation, timeout, constraint }, work) = self.drain.begin().and_then(|w| {
-            let a = self.admit(&req)?;
-            Ok((a, w))
-        }).map_err(|e| {
+        let admitted = match self.drain.begin() {
+            Ok(w) => self.admit(&req).await.map(|a| (a, w)),
+            Err(e) => Err(e),
+        };
+        let (Admit { params, reservation, timeout, constraint }, work) = admitted.map_err(|e| {
             metrics::counter!("ferry_worker_requests_total", "role" => role, "outcome" => "refused").increment(1);
             tracing::info!(request_id = %req.request_id, worker = %self.name, "refused: {e}");
             Status::from(e)

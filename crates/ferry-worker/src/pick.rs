@@ -20,8 +20,10 @@ use crate::{Result, WorkerError};
 
 /// The constraint for a request with `params` whose prompt is `prompt`: None without a grammar.
 /// The prompt's last `token_offset` ids are the completion so far (a request moved here after
-/// they were generated): they are replayed.
-pub fn constraint_for(grammars: &LazyGrammars, params: &SamplingParams, prompt: &[u32]) -> Result<Option<Constraint>> {
+/// they were generated): they are replayed. Compiled on the grammar pool's large-stack threads,
+/// under the same limits as the router's check (so what the router let through compiles here);
+/// a full pool is [`WorkerError::Exhausted`] (the router may try another worker).
+pub async fn constraint_for(grammars: &LazyGrammars, params: &SamplingParams, prompt: &[u32]) -> Result<Option<Constraint>> {
     let Some(grammar) = &params.grammar else { return Ok(None) };
     let offset = params.token_offset as usize;
     if offset > prompt.len() {
@@ -31,10 +33,15 @@ pub fn constraint_for(grammars: &LazyGrammars, params: &SamplingParams, prompt: 
         )));
     }
     let replay = &prompt[prompt.len() - offset..];
-    let grammars = grammars.get().map_err(|e| WorkerError::InvalidRequest(e.to_string()))?;
-    grammars.constraint(grammar, replay).map(Some).map_err(|e| match e {
+    grammars.constraint(grammar, replay).await.map(Some).map_err(|e| match e {
         GrammarError::Matcher(m) => WorkerError::InvalidRequest(format!("the completion so far does not fit the request's grammar: {m}")),
-        e => WorkerError::InvalidRequest(e.to_string()),
+        e @ GrammarError::Busy { .. } => WorkerError::Exhausted(e.to_string()),
+        e @ (GrammarError::Tokenizer(_)
+        | GrammarError::Invalid { .. }
+        | GrammarError::Limit { .. }
+        | GrammarError::Timeout { .. }
+        | GrammarError::Panicked { .. }
+        | GrammarError::Threads(_)) => WorkerError::InvalidRequest(e.to_string()),
     })
 }
 

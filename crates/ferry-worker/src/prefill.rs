@@ -519,7 +519,7 @@ impl PrefillService {
         facts.check_prompt(&req.prompt)?;
         let params = ferry_proto::sampling_from_wire(req.sampling.as_ref(), req.stop.as_ref());
         params.validate()?;
-        let constraint = crate::pick::constraint_for(&facts.grammars, &params, &req.prompt)?;
+        let constraint = crate::pick::constraint_for(&facts.grammars, &params, &req.prompt).await?;
         let target: KvTarget = req.target.clone().ok_or_else(|| WorkerError::InvalidRequest("no KV target".into()))?;
         let transport = self.transport_for(&target);
         let (out, mut rx) = mpsc::unbounded_channel();

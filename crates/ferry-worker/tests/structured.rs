@@ -121,3 +121,35 @@ async fn a_bad_grammar_is_refused_by_the_router_naming_it() {
     }
     r.stop().await;
 }
+
+/// A worker compiles under the same limits as the router, on its own large-stack pool: a hostile
+/// grammar that reaches it directly (not through a router) is INVALID_ARGUMENT with a clean
+/// one-line message, never a crash or a 500 carrying llguidance's state (issue 32).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_refuses_hostile_grammars_cleanly() {
+    use ferry_core::sampling::OutputGrammar;
+    let e = engine();
+    let grammars = ferry_grammar::LazyGrammars::new(e.tokenizer.clone(), Some(e.config().vocab_size));
+    let mut chain = String::from("start: r1\n");
+    for i in 1..1000 {
+        chain += &format!("r{i}: \"x{i}\" | r{}\n", i + 1);
+    }
+    chain += "r1000: \"x1000\"\n";
+    let valid = ferry_core::SamplingParams { grammar: Some(OutputGrammar::Regex("[0-9]+".into())), ..ferry_core::SamplingParams::greedy(4) };
+    assert!(ferry_worker::pick::constraint_for(&grammars, &valid, &[5, 6, 7]).await.expect("a valid grammar compiles").is_some());
+    for g in [
+        OutputGrammar::Lark(chain),
+        OutputGrammar::Choice((0..100_000).map(|i| format!("choice {i}")).collect()),
+        OutputGrammar::Regex("a{1000}{1000}".into()),
+        OutputGrammar::JsonSchema(r##"{"$ref":"#"}"##.into()),
+    ] {
+        let params = ferry_core::SamplingParams { grammar: Some(g.clone()), ..ferry_core::SamplingParams::greedy(4) };
+        let err = ferry_worker::pick::constraint_for(&grammars, &params, &[5, 6, 7]).await.err().unwrap_or_else(|| panic!("{g:?} accepted"));
+        let s = tonic::Status::from(err);
+        assert_eq!(s.code(), tonic::Code::InvalidArgument, "{}", s.message());
+        assert!(!s.message().contains('\n') && s.message().len() < 500, "{}", s.message());
+        for bad in ["panicked", "src/", "RUST_BACKTRACE", "stack backtrace", "<state>"] {
+            assert!(!s.message().contains(bad), "{bad:?} in {}", s.message());
+        }
+    }
+}

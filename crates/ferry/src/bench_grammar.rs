@@ -4,6 +4,9 @@
 //! token (mask included), the way the batcher runs them. A sequence whose grammar completes is
 //! started again outside the timed steps, so the batch stays full. Reports TPOT both ways, the
 //! overhead, the mask time per token, and whether every completed answer was valid JSON.
+//!
+//! With `--router`, it measures instead what hostile grammars cost a running router's normal
+//! traffic (issue 32): see [`load`].
 
 use std::time::{Duration, Instant};
 
@@ -16,6 +19,8 @@ use ferry_grammar::Grammars;
 use ferry_worker::pick::Picker;
 
 use crate::ModelArgs;
+
+mod load;
 
 /// A JSON schema of the shape applications ask for: nested object, enum, array, numbers.
 const SCHEMA: &str = r#"{"type":"object","properties":{
@@ -49,6 +54,20 @@ pub struct GrammarBenchArgs {
     /// A JSON schema file to use instead of the built-in one.
     #[arg(long)]
     pub schema: Option<std::path::PathBuf>,
+    /// Instead of the batch benchmark: a running router's gRPC address (`ferry up` prints it as
+    /// `router=`). Measures normal requests' TTFT in alternating phases without and with the
+    /// worst grammar the router accepts sent alongside ([`load`]).
+    #[arg(long)]
+    pub router: Option<String>,
+    /// With --router: seconds per phase.
+    #[arg(long, default_value_t = 10)]
+    pub phase_seconds: u64,
+    /// With --router: phases (half without, half with the hostile grammar, alternating).
+    #[arg(long, default_value_t = 6)]
+    pub phases: usize,
+    /// With --router: hostile grammar requests per second during the loaded phases.
+    #[arg(long, default_value_t = 1.0)]
+    pub hostile_rps: f64,
 }
 
 struct Slot {
@@ -59,6 +78,9 @@ struct Slot {
 }
 
 pub fn run(a: GrammarBenchArgs) -> anyhow::Result<()> {
+    if let Some(router) = &a.router {
+        return load::run(router, a.phase_seconds, a.phases, a.hostile_rps);
+    }
     anyhow::ensure!(a.batch >= 1 && a.steps >= 1 && a.rounds >= 1, "--batch, --steps and --rounds must be at least 1");
     let schema = match &a.schema {
         Some(p) => std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,

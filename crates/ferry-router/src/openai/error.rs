@@ -182,6 +182,7 @@ mod tests {
                 "invalid_request_error",
             ),
             (RouterError::Metrics("m".into()), 500, "server_error"),
+            (RouterError::GrammarBusy { waited_ms: 2000, retry_after_s: 1 }, 429, "rate_limit_error"),
         ];
         for (e, status, kind) in cases {
             let a = ApiError::from(e);

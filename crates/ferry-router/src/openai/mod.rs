@@ -255,7 +255,7 @@ async fn run(
     let want = parsed.logprobs;
     let n = parsed.request.sampling.as_ref().map_or(1, |s| s.n.max(1));
     let echo = want.echo.then(|| logprobs::prompt_text(&h.shared, parsed.request.input.as_ref()));
-    let started = service::start(&h.shared, parsed.request, tenant).map_err(|e| match (&e, parsed.structured_field) {
+    let started = service::start(&h.shared, parsed.request, tenant).await.map_err(|e| match (&e, parsed.structured_field) {
         // A grammar that does not compile is named by the field it came in.
         (crate::RouterError::InvalidGrammar(g), Some(field)) => ApiError::invalid(format!("`{field}`: {g}"), Some(field)),
         _ => ApiError::from(e),
