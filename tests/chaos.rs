@@ -243,6 +243,7 @@ async fn proxied_decode_worker(chaos: &Chaos, router: &str, cut: usize, after: u
         let data_l = tokio::net::TcpListener::bind("127.0.0.2:0").await.expect("bind 127.0.0.2");
         let (g, d) = (grpc_l.local_addr().expect("addr").port(), data_l.local_addr().expect("addr").port());
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .env("FERRY_CLUSTER_SECRET", &chaos.cluster.cluster_secret)
             .args(["decode", "--router", router, "--threads", "1", "--name", "decode-proxied", "--advertise-host", "127.0.0.2"])
             .args(["--listen", &format!("127.0.0.1:{g}"), "--data-listen", &format!("127.0.0.1:{d}"), "--model"])
             .arg(&chaos.model)

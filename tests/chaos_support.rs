@@ -55,7 +55,7 @@ impl From<RouterProc> for Proc {
 /// A [`Cluster`] with faults: stopped processes are continued on drop, and processes the test
 /// started itself ([`Chaos::adopt`]) are tracked with `ferry up`'s and stopped on drop.
 pub struct Chaos {
-    cluster: Cluster,
+    pub cluster: Cluster,
     stopped: Mutex<Vec<u32>>,
     extra: Mutex<Vec<(Child, Proc)>>,
     pub model: std::path::PathBuf,

@@ -133,6 +133,9 @@ pub struct Cluster {
     announced: Arc<Mutex<Announced>>,
     /// The routers' admin token, from the file `ferry up` printed (`admin token_file=`).
     pub admin_token: String,
+    /// The cluster secret this test gave `ferry up` (FERRY_CLUSTER_SECRET), for the processes a
+    /// test starts beside it.
+    pub cluster_secret: String,
 }
 
 /// A client of a router's Admin API.
@@ -188,7 +191,11 @@ impl Cluster {
     /// `ferry up --prefill P --decode D EXTRA…` on free loopback ports (`--routers N` in `extra`
     /// starts several routers), once it printed `ready`.
     pub fn up(model: &std::path::Path, prefill: usize, decode: usize, extra: &[&str]) -> Cluster {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let cluster_secret = format!("test-cluster-secret-{}-{nanos:x}", std::process::id());
         let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .env("FERRY_CLUSTER_SECRET", &cluster_secret)
+            .env_remove("FERRY_CLUSTER_SECRET_FILE")
             .args(["up", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", "1", "--ready-timeout", "240"])
             .args(["--prefill", &prefill.to_string(), "--decode", &decode.to_string(), "--model"])
             .arg(model)
@@ -233,7 +240,7 @@ impl Cluster {
         assert!(!routers.is_empty() && routers[0].grpc == router, "router lines {routers:?}, ready router={router}");
         let router_metrics = routers[0].metrics.clone();
         assert!(!admin_token.is_empty(), "ferry up printed no admin token file");
-        Cluster { child, router, router_metrics, http, routers, workers, tls, pools: (prefill, decode), announced, admin_token }
+        Cluster { child, router, router_metrics, http, routers, workers, tls, pools: (prefill, decode), announced, admin_token, cluster_secret }
     }
 
     /// Each worker's current process (the newest start of each name; one that exited and was

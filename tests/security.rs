@@ -73,6 +73,12 @@ async fn worker_ports_refuse_strangers(cluster: &Cluster) {
             }
         }
     }
+    // Positive control: with the secret, the same kind of call gets past the guard to the service,
+    // which judges the request itself (no transfer token: INVALID_ARGUMENT, nothing reserved).
+    let decode = cluster.workers.iter().find(|w| w.role == "decode").expect("a decode worker");
+    let admission = v1::DecodeRequest { prompt_tokens: 4, prompt: vec![1, 504, 3575, 314], ..Default::default() };
+    let r = v1::decode_client::DecodeClient::new(channel(&decode.grpc).await).decode(with_bearer(admission, Some(&cluster.cluster_secret))).await;
+    assert_eq!(r.map(drop).expect_err("no transfer token").code(), Code::InvalidArgument);
     let dialed = tokio::time::timeout(Duration::from_millis(500), sink.accept()).await;
     assert!(dialed.is_err(), "a worker dialed the address a stranger named");
 }
