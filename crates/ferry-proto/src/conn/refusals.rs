@@ -1,0 +1,45 @@
+//! [`RefusalLog`]: at most one log line a second for a burst of like events (refused
+//! connections, accept errors), carrying how many happened since the last line. Pure: the caller
+//! passes the time.
+
+use std::time::{Duration, Instant};
+
+/// The least time between two lines.
+const EVERY: Duration = Duration::from_secs(1);
+
+/// Counts events and says when one should be logged.
+#[derive(Debug, Default)]
+pub struct RefusalLog {
+    last: Option<Instant>,
+    since: u64,
+}
+
+impl RefusalLog {
+    /// Notes one event at `now`: `Some(n)` when a line is due, `n` the events since the last line
+    /// (this one included); `None` while the last line is less than a second old.
+    pub fn note(&mut self, now: Instant) -> Option<u64> {
+        self.since += 1;
+        match self.last {
+            Some(t) if now.saturating_duration_since(t) < EVERY => None,
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.since))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_line_a_second_with_the_count_since() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut log = RefusalLog::default();
+        let got: Vec<Option<u64>> = [0, 10, 500, 999, 1000, 1001, 2500].into_iter().map(|t| log.note(ms(t))).collect();
+        // The first is logged at once; the next three wait; the fifth carries them (4 since).
+        assert_eq!(got, vec![Some(1), None, None, None, Some(4), None, Some(2)]);
+    }
+}
