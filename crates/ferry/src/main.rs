@@ -8,6 +8,7 @@ mod bench_grammar;
 mod bench_kv;
 mod bench_multiturn;
 mod bench_serve;
+mod conn_args;
 mod generate;
 mod pipes;
 mod plan;

@@ -102,6 +102,8 @@ pub struct RouterArgs {
     pub dial_tls: crate::tls_args::DialTlsArgs,
     #[command(flatten)]
     pub autoscale: crate::autoscale_args::AutoscaleArgs,
+    #[command(flatten)]
+    pub connections: crate::conn_args::ConnArgs,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -191,6 +193,7 @@ pub fn run(args: RouterArgs) -> anyhow::Result<()> {
         },
         tls,
         autoscale: args.autoscale.config()?,
+        connections: args.connections.limits(ferry_proto::conn::ConnLimits::api())?,
         ..ferry_router::RouterConfig::new(path)
     };
     anyhow::ensure!(cfg.autoscale.is_none() || cfg.scaler.is_some(), "--autoscale needs a scaler: --kube-scale, or run the router under `ferry up`");
