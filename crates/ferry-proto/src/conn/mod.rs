@@ -97,6 +97,8 @@ pub struct Acceptor {
     refusals: RefusalLog,
     accept_errors: RefusalLog,
     backoff: Option<Pin<Box<Sleep>>>,
+    /// When the refusals held back by `refusals` are to be logged.
+    flush: Option<Pin<Box<Sleep>>>,
 }
 
 impl Acceptor {
@@ -111,6 +113,7 @@ impl Acceptor {
             refusals: RefusalLog::default(),
             accept_errors: RefusalLog::default(),
             backoff: None,
+            flush: None,
         }
     }
 
@@ -140,6 +143,15 @@ impl Acceptor {
     }
 
     pub fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<Conn> {
+        if let Some(f) = &mut self.flush
+            && f.as_mut().poll(cx).is_ready()
+        {
+            self.flush = None;
+            if let Some(n) = self.refusals.flush(Instant::now()) {
+                self.log_refused(n);
+            }
+            self.arm_flush(cx);
+        }
         loop {
             if let Some(b) = &mut self.backoff {
                 ready!(b.as_mut().poll(cx));
@@ -154,14 +166,10 @@ impl Acceptor {
                     Err(_) => {
                         drop(tcp);
                         metrics::counter!("ferry_connections_refused_total", "server" => self.server).increment(1);
-                        if let Some(n) = self.refusals.note(Instant::now()) {
-                            tracing::warn!(
-                                server = self.server,
-                                refused = n,
-                                max_connections = self.limits.max_connections,
-                                last_peer = %peer,
-                                "connections refused: the server is at its connection cap (counted in ferry_connections_refused_total)"
-                            );
+                        tracing::debug!(server = self.server, %peer, "connection refused at the cap");
+                        match self.refusals.note(Instant::now()) {
+                            Some(n) => self.log_refused(n),
+                            None => self.arm_flush(cx),
                         }
                     }
                 },
@@ -174,6 +182,27 @@ impl Acceptor {
                 }
             }
         }
+    }
+
+    /// Sets the timer that logs the refusals held back, when some are and none is set.
+    fn arm_flush(&mut self, cx: &mut Context<'_>) {
+        if self.flush.is_none()
+            && let Some(due) = self.refusals.due()
+        {
+            let mut f = Box::pin(tokio::time::sleep_until(due.into()));
+            // Polled once to register the waker: the count is logged when due.
+            let _ = f.as_mut().poll(cx);
+            self.flush = Some(f);
+        }
+    }
+
+    fn log_refused(&self, n: u64) {
+        tracing::warn!(
+            server = self.server,
+            refused = n,
+            max_connections = self.limits.max_connections,
+            "connections refused: the server is at its connection cap (counted in ferry_connections_refused_total)"
+        );
     }
 
     fn admit(&self, io: TcpStream, slot: OwnedSemaphorePermit) -> Conn {
