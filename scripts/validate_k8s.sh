@@ -124,6 +124,16 @@ labels = router["spec"]["template"]["metadata"]["labels"]
 assert all(labels.get(k) == v for k, v in sel.items()), "ferry-router-headless must select the router pods"
 config = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("ferry-config")]
 assert config and all(c["data"]["FERRY_ROUTER"].split(":")[0] == "ferry-router-headless" for c in config), "FERRY_ROUTER must name ferry-router-headless"
+# Every Ferry container holds the cluster secret; the worker ports are fenced by NetworkPolicies.
+for d in docs:
+    if d["kind"] == "Deployment" and d["metadata"]["name"].startswith("ferry-"):
+        pod = d["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        assert "--cluster-secret-file=/etc/ferry/cluster/secret" in c["args"], f"{d['metadata']['name']}: no --cluster-secret-file"
+        assert any(v.get("secret", {}).get("secretName") == "ferry-cluster" for v in pod["volumes"]), f"{d['metadata']['name']}: no ferry-cluster Secret volume"
+        assert any(m["mountPath"] == "/etc/ferry/cluster" for m in c["volumeMounts"]), f"{d['metadata']['name']}: the Secret is not mounted"
+policies = {d["metadata"]["name"] for d in docs if d["kind"] == "NetworkPolicy"}
+assert {"ferry-prefill", "ferry-decode"} <= policies, f"NetworkPolicies for the worker ports: {policies}"
 print("ferry invariants passed")
 EOF_CHECK
     then

@@ -5,7 +5,6 @@
 #![allow(dead_code)]
 
 use crate::cluster_support::{http_get, signal, Cluster, RouterProc, WorkerProc};
-use ferry_proto::v1::admin_client::AdminClient;
 use ferry_proto::v1::ferry_client::FerryClient;
 use ferry_proto::v1::{generate_response, GenerateFinal, GenerateRequest, ListWorkersRequest, WorkerInfo};
 use std::net::SocketAddr;
@@ -125,7 +124,7 @@ impl Chaos {
 
     /// The workers a router lists.
     pub async fn listed(&self, router: &str) -> Vec<WorkerInfo> {
-        let mut a = AdminClient::new(self.channel_to(router).await);
+        let mut a = self.cluster.admin(self.channel_to(router).await);
         a.list_workers(ListWorkersRequest {}).await.expect("ListWorkers").into_inner().workers
     }
 

@@ -388,8 +388,9 @@ async fn pool_scale_under_ferry_up_starts_and_drains_workers() {
     let cluster = Cluster::up(&model, 1, 1, &[]);
     let pool = |args: Vec<String>| {
         let router = cluster.router.clone();
+        let mut pool_command = cluster.pool_command();
         tokio::task::spawn_blocking(move || {
-            let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferry")).arg("pool").args(&args).args(["--router", &router]).output().unwrap();
+            let out = pool_command.args(&args).args(["--router", &router]).output().unwrap();
             (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
         })
     };
@@ -757,10 +758,11 @@ async fn openai_tool_calls_against_ferry_up() {
     let _ = std::fs::remove_dir_all(&model);
 }
 
-/// `ferry up --admin-token`: workers register with it (the cluster comes up and serves), and the
-/// admin API refuses `ferry pool` without it.
+/// `ferry up --admin-token`: the admin API refuses `ferry pool` without it (or with the file
+/// `ferry up` printed for it, which holds it), and the workers, which register with the cluster
+/// secret instead, come up and serve.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_admin_token_is_required_by_the_pool_cli_and_carried_by_workers() {
+async fn the_admin_token_is_required_by_the_pool_cli() {
     let model = smollm2();
     let cluster = Cluster::up(&model, 1, 1, &["--admin-token", "op-t0ken"]);
     let mut client = cluster.client().await;
@@ -779,6 +781,7 @@ async fn the_admin_token_is_required_by_the_pool_cli_and_carried_by_workers() {
     assert!(!ok && out.contains("Unauthenticated") && out.contains("admin token"), "{out}");
     let (ok, out) = pool(&["--admin-token", "wrong"]);
     assert!(!ok && out.contains("invalid admin token"), "{out}");
+    assert_eq!(cluster.admin_token, "op-t0ken");
     let (ok, out) = pool(&["--admin-token", "op-t0ken"]);
     assert!(ok, "{out}");
     let listed: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -833,7 +836,7 @@ async fn mutual_tls_cluster_generates_what_the_plaintext_one_does() {
     assert_eq!(workers.len(), 2);
     assert!(workers.iter().all(|w| w.data_addr.is_empty()), "{workers:?}");
     assert!(workers.iter().all(|w| w.kv_transports == [ferry_proto::v1::KvTransport::Grpc as i32]), "with TLS only gRPC is registered: {workers:?}");
-    let pool = std::process::Command::new(env!("CARGO_BIN_EXE_ferry")).args(["pool", "list", "--json", "--router", &cluster.router]).args(tls.flags()).output().unwrap();
+    let pool = cluster.pool_command().args(["list", "--json", "--router", &cluster.router]).args(tls.flags()).output().unwrap();
     assert!(pool.status.success(), "{}", String::from_utf8_lossy(&pool.stderr));
 
     // Refused: a plaintext client, and a TLS client without a certificate.

@@ -131,7 +131,12 @@ pub struct Cluster {
     /// The pool sizes it was started with (prefill, decode).
     pools: (usize, usize),
     announced: Arc<Mutex<Announced>>,
+    /// The routers' admin token, from the file `ferry up` printed (`admin token_file=`).
+    pub admin_token: String,
 }
+
+/// A client of a router's Admin API.
+pub type Admin = AdminClient<tonic::service::interceptor::InterceptedService<Channel, ferry_proto::Bearer>>;
 
 /// The PEM files `ferry up --tls` made for clients.
 #[derive(Clone, Debug)]
@@ -194,6 +199,7 @@ impl Cluster {
         let out = BufReader::new(child.stdout.take().unwrap());
         let announced = Arc::new(Mutex::new(Announced::default()));
         let mut tls = None;
+        let mut admin_token = String::new();
         let mut lines = out.lines();
         let (router, http) = loop {
             let line = match lines.next() {
@@ -203,6 +209,10 @@ impl Cluster {
             announced.lock().unwrap().read(&line);
             if line.starts_with("tls ") {
                 tls = Some(TlsFiles { ca: field(&line, "ca=").into(), client_cert: field(&line, "client_cert=").into(), client_key: field(&line, "client_key=").into() });
+            }
+            if line.starts_with("admin ") {
+                let file = field(&line, "token_file=");
+                admin_token = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("the admin token file {file}: {e}"));
             }
             if line.starts_with("ready ") {
                 break (field(&line, "router="), field(&line, "http="));
@@ -222,7 +232,8 @@ impl Cluster {
         };
         assert!(!routers.is_empty() && routers[0].grpc == router, "router lines {routers:?}, ready router={router}");
         let router_metrics = routers[0].metrics.clone();
-        Cluster { child, router, router_metrics, http, routers, workers, tls, pools: (prefill, decode), announced }
+        assert!(!admin_token.is_empty(), "ferry up printed no admin token file");
+        Cluster { child, router, router_metrics, http, routers, workers, tls, pools: (prefill, decode), announced, admin_token }
     }
 
     /// Each worker's current process (the newest start of each name; one that exited and was
@@ -242,6 +253,18 @@ impl Cluster {
         ferry_proto::tls::endpoint(addr, tls.as_ref()).unwrap().connect().await
     }
 
+    /// An Admin client over `ch`, carrying the admin token.
+    pub fn admin(&self, ch: Channel) -> Admin {
+        AdminClient::with_interceptor(ch, ferry_proto::Bearer::new(Some(&self.admin_token)).expect("a header-safe token"))
+    }
+
+    /// `ferry pool` with this cluster's admin token in its environment.
+    pub fn pool_command(&self) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
+        c.arg("pool").env("FERRY_ADMIN_TOKEN", &self.admin_token);
+        c
+    }
+
     /// A client of router `i` (0: the first).
     pub async fn client_at(&self, i: usize) -> FerryClient<Channel> {
         let addr = &self.routers[i].grpc;
@@ -251,7 +274,7 @@ impl Cluster {
     /// The workers router `i` lists (`Admin.ListWorkers`), or why it could not.
     pub async fn workers_at(&self, i: usize) -> Result<Vec<WorkerInfo>, String> {
         let ch = self.channel_to(&self.routers[i].grpc).await.map_err(|e| e.to_string())?;
-        let mut a = AdminClient::new(ch);
+        let mut a = self.admin(ch);
         a.list_workers(ListWorkersRequest {}).await.map(|r| r.into_inner().workers).map_err(|e| e.to_string())
     }
 
@@ -350,7 +373,7 @@ impl Cluster {
     }
 
     pub async fn workers(&self) -> Vec<WorkerInfo> {
-        let mut a = AdminClient::new(self.channel().await);
+        let mut a = self.admin(self.channel().await);
         a.list_workers(ListWorkersRequest {}).await.unwrap().into_inner().workers
     }
 

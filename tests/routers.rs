@@ -35,9 +35,8 @@ async fn two_routers_serve_the_same_pools() {
     }
 
     let second = cluster.routers[1].grpc.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_ferry")).args(["pool", "scale", "decode", "2", "--router", &second]).output().unwrap()
-    })
+    let mut pool = cluster.pool_command();
+    let out = tokio::task::spawn_blocking(move || pool.args(["scale", "decode", "2", "--router", &second]).output().unwrap())
     .await
     .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);

@@ -55,3 +55,57 @@ mod tests {
         assert_eq!(Bearer::new(Some("bad\nkey")).unwrap_err(), InvalidToken);
     }
 }
+
+/// The token in an `authorization` value of the form `Bearer TOKEN` (the scheme is
+/// case-insensitive); None for anything else.
+pub fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let value = value.trim_ascii();
+    let (scheme, rest) = value.split_at_checked(6)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer") || !rest.first()?.is_ascii_whitespace() {
+        return None;
+    }
+    let key = rest.trim_ascii();
+    (!key.is_empty()).then_some(key)
+}
+
+/// Equality whose time depends only on the lengths, not on where the bytes differ.
+pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() != b.len()) as u8;
+    // Walk `a` whatever `b` is, so a length mismatch costs the same as a content mismatch.
+    for (i, &x) in a.iter().enumerate() {
+        let y = b.get(i).copied().unwrap_or(!x);
+        diff |= x ^ y;
+    }
+    std::hint::black_box(diff) == 0
+}
+
+#[cfg(test)]
+mod parse_tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_equality() {
+        for (a, b, eq) in [
+            (&b"secret"[..], &b"secret"[..], true),
+            (b"secret", b"secreT", false),
+            (b"secret", b"secre", false),
+            (b"secret", b"secrets", false),
+            (b"", b"", true),
+            (b"a", b"", false),
+        ] {
+            assert_eq!(ct_eq(a, b), eq, "{a:?} vs {b:?}");
+        }
+    }
+
+    #[test]
+    fn bearer_values() {
+        assert_eq!(bearer_token(b"Bearer k1"), Some(&b"k1"[..]));
+        assert_eq!(bearer_token(b"bearer   k1  "), Some(&b"k1"[..]));
+        assert_eq!(bearer_token(b"BEARER\tk1"), Some(&b"k1"[..]));
+        assert_eq!(bearer_token(b"Bearerk1"), None);
+        assert_eq!(bearer_token(b"Basic k1"), None);
+        assert_eq!(bearer_token(b"Bearer "), None);
+        assert_eq!(bearer_token(b"k1"), None);
+        assert_eq!(bearer_token(b""), None);
+    }
+}

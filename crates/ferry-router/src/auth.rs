@@ -1,13 +1,16 @@
 //! API keys for the client APIs (`ferry.v1.Ferry` over gRPC and the OpenAI-compatible HTTP
 //! routes). With no key configured both are open; with any, a request must carry
-//! `authorization: Bearer KEY` naming one of them. The worker-facing `Registry` and the operators'
-//! `Admin` services take a separate admin token ([`AdminToken`]): a client key cannot register a
-//! worker, drain one or scale a pool.
+//! `authorization: Bearer KEY` naming one of them. The worker-facing `Registry` takes the cluster
+//! secret ([`ferry_proto::cluster`]) and the operators' `Admin` the admin token ([`AdminToken`]),
+//! or the cluster secret when no admin token is set: a client key cannot register a worker, drain
+//! one or scale a pool.
 //!
 //! Keys are compared in constant time (for a given key length) and are never logged: `Debug`
 //! prints only how many there are.
 
 use std::sync::Arc;
+
+use ferry_proto::{ClusterSecret, bearer_token as bearer, ct_eq};
 
 pub use ferry_core::Tenant;
 
@@ -117,57 +120,9 @@ impl tonic::service::Interceptor for ApiKeys {
     }
 }
 
-/// The key in `Bearer KEY` (the scheme is case-insensitive).
-fn bearer(value: &[u8]) -> Option<&[u8]> {
-    let value = value.trim_ascii();
-    let (scheme, rest) = value.split_at_checked(6)?;
-    if !scheme.eq_ignore_ascii_case(b"bearer") || !rest.first()?.is_ascii_whitespace() {
-        return None;
-    }
-    let key = rest.trim_ascii();
-    (!key.is_empty()).then_some(key)
-}
-
-/// Equality whose time depends only on the lengths, not on where the bytes differ.
-fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = (a.len() != b.len()) as u8;
-    // Walk `a` whatever `b` is, so a length mismatch costs the same as a content mismatch.
-    for (i, &x) in a.iter().enumerate() {
-        let y = b.get(i).copied().unwrap_or(!x);
-        diff |= x ^ y;
-    }
-    std::hint::black_box(diff) == 0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn constant_time_equality() {
-        for (a, b, eq) in [
-            (&b"secret"[..], &b"secret"[..], true),
-            (b"secret", b"secreT", false),
-            (b"secret", b"secre", false),
-            (b"secret", b"secrets", false),
-            (b"", b"", true),
-            (b"a", b"", false),
-        ] {
-            assert_eq!(ct_eq(a, b), eq, "{a:?} vs {b:?}");
-        }
-    }
-
-    #[test]
-    fn bearer_values() {
-        assert_eq!(bearer(b"Bearer k1"), Some(&b"k1"[..]));
-        assert_eq!(bearer(b"bearer   k1  "), Some(&b"k1"[..]));
-        assert_eq!(bearer(b"BEARER\tk1"), Some(&b"k1"[..]));
-        assert_eq!(bearer(b"Bearerk1"), None);
-        assert_eq!(bearer(b"Basic k1"), None);
-        assert_eq!(bearer(b"Bearer "), None);
-        assert_eq!(bearer(b"k1"), None);
-        assert_eq!(bearer(b""), None);
-    }
 
     #[test]
     fn checks_against_every_key() {
@@ -196,9 +151,8 @@ mod tests {
     }
 }
 
-/// The token the `Registry` (worker registration and heartbeats) and `Admin` (list, drain, scale)
-/// services require when set; workers and `ferry pool` send it as `authorization: Bearer TOKEN`.
-/// Unset: both are open (a cluster on a private network or loopback).
+/// The operators' token for the `Admin` service (list, drain, scale); `ferry pool` sends it as
+/// `authorization: Bearer TOKEN`. Workers do not hold it: they register with the cluster secret.
 #[derive(Clone, Default, Debug)]
 pub struct AdminToken(ApiKeys);
 
@@ -210,22 +164,50 @@ impl AdminToken {
     pub fn is_set(&self) -> bool {
         !self.0.is_empty()
     }
+
+    /// Who may call `Admin`: holders of this token when it is set; otherwise the cluster's
+    /// members (the cluster secret), so the operators' API is never more open than the cluster.
+    pub fn guard(&self, cluster: &ClusterSecret) -> AdminGuard {
+        AdminGuard { token: self.clone(), cluster: cluster.clone() }
+    }
 }
 
-impl tonic::service::Interceptor for AdminToken {
+/// The `Admin` service's interceptor (see [`AdminToken::guard`]).
+#[derive(Clone, Debug)]
+pub struct AdminGuard {
+    token: AdminToken,
+    cluster: ClusterSecret,
+}
+
+impl tonic::service::Interceptor for AdminGuard {
     fn call(&mut self, req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         let header = req.metadata().get("authorization").map(|v| v.as_bytes());
-        match self.0.check(header) {
-            Ok(_) => Ok(req),
-            Err(f) => {
+        let refused = if self.token.is_set() {
+            self.token.0.check(header).err().map(|f| match f {
+                AuthFailure::Missing => {
+                    "missing admin token: send `authorization: Bearer TOKEN` (ferry pool: --admin-token, --admin-token-file or FERRY_ADMIN_TOKEN)"
+                }
+                AuthFailure::Wrong => "invalid admin token",
+            })
+        } else {
+            self.cluster.check(header).err().map(|r| match r {
+                ferry_proto::cluster::Refusal::Missing => {
+                    "missing credential: with no admin token set, the Admin API takes the cluster secret (ferry pool: --admin-token-file with the cluster secret's file)"
+                }
+                ferry_proto::cluster::Refusal::Wrong => "invalid credential for the Admin API",
+            })
+        };
+        match refused {
+            None => Ok(req),
+            Some(message) => {
                 crate::metrics::auth_failure("admin");
-                Err(tonic::Status::unauthenticated(match f {
-                    AuthFailure::Missing => {
-                        "missing admin token: send `authorization: Bearer TOKEN` (ferry pool and workers: --admin-token or FERRY_ADMIN_TOKEN)"
-                    }
-                    AuthFailure::Wrong => "invalid admin token",
-                }))
+                Err(tonic::Status::unauthenticated(message))
             }
         }
     }
+}
+
+/// Counts a caller refused at a cluster-internal service (`Registry`) for want of the secret.
+pub fn cluster_refused(_: ferry_proto::cluster::Refusal) {
+    crate::metrics::auth_failure("cluster");
 }

@@ -75,8 +75,11 @@ pub struct RouterConfig {
     pub scaler: Option<Scaler>,
     /// Keys the client APIs (gRPC `Ferry`, HTTP `/v1/*`) require; empty: open.
     pub api_keys: ApiKeys,
-    /// The token `Registry` and `Admin` require (unset: open).
+    /// The token `Admin` requires (unset: the cluster secret).
     pub admin_token: AdminToken,
+    /// The cluster secret: `Registry` requires it, and every call to a worker or to the scaler
+    /// carries it (open: none; the `ferry` commands never run open unless told to).
+    pub cluster_secret: ferry_proto::ClusterSecret,
     /// The names clients may ask for the model by (`model` in requests); the first is the one
     /// reported. Empty: the model path's own name ([`ferry_tokenizer::served_name`]: the file
     /// stem without its quantisation, or the HF folder's name).
@@ -137,6 +140,7 @@ impl RouterConfig {
             scaler: None,
             api_keys: ApiKeys::default(),
             admin_token: AdminToken::default(),
+            cluster_secret: Default::default(),
             served_model_names: Vec::new(),
             tls: Tls::default(),
             kv_transport: transport::KvPolicy::Auto,
@@ -200,6 +204,7 @@ pub async fn serve(
     let dial = Dial {
         connect_timeout: cfg.connect_timeout,
         tls: cfg.tls.client.clone(),
+        cluster: cfg.cluster_secret.clone(),
     };
     let registry = Arc::new(Registry::new(cfg.lease, cfg.heartbeat, dial.clone()));
     let grammars = ferry_grammar::LazyGrammars::new(Arc::new(text.tokenizer.clone()), None);
@@ -252,12 +257,12 @@ pub async fn serve(
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     // API keys guard the client API only; workers and operators use Registry and Admin.
     let ferry = tonic::service::interceptor::InterceptedService::new(ferry, cfg.api_keys.clone());
-    // The admin token guards worker registration and the operators' API.
+    // The cluster secret guards worker registration; the admin token the operators' API.
     let reg = v1::registry_server::RegistryServer::with_interceptor(
         admin::RegistryService {
             registry: registry.clone(),
         },
-        cfg.admin_token.clone(),
+        cfg.cluster_secret.guard(auth::cluster_refused),
     );
     let adm = v1::admin_server::AdminServer::with_interceptor(
         admin::AdminService {
@@ -265,7 +270,7 @@ pub async fn serve(
             scaler: cfg.scaler.clone(),
             dial,
         },
-        cfg.admin_token.clone(),
+        cfg.admin_token.guard(&cfg.cluster_secret),
     );
     // Ready from here: the listener is bound (connections wait in its backlog) and the server
     // below accepts as soon as it is polled.

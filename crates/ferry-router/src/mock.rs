@@ -53,6 +53,8 @@ pub struct MockConfig {
     pub router_tls: Option<ferry_proto::tls::ClientTls>,
     /// The KV transports it registers (empty: none listed, as older workers).
     pub kv_transports: Vec<v1::KvTransport>,
+    /// The cluster secret: the mock's services require it and it registers with it (open: none).
+    pub cluster: ferry_proto::ClusterSecret,
 }
 
 impl Default for MockConfig {
@@ -73,6 +75,7 @@ impl Default for MockConfig {
             block_size: 16,
             router_tls: None,
             kv_transports: Vec::new(),
+            cluster: Default::default(),
         }
     }
 }
@@ -132,20 +135,22 @@ impl MockWorker {
             cfg: Arc::new(cfg.clone()),
             stats: stats.clone(),
         };
+        let guard = cfg.cluster.guard(|_| {});
         let server = tokio::spawn(async move {
             let _ = tonic::transport::Server::builder()
                 .tcp_nodelay(true)
-                .add_service(v1::prefill_server::PrefillServer::new(svc.clone()))
-                .add_service(v1::decode_server::DecodeServer::new(svc))
+                .add_service(v1::prefill_server::PrefillServer::with_interceptor(svc.clone(), guard.clone()))
+                .add_service(v1::decode_server::DecodeServer::with_interceptor(svc, guard))
                 .serve_with_incoming(crate::incoming(listener))
                 .await;
         });
         let dial = Dial {
             connect_timeout: Duration::from_secs(1),
             tls: cfg.router_tls.clone(),
+            cluster: cfg.cluster.clone(),
         };
         let channel = endpoint(router, &dial)?.connect_lazy();
-        let mut client = v1::registry_client::RegistryClient::new(channel);
+        let mut client = v1::registry_client::RegistryClient::with_interceptor(channel, dial.cluster.bearer());
         let load = v1::WorkerLoad {
             kv_blocks_total: cfg.kv_blocks_free,
             kv_blocks_free: cfg.kv_blocks_free,
@@ -207,7 +212,7 @@ impl Drop for MockWorker {
 }
 
 async fn heartbeat_loop(
-    mut client: v1::registry_client::RegistryClient<tonic::transport::Channel>,
+    mut client: v1::registry_client::RegistryClient<crate::registry::WorkerChannel>,
     reg: v1::RegisterRequest,
     id: Arc<Mutex<String>>,
     stats: Arc<MockStats>,
@@ -443,6 +448,7 @@ pub async fn router_overhead(
     let dial = Dial {
         connect_timeout: Duration::from_secs(1),
         tls: None,
+        cluster: Default::default(),
     };
     let channel = endpoint(&router_addr, &dial)?
         .connect()

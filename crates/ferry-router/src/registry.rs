@@ -31,6 +31,9 @@ pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(4);
 /// Largest gRPC message the router sends or accepts.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
+/// A channel to a worker whose every call carries the cluster secret.
+pub type WorkerChannel = tonic::service::interceptor::InterceptedService<Channel, ferry_proto::Bearer>;
+
 /// One registered worker.
 #[derive(Clone, Debug)]
 pub struct Worker {
@@ -54,8 +57,8 @@ pub struct Worker {
     pub kv_transports: Vec<v1::KvTransport>,
     /// It keeps a prefix cache and sends its cache events with its heartbeats.
     pub prefix_cache: bool,
-    /// Lazily connected; cached for the worker's life.
-    pub channel: Channel,
+    /// Lazily connected, carrying the cluster secret; cached for the worker's life.
+    pub channel: WorkerChannel,
     /// Turns true when the worker is marked dead (lease expired, a call found it gone) or
     /// leaves: every call in flight to it ends then, and its requests move.
     pub gone: Arc<watch::Sender<bool>>,
@@ -117,6 +120,8 @@ pub struct Dial {
     pub connect_timeout: Duration,
     /// TLS to every worker (None: plaintext).
     pub tls: Option<ClientTls>,
+    /// The cluster secret every call to a worker (and to `ferry up`'s scaler) carries.
+    pub cluster: ferry_proto::ClusterSecret,
 }
 
 pub struct Registry {
@@ -152,7 +157,7 @@ impl Registry {
         if req.grpc_addr.is_empty() {
             return Err(RouterError::BadRegistration("grpc_addr is empty".into()));
         }
-        let channel = endpoint(&req.grpc_addr, &self.dial)?.connect_lazy();
+        let channel = WorkerChannel::new(endpoint(&req.grpc_addr, &self.dial)?.connect_lazy(), self.dial.cluster.bearer());
         let mut inner = self.lock();
         match &inner.fingerprint {
             Some(pool) if *pool != req.fingerprint => {
@@ -575,6 +580,7 @@ mod tests {
             Dial {
                 connect_timeout: Duration::from_secs(1),
                 tls: None,
+                cluster: Default::default(),
             },
         )
     }

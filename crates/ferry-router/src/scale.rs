@@ -111,7 +111,7 @@ async fn local(
         role: role_to_wire(role) as i32,
         replicas,
     };
-    v1::scaler_client::ScalerClient::new(channel)
+    v1::scaler_client::ScalerClient::with_interceptor(channel, dial.cluster.bearer())
         .scale(req)
         .await
         .map(|r| r.into_inner())

@@ -1,6 +1,7 @@
 //! API keys on the client APIs: gRPC `Ferry` answers UNAUTHENTICATED and HTTP `/v1/*` answers 401
-//! without the right `Bearer` key, and nothing reaches a worker; the right key works; the worker
-//! and operator services stay open; with no keys configured everything is open.
+//! without the right `Bearer` key, and nothing reaches a worker; the right key works; registration
+//! takes the cluster secret and the admin API the admin token; with nothing configured everything
+//! is open (the library default; the `ferry` commands never start open unless told to).
 
 mod common;
 
@@ -154,11 +155,16 @@ async fn without_keys_everything_is_open() {
     r.shutdown().await;
 }
 
+const CLUSTER: &str = "cluster-secret-0123456789";
+
+/// Registration takes the cluster secret (never the admin token or a client key), the admin API
+/// the admin token (never the cluster secret while a token is set, never a client key).
 #[tokio::test]
-async fn the_admin_token_guards_registration_and_the_admin_api() {
+async fn the_cluster_secret_guards_registration_and_the_admin_token_the_admin_api() {
     let cfg = RouterConfig {
         admin_token: ferry_router::AdminToken::new(Some("s3cret-admin")),
         api_keys: ApiKeys::new(["client-key"]),
+        cluster_secret: ferry_proto::ClusterSecret::new(CLUSTER).unwrap(),
         ..RouterConfig::new(common::model_path())
     };
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -177,17 +183,21 @@ async fn the_admin_token_guards_registration_and_the_admin_api() {
         max_context: 2048,
         ..Default::default()
     };
-    // Without the token, or with a client API key, nothing registers and nothing is listed.
-    for key in [None, Some("client-key"), Some("wrong")] {
-        fn req<T>(r: T, key: Option<&str>) -> tonic::Request<T> {
-            match key {
-                Some(k) => with_key(tonic::Request::new(r), k),
-                None => tonic::Request::new(r),
-            }
+    fn req<T>(r: T, key: Option<&str>) -> tonic::Request<T> {
+        match key {
+            Some(k) => with_key(tonic::Request::new(r), k),
+            None => tonic::Request::new(r),
         }
+    }
+    // Without the secret, with a client API key or with the admin token, nothing registers.
+    for key in [None, Some("client-key"), Some("wrong"), Some("s3cret-admin")] {
         let err = reg.register(req(registration(), key)).await.unwrap_err();
         assert_eq!(err.code(), Code::Unauthenticated, "{key:?}: {err:?}");
-        assert!(err.message().contains("admin token"), "{}", err.message());
+        assert!(err.message().contains("cluster secret"), "{}", err.message());
+    }
+    // Without the admin token (the cluster secret included: a token is set), nothing is listed
+    // or scaled.
+    for key in [None, Some("client-key"), Some("wrong"), Some(CLUSTER)] {
         let err = adm
             .list_workers(req(v1::ListWorkersRequest {}, key))
             .await
@@ -205,9 +215,9 @@ async fn the_admin_token_guards_registration_and_the_admin_api() {
             .unwrap_err();
         assert_eq!(err.code(), Code::Unauthenticated, "{key:?}: {err:?}");
     }
-    // The token works, and what it registered is the only worker.
+    // The secret registers, the token lists, and what registered is the only worker.
     let id = reg
-        .register(with_key(tonic::Request::new(registration()), "s3cret-admin"))
+        .register(with_key(tonic::Request::new(registration()), CLUSTER))
         .await
         .unwrap()
         .into_inner()
@@ -241,6 +251,52 @@ async fn the_admin_token_guards_registration_and_the_admin_api() {
     ))
     .await
     .unwrap();
+    r.shutdown().await;
+}
+
+/// With no admin token, the admin API is as closed as the cluster: it takes the cluster secret,
+/// and nothing else.
+#[tokio::test]
+async fn without_an_admin_token_the_admin_api_takes_the_cluster_secret() {
+    let cfg = RouterConfig {
+        cluster_secret: ferry_proto::ClusterSecret::new(CLUSTER).unwrap(),
+        ..RouterConfig::new(common::model_path())
+    };
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let r = TestRouter::with(cfg, Listeners::grpc(grpc)).await;
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", r.addr)).unwrap().connect().await.unwrap();
+    let mut adm = v1::admin_client::AdminClient::new(ch);
+    for key in [None, Some("wrong-wrong-wrong-wrong")] {
+        let mut call = tonic::Request::new(v1::ListWorkersRequest {});
+        if let Some(k) = key {
+            call = with_key(call, k);
+        }
+        let err = adm.list_workers(call).await.unwrap_err();
+        assert_eq!(err.code(), Code::Unauthenticated, "{key:?}: {err:?}");
+    }
+    adm.list_workers(with_key(tonic::Request::new(v1::ListWorkersRequest {}), CLUSTER)).await.unwrap();
+    r.shutdown().await;
+}
+
+/// The router presents the cluster secret on every call to its workers (the mocks refuse any
+/// call without it), so a request is served end to end; a worker holding another secret cannot
+/// register.
+#[tokio::test]
+async fn the_router_presents_the_cluster_secret_to_its_workers() {
+    let secret = ferry_proto::ClusterSecret::new(CLUSTER).unwrap();
+    let cfg = RouterConfig { cluster_secret: secret.clone(), ..RouterConfig::new(common::model_path()) };
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let r = TestRouter::with(cfg, Listeners::grpc(grpc)).await;
+    let with_secret = |s: &ferry_proto::ClusterSecret| ferry_router::mock::MockConfig { cluster: s.clone(), ..scripted(SCRIPT) };
+    let p = r.mock(WorkerRole::Prefill, with_secret(&secret)).await;
+    let d = r.mock(WorkerRole::Decode, with_secret(&secret)).await;
+    let out = generate(&mut r.client().await, prompt("Hi")).await.unwrap();
+    assert_eq!(out.text, SCRIPT);
+    assert_eq!((p.stats.prefill_calls.load(Ordering::Relaxed), d.stats.decode_calls.load(Ordering::Relaxed)), (1, 1));
+    let other = ferry_proto::ClusterSecret::new("another-secret-0123456789").unwrap();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let refused = ferry_router::mock::MockWorker::start(WorkerRole::Decode, l, &r.addr, with_secret(&other)).await.err().expect("refused");
+    assert!(refused.to_string().contains("cluster secret"), "{refused}");
     r.shutdown().await;
 }
 

@@ -120,7 +120,9 @@ impl DecodeService {
                 self.engine.load.blocks_total.load(Relaxed)
             ))
         })?;
-        let timeout = if req.kv_timeout_ms == 0 { self.kv_timeout } else { Duration::from_millis(req.kv_timeout_ms as u64) };
+        // The caller may ask for less time than this worker's `--kv-timeout`, never more: an
+        // admission holds KV blocks until its KV comes.
+        let timeout = if req.kv_timeout_ms == 0 { self.kv_timeout } else { Duration::from_millis(req.kv_timeout_ms as u64).min(self.kv_timeout) };
         Ok(Admit { params, reservation, timeout, constraint })
     }
 }

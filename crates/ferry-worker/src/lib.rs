@@ -35,6 +35,7 @@ use ferry_engine::Engine;
 use ferry_proto::v1::{decode_server::DecodeServer, kv_transfer_server::KvTransferServer, prefill_server::PrefillServer};
 use ferry_proto::v1::{RegisterRequest, WorkerRole};
 use kv::receiver::{KvReceiver, KvTransferService};
+use tonic::service::interceptor::InterceptedService;
 use kv::transport::{Channels, GrpcTransport, TcpTransport, H2_WINDOW, MAX_MESSAGE_BYTES};
 use std::future::Future;
 use std::sync::Arc;
@@ -128,8 +129,10 @@ pub struct WorkerConfig {
     /// On shutdown, how long to wait for in-flight requests (and, on a prefill worker, for the
     /// acknowledgement of every KV sent) before exiting anyway.
     pub drain_timeout: Duration,
-    /// The router's admin token, sent with registration, heartbeats and deregistration.
-    pub admin_token: Option<String>,
+    /// The cluster secret: this worker's services require it of every caller (the router, the
+    /// prefill workers), its KV data port of every sender, and it carries it in every call it
+    /// makes (registration, KV pushes). Open: no check (in-process tests).
+    pub cluster_secret: ferry_proto::ClusterSecret,
     /// TLS: `server` on the gRPC listener (mutual TLS with a client CA), `client` to the router
     /// and to decode workers. With either, the plaintext TCP data path is off: a decode worker
     /// serves no data listener and prefill workers send KV over gRPC, inside TLS.
@@ -156,7 +159,7 @@ impl WorkerConfig {
             kv_timeout: Duration::from_secs(120),
             kv_stall_timeout: kv::DEFAULT_STALL,
             drain_timeout: Duration::from_secs(60),
-            admin_token: None,
+            cluster_secret: Default::default(),
             tls: Default::default(),
             pipes: None,
             connections: ferry_proto::conn::ConnLimits::worker(),
@@ -357,15 +360,22 @@ pub async fn serve(
         server = server.tls_config(tls.config()).map_err(|e| WorkerError::Internal(format!("TLS: {}", ferry_proto::tls::error_chain(&e))))?;
     }
     let client_tls = cfg.tls.client.clone();
+    // Every service here serves only the cluster's members (the router, prefill workers).
+    let guard = cfg.cluster_secret.guard(metrics::cluster_refused);
     let (load, facts, router) = match engine {
         EngineHandle::Prefill(handle) => {
             let (load, facts) = (handle.load.clone(), handle.facts.clone());
             let svc = prefill::PrefillService {
                 engine: handle,
-                tcp: Arc::new(TcpTransport),
-                grpc: Arc::new(GrpcTransport::new(Channels::new(client_tls.clone()))),
+                tcp: Arc::new(TcpTransport::new(cfg.cluster_secret.clone())),
+                grpc: Arc::new(GrpcTransport::new(Channels::new(client_tls.clone(), cfg.cluster_secret.clone()))),
                 pipe: cfg.pipes.as_ref().map(|p| {
-                    Arc::new(kv::pipe::PipeTransport::new(p.0.clone(), Channels::new(client_tls.clone()), cfg.name.clone(), facts.fingerprint.clone()))
+                    Arc::new(kv::pipe::PipeTransport::new(
+                        p.0.clone(),
+                        Channels::new(client_tls.clone(), cfg.cluster_secret.clone()),
+                        cfg.name.clone(),
+                        facts.fingerprint.clone(),
+                    ))
                         as Arc<dyn kv::transport::KvTransport>
                 }),
                 prefer: cfg.transport,
@@ -374,16 +384,15 @@ pub async fn serve(
                 name: cfg.name.clone(),
                 drain: drain.clone(),
             };
-            let router = server.add_service(reflection).add_service(
-                PrefillServer::new(svc).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES),
-            );
+            let svc = PrefillServer::new(svc).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES);
+            let router = server.add_service(reflection).add_service(InterceptedService::new(svc, guard.clone()));
             (load, facts, router)
         }
         EngineHandle::Decode(handle) => {
             let (load, facts) = (handle.load.clone(), handle.facts.clone());
             let receiver = KvReceiver::new(facts.fingerprint.clone(), facts.layout);
             if let Some(l) = data_listener {
-                tokio::spawn(kv::receiver::serve_tcp(receiver.clone(), l, cfg.kv_stall_timeout));
+                tokio::spawn(kv::receiver::serve_tcp(receiver.clone(), l, cfg.kv_stall_timeout, cfg.cluster_secret.clone()));
             }
             let svc = decode::DecodeService {
                 engine: handle,
@@ -393,19 +402,17 @@ pub async fn serve(
                 name: cfg.name.clone(),
                 drain: drain.clone(),
             };
+            let decode = DecodeServer::new(svc).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES);
+            let kv = KvTransferServer::new(KvTransferService::new(receiver, cfg.pipes.as_ref().map(|p| p.0.clone()), cfg.kv_stall_timeout))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES);
             let router = server
                 .add_service(reflection)
-                .add_service(DecodeServer::new(svc).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES))
-                .add_service(
-                    KvTransferServer::new(KvTransferService::new(receiver, cfg.pipes.as_ref().map(|p| p.0.clone()), cfg.kv_stall_timeout))
-                        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                        .max_encoding_message_size(MAX_MESSAGE_BYTES),
-                );
+                .add_service(InterceptedService::new(decode, guard.clone()))
+                .add_service(InterceptedService::new(kv, guard.clone()));
             (load, facts, router)
         }
     };
-    let auth = ferry_proto::Bearer::new(cfg.admin_token.as_deref())
-        .map_err(|e| WorkerError::InvalidRequest(format!("--admin-token: {e}")))?;
     let entries = cfg.router.as_deref().map(routers::entries).unwrap_or_default();
     let router_set = if entries.is_empty() {
         ready.send_replace(true);
@@ -425,7 +432,7 @@ pub async fn serve(
             kv_transports,
             prefix_cache: load.prefix_cache.load(std::sync::atomic::Ordering::Relaxed),
         };
-        let link = registration::RouterLink { router: String::new(), auth: auth.clone(), tls: client_tls.clone() };
+        let link = registration::RouterLink { router: String::new(), tls: client_tls.clone(), cluster: cfg.cluster_secret.clone() };
         Some(routers::RouterSet::spawn(entries, link, req, load, ready, drain.subscribe(), routers::RouterSetConfig::default()))
     };
     tracing::info!(role = ?cfg.role, name = %cfg.name, addr = %advertise, "worker serving");

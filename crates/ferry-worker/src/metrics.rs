@@ -65,3 +65,14 @@ pub async fn serve(listener: tokio::net::TcpListener, health: Health) {
     let acceptor = ferry_proto::conn::Acceptor::new(listener, "worker_metrics", limits);
     ferry_proto::conn::serve_http(acceptor, app, std::future::pending()).await;
 }
+
+/// `ferry_worker_auth_failures_total{port}`: callers refused for a missing or wrong cluster
+/// secret, on the gRPC services (`grpc`) or the KV data port (`kv_data`).
+pub fn auth_failure(port: &'static str) {
+    metrics::counter!("ferry_worker_auth_failures_total", "port" => port).increment(1);
+}
+
+/// A gRPC caller refused by the cluster guard (see [`ferry_proto::ClusterSecret::guard`]).
+pub fn cluster_refused(_: ferry_proto::cluster::Refusal) {
+    auth_failure("grpc");
+}

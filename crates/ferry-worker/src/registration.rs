@@ -21,7 +21,7 @@ use crate::load::LoadGauge;
 use ferry_proto::v1::registry_client::RegistryClient;
 use ferry_proto::v1::{HeartbeatRequest, RegisterRequest, WorkerRef};
 use ferry_proto::tls::ClientTls;
-use ferry_proto::Bearer;
+use ferry_proto::ClusterSecret;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -29,12 +29,12 @@ use tokio::sync::watch;
 /// Longest wait for one Register call (a router that accepts but does not answer).
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How a worker reaches its router: the address, the admin token, TLS.
+/// How a worker reaches its router: the address, TLS, the cluster secret.
 #[derive(Clone)]
 pub struct RouterLink {
     pub router: String,
-    pub auth: Bearer,
     pub tls: Option<ClientTls>,
+    pub cluster: ClusterSecret,
 }
 
 /// The id the router gave at the latest registration (None before the first).
@@ -77,12 +77,12 @@ fn set_ready(ready: &dyn LeaseFlag, value: bool, router: &str, was: &mut Option<
 pub async fn keep_registered(link: RouterLink, template: RegisterRequest, load: Arc<LoadGauge>, ready: Arc<dyn LeaseFlag>, mut draining: watch::Receiver<bool>, id: WorkerId) {
     let mut was = None;
     let ready = ready.as_ref();
-    let RouterLink { router, auth, tls } = link;
-    let channels = Channels::new(tls);
+    let RouterLink { router, tls, cluster } = link;
+    let channels = Channels::new(tls, cluster);
     let mut backoff = Duration::from_millis(100);
     loop {
         let mut client = match channels.get(&router) {
-            Ok(c) => RegistryClient::with_interceptor(c, auth.clone()),
+            Ok(c) => RegistryClient::new(c),
             Err(e) => {
                 tracing::error!("router address: {e}");
                 return;
@@ -164,15 +164,15 @@ pub async fn keep_registered(link: RouterLink, template: RegisterRequest, load: 
 /// Leave the router's pool after a drain (best effort, bounded: the router may be gone). `addr`
 /// is the worker's gRPC address, as it registered.
 pub async fn deregister(link: RouterLink, id: &WorkerId, addr: String) {
-    let RouterLink { router, auth, tls } = link;
+    let RouterLink { router, tls, cluster } = link;
     let router = router.as_str();
     let Some(worker_id) = id.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
         return;
     };
-    let Ok(channel) = Channels::new(tls).get(router) else {
+    let Ok(channel) = Channels::new(tls, cluster).get(router) else {
         return;
     };
-    let mut client = RegistryClient::with_interceptor(channel, auth);
+    let mut client = RegistryClient::new(channel);
     let call = client.deregister(WorkerRef { worker_id: worker_id.clone(), grpc_addr: addr });
     match tokio::time::timeout(Duration::from_secs(2), call).await {
         Ok(Ok(_)) => tracing::info!(%worker_id, %router, "deregistered from the router"),

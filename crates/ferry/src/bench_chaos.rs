@@ -130,6 +130,8 @@ struct Up {
     child: std::process::Child,
     procs: Arc<Mutex<Vec<Proc>>>,
     log: std::path::PathBuf,
+    /// The admin token this benchmark gave `ferry up` (its routers' Admin API needs it).
+    admin: ferry_proto::Bearer,
 }
 
 impl Up {
@@ -139,6 +141,10 @@ impl Up {
         cmd.args(["up", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", &a.threads.to_string()])
             .args(["--prefill", &a.prefill.to_string(), "--decode", &a.decode.to_string(), "--model"])
             .arg(model);
+        // In the environment, not on the command line.
+        let token = format!("bench-chaos-{:032x}", rand::random::<u128>());
+        cmd.env("FERRY_ADMIN_TOKEN", &token);
+        let admin = ferry_proto::Bearer::new(Some(&token)).map_err(|e| anyhow::anyhow!("the admin token: {e}"))?;
         if a.routers > 1 {
             let help = std::process::Command::new(std::env::current_exe()?).args(["up", "--help"]).output().context("ferry up --help")?;
             anyhow::ensure!(String::from_utf8_lossy(&help.stdout).contains("--routers"), "this ferry up has no --routers: run with --routers 1");
@@ -163,7 +169,7 @@ impl Up {
                 }
             }
         });
-        let up = Up { child, procs, log };
+        let up = Up { child, procs, log, admin };
         if ready_rx.recv_timeout(Duration::from_secs(300)).is_err() {
             anyhow::bail!("ferry up did not become ready (its log: {})", up.log.display());
         }
@@ -259,9 +265,9 @@ async fn one(channel: tonic::transport::Channel, ids: Vec<u32>, want: &[u32], ma
 }
 
 /// Ready workers of each role as one router lists them: (prefill, decode), or None if it does not answer.
-async fn ready_counts(router: &str) -> Option<(usize, usize)> {
+async fn ready_counts(router: &str, token: &ferry_proto::Bearer) -> Option<(usize, usize)> {
     let ch = tonic::transport::Endpoint::from_shared(format!("http://{router}")).ok()?.connect_timeout(Duration::from_secs(1)).connect().await.ok()?;
-    let mut admin = v1::admin_client::AdminClient::new(ch);
+    let mut admin = v1::admin_client::AdminClient::with_interceptor(ch, token.clone());
     let ws = tokio::time::timeout(Duration::from_secs(2), admin.list_workers(v1::ListWorkersRequest {})).await.ok()?.ok()?.into_inner().workers;
     let n = |r: v1::WorkerRole| ws.iter().filter(|w| w.role == r as i32 && w.state == v1::WorkerState::Ready as i32).count();
     Some((n(v1::WorkerRole::Prefill), n(v1::WorkerRole::Decode)))
@@ -275,7 +281,7 @@ async fn missing(up: &Up, a: &ChaosBenchArgs) -> Option<String> {
         return Some(format!("{} of {} routers alive", rs.len(), a.routers.max(1)));
     }
     for r in &rs {
-        match ready_counts(&r.grpc).await {
+        match ready_counts(&r.grpc, &up.admin).await {
             Some((p, d)) if p >= a.prefill && d >= a.decode => {}
             Some((p, d)) => return Some(format!("{} lists {p} prefill and {d} decode workers ready", r.name)),
             None => return Some(format!("{} does not answer ListWorkers", r.name)),
@@ -450,12 +456,12 @@ async fn soak(a: &ChaosBenchArgs, up: &Up, prompts: Arc<Vec<(Vec<u32>, Vec<u32>)
     }
     // Who is down, sampled: (time, prefill ready, decode ready) from the first router that answers.
     let timeline: Arc<Mutex<Vec<(Instant, usize, usize)>>> = Default::default();
-    let (tl, procs) = (timeline.clone(), up.procs.clone());
+    let (tl, procs, admin) = (timeline.clone(), up.procs.clone(), up.admin.clone());
     let poller = tokio::spawn(async move {
         loop {
             let rs: Vec<String> = procs.lock().unwrap_or_else(|e| e.into_inner()).iter().filter(|p| p.role == Role::Router && alive(p.pid)).map(|p| p.grpc.clone()).collect();
             for r in rs {
-                if let Some((p, d)) = ready_counts(&r).await {
+                if let Some((p, d)) = ready_counts(&r, &admin).await {
                     tl.lock().unwrap_or_else(|e| e.into_inner()).push((Instant::now(), p, d));
                     break;
                 }

@@ -69,7 +69,7 @@ pub fn sink(a: KvSinkArgs) -> anyhow::Result<()> {
         let data = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let raw = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         println!("grpc={} data={} raw={}", grpc.local_addr()?, data.local_addr()?, raw.local_addr()?);
-        tokio::spawn(ferry_worker::kv::receiver::serve_tcp(receiver.clone(), data, ferry_worker::kv::DEFAULT_STALL));
+        tokio::spawn(ferry_worker::kv::receiver::serve_tcp(receiver.clone(), data, ferry_worker::kv::DEFAULT_STALL, Default::default()));
         tokio::spawn(async move {
             while let Ok((mut s, _)) = raw.accept().await {
                 tokio::spawn(async move {
@@ -188,7 +188,7 @@ pub fn run(a: KvBenchArgs) -> anyhow::Result<()> {
     let target = KvTarget { decode_worker: "sink".into(), grpc_addr: grpc, data_addr: data, transfer_id: 1, transport: 0, transfer_token: "bench".into(), ..Default::default() };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let result = rt.block_on(async {
-        let (tcp, grpc_t) = (TcpTransport, GrpcTransport::default());
+        let (tcp, grpc_t) = (TcpTransport::new(Default::default()), GrpcTransport::default());
         // Warm-up: connections, page faults.
         raw_tcp(&raw, bytes).await?;
         ferry_transfer(&tcp, &target, lay, a.tokens, &layers).await?;
@@ -204,7 +204,7 @@ pub fn run(a: KvBenchArgs) -> anyhow::Result<()> {
         let mut dev = serde_json::Map::new();
         if let ferry_engine::Device::Cuda(_) = a.device {
             let pipes = crate::pipes::pipes(ferry_proto::v1::KvTransport::CudaIpc, a.device).context("no CUDA IPC pipes on this device")?;
-            let ipc = ferry_worker::kv::pipe::PipeTransport::new(pipes.0, ferry_worker::kv::transport::Channels::new(None), "bench".into(), FINGERPRINT.into());
+            let ipc = ferry_worker::kv::pipe::PipeTransport::new(pipes.0, ferry_worker::kv::transport::Channels::new(None, Default::default()), "bench".into(), FINGERPRINT.into());
             let ipc_target = KvTarget { transport: ferry_proto::v1::KvTransport::CudaIpc as i32, ..target.clone() };
             device_transfer(&ipc, &ipc_target, lay, a.tokens, &layers, a.device).await?;
             let (mut i, mut tc, mut c) = (Vec::new(), Vec::new(), Vec::new());

@@ -8,6 +8,7 @@ mod bench_grammar;
 mod bench_kv;
 mod bench_multiturn;
 mod bench_serve;
+mod cluster_args;
 mod conn_args;
 mod generate;
 mod pipes;
@@ -21,6 +22,7 @@ mod score;
 mod supervisor;
 mod tls_args;
 mod up;
+mod up_credentials;
 mod worker_cmd;
 
 use clap::{Parser, Subcommand};

@@ -55,9 +55,12 @@ pub struct PoolOpts {
     /// JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// The router's admin token (its `--admin-token`).
+    /// The router's admin token (its `--admin-token`; with none set there, its cluster secret).
     #[arg(long, env = "FERRY_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// A file holding the admin token (what `ferry up` prints as `admin token_file=`).
+    #[arg(long, env = "FERRY_ADMIN_TOKEN_FILE", value_name = "FILE", conflicts_with = "admin_token")]
+    pub admin_token_file: Option<std::path::PathBuf>,
     /// TLS to the router.
     #[command(flatten)]
     pub tls: crate::tls_args::DialTlsArgs,
@@ -118,7 +121,12 @@ fn call(cmd: PoolCommand) -> anyhow::Result<(PoolOpts, Vec<v1::WorkerInfo>)> {
 pub(crate) type Admin = v1::admin_client::AdminClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, ferry_proto::Bearer>>;
 
 async fn admin(router: &str, opts: &PoolOpts) -> anyhow::Result<Admin> {
-    let auth = ferry_proto::Bearer::new(opts.admin_token.as_deref()).map_err(|e| anyhow::anyhow!("--admin-token: {e}"))?;
+    let from_file = match &opts.admin_token_file {
+        Some(p) => Some(std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("reading the admin token from {}: {e}", p.display()))?),
+        None => None,
+    };
+    let token = from_file.as_deref().or(opts.admin_token.as_deref());
+    let auth = ferry_proto::Bearer::new(token).map_err(|e| anyhow::anyhow!("the admin token: {e}"))?;
     let channel = crate::remote::connect(router, opts.tls.client()?.as_ref()).await?;
     Ok(v1::admin_client::AdminClient::with_interceptor(channel, auth))
 }

@@ -90,10 +90,14 @@ pub struct RouterArgs {
     pub kv_transport: KvPolicyArg,
     #[command(flatten)]
     pub keys: ApiKeyArgs,
-    /// The token worker registration and the admin API (`ferry pool`) require; workers and
-    /// `ferry pool` pass the same `--admin-token`. Unset: open.
+    /// The token the admin API (`ferry pool`: list, drain, scale) requires; `ferry pool` passes
+    /// the same `--admin-token`. Unset: the admin API takes the cluster secret instead.
     #[arg(long, env = "FERRY_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// The cluster secret: worker registration requires it, and the router presents it to
+    /// every worker and to the scaler.
+    #[command(flatten)]
+    pub cluster: crate::cluster_args::ClusterArgs,
     /// TLS on the gRPC listener (clients, workers, `ferry pool`).
     #[command(flatten)]
     pub serve_tls: crate::tls_args::ServeTlsArgs,
@@ -177,6 +181,7 @@ pub fn run(args: RouterArgs) -> anyhow::Result<()> {
         token_timeout: Duration::from_millis(args.token_timeout_ms),
         api_keys: args.keys.keys()?,
         admin_token: ferry_router::AdminToken::new(args.admin_token.as_deref()),
+        cluster_secret: args.cluster.resolve()?,
         served_model_names: served_model_names(&args.served_model_name)?,
         prefix_routing: match args.prefix_routing {
             PrefixRoutingArg::Kv => ferry_router::PrefixRouting::KvAware,
@@ -196,6 +201,11 @@ pub fn run(args: RouterArgs) -> anyhow::Result<()> {
         connections: args.connections.limits(ferry_proto::conn::ConnLimits::api())?,
         ..ferry_router::RouterConfig::new(path)
     };
+    anyhow::ensure!(
+        cfg.cluster_secret.is_set() || (cfg.api_keys.is_empty() && !cfg.admin_token.is_set()),
+        "API keys or an admin token on an open cluster protect nothing (anyone could call the workers directly): \
+         set FERRY_CLUSTER_SECRET or --cluster-secret-file instead of --insecure-open-cluster"
+    );
     anyhow::ensure!(cfg.autoscale.is_none() || cfg.scaler.is_some(), "--autoscale needs a scaler: --kube-scale, or run the router under `ferry up`");
     anyhow::ensure!(cfg.heartbeat < cfg.lease, "--heartbeat-ms ({}) must be shorter than --lease-ms ({})", args.heartbeat_ms, args.lease_ms);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

@@ -103,10 +103,15 @@ pub struct UpArgs {
     /// API keys the router's client APIs require (passed to it through its environment).
     #[command(flatten)]
     pub keys: crate::router_cmd::ApiKeyArgs,
-    /// An admin token for the router's Registry and Admin services; the workers get it too (all
-    /// through their environment). `ferry pool` then needs `--admin-token`.
+    /// The admin token for the routers' Admin API (through their environment); unset: one is
+    /// made. Either way its file's path is printed (`admin token_file=…`) for `ferry pool
+    /// --admin-token-file`.
     #[arg(long, env = "FERRY_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// A file holding the cluster secret the routers, the workers and the scaler share (or set
+    /// FERRY_CLUSTER_SECRET); unset: a fresh one is made, so the cluster's ports are never open.
+    #[arg(long, env = "FERRY_CLUSTER_SECRET_FILE", value_name = "FILE")]
+    pub cluster_secret_file: Option<std::path::PathBuf>,
     /// Mutual TLS on every gRPC hop: make a throwaway CA, a certificate for loopback (router and
     /// workers serve and dial with it) and a client certificate, in a private temp folder removed
     /// on exit; print their paths for `ferry generate`/`ferry pool` (`--tls-ca`,
@@ -146,6 +151,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         Some(p) => ferry_proto::tls::Tls { server: p.node().server()?, client: p.client().client()? },
         None => ferry_proto::tls::Tls::default(),
     };
+    let creds = crate::up_credentials::UpCredentials::new(a.cluster_secret_file.as_deref(), a.admin_token.as_deref())?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     // The local scaler the router forwards `ferry pool scale` to (loopback only).
     let scaler_listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).context("binding the local scaler")?;
@@ -158,12 +164,12 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         cores,
         timeout,
         drain_timeout: a.drain_timeout,
-        env: a.admin_token.iter().map(|t| ("FERRY_ADMIN_TOKEN", t.clone())).collect(),
+        env: vec![creds.secret_env()],
     };
     // The keys go to the router in its environment, not on its command line (visible in `ps`).
     let keys = a.keys.collect()?;
     let mut router_env = if keys.is_empty() { vec![] } else { vec![("FERRY_API_KEYS", keys.join(","))] };
-    router_env.extend(a.admin_token.iter().map(|t| ("FERRY_ADMIN_TOKEN", t.clone())));
+    router_env.extend([creds.secret_env(), ("FERRY_ADMIN_TOKEN", creds.admin_token.clone())]);
     let sup = Arc::new(Mutex::new(Supervisor::new(template, !a.no_restart)));
     let lock = || sup.lock().unwrap_or_else(|p| p.into_inner());
     let mut routers: Vec<RouterAddrs> = Vec::new();
@@ -194,6 +200,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     let router = routers[0].grpc.clone();
     let http = routers[0].http.clone();
     let all_routers: Vec<String> = routers.iter().map(|r| r.grpc.clone()).collect();
+    println!("admin    token_file={} (ferry pool --admin-token-file; removed on exit)", creds.admin_token_file().display());
     if let Some(p) = &pki {
         println!(
             "tls      mutual ca={} client_cert={} client_key={} (removed on exit)",
@@ -239,7 +246,8 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         scaler = scaler.tls_config(s.config())?;
     }
     let scaler = scaler
-        .add_service(v1::scaler_server::ScalerServer::new(LocalScaler(sup.clone())))
+        // Only the cluster's routers may scale it.
+        .add_service(v1::scaler_server::ScalerServer::with_interceptor(LocalScaler(sup.clone()), creds.secret.guard(|_| {})))
         .serve_with_incoming(tonic::transport::server::TcpIncoming::from(scaler_listener));
     let scaler_task = rt.spawn(scaler);
     let result = rt.block_on(async {
@@ -282,9 +290,11 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     });
     scaler_task.abort();
     drop(rt);
-    // The supervisor stops every process when the last reference goes; then the certificates go.
+    // The supervisor stops every process when the last reference goes; then the certificates
+    // and the credentials' folder go.
     drop(sup);
     drop(pki);
+    drop(creds);
     result
 }
 

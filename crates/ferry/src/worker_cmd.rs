@@ -82,9 +82,10 @@ pub struct WorkerArgs {
     /// Kubernetes' terminationGracePeriodSeconds.
     #[arg(long, default_value_t = 60)]
     pub drain_timeout: u64,
-    /// The router's admin token (its `--admin-token`), sent when registering.
-    #[arg(long, env = "FERRY_ADMIN_TOKEN", hide_env_values = true)]
-    pub admin_token: Option<String>,
+    /// The cluster secret: this worker's gRPC services and KV data port serve only callers that
+    /// present it, and it presents it to the router and to decode workers.
+    #[command(flatten)]
+    pub cluster: crate::cluster_args::ClusterArgs,
     /// TLS on the gRPC listener (the router and prefill workers dial it). With any TLS option
     /// the plaintext TCP data path is off: KV travels over gRPC, inside TLS.
     #[command(flatten)]
@@ -238,7 +239,7 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
             kv_timeout: Duration::from_millis(args.kv_timeout_ms),
             kv_stall_timeout: Duration::from_millis(args.kv_stall_timeout_ms),
             drain_timeout: Duration::from_secs(args.drain_timeout),
-            admin_token: args.admin_token.clone(),
+            cluster_secret: args.cluster.resolve()?,
             tls,
             pipes,
             connections: args.connections.limits(ferry_proto::conn::ConnLimits::worker())?,

@@ -61,7 +61,7 @@ fn remote_generate_and_pool_commands() {
     let line = remote::stats_line(&fin);
     assert!(line.contains("finish StopToken") && line.contains("prefill=prefill-1 decode=decode-1 kv=4096 in 0.05 ms (grpc)"), "{line}");
 
-    let opts = |json| pool_cmd::PoolOpts { router: addr.clone(), json, admin_token: None, tls: Default::default() };
+    let opts = |json| pool_cmd::PoolOpts { router: addr.clone(), json, admin_token: None, admin_token_file: None, tls: Default::default() };
     pool_cmd::run(pool_cmd::PoolArgs { command: pool_cmd::PoolCommand::List(opts(false)) }).unwrap();
     pool_cmd::run(pool_cmd::PoolArgs { command: pool_cmd::PoolCommand::Drain(pool_cmd::PoolWorker { opts: opts(true), worker_id: "decode-1".into() }) }).unwrap();
     let e = pool_cmd::run(pool_cmd::PoolArgs { command: pool_cmd::PoolCommand::Remove(pool_cmd::PoolWorker { opts: opts(false), worker_id: "decode-9".into() }) }).unwrap_err();

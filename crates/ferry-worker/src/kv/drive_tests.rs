@@ -49,10 +49,10 @@ async fn tcp_answers_a_bad_chunk_and_the_request_learns_it() {
     let mut ticket = r.expect(TOKENS, "t".into());
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
-    tokio::spawn(serve_tcp(r.clone(), l, Duration::from_secs(5)));
+    tokio::spawn(serve_tcp(r.clone(), l, Duration::from_secs(5), secret()));
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     let b = body();
-    s.write_all(&[begin(&ticket, "t"), data(0, &b, crc32fast::hash(&b) ^ 1)].concat()).await.unwrap();
+    s.write_all(&[hello(SECRET), begin(&ticket, "t"), data(0, &b, crc32fast::hash(&b) ^ 1)].concat()).await.unwrap();
     let h = frame::tcp::read_header(&mut s).await.unwrap().expect("a reply");
     let reply = frame::reply(&h, &frame::tcp::read_body(&mut s, &h).await.unwrap()).unwrap();
     let (code, msg) = error_of(&reply);
@@ -61,6 +61,48 @@ async fn tcp_answers_a_bad_chunk_and_the_request_learns_it() {
     let status = (&mut ticket.rx).await.unwrap().err().expect("the request fails too");
     assert_eq!(status.code(), tonic::Code::DataLoss);
     assert_eq!(r.pending_count(), 0);
+}
+
+const SECRET: &str = "kv-data-port-secret-0123";
+
+fn secret() -> ferry_proto::ClusterSecret {
+    ferry_proto::ClusterSecret::new(SECRET).unwrap()
+}
+
+fn hello(secret: &str) -> Vec<u8> {
+    [&FrameHeader::control(Kind::Hello, secret.len()).encode()[..], secret.as_bytes()].concat()
+}
+
+/// The data port serves only a connection whose first frame presents the cluster secret: a wrong
+/// secret, or a transfer sent with no hello, is answered UNAUTHENTICATED and nothing of it lands
+/// (the ticket still waits; the right secret then delivers).
+#[tokio::test]
+async fn tcp_refuses_a_connection_without_the_cluster_secret() {
+    let r = KvReceiver::new("fp".into(), layout());
+    let mut ticket = r.expect(TOKENS, "t".into());
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(serve_tcp(r.clone(), l, Duration::from_secs(5), secret()));
+    let b = body();
+    let transfer = [begin(&ticket, "t"), data(0, &b, crc32fast::hash(&b)), end(1)].concat();
+    for first in [hello("kv-data-port-secret-0124"), hello(""), Vec::new()] {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(&[first, transfer.clone()].concat()).await.unwrap();
+        let h = frame::tcp::read_header(&mut s).await.unwrap().expect("a reply");
+        let reply = frame::reply(&h, &frame::tcp::read_body(&mut s, &h).await.unwrap()).unwrap();
+        let (code, msg) = error_of(&reply);
+        assert_eq!(tonic::Code::from_i32(code), tonic::Code::Unauthenticated, "{msg}");
+        assert!(msg.contains("cluster secret") || msg.contains("hello"), "{msg}");
+        // The connection is closed after the refusal.
+        assert!(frame::tcp::read_header(&mut s).await.map(|h| h.is_none()).unwrap_or(true));
+        assert!(matches!(ticket.rx.try_recv(), Err(tokio::sync::oneshot::error::TryRecvError::Empty)), "nothing landed");
+    }
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(&[hello(SECRET), transfer].concat()).await.unwrap();
+    let h = frame::tcp::read_header(&mut s).await.unwrap().expect("a reply");
+    let reply = frame::reply(&h, &frame::tcp::read_body(&mut s, &h).await.unwrap()).unwrap();
+    assert!(matches!(reply.result, Some(kv_ack_frame::Result::Ack(_))), "{reply:?}");
+    assert!((&mut ticket.rx).await.unwrap().is_ok());
 }
 
 /// Send one frame on a pipe: header, then body (two messages).

@@ -42,6 +42,9 @@ pub enum Kind {
     /// device under NCCL); `crc` holds its `ferry_core::kv_payload::word_checksum`, computed on
     /// the device on both sides. The receiver takes it into the body buffer it allocated.
     Buffer = 7,
+    /// The first frame on a TCP data connection: the cluster secret (empty when the cluster is
+    /// open). The receiver reads nothing else from a connection whose hello it refuses.
+    Hello = 8,
 }
 
 impl Kind {
@@ -54,6 +57,7 @@ impl Kind {
             5 => Kind::Reply,
             6 => Kind::Close,
             7 => Kind::Buffer,
+            8 => Kind::Hello,
             _ => return None,
         })
     }
@@ -65,6 +69,7 @@ impl Kind {
             Kind::Buffer => MAX_BUFFER_FRAME,
             Kind::Begin | Kind::End | Kind::Reply | Kind::Abort => MAX_CONTROL_BYTES,
             Kind::Close => 0,
+            Kind::Hello => ferry_proto::cluster::MAX_LEN,
         }
     }
 }
@@ -153,6 +158,7 @@ impl FrameHeader {
             Kind::Abort => Event::Abort,
             Kind::Close => Event::Close,
             Kind::Reply => Event::Malformed("a reply frame sent to the receiver".into()),
+            Kind::Hello => Event::Malformed("a hello frame after the connection's first".into()),
         }
     }
 }

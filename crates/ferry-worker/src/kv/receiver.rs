@@ -12,7 +12,8 @@ use super::inbound::{Chunk, Event, Link};
 use crate::{Result, WorkerError};
 use bytes::Bytes;
 use ferry_core::{KvLayout, KvSpan};
-use ferry_proto::v1::{kv_ack_frame, kv_chunk, KvAck, KvAckFrame, KvChunk, NcclConnectRequest, NcclConnectResponse};
+use ferry_proto::v1::{kv_ack_frame, kv_chunk, KvAck, KvAckFrame, KvChunk, KvError, NcclConnectRequest, NcclConnectResponse};
+use ferry_proto::ClusterSecret;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -259,15 +260,21 @@ impl ferry_proto::v1::kv_transfer_server::KvTransfer for KvTransferService {
     }
 }
 
-/// Serve the TCP data path until the listener fails. A transfer whose sender makes no progress
-/// for `stall` is failed.
-pub async fn serve_tcp(receiver: Arc<KvReceiver>, listener: TcpListener, stall: Duration) {
+/// How long a new data connection may take to present its hello: one that says nothing is
+/// closed, not kept.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Serve the TCP data path until the listener fails. A connection is served only after its
+/// first frame presents the cluster secret; a transfer whose sender makes no progress for
+/// `stall` is failed.
+pub async fn serve_tcp(receiver: Arc<KvReceiver>, listener: TcpListener, stall: Duration, cluster: ClusterSecret) {
     loop {
         match listener.accept().await {
             Ok((sock, _)) => {
                 let r = receiver.clone();
+                let cluster = cluster.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = handle_tcp(r, sock, stall).await {
+                    if let Err(e) = handle_tcp(r, sock, stall, &cluster).await {
                         tracing::debug!("KV data connection: {e}");
                     }
                 });
@@ -342,9 +349,37 @@ fn read_failed(what: &str, e: std::io::Error) -> Event {
     }
 }
 
-async fn handle_tcp(receiver: Arc<KvReceiver>, sock: TcpStream, stall: Duration) -> Result<()> {
+async fn handle_tcp(receiver: Arc<KvReceiver>, sock: TcpStream, stall: Duration, cluster: &ClusterSecret) -> Result<()> {
     sock.set_nodelay(true).ok();
     let (rd, wr) = sock.into_split();
     let mut link = TcpInbound { rd: BufReader::with_capacity(64 << 10, rd), wr: BufWriter::new(wr), stall };
+    if let Err(why) = link.hello(cluster).await {
+        crate::metrics::auth_failure("kv_data");
+        let error = KvError { code: tonic::Code::Unauthenticated as i32, message: why.clone(), fault: String::new() };
+        // Best effort: the sender reads it as the transfer's refusal.
+        let _ = link.reply(KvAckFrame { result: Some(kv_ack_frame::Result::Error(error)) }).await;
+        return Err(WorkerError::PeerUnavailable { peer: "KV data connection".into(), what: why });
+    }
     drive(&mut Session::new(&receiver, Link::Stream), &mut link).await
+}
+
+impl TcpInbound {
+    /// Reads the connection's first frame, which must be a hello carrying the cluster secret;
+    /// Err: why the connection is refused (nothing after the hello is read).
+    async fn hello(&mut self, cluster: &ClusterSecret) -> std::result::Result<(), String> {
+        let first = async {
+            let h = frame::tcp::read_header(&mut self.rd).await?;
+            match h {
+                Some(h) if h.kind == Kind::Hello => frame::tcp::read_body(&mut self.rd, &h).await.map(Some),
+                _ => Ok(None),
+            }
+        };
+        match tokio::time::timeout(HELLO_TIMEOUT, first).await {
+            Err(_) => Err(format!("the KV data port refused the connection: no hello within {} s", HELLO_TIMEOUT.as_secs())),
+            Ok(Err(e)) => Err(format!("the KV data port refused the connection: {e}")),
+            Ok(Ok(None)) => Err("the KV data port refused the connection: its first frame must be the hello".into()),
+            Ok(Ok(Some(secret))) if cluster.admits(&secret) => Ok(()),
+            Ok(Ok(Some(_))) => Err("the KV data port refused the connection: missing or wrong cluster secret".into()),
+        }
+    }
 }

@@ -16,6 +16,7 @@ use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use ferry_proto::tls::ClientTls;
+use ferry_proto::ClusterSecret;
 use tonic::transport::Channel;
 
 /// One open transfer to a decode worker.
@@ -81,16 +82,21 @@ pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 /// TLS when the worker has a client TLS config (`--tls-ca`).
 #[derive(Default)]
 pub struct Channels {
-    map: Mutex<HashMap<String, Channel>>,
+    map: Mutex<HashMap<String, PeerChannel>>,
     tls: Option<ClientTls>,
+    cluster: ClusterSecret,
 }
 
+/// A channel to a cluster member whose every call carries the cluster secret.
+pub type PeerChannel = tonic::service::interceptor::InterceptedService<Channel, ferry_proto::Bearer>;
+
 impl Channels {
-    pub fn new(tls: Option<ClientTls>) -> Channels {
-        Channels { map: Mutex::default(), tls }
+    /// Channels dialed with `tls` (None: plaintext), every call carrying `cluster`'s secret.
+    pub fn new(tls: Option<ClientTls>, cluster: ClusterSecret) -> Channels {
+        Channels { map: Mutex::default(), tls, cluster }
     }
 
-    pub fn get(&self, addr: &str) -> Result<Channel> {
+    pub fn get(&self, addr: &str) -> Result<PeerChannel> {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = map.get(addr) {
             return Ok(c.clone());
@@ -102,6 +108,7 @@ impl Channels {
             .initial_stream_window_size(H2_WINDOW)
             .initial_connection_window_size(H2_WINDOW)
             .connect_lazy();
+        let ch = PeerChannel::new(ch, self.cluster.bearer());
         map.insert(addr.to_string(), ch.clone());
         Ok(ch)
     }
@@ -194,8 +201,17 @@ impl KvTransport for GrpcTransport {
 }
 
 /// The framed TCP data path: plaintext, so never used when TLS is configured (a worker with TLS
-/// serves no data listener and sends KV over gRPC, inside TLS).
-pub struct TcpTransport;
+/// serves no data listener and sends KV over gRPC, inside TLS). Each connection opens with a
+/// [`frame::Kind::Hello`] carrying the cluster secret.
+pub struct TcpTransport {
+    cluster: ClusterSecret,
+}
+
+impl TcpTransport {
+    pub fn new(cluster: ClusterSecret) -> TcpTransport {
+        TcpTransport { cluster }
+    }
+}
 
 struct TcpLink {
     peer: String,
@@ -272,6 +288,11 @@ impl KvTransport for TcpTransport {
         sock.set_nodelay(true).ok();
         let (rd, wr) = sock.into_split();
         let mut link = TcpLink { peer, id: target.transfer_id, rd: BufReader::new(rd), wr: BufWriter::with_capacity(64 << 10, wr) };
+        let secret = self.cluster.reveal().unwrap_or_default().as_bytes();
+        let hello = frame::tcp::write(&mut link.wr, frame::FrameHeader::control(frame::Kind::Hello, secret.len()), secret).await;
+        if let Err(e) = hello {
+            return Err(link.on_write_error(e).await);
+        }
         if let Err(e) = link.control(frame::Kind::Begin, kv_chunk::Part::Begin(begin)).await {
             return Err(link.on_write_error(e).await);
         }

@@ -155,7 +155,9 @@ pub fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 pub(super) fn launch(args: &[String], env: &[(&'static str, String)]) -> anyhow::Result<(Child, Receiver<String>)> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
-    cmd.args(args).envs(env.iter().map(|(k, v)| (k, v))).stdout(Stdio::piped()).stdin(Stdio::null());
+    // The cluster secret reaches a child as FERRY_CLUSTER_SECRET in `env`, never as a file
+    // variable inherited beside it (which it would refuse as ambiguous).
+    cmd.args(args).env_remove("FERRY_CLUSTER_SECRET_FILE").envs(env.iter().map(|(k, v)| (k, v))).stdout(Stdio::piped()).stdin(Stdio::null());
     let mut child = cmd.spawn()?;
     let stdout = child.stdout.take().context("child stdout")?;
     let (tx, rx) = mpsc::channel();

@@ -9,7 +9,7 @@ use ferry_proto::v1;
 use crate::registry::{Dial, Registry};
 
 fn registry() -> Registry {
-    Registry::new(Duration::from_secs(3), Duration::from_secs(1), Dial { connect_timeout: Duration::from_secs(1), tls: None })
+    Registry::new(Duration::from_secs(3), Duration::from_secs(1), Dial { connect_timeout: Duration::from_secs(1), tls: None, cluster: Default::default() })
 }
 
 fn register(r: &Registry, role: v1::WorkerRole, addr: &str) -> String {
