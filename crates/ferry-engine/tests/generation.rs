@@ -5,14 +5,14 @@ mod common;
 use common::*;
 use ferry_core::SamplingParams;
 use ferry_engine::FinishReason;
-use ferry_tokenizer::ChatMessage;
+use ferry_tokenizer::{ChatMessage, Role};
 
 #[test]
 fn chat_answer_matches_hf_greedy_text() {
     let mut e = engine(&smollm2_path());
     let msgs = [
-        ChatMessage::new("system", "You are a helpful AI assistant named SmolLM, trained by Hugging Face"),
-        ChatMessage::new("user", "What is the capital of France?"),
+        ChatMessage::new(Role::System, "You are a helpful AI assistant named SmolLM, trained by Hugging Face"),
+        ChatMessage::new(Role::User, "What is the capital of France?"),
     ];
     let text = e.chat_template.as_ref().expect("SmolLM2 has a chat template").render(&msgs, true).unwrap();
     let ids = e.tokenizer.encode(&text, false).unwrap();

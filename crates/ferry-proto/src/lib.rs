@@ -1,7 +1,8 @@
 //! Ferry's wire contract: the code generated from `proto/ferry/v1/*.proto` (client, worker, KV
 //! transfer and admin APIs), the conversions between wire messages and `ferry-core` types, and
-//! what every client and server of those APIs shares: bearer tokens ([`Bearer`]), the cluster secret ([`cluster`]) and TLS
-//! ([`tls`]).
+//! what every client and server of those APIs shares: bearer tokens ([`Bearer`]), the cluster
+//! secret ([`cluster`]), TLS ([`tls`]), connection limits ([`conn`]) and the rule for
+//! client-supplied request ids ([`request_id`]).
 
 pub mod v1 {
     #![allow(clippy::all, missing_docs)]
@@ -13,7 +14,9 @@ pub mod v1 {
 
 mod bearer;
 pub mod cluster;
+pub mod conn;
 mod convert;
+pub mod request_id;
 pub mod tls;
 
 pub use bearer::{Bearer, InvalidToken, bearer_token, ct_eq};

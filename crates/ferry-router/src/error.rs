@@ -2,6 +2,7 @@
 //! statuses (the OpenAI-compatible API). Whether a failed call to a worker moves the request
 //! elsewhere is not decided here but by `ferry_core::failure::classify`, from the worker's status.
 
+use std::borrow::Cow;
 use std::path::PathBuf;
 
 use axum::http::StatusCode;
@@ -127,6 +128,25 @@ fn grammar_field(e: &ferry_grammar::GrammarError) -> String {
     }
 }
 
+/// The most characters of a client's value that an error message echoes.
+pub const ECHO_CHARS: usize = 100;
+/// The most characters of any error message a client is sent: a gRPC status message travels in
+/// HTTP/2 trailers, which a client refuses past its header-list limit (16 KiB by default).
+pub const MAX_MESSAGE_CHARS: usize = 1024;
+
+/// A client's value as an error may echo it: at most [`ECHO_CHARS`] characters, then `…`.
+pub fn clip(s: &str) -> Cow<'_, str> {
+    clip_to(s, ECHO_CHARS)
+}
+
+/// `s` cut to `max` characters, `…` marking the cut.
+pub fn clip_to(s: &str, max: usize) -> Cow<'_, str> {
+    match s.char_indices().nth(max) {
+        None => Cow::Borrowed(s),
+        Some((i, _)) => Cow::Owned(format!("{}…", &s[..i])),
+    }
+}
+
 /// The gRPC metadata key that carries [`RouterError::retry_after_s`] (the HTTP header's name).
 pub const RETRY_AFTER_KEY: &str = "retry-after";
 
@@ -137,7 +157,7 @@ pub fn retry_after_of(s: &Status) -> Option<u32> {
 
 impl From<RouterError> for Status {
     fn from(e: RouterError) -> Status {
-        let mut status = Status::new(e.grpc_code(), e.to_string());
+        let mut status = Status::new(e.grpc_code(), clip_to(&e.to_string(), MAX_MESSAGE_CHARS));
         if let Some(s) = e.retry_after_s() {
             status.metadata_mut().insert(RETRY_AFTER_KEY, s.into());
         }

@@ -100,6 +100,9 @@ pub struct RouterConfig {
     pub tool_call_parser: Option<openai::tools::parse::Format>,
     /// Scale the pools from the SLOs (`--autoscale`; needs `scaler`). None: only by hand.
     pub autoscale: Option<autoscale::AutoscaleConfig>,
+    /// Open connections and header timeout of the gRPC and the HTTP API, each; `/metrics` gets
+    /// [`ferry_proto::conn::DEFAULT_METRICS_MAX_CONNECTIONS`] with the same timeout.
+    pub connections: ferry_proto::conn::ConnLimits,
 }
 
 /// How the router uses what it knows of the workers' prefix caches.
@@ -145,6 +148,7 @@ impl RouterConfig {
             local_prefill_max: DEFAULT_LOCAL_PREFILL_MAX,
             tool_call_parser: None,
             autoscale: None,
+            connections: ferry_proto::conn::ConnLimits::api(),
         }
     }
 }
@@ -227,7 +231,8 @@ pub async fn serve(
     };
     let metrics_task = metrics.map(|l| {
         let mut rx = stop_rx.clone();
-        tokio::spawn(crate::metrics::serve(l, serving_rx.clone(), async move {
+        let limits = ferry_proto::conn::ConnLimits::metrics(cfg.connections.header_timeout);
+        tokio::spawn(crate::metrics::serve(l, limits, serving_rx.clone(), async move {
             let _ = rx.wait_for(|s| *s).await;
         }))
     });
@@ -284,7 +289,7 @@ pub async fn serve(
         .add_service(ferry)
         .add_service(reg)
         .add_service(adm)
-        .serve_with_incoming_shutdown(incoming(grpc), shutdown)
+        .serve_with_incoming_shutdown(ferry_proto::conn::Acceptor::new(grpc, "router_grpc", cfg.connections).http2(), shutdown)
         .await;
     serving_tx.send_replace(false);
     sweeper.abort();

@@ -57,10 +57,11 @@ pub fn readiness(grpc_serving: bool) -> (StatusCode, &'static str) {
 }
 
 /// Serves `GET /metrics`, `GET /livez` (200 whenever this answers) and `GET /readyz` (see
-/// [`readiness`]; `grpc_serving` says whether the gRPC server runs) on `listener` until
-/// `shutdown`.
+/// [`readiness`]; `grpc_serving` says whether the gRPC server runs) on `listener`, within
+/// `limits`, until `shutdown`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
+    limits: ferry_proto::conn::ConnLimits,
     grpc_serving: watch::Receiver<bool>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RouterError> {
@@ -72,13 +73,9 @@ pub async fn serve(
             "/readyz",
             get(move || std::future::ready(readiness(*grpc_serving.borrow()))),
         );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|source| RouterError::Io {
-            what: "serving /metrics",
-            source,
-        })
+    let acceptor = ferry_proto::conn::Acceptor::new(listener, "router_metrics", limits);
+    ferry_proto::conn::serve_http(acceptor, app, shutdown).await;
+    Ok(())
 }
 
 /// `ferry_router_requests_total{outcome}`.

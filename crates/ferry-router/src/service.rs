@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use ferry_core::SamplingParams;
 use ferry_proto::v1::{self, generate_request::Input};
-use ferry_tokenizer::{ChatMessage, ModelText};
+use ferry_tokenizer::{ChatMessage, ModelText, Role};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
@@ -68,7 +68,7 @@ pub fn prepare(
     let text = &shared.text;
     if !req.model.is_empty() && !shared.serves(&req.model) {
         return Err(RouterError::UnknownModel {
-            requested: req.model.clone(),
+            requested: crate::error::clip(&req.model).into_owned(),
             served: shared.model_names().join(", "),
         });
     }
@@ -98,8 +98,16 @@ pub fn prepare(
             let msgs: Vec<ChatMessage> = c
                 .messages
                 .iter()
-                .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
-                .collect();
+                .enumerate()
+                .map(|(i, m)| match Role::parse(&m.role) {
+                    Some(role) => Ok(ChatMessage::new(role, m.content.clone())),
+                    None => Err(RouterError::InvalidRequest(format!(
+                        "chat.messages[{i}].role: {:?} is not a role ({})",
+                        crate::error::clip(&m.role),
+                        Role::NAMES
+                    ))),
+                })
+                .collect::<Result<_, _>>()?;
             chat_ids(text, &msgs, None)?
         }
         Some(Input::Tokens(t)) => {
@@ -164,15 +172,34 @@ pub fn render_chat(
         .map_err(|e| RouterError::InvalidRequest(format!("chat template: {e}")))
 }
 
-/// A chat's prompt ids: the conversation rendered ([`render_chat`], ending with the assistant's
-/// header) and encoded without special tokens (the template writes them itself).
+/// A chat's prompt ids: the conversation rendered (as [`render_chat`], ending with the
+/// assistant's header) and encoded without added special tokens (the template writes them
+/// itself), what clients wrote tokenized as plain text ([`ferry_tokenizer::ChatTemplate::encode`]:
+/// a `<|im_end|>` inside a message is characters, not the special token).
 pub fn chat_ids(
     text: &ModelText,
     messages: &[ChatMessage],
     tools: Option<&[serde_json::Value]>,
 ) -> Result<Vec<u32>, RouterError> {
-    let rendered = render_chat(text, messages, tools, true)?;
-    text.tokenizer.encode(&rendered, false).map_err(RouterError::Tokenize)
+    encode_chat(text, messages, tools, true, false)
+}
+
+/// [`chat_ids`] with the choices `/tokenize` offers.
+pub fn encode_chat(
+    text: &ModelText,
+    messages: &[ChatMessage],
+    tools: Option<&[serde_json::Value]>,
+    add_generation_prompt: bool,
+    add_special_tokens: bool,
+) -> Result<Vec<u32>, RouterError> {
+    let tpl = text.chat_template.as_ref().ok_or_else(|| {
+        RouterError::InvalidRequest(format!("model {} has no chat template", text.name))
+    })?;
+    tpl.encode(&text.tokenizer, messages, tools, add_generation_prompt, add_special_tokens)
+        .map_err(|e| match e {
+            e @ ferry_tokenizer::TokenizerError::TemplateRender(_) => RouterError::InvalidRequest(format!("chat template: {e}")),
+            e => RouterError::Tokenize(e),
+        })
 }
 
 /// Whether workers ready in these numbers (prefill, decode, colocated) can serve a request: a
@@ -199,6 +226,11 @@ pub struct Started {
 /// other).
 pub async fn start(shared: &Arc<Shared>, req: v1::GenerateRequest, tenant: Option<&ferry_core::Tenant>) -> Result<Started, RouterError> {
     let start = Instant::now();
+    // Checked before anything logs it or a span carries it.
+    ferry_proto::request_id::check(&req.request_id).map_err(|e| {
+        crate::metrics::request_outcome("invalid");
+        RouterError::InvalidRequest(e.to_string())
+    })?;
     let id = request_id(&req.request_id);
     let span = tracing::info_span!("generate", request_id = %id);
     let (prompt, params) = span.in_scope(|| prepare(shared, &req)).inspect_err(|_| {

@@ -19,11 +19,49 @@ use crate::{Tokenizer, TokenizerError};
 
 const NAME: &str = "chat";
 
-/// One turn of a conversation. Roles stay strings: templates and the OpenAI-style wire format
-/// accept any role (`system`, `user`, `assistant`, `tool`, `developer`, …).
+/// Who speaks a turn: the roles the OpenAI API defines. `developer` (OpenAI's newer name for the
+/// system message) is read as [`Role::System`]. Templates see the lowercase name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    #[serde(alias = "developer")]
+    System,
+    #[default]
+    User,
+    Assistant,
+    Tool,
+}
+
+impl Role {
+    /// The names [`Role::parse`] accepts, for error messages.
+    pub const NAMES: &'static str = "system, developer, user, assistant, tool";
+
+    /// A role's wire name (`developer` is `system`); `None` for any other string.
+    pub fn parse(name: &str) -> Option<Role> {
+        match name {
+            "system" | "developer" => Some(Role::System),
+            "user" => Some(Role::User),
+            "assistant" => Some(Role::Assistant),
+            "tool" => Some(Role::Tool),
+            _ => None,
+        }
+    }
+
+    /// The name templates see.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
+/// One turn of a conversation.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {
-    pub role: String,
+    pub role: Role,
     pub content: String,
     /// The calls an assistant's turn made (absent from the template's view when empty).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -37,9 +75,9 @@ pub struct ChatMessage {
 }
 
 impl ChatMessage {
-    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
         ChatMessage {
-            role: role.into(),
+            role,
             content: content.into(),
             ..ChatMessage::default()
         }

@@ -245,6 +245,7 @@ impl Tokenizer {
             eos,
             add_bos,
             add_eos,
+            literal: Default::default(),
         })
     }
 }

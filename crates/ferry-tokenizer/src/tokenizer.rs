@@ -16,6 +16,9 @@ pub struct Tokenizer {
     /// say so in metadata; `tokenizer.json` files do it in their own post-processor instead.
     pub(crate) add_bos: bool,
     pub(crate) add_eos: bool,
+    /// `inner` with special tokens read as plain text ([`Tokenizer::encode_literal`]), made on
+    /// first use.
+    pub(crate) literal: std::sync::OnceLock<Box<tokenizers::Tokenizer>>,
 }
 
 impl Tokenizer {
@@ -32,13 +35,14 @@ impl Tokenizer {
             eos: vec![],
             add_bos: false,
             add_eos: false,
+            literal: Default::default(),
         })
     }
 
     /// A tokenizer from the text of a `tokenizer.json` (`what` names it in errors).
     pub fn from_json(json: &str, what: &str) -> Result<Tokenizer, TokenizerError> {
         let inner = json.parse::<tokenizers::Tokenizer>().map_err(|source| TokenizerError::Load { path: what.into(), source })?;
-        Ok(Tokenizer { inner, bos: None, eos: vec![], add_bos: false, add_eos: false })
+        Ok(Tokenizer { inner, bos: None, eos: vec![], add_bos: false, add_eos: false, literal: Default::default() })
     }
 
     /// Text to ids. With `add_special_tokens`, the tokenizer's own post-processing applies
@@ -62,6 +66,35 @@ impl Tokenizer {
             ids.extend(self.eos.first());
         }
         Ok(ids)
+    }
+
+    /// Text to ids with every special token's text read as plain text (`<|im_end|>` becomes
+    /// `<`, `|`, `im`, …, never the special id), no special tokens added: what a client wrote
+    /// inside a chat message (see [`crate::ChatTemplate::encode`]).
+    pub fn encode_literal(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let literal = self.literal.get_or_init(|| {
+            let mut t = self.inner.clone();
+            t.set_encode_special_tokens(true);
+            Box::new(t)
+        });
+        let enc = literal
+            .encode_fast(text, false)
+            .map_err(|source| TokenizerError::Encode { len: text.len(), source })?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// The texts of the special (control) tokens, longest first.
+    pub fn special_texts(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .inner
+            .get_added_tokens_decoder()
+            .into_values()
+            .filter(|t| t.special && !t.content.is_empty())
+            .map(|t| t.content)
+            .collect();
+        v.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        v.dedup();
+        v
     }
 
     /// Ids to text. Unknown ids are an error (the underlying library would drop them silently).

@@ -4,12 +4,12 @@ mod common;
 
 use std::path::PathBuf;
 
-use ferry_tokenizer::{ChatMessage, ChatTemplate, TokenizerError};
+use ferry_tokenizer::{ChatMessage, ChatTemplate, Role, TokenizerError};
 
 fn conversation() -> Vec<ChatMessage> {
     vec![
-        ChatMessage::new("system", "You are terse."),
-        ChatMessage::new("user", "Hi there"),
+        ChatMessage::new(Role::System, "You are terse."),
+        ChatMessage::new(Role::User, "Hi there"),
     ]
 }
 
@@ -27,7 +27,7 @@ fn smollm2_chatml() {
         format!("{expected}<|im_start|>assistant\n")
     );
     // Without a system message the template supplies SmolLM's default one.
-    let no_system = t.render(&[ChatMessage::new("user", "Hi")], true).unwrap();
+    let no_system = t.render(&[ChatMessage::new(Role::User, "Hi")], true).unwrap();
     assert_eq!(
         no_system,
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
@@ -40,8 +40,8 @@ fn python_methods_tokens_and_block_trimming() {
     let source = "{{ bos_token }}\n{% for m in messages %}\n  {% if m.role.startswith('sys') %}\n[{{ m.content.strip().upper() }}]\n  {% else %}\n{{ m['content'] }}{{ eos_token }}\n  {% endif %}\n{% endfor %}\n";
     let t = ChatTemplate::new(source, "<s>", "</s>").unwrap();
     let messages = [
-        ChatMessage::new("system", "  be brief "),
-        ChatMessage::new("user", "hello"),
+        ChatMessage::new(Role::System, "  be brief "),
+        ChatMessage::new(Role::User, "hello"),
     ];
     assert_eq!(
         t.render(&messages, false).unwrap(),
@@ -58,7 +58,7 @@ fn raise_exception_is_a_render_error() {
     )
     .unwrap();
     assert_eq!(
-        t.render(&[ChatMessage::new("user", "x")], false).unwrap(),
+        t.render(&[ChatMessage::new(Role::User, "x")], false).unwrap(),
         "ok"
     );
     let err = t.render(&conversation(), false).unwrap_err();
@@ -90,7 +90,7 @@ fn tokenizer_config_forms() {
     let dir = scratch("config");
     let path = dir.join("tokenizer_config.json");
     let chatml = "{% for m in messages %}{{ bos_token }}{{ m.role }}:{{ m.content }}{{ eos_token }}{% endfor %}";
-    let one = [ChatMessage::new("user", "hi")];
+    let one = [ChatMessage::new(Role::User, "hi")];
 
     let plain = serde_json::json!({ "chat_template": chatml, "bos_token": "<s>", "eos_token": { "content": "</s>", "lstrip": false } });
     std::fs::write(&path, plain.to_string()).unwrap();

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use ferry_tokenizer::{ChatMessage, ChatTemplate, FunctionCall, ToolCall};
+use ferry_tokenizer::{ChatMessage, ChatTemplate, FunctionCall, Role, ToolCall};
 use serde_json::json;
 
 fn hermes() -> ChatTemplate {
@@ -36,7 +36,7 @@ fn which_templates_take_tools() {
 #[test]
 fn tools_are_offered_in_the_system_turn() {
     let t = hermes();
-    let user = [ChatMessage::new("user", "Weather in Paris?")];
+    let user = [ChatMessage::new(Role::User, "Weather in Paris?")];
     let without = t.render(&user, true).unwrap();
     assert_eq!(without, "<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n");
     let tools = [weather_tool()];
@@ -57,13 +57,13 @@ fn calls_and_results_render_in_the_conversation() {
         kind: "function".into(),
         function: FunctionCall { name: "get_weather".into(), arguments: json!({"city": "Paris", "unit": "celsius"}) },
     };
-    let assistant = ChatMessage { tool_calls: vec![call], ..ChatMessage::new("assistant", "") };
+    let assistant = ChatMessage { tool_calls: vec![call], ..ChatMessage::new(Role::Assistant, "") };
     let result = ChatMessage {
         tool_call_id: Some("call_1".into()),
         name: Some("get_weather".into()),
-        ..ChatMessage::new("tool", "18 degrees")
+        ..ChatMessage::new(Role::Tool, "18 degrees")
     };
-    let messages = [ChatMessage::new("user", "Weather in Paris?"), assistant, result];
+    let messages = [ChatMessage::new(Role::User, "Weather in Paris?"), assistant, result];
     let text = t.render_with_tools(&messages, Some(&[weather_tool()]), true).unwrap();
     let tail = "<|im_start|>user\nWeather in Paris?<|im_end|>\n\
         <|im_start|>assistant\n<tool_call>\n{ \"arguments\": {\"city\":\"Paris\",\"unit\":\"celsius\"}, \"name\": \"get_weather\"}\n</tool_call> <|im_end|>\n\
@@ -71,7 +71,7 @@ fn calls_and_results_render_in_the_conversation() {
         <|im_start|>assistant\n";
     assert!(text.ends_with(tail), "{text}");
     // The template refuses a tool result without the function's name, as it does under Python.
-    let nameless = [ChatMessage::new("user", "x"), ChatMessage { tool_call_id: Some("c".into()), ..ChatMessage::new("tool", "y") }];
+    let nameless = [ChatMessage::new(Role::User, "x"), ChatMessage { tool_call_id: Some("c".into()), ..ChatMessage::new(Role::Tool, "y") }];
     let err = t.render(&nameless, true).unwrap_err();
     assert!(err.to_string().contains("require a 'name' key"), "{err}");
 }

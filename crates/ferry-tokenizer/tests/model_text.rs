@@ -2,7 +2,7 @@
 
 mod common;
 
-use ferry_tokenizer::{ChatMessage, ModelText};
+use ferry_tokenizer::{ChatMessage, ModelText, Role};
 
 #[test]
 fn model_text_matches_engine() {
@@ -15,7 +15,7 @@ fn model_text_matches_engine() {
     for s in ["Hello, world!", "The capital of France is", "  héllo 世界\n\nok"] {
         assert_eq!(text.encode_prompt(s).unwrap(), engine.encode(s).unwrap(), "{s:?}");
     }
-    let msgs = [ChatMessage::new("user", "What is 2+2?")];
+    let msgs = [ChatMessage::new(Role::User, "What is 2+2?")];
     let a = text.chat_template.as_ref().unwrap().render(&msgs, true).unwrap();
     let b = engine.chat_template.as_ref().unwrap().render(&msgs, true).unwrap();
     assert_eq!(a, b);

@@ -3,7 +3,7 @@
 
 mod common;
 
-use ferry_tokenizer::{ChatMessage, ChatTemplate};
+use ferry_tokenizer::{ChatMessage, ChatTemplate, Role};
 
 #[test]
 fn special_ids_and_vocab() {
@@ -79,10 +79,10 @@ fn golden_cases() {
     let capital = &golden["cases"]["capital"];
     let messages = [
         ChatMessage::new(
-            "system",
+            Role::System,
             "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
         ),
-        ChatMessage::new("user", "What is the capital of France?"),
+        ChatMessage::new(Role::User, "What is the capital of France?"),
     ];
     let prompt = template.render(&messages, true).unwrap();
     assert_eq!(prompt, capital["text"].as_str().unwrap());

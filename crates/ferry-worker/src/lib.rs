@@ -139,6 +139,8 @@ pub struct WorkerConfig {
     pub tls: ferry_proto::tls::Tls,
     /// Device-to-device KV pipes (NCCL on a GPU worker); None: host transports only.
     pub pipes: Option<kv::pipe::Pipes>,
+    /// Open connections and header timeout of the gRPC server ([`ferry_proto::conn`]).
+    pub connections: ferry_proto::conn::ConnLimits,
 }
 
 impl WorkerConfig {
@@ -160,6 +162,7 @@ impl WorkerConfig {
             cluster_secret: Default::default(),
             tls: Default::default(),
             pipes: None,
+            connections: ferry_proto::conn::ConnLimits::worker(),
         }
     }
 }
@@ -349,7 +352,10 @@ pub async fn serve(
     let mut server = tonic::transport::Server::builder()
         .initial_stream_window_size(H2_WINDOW)
         .initial_connection_window_size(H2_WINDOW)
-        .tcp_nodelay(true);
+        .tcp_nodelay(true)
+        // Pings find dead peers (the connection limit holds their slots until then).
+        .http2_keepalive_interval(Some(ferry_proto::conn::KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(ferry_proto::conn::KEEPALIVE_TIMEOUT));
     if let Some(tls) = &cfg.tls.server {
         server = server.tls_config(tls.config()).map_err(|e| WorkerError::Internal(format!("TLS: {}", ferry_proto::tls::error_chain(&e))))?;
     }
@@ -462,10 +468,11 @@ pub async fn serve(
             }
         }
     };
+    // The acceptor caps open connections, closes those that send no HTTP/2 preface in time, and
+    // turns Nagle off (small stream messages must not wait for delayed ACKs).
+    let incoming = ferry_proto::conn::Acceptor::new(listeners.grpc, "worker_grpc", cfg.connections).http2();
     let result = router
-        // Nagle off on accepted connections (the builder's tcp_nodelay does not reach a passed-in
-        // listener): small stream messages must not wait for delayed ACKs.
-        .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(listeners.grpc).with_nodelay(Some(true)), shutdown)
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(|e| WorkerError::Internal(format!("gRPC server: {e}")));
     if let Some(what) = fault.get() {

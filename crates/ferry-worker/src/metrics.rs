@@ -30,7 +30,8 @@ pub fn handle() -> PrometheusHandle {
         .clone()
 }
 
-/// Serve `GET /metrics`, `GET /livez` and `GET /readyz` until the listener fails.
+/// Serve `GET /metrics`, `GET /livez` and `GET /readyz`, within the default `/metrics`
+/// connection limits ([`ferry_proto::conn::ConnLimits::metrics`]).
 ///
 /// `/livez` is 200 whenever this answers. `/readyz` is 200 `ready` when [`Health::readiness`]
 /// holds, else 503 with the reason on one line. The load gauges are refreshed from the engine's
@@ -60,9 +61,9 @@ pub async fn serve(listener: tokio::net::TcpListener, health: Health) {
                 })
             }),
         );
-    if let Err(e) = axum::serve(listener, app).await {
-        tracing::warn!("metrics server: {e}");
-    }
+    let limits = ferry_proto::conn::ConnLimits::metrics(ferry_proto::conn::DEFAULT_HEADER_TIMEOUT);
+    let acceptor = ferry_proto::conn::Acceptor::new(listener, "worker_metrics", limits);
+    ferry_proto::conn::serve_http(acceptor, app, std::future::pending()).await;
 }
 
 /// `ferry_worker_auth_failures_total{port}`: callers refused for a missing or wrong cluster

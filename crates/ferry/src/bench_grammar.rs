@@ -91,7 +91,7 @@ pub fn run(a: GrammarBenchArgs) -> anyhow::Result<()> {
     let grammar = OutputGrammar::JsonSchema(schema);
     grammars.check(&grammar)?;
     let prompt = match &engine.chat_template {
-        Some(t) => engine.tokenizer.encode(&t.render(&[ferry_tokenizer::ChatMessage::new("user", QUESTION)], true)?, false)?,
+        Some(t) => engine.tokenizer.encode(&t.render(&[ferry_tokenizer::ChatMessage::new(ferry_tokenizer::Role::User, QUESTION)], true)?, false)?,
         None => engine.encode(QUESTION)?,
     };
     let eos = engine.stop_ids(&SamplingParams::greedy(1));

@@ -2,7 +2,7 @@
 
 use crate::ModelArgs;
 use ferry_core::SamplingParams;
-use ferry_tokenizer::ChatMessage;
+use ferry_tokenizer::{ChatMessage, Role};
 use std::io::Write;
 
 #[derive(clap::Args, Debug)]
@@ -93,9 +93,9 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
         let tpl = engine.chat_template.as_ref().ok_or_else(|| anyhow::anyhow!("--chat: the model has no chat template"))?;
         let mut msgs = Vec::new();
         if let Some(s) = &a.system {
-            msgs.push(ChatMessage::new("system", s.clone()));
+            msgs.push(ChatMessage::new(Role::System, s.clone()));
         }
-        msgs.push(ChatMessage::new("user", a.prompt.clone()));
+        msgs.push(ChatMessage::new(Role::User, a.prompt.clone()));
         // The template writes the special tokens itself.
         engine.tokenizer.encode(&tpl.render(&msgs, true)?, false)?
     } else {

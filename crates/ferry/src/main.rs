@@ -9,6 +9,7 @@ mod bench_kv;
 mod bench_multiturn;
 mod bench_serve;
 mod cluster_args;
+mod conn_args;
 mod generate;
 mod pipes;
 mod plan;

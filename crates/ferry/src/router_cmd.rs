@@ -106,6 +106,8 @@ pub struct RouterArgs {
     pub dial_tls: crate::tls_args::DialTlsArgs,
     #[command(flatten)]
     pub autoscale: crate::autoscale_args::AutoscaleArgs,
+    #[command(flatten)]
+    pub connections: crate::conn_args::ConnArgs,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -196,6 +198,7 @@ pub fn run(args: RouterArgs) -> anyhow::Result<()> {
         },
         tls,
         autoscale: args.autoscale.config()?,
+        connections: args.connections.limits(ferry_proto::conn::ConnLimits::api())?,
         ..ferry_router::RouterConfig::new(path)
     };
     anyhow::ensure!(

@@ -93,6 +93,8 @@ pub struct WorkerArgs {
     /// TLS to the router and to decode workers.
     #[command(flatten)]
     pub dial_tls: crate::tls_args::DialTlsArgs,
+    #[command(flatten)]
+    pub connections: crate::conn_args::ConnArgs,
 }
 
 /// The profile at `path` (given as `flag`) and its cost model.
@@ -240,6 +242,7 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
             cluster_secret: args.cluster.resolve()?,
             tls,
             pipes,
+            connections: args.connections.limits(ferry_proto::conn::ConnLimits::worker())?,
         };
         let opts = ferry_worker::EngineOptions {
             chunk_tokens: args.chunked_prefill,

@@ -55,7 +55,7 @@ impl ApiError {
     pub fn model_not_found(requested: &str) -> ApiError {
         ApiError {
             status: StatusCode::NOT_FOUND,
-            message: format!("the model `{requested}` does not exist"),
+            message: format!("the model `{}` does not exist", crate::error::clip(requested)),
             param: Some("model".into()),
             code: Some("model_not_found"),
             retry_after: None,
@@ -127,7 +127,11 @@ impl From<RouterError> for ApiError {
 }
 
 impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+    fn into_response(mut self) -> Response {
+        // However an error came to echo a client's value, its message stays bounded.
+        if let std::borrow::Cow::Owned(cut) = crate::error::clip_to(&self.message, crate::error::MAX_MESSAGE_CHARS) {
+            self.message = cut;
+        }
         let body = self.body().to_string();
         let mut r = (
             self.status,

@@ -168,6 +168,7 @@ pub fn check(
 ) -> Result<(), ApiError> {
     for (key, value) in obj {
         let Some(field) = table.iter().find(|f| f.name == key && f.on.takes(kind)) else {
+            let key = crate::error::clip(key);
             return Err(ApiError::invalid_field(
                 format!("unknown field \"{path}{key}\""),
                 format!("{path}{key}"),

@@ -22,6 +22,7 @@ use ferry_proto::v1::{self, generate_request::Input};
 use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
+use crate::error::clip;
 use super::request::Kind;
 use crate::service::Shared;
 
@@ -52,7 +53,7 @@ fn top_in_range(n: i64, field: &'static str) -> Result<u32, ApiError> {
 fn int(obj: &Map<String, Value>, field: &'static str) -> Result<Option<i64>, ApiError> {
     match obj.get(field) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_i64().map(Some).ok_or_else(|| ApiError::invalid(format!("`{field}` must be an integer, not {v}"), Some(field))),
+        Some(v) => v.as_i64().map(Some).ok_or_else(|| ApiError::invalid(format!("`{field}` must be an integer, not {}", clip(&v.to_string())), Some(field))),
     }
 }
 
@@ -62,14 +63,14 @@ pub fn parse(kind: Kind, obj: &Map<String, Value>) -> Result<Want, ApiError> {
         None | Some(Value::Null) | Some(Value::Bool(false)) => false,
         Some(Value::Bool(true)) if kind == Kind::Completion => true,
         Some(Value::Bool(true)) => return Err(ApiError::invalid("`echo` is only for /v1/completions", Some("echo"))),
-        Some(v) => return Err(ApiError::invalid(format!("`echo` must be a boolean, not {v}"), Some("echo"))),
+        Some(v) => return Err(ApiError::invalid(format!("`echo` must be a boolean, not {}", clip(&v.to_string())), Some("echo"))),
     };
     let top = match kind {
         Kind::Chat => {
             let on = match obj.get("logprobs") {
                 None | Some(Value::Null) => false,
                 Some(Value::Bool(b)) => *b,
-                Some(v) => return Err(ApiError::invalid(format!("`logprobs` must be a boolean for chat, not {v}"), Some("logprobs"))),
+                Some(v) => return Err(ApiError::invalid(format!("`logprobs` must be a boolean for chat, not {}", clip(&v.to_string())), Some("logprobs"))),
             };
             match (on, int(obj, "top_logprobs")?) {
                 (true, n) => Some(n.map(|n| top_in_range(n, "top_logprobs")).transpose()?.unwrap_or(0)),

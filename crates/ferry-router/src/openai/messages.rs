@@ -3,10 +3,11 @@
 //! `messages[i].field`), then its role, content (a string, `null`, or text parts), `name`, an
 //! assistant's `tool_calls` and a tool result's `tool_call_id` are read.
 
-use ferry_tokenizer::{ChatMessage, FunctionCall, ToolCall};
+use ferry_tokenizer::{ChatMessage, FunctionCall, Role, ToolCall};
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
+use crate::error::clip;
 use super::fields;
 use super::request::{Kind, required, type_name, wrong_type};
 
@@ -32,8 +33,15 @@ pub fn parse(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
             return Err(bad(i, format!("must be an object, not {}", type_name(m))));
         };
         fields::check(fields::MESSAGE_FIELDS, Kind::Chat, m, &format!("messages[{i}]."))?;
+        // One of the API's roles (`developer` is read as `system`); any other string would be
+        // pasted into the template as it is.
         let role = match m.get("role") {
-            Some(Value::String(r)) => r.as_str(),
+            Some(Value::String(r)) => Role::parse(r).ok_or_else(|| {
+                ApiError::invalid_field(
+                    format!("`messages[{i}].role` is {:?}; it must be one of {}", clip(r), Role::NAMES),
+                    format!("messages[{i}].role"),
+                )
+            })?,
             None | Some(Value::Null) => return Err(bad(i, "`role` is required".into())),
             Some(other) => {
                 return Err(bad(
@@ -42,8 +50,6 @@ pub fn parse(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
                 ));
             }
         };
-        // OpenAI's newer name for the system message.
-        let role = if role == "developer" { "system" } else { role };
         let content = match m.get("content") {
             None | Some(Value::Null) => String::new(),
             Some(Value::String(s)) => s.clone(),
@@ -59,7 +65,8 @@ pub fn parse(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
                             return Err(bad(
                                 i,
                                 format!(
-                                    "content part {j} is of type {t:?}; only \"text\" parts are supported"
+                                    "content part {j} is of type {:?}; only \"text\" parts are supported",
+                                    clip(t)
                                 ),
                             ));
                         }
@@ -98,7 +105,7 @@ pub fn parse(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
                 .collect::<Result<_, _>>()?,
             Some(other) => return Err(bad(i, format!("`tool_calls` must be an array, not {}", type_name(other)))),
         };
-        if role == "tool" && name.is_none() {
+        if role == Role::Tool && name.is_none() {
             name = tool_call_id.as_ref().and_then(|id| {
                 out.iter()
                     .flat_map(|m| &m.tool_calls)
@@ -106,7 +113,7 @@ pub fn parse(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
                     .map(|c| c.function.name.clone())
             });
         }
-        out.push(ChatMessage { role: role.to_owned(), content, tool_calls, tool_call_id, name });
+        out.push(ChatMessage { role, content, tool_calls, tool_call_id, name });
     }
     Ok(out)
 }
@@ -120,13 +127,13 @@ fn tool_call(c: &Value) -> Result<ToolCall, String> {
     };
     for key in c.keys() {
         if !matches!(key.as_str(), "id" | "type" | "function") {
-            return Err(format!("unknown field {key:?} (id, type, function)"));
+            return Err(format!("unknown field {:?} (id, type, function)", clip(key)));
         }
     }
     match c.get("type") {
         None | Some(Value::Null) => {}
         Some(Value::String(t)) if t == "function" => {}
-        Some(other) => return Err(format!("type {other} is not supported; only \"function\"")),
+        Some(other) => return Err(format!("type {} is not supported; only \"function\"", clip(&other.to_string()))),
     }
     let id = match c.get("id") {
         None | Some(Value::Null) => None,
@@ -142,7 +149,7 @@ fn tool_call(c: &Value) -> Result<ToolCall, String> {
     let arguments = match f.get("arguments") {
         None | Some(Value::Null) => Value::Object(Map::new()),
         Some(Value::String(s)) => serde_json::from_str(s)
-            .map_err(|e| format!("`function.arguments` is not JSON ({e}): {s:?}"))?,
+            .map_err(|e| format!("`function.arguments` is not JSON ({e}): {:?}", clip(s)))?,
         Some(v @ Value::Object(_)) => v.clone(),
         Some(other) => return Err(format!("`function.arguments` must be a JSON string, not {}", type_name(other))),
     };

@@ -143,25 +143,18 @@ fn rejected(r: BytesRejection) -> ApiError {
     }
 }
 
-/// Serves [`router`] on `listener` until `shutdown`.
+/// Serves [`router`] on `listener` until `shutdown`, within the connection limits of
+/// `shared.cfg.connections` ([`ferry_proto::conn`]: a cap on open connections, a header timeout;
+/// Nagle off, so small SSE chunks do not wait for delayed ACKs).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
     keys: ApiKeys,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), crate::RouterError> {
-    use axum::serve::ListenerExt;
-    // Small SSE chunks must not wait for delayed ACKs.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, router(shared, keys))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|source| crate::RouterError::Io {
-            what: "serving the HTTP API",
-            source,
-        })
+    let acceptor = ferry_proto::conn::Acceptor::new(listener, "router_http", shared.cfg.connections);
+    ferry_proto::conn::serve_http(acceptor, router(shared, keys), shutdown).await;
+    Ok(())
 }
 
 async fn require_key(State(keys): State<ApiKeys>, mut req: Request, next: Next) -> Response {
@@ -186,7 +179,7 @@ async fn require_key(State(keys): State<ApiKeys>, mut req: Request, next: Next) 
 async fn not_found(req: Request) -> ApiError {
     ApiError {
         status: StatusCode::NOT_FOUND,
-        message: format!("no route {} {}", req.method(), req.uri().path()),
+        message: format!("no route {} {}", req.method(), crate::error::clip(req.uri().path())),
         param: None,
         code: None,
         retry_after: None,

@@ -112,7 +112,7 @@ fn check_model(shared: &Shared, model: Option<&str>) -> Result<(), ApiError> {
         Some(m) if !shared.serves(m) => Err(ApiError {
             code: Some("model_not_found"),
             ..ApiError::invalid(
-                format!("the model `{m}` does not exist (served: {})", shared.model_names().join(", ")),
+                format!("the model `{}` does not exist (served: {})", crate::error::clip(m), shared.model_names().join(", ")),
                 Some("model"),
             )
         }),
@@ -125,17 +125,14 @@ pub fn tokenize(shared: &Shared, body: &[u8]) -> Result<Value, ApiError> {
     let t = parse_tokenize(body)?;
     check_model(shared, t.model.as_deref())?;
     let text = &shared.text;
-    let (rendered, special) = match &t.source {
-        Source::Prompt(p) => (p.clone(), t.add_special_tokens && text.add_special_tokens),
-        Source::Chat { messages, add_generation_prompt } => (
-            service::render_chat(text, messages, None, *add_generation_prompt).map_err(ApiError::from)?,
-            t.add_special_tokens && text.add_special_tokens,
-        ),
+    let special = t.add_special_tokens && text.add_special_tokens;
+    let tokens = match &t.source {
+        Source::Prompt(p) => text.tokenizer.encode(p, special).map_err(|e| ApiError::from(crate::RouterError::Tokenize(e)))?,
+        // As generation tokenizes a chat: message text is plain text, never special tokens.
+        Source::Chat { messages, add_generation_prompt } => {
+            service::encode_chat(text, messages, None, *add_generation_prompt, special).map_err(ApiError::from)?
+        }
     };
-    let tokens = text
-        .tokenizer
-        .encode(&rendered, special)
-        .map_err(|e| ApiError::from(crate::RouterError::Tokenize(e)))?;
     let mut answer = json!({
         "count": tokens.len(),
         "max_model_len": shared.registry.max_context(),
@@ -177,7 +174,7 @@ mod tests {
         let t = parse_tokenize(br#"{"model": "m", "prompt": "Hi", "add_special_tokens": false, "return_token_strs": true}"#).unwrap();
         assert_eq!((t.add_special_tokens, t.return_token_strs, t.model.as_deref()), (false, true, Some("m")));
         let t = parse_tokenize(br#"{"messages": [{"role": "user", "content": "Hi"}]}"#).unwrap();
-        let msg = ferry_tokenizer::ChatMessage::new("user", "Hi");
+        let msg = ferry_tokenizer::ChatMessage::new(ferry_tokenizer::Role::User, "Hi");
         assert_eq!(t.source, Source::Chat { messages: vec![msg.clone()], add_generation_prompt: true });
         assert!(!t.add_special_tokens, "the template writes the special tokens");
         let t = parse_tokenize(br#"{"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": false}"#).unwrap();

@@ -1,0 +1,53 @@
+//! [`serve_http`]: HTTP/1 for a tower service (an axum `Router`) on an [`Acceptor`], with hyper's
+//! `header_read_timeout` and graceful shutdown. It replaces `axum::serve`, which sets no timer,
+//! so its connections could hold a half-sent request head forever.
+
+use std::future::Future;
+
+use hyper::body::{Body, Incoming};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+
+use super::Acceptor;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Serves `svc` on `acceptor`'s connections until `shutdown`, then stops accepting and waits for
+/// the open connections to finish their requests (idle ones close at once).
+///
+/// Each connection must send a complete request head within the acceptor's `header_timeout`
+/// (counted from the connection's start, or from the previous response on a kept-alive one);
+/// else it is closed and counted in `ferry_connections_timed_out_total{server}`.
+pub async fn serve_http<S, B>(mut acceptor: Acceptor, svc: S, shutdown: impl Future<Output = ()>)
+where
+    S: tower_service::Service<hyper::Request<Incoming>, Response = hyper::Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1.timer(TokioTimer::new()).header_read_timeout(acceptor.limits().header_timeout);
+    let graceful = GracefulShutdown::new();
+    let server = acceptor.server();
+    tokio::pin!(shutdown);
+    loop {
+        let conn = tokio::select! {
+            c = acceptor.accept() => c,
+            () = &mut shutdown => break,
+        };
+        let served = graceful.watch(http1.serve_connection(TokioIo::new(conn), TowerToHyperService::new(svc.clone())));
+        tokio::spawn(async move {
+            if let Err(e) = served.await {
+                if e.is_timeout() {
+                    metrics::counter!("ferry_connections_timed_out_total", "server" => server).increment(1);
+                }
+                tracing::debug!(server, "HTTP connection ended: {e}");
+            }
+        });
+    }
+    drop(acceptor);
+    graceful.shutdown().await;
+}
