@@ -264,16 +264,28 @@ impl ferry_proto::v1::kv_transfer_server::KvTransfer for KvTransferService {
 /// closed, not kept.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Most data connections open at once (each carries one transfer); one more is closed at once
+/// and counted in `ferry_connections_refused_total{server="worker_kv_data"}`.
+pub const MAX_DATA_CONNECTIONS: usize = 1024;
+
 /// Serve the TCP data path until the listener fails. A connection is served only after its
-/// first frame presents the cluster secret; a transfer whose sender makes no progress for
-/// `stall` is failed.
+/// first frame presents the cluster secret (within [`HELLO_TIMEOUT`]), at most
+/// [`MAX_DATA_CONNECTIONS`] at once; a transfer whose sender makes no progress for `stall` is
+/// failed.
 pub async fn serve_tcp(receiver: Arc<KvReceiver>, listener: TcpListener, stall: Duration, cluster: ClusterSecret) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_DATA_CONNECTIONS));
     loop {
         match listener.accept().await {
             Ok((sock, _)) => {
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    ::metrics::counter!("ferry_connections_refused_total", "server" => "worker_kv_data").increment(1);
+                    tracing::debug!("KV data port: {MAX_DATA_CONNECTIONS} connections open, one more refused");
+                    continue;
+                };
                 let r = receiver.clone();
                 let cluster = cluster.clone();
                 tokio::spawn(async move {
+                    let _slot = slot;
                     if let Err(e) = handle_tcp(r, sock, stall, &cluster).await {
                         tracing::debug!("KV data connection: {e}");
                     }
