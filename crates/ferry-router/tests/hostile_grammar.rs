@@ -8,10 +8,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::http::post;
-use common::{TestRouter, scripted};
+use common::scripted;
 use ferry_core::WorkerRole;
 use ferry_proto::v1::{self, structured_output::Kind};
-use ferry_router::{Listeners, RouterConfig};
 use serde_json::{Value, json};
 
 const SCRIPT: &str = " Hello world.";
@@ -42,22 +41,6 @@ fn http_attacks() -> Vec<(Value, &'static str)> {
     ]
 }
 
-fn assert_clean(text: &str) {
-    for bad in ["panicked", "src/", "RUST_BACKTRACE", "stack backtrace", "<state>", ".rs:"] {
-        assert!(!text.contains(bad), "{bad:?} in {text}");
-    }
-    assert!(text.len() < 1000, "{} bytes: {text}", text.len());
-}
-
-async fn router() -> (TestRouter, String) {
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = http.local_addr().unwrap().to_string();
-    let r = TestRouter::with(RouterConfig::new(common::model_path()), Listeners { grpc, http: Some(http), metrics: None }).await;
-    r.channel().await;
-    (r, addr)
-}
-
 fn body(path: &str, model: &str, extra: &Value) -> String {
     let mut b = if path.ends_with("chat/completions") {
         json!({"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
@@ -70,7 +53,7 @@ fn body(path: &str, model: &str, extra: &Value) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_grammars_over_http_are_clean_400s_and_the_router_survives() {
-    let (r, addr) = router().await;
+    let (r, addr) = common::router_with_http().await;
     let _p = r.mock(WorkerRole::Prefill, scripted(SCRIPT)).await;
     let _d = r.mock(WorkerRole::Decode, scripted(SCRIPT)).await;
     let model = common::text().name;
@@ -88,7 +71,7 @@ async fn hostile_grammars_over_http_are_clean_400s_and_the_router_survives() {
             assert_eq!(e["param"].as_str(), Some(field), "{path}: {e}");
             let msg = e["message"].as_str().unwrap();
             assert!(msg.contains(field), "{path}: {msg}");
-            assert_clean(&a.body);
+            common::assert_clean(path, &a.body);
         }
         // Still serving.
         let a = post(&addr, path, &body(path, &model, &json!({}))).await;
@@ -106,7 +89,7 @@ fn grpc_request(kind: Kind) -> v1::GenerateRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_grammars_over_grpc_are_clean_invalid_arguments_and_the_router_survives() {
-    let (r, _addr) = router().await;
+    let (r, _addr) = common::router_with_http().await;
     let _p = r.mock(WorkerRole::Prefill, scripted(SCRIPT)).await;
     let _d = r.mock(WorkerRole::Decode, scripted(SCRIPT)).await;
     let mut c = r.client().await;
@@ -123,7 +106,7 @@ async fn hostile_grammars_over_grpc_are_clean_invalid_arguments_and_the_router_s
         assert!(t0.elapsed() < Duration::from_secs(10), "{field}: {:?}", t0.elapsed());
         assert_eq!(s.code(), tonic::Code::InvalidArgument, "{field}: {}", s.message());
         assert!(s.message().contains(field), "{field}: {}", s.message());
-        assert_clean(s.message());
+        common::assert_clean("gRPC", s.message());
     }
     let done = common::generate(&mut c, common::prompt("Hi")).await.expect("still serving");
     assert!(!done.text.is_empty());

@@ -178,3 +178,24 @@ pub async fn wait_until<F: AsyncFnMut() -> bool>(what: &str, mut cond: F) {
     }
     panic!("timed out waiting for {what}");
 }
+
+/// A router with the default config serving gRPC and the HTTP API on loopback, ready; the HTTP
+/// address beside it.
+pub async fn router_with_http() -> (TestRouter, String) {
+    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = http.local_addr().unwrap().to_string();
+    let listeners = ferry_router::Listeners { grpc, http: Some(http), metrics: None };
+    let r = TestRouter::with(RouterConfig::new(model_path()), listeners).await;
+    r.channel().await;
+    (r, addr)
+}
+
+/// What no answer to a client may show: a panic, a backtrace, a source path, a parser's state;
+/// and an error stays short. `what` names the case in the failure.
+pub fn assert_clean(what: &str, text: &str) {
+    for bad in ["panicked", "src/", "RUST_BACKTRACE", "stack backtrace", ".rs:", "<state>"] {
+        assert!(!text.contains(bad), "{what}: {bad:?} in the answer: {}", &text[..text.len().min(2000)]);
+    }
+    assert!(text.len() < 2048, "{what}: a {}-byte answer", text.len());
+}
