@@ -30,11 +30,13 @@ pub enum Role {
     User,
     Assistant,
     Tool,
+    /// The deprecated result of a `function_call` (OpenAI's `function` role, with a `name`).
+    Function,
 }
 
 impl Role {
     /// The names [`Role::parse`] accepts, for error messages.
-    pub const NAMES: &'static str = "system, developer, user, assistant, tool";
+    pub const NAMES: &'static str = "system, developer, user, assistant, tool, function";
 
     /// A role's wire name (`developer` is `system`); `None` for any other string.
     pub fn parse(name: &str) -> Option<Role> {
@@ -43,6 +45,7 @@ impl Role {
             "user" => Some(Role::User),
             "assistant" => Some(Role::Assistant),
             "tool" => Some(Role::Tool),
+            "function" => Some(Role::Function),
             _ => None,
         }
     }
@@ -54,6 +57,7 @@ impl Role {
             Role::User => "user",
             Role::Assistant => "assistant",
             Role::Tool => "tool",
+            Role::Function => "function",
         }
     }
 }
