@@ -470,6 +470,9 @@ async fn a_stalled_peer_fails_the_transfer_and_frees_everything() {
         transfer_id: id,
         part: Some(kv_chunk::Part::Begin(KvBegin { transfer_token: token, fingerprint: reference.fingerprint.clone(), header: header.into(), request_id: "s".into() })),
     };
+    // The connection's first frame is the hello (the cluster is open here: an empty secret).
+    let hello = ferry_worker::kv::frame::FrameHeader::control(ferry_worker::kv::frame::Kind::Hello, 0).encode();
+    sock.write_all(&hello).await.unwrap();
     sock.write_all(&ferry_worker::kv::frame::message(ferry_worker::kv::frame::Kind::Begin, &begin)).await.unwrap();
     sock.flush().await.unwrap();
     let t = std::time::Instant::now();
