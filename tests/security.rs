@@ -172,6 +172,8 @@ async fn hostile_grammars_are_refused(cluster: &Cluster, model: &str) {
         (serde_json::json!({"guided_choice": (0..100_000).map(|i| format!("choice {i}")).collect::<Vec<_>>()}), "guided_choice"),
         (serde_json::json!({"guided_regex": "a{1000}{1000}"}), "guided_regex"),
         (serde_json::json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}}), "response_format"),
+        // A required property of its own type: it compiled, then ran to max_tokens.
+        (serde_json::json!({"guided_json": {"$ref": "#/$defs/a", "$defs": {"a": {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}, "required": ["a"]}}}}), "guided_json"),
     ];
     for (extra, field) in attacks {
         let mut body = serde_json::json!({"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2});

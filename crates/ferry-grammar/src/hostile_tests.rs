@@ -74,6 +74,8 @@ fn a_ref_cycle_is_refused_cleanly_before_any_worker_sees_it() {
     for schema in [
         r##"{"$ref":"#"}"##,
         r##"{"$ref":"#/$defs/A","$defs":{"A":{"$ref":"#/$defs/B"},"B":{"$ref":"#/$defs/A"}}}"##,
+        // Compiles in llguidance, and then never lets the value end (`{"a":{"a":…`).
+        r##"{"$ref":"#/$defs/a","$defs":{"a":{"type":"object","properties":{"a":{"$ref":"#/$defs/a"}},"required":["a"]}}}"##,
     ] {
         let e = refused(&g, &OutputGrammar::JsonSchema(schema.into()));
         assert!(matches!(e, GrammarError::Invalid { kind: GrammarKind::JsonSchema, .. }), "{schema}: {e}");

@@ -26,6 +26,7 @@ use llguidance::{Matcher, ParserFactory};
 use serde_json::{Value, json};
 use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 
+mod finite;
 mod lazy;
 pub mod limits;
 pub mod message;

@@ -93,7 +93,10 @@ pub fn check(g: &OutputGrammar, limits: &Limits) -> Result<(), GrammarError> {
                 nesting(regex_depth(rx))?;
                 over("a pattern's repetition count", regex_repetition(rx), limits.max_repetition)?;
             }
-            Ok(())
+            match crate::finite::no_finite_instance(&v) {
+                Some(message) => Err(GrammarError::Invalid { kind, message }),
+                None => Ok(()),
+            }
         }
         OutputGrammar::Regex(rx) => {
             text_size(rx)?;

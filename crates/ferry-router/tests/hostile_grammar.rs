@@ -38,6 +38,7 @@ fn http_attacks() -> Vec<(Value, &'static str)> {
         (json!({"guided_regex": format!("{}a{}", "(".repeat(3000), ")".repeat(3000))}), "guided_regex"),
         (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}}), "response_format"),
         (json!({"guided_json": {"$ref": "#/$defs/A", "$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}}}}), "guided_json"),
+        (json!({"guided_json": {"$ref": "#/$defs/a", "$defs": {"a": {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}, "required": ["a"]}}}}), "guided_json"),
     ]
 }
 

@@ -397,8 +397,8 @@ impl Loop {
                             }
                         }
                         Err(e) => {
-                            let what = format!("sampling under the request's grammar: {e}");
-                            leaving.push((*i, Err(WorkerError::SequenceFailed { request_id: r.request_id.clone(), what })));
+                            let what = format!("at generated token {} of choice {}: {e}", r.count, r.choice);
+                            leaving.push((*i, Err(WorkerError::GrammarFailed { request_id: r.request_id.clone(), what })));
                         }
                     }
                 }
@@ -448,8 +448,8 @@ impl Loop {
                 Ok(f) => f,
                 Err((choice, e)) => {
                     let _ = self.engine.release(p.seq);
-                    let what = format!("sampling the first token of choice {choice} under the request's grammar: {e}");
-                    let _ = p.events.send(DecodeEvent::Failed(WorkerError::SequenceFailed { request_id: p.request_id, what }));
+                    let what = format!("sampling the first token of choice {choice}: {e}");
+                    let _ = p.events.send(DecodeEvent::Failed(WorkerError::GrammarFailed { request_id: p.request_id, what }));
                     continue;
                 }
             };
@@ -519,8 +519,8 @@ impl Loop {
                     Ok(p) => p,
                     Err((choice, token, e)) => {
                         let _ = self.engine.release(seq);
-                        let what = format!("the first token {token} of choice {choice} does not fit the request's grammar: {e}");
-                        let _ = a.events.send(DecodeEvent::Failed(WorkerError::SequenceFailed { request_id: a.request_id, what }));
+                        let what = format!("on the first token {token} of choice {choice}: {e}");
+                        let _ = a.events.send(DecodeEvent::Failed(WorkerError::GrammarFailed { request_id: a.request_id, what }));
                         return Ok(());
                     }
                 };

@@ -50,6 +50,10 @@ pub enum WorkerError {
     /// One sequence failed in a step (the rest of its batch went on).
     #[error("request {request_id}: {what}")]
     SequenceFailed { request_id: String, what: String },
+    /// The request's own grammar failed while sampling under it (a mask over its step budget, a
+    /// token it refuses): final, the same grammar fails again on any worker.
+    #[error("request {request_id}: the request's grammar failed {what}")]
+    GrammarFailed { request_id: String, what: String },
     #[error(transparent)]
     Engine(#[from] ferry_engine::EngineError),
     /// Plumbing of a KV transfer that failed in this worker (a buffer of the wrong size, a copy
@@ -81,6 +85,7 @@ impl WorkerError {
             WorkerError::Draining { .. } => Code::Unavailable,
             WorkerError::EngineFailed(_) => Code::Unavailable,
             WorkerError::SequenceFailed { .. } => Code::Internal,
+            WorkerError::GrammarFailed { .. } => Code::InvalidArgument,
             WorkerError::Engine(e) => {
                 use ferry_engine::EngineError as E;
                 match e {
@@ -147,6 +152,7 @@ impl WorkerError {
             WorkerError::ShuttingDown | WorkerError::EngineFailed(_) => WorkerFault::Engine,
             WorkerError::Draining { .. } => WorkerFault::Draining,
             WorkerError::SequenceFailed { .. } => WorkerFault::Sequence,
+            WorkerError::GrammarFailed { .. } => WorkerFault::Invalid,
             WorkerError::Engine(e) => {
                 use ferry_engine::EngineError as E;
                 match e {
@@ -246,6 +252,7 @@ mod tests {
             (WorkerError::Draining { worker: s() }, Code::Unavailable, F::Draining),
             (WorkerError::EngineFailed(s()), Code::Unavailable, F::Engine),
             (WorkerError::SequenceFailed { request_id: s(), what: s() }, Code::Internal, F::Sequence),
+            (WorkerError::GrammarFailed { request_id: s(), what: s() }, Code::InvalidArgument, F::Invalid),
             (WorkerError::Engine(E::EmptyPrompt), Code::InvalidArgument, F::Invalid),
             (WorkerError::Engine(E::ContextOverflow { tokens: 9, max_new: 1, context: 8 }), Code::InvalidArgument, F::Invalid),
             (WorkerError::Engine(E::TokenOutOfRange { id: 9, vocab: 8 }), Code::InvalidArgument, F::Invalid),

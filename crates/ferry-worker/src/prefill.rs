@@ -418,8 +418,8 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
                 Ok(f) => f,
                 Err((choice, e)) => {
                     let _ = engine.release(a.seq);
-                    let what = format!("sampling the first token of choice {choice} under the request's grammar: {e}");
-                    let _ = a.job.out.send(Outbound::Failed(WorkerError::SequenceFailed { request_id: a.job.request_id.clone(), what }));
+                    let what = format!("sampling the first token of choice {choice}: {e}");
+                    let _ = a.job.out.send(Outbound::Failed(WorkerError::GrammarFailed { request_id: a.job.request_id.clone(), what }));
                     leaving.push(*i);
                     continue;
                 }
