@@ -231,7 +231,7 @@ pub async fn serve(
     };
     let metrics_task = metrics.map(|l| {
         let mut rx = stop_rx.clone();
-        let limits = ferry_proto::conn::ConnLimits::metrics(cfg.connections.header_timeout);
+        let limits = ferry_proto::conn::ConnLimits::metrics(cfg.connections);
         tokio::spawn(crate::metrics::serve(l, limits, serving_rx.clone(), async move {
             let _ = rx.wait_for(|s| *s).await;
         }))

@@ -1,7 +1,9 @@
 //! Issue 32's findings, against a router on loopback: request ids follow one rule and a bad one
 //! is refused at once (never retried, never echoed); errors that echo client values stay short;
-//! chat roles are the API's; special tokens in a message are text; the HTTP API's connection cap
-//! refuses, logs and counts, and its header timeout frees the slots of half-sent requests.
+//! chat roles are the API's; special tokens in a message are text; at the HTTP API's connection
+//! cap a half-sent request makes room for a new one, or the new one is refused when all are busy;
+//! the header timeout frees the slots of half-sent requests, the body timeout those of trickled
+//! bodies.
 
 mod common;
 
@@ -124,32 +126,82 @@ async fn closed(s: &mut TcpStream) -> Vec<u8> {
     got
 }
 
+fn limits(max_connections: usize, header_timeout: Duration, body_timeout: Duration) -> ConnLimits {
+    ConnLimits { max_connections, header_timeout, body_timeout }
+}
+
+/// The value of the metric line starting `name{server="router_http"}`, 0 when absent.
+async fn counted(metrics_addr: &str, name: &str) -> String {
+    let m = common::http::get(metrics_addr, "/metrics").await;
+    let key = format!("{name}{{server=\"router_http\"}} ");
+    m.body.lines().find_map(|l| l.strip_prefix(&key)).unwrap_or_else(|| panic!("no {key} in:\n{}", m.body)).to_string()
+}
+
 #[tokio::test]
-async fn the_http_connection_cap_refuses_and_counts_and_the_header_timeout_frees_it() {
-    let limits = ConnLimits { max_connections: 2, header_timeout: Duration::from_secs(1) };
-    let (_r, addr, metrics_addr) = http_router(limits).await;
+async fn at_a_cap_full_of_half_sent_heads_a_request_is_served_and_the_rest_time_out() {
+    let (_r, addr, metrics_addr) = http_router(limits(2, Duration::from_secs(1), Duration::from_secs(30))).await;
     let mut half = Vec::new();
     for _ in 0..2 {
         let mut s = TcpStream::connect(&addr).await.unwrap();
         s.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\nx-half: ").await.unwrap();
         half.push(s);
     }
-    // Over the cap: closed at once, unanswered.
+    // The cap is full of half-sent requests: a normal one takes the oldest one's place at once.
     let t0 = Instant::now();
-    let mut over = TcpStream::connect(&addr).await.unwrap();
-    let _ = over.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n").await;
-    assert!(closed(&mut over).await.is_empty(), "a connection over the cap was answered");
-    assert!(t0.elapsed() < Duration::from_millis(900), "refused after {:?}", t0.elapsed());
-    let m = common::http::get(&metrics_addr, "/metrics").await;
-    let refused = m.body.lines().find(|l| l.starts_with("ferry_connections_refused_total{server=\"router_http\"}"));
-    assert!(refused.is_some_and(|l| !l.ends_with(" 0")), "no refusal counted:\n{}", m.body);
-    // The half-sent requests are closed by the header timeout; then a request is served.
+    assert_eq!(common::http::get(&addr, "/v1/models").await.status, 200);
+    assert!(t0.elapsed() < Duration::from_millis(900), "served after {:?}", t0.elapsed());
+    assert_ne!(counted(&metrics_addr, "ferry_connections_evicted_total").await, "0", "no eviction counted");
+    // The half-sent requests are closed (one to make room, one by the header timeout), unanswered.
     for s in &mut half {
         let got = closed(s).await;
         assert!(!String::from_utf8_lossy(&got).contains("200 OK"), "a half-sent request was answered");
     }
     assert!(t0.elapsed() < Duration::from_secs(5), "closed after {:?}", t0.elapsed());
+    assert_ne!(counted(&metrics_addr, "ferry_connections_timed_out_total").await, "0", "no timeout counted");
+}
+
+#[tokio::test]
+async fn at_a_cap_of_busy_connections_a_new_one_is_refused_at_once_and_counted() {
+    let (_r, addr, metrics_addr) = http_router(limits(2, Duration::from_secs(1), Duration::from_secs(30))).await;
+    // Two kept-alive connections that have each been served: none is opening, none makes room.
+    let mut busy = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+        let mut buf = [0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await.expect("no answer").unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        busy.push(s);
+    }
+    let t0 = Instant::now();
+    let mut over = TcpStream::connect(&addr).await.unwrap();
+    let _ = over.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    assert!(closed(&mut over).await.is_empty(), "a connection over the cap was answered");
+    assert!(t0.elapsed() < Duration::from_millis(900), "refused after {:?}", t0.elapsed());
+    assert_ne!(counted(&metrics_addr, "ferry_connections_refused_total").await, "0", "no refusal counted");
+    // Idle past the header timeout (the keep-alive limit), they close and free their slots.
+    for s in &mut busy {
+        closed(s).await;
+    }
     assert_eq!(common::http::get(&addr, "/v1/models").await.status, 200);
-    let m = common::http::get(&metrics_addr, "/metrics").await;
-    assert!(m.body.contains("ferry_connections_timed_out_total{server=\"router_http\"}"), "no timeout counted:\n{}", m.body);
+}
+
+#[tokio::test]
+async fn a_trickled_body_is_a_408_at_the_body_timeout() {
+    let (_r, addr, metrics_addr) = http_router(limits(8, Duration::from_secs(5), Duration::from_secs(1))).await;
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 4000\r\n\r\n{\"messages\": ").await.unwrap();
+    let t0 = Instant::now();
+    let trickle = async {
+        while s.write_all(b" ").await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_millis(1500), trickle).await;
+    let got = String::from_utf8_lossy(&closed(&mut s).await).into_owned();
+    assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+    assert!(got.contains("did not arrive within 1000 ms"), "{got}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "answered after {:?}", t0.elapsed());
+    assert_ne!(counted(&metrics_addr, "ferry_connections_body_timed_out_total").await, "0");
+    assert_eq!(common::http::get(&addr, "/v1/models").await.status, 200);
 }

@@ -61,7 +61,7 @@ pub async fn serve(listener: tokio::net::TcpListener, health: Health) {
                 })
             }),
         );
-    let limits = ferry_proto::conn::ConnLimits::metrics(ferry_proto::conn::DEFAULT_HEADER_TIMEOUT);
+    let limits = ferry_proto::conn::ConnLimits::metrics(ferry_proto::conn::ConnLimits::worker());
     let acceptor = ferry_proto::conn::Acceptor::new(listener, "worker_metrics", limits);
     ferry_proto::conn::serve_http(acceptor, app, std::future::pending()).await;
 }

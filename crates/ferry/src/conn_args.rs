@@ -1,4 +1,4 @@
-//! `--max-connections` and `--header-timeout-ms`: the connection limits of `ferry router`'s and
+//! `--max-connections`, `--header-timeout-ms` and `--body-timeout-ms`: the connection limits of `ferry router`'s and
 //! the workers' servers ([`ferry_proto::conn`]).
 
 use std::time::Duration;
@@ -18,6 +18,10 @@ pub struct ConnArgs {
     /// connection may wait for its next request.
     #[arg(long, value_name = "MS", default_value_t = 10_000)]
     pub header_timeout_ms: u64,
+    /// An HTTP request's body must arrive whole within this once its head is in, else the request
+    /// is refused (408) and its connection closed.
+    #[arg(long, value_name = "MS", default_value_t = 30_000)]
+    pub body_timeout_ms: u64,
 }
 
 impl ConnArgs {
@@ -26,6 +30,11 @@ impl ConnArgs {
         let max_connections = self.max_connections.unwrap_or(default.max_connections);
         anyhow::ensure!(max_connections > 0, "--max-connections must be at least 1");
         anyhow::ensure!(self.header_timeout_ms > 0, "--header-timeout-ms must be at least 1");
-        Ok(ConnLimits { max_connections, header_timeout: Duration::from_millis(self.header_timeout_ms) })
+        anyhow::ensure!(self.body_timeout_ms > 0, "--body-timeout-ms must be at least 1");
+        Ok(ConnLimits {
+            max_connections,
+            header_timeout: Duration::from_millis(self.header_timeout_ms),
+            body_timeout: Duration::from_millis(self.body_timeout_ms),
+        })
     }
 }

@@ -1,15 +1,18 @@
 //! [`serve_http`]: HTTP/1 for a tower service (an axum `Router`) on an [`Acceptor`], with hyper's
-//! `header_read_timeout` and graceful shutdown. It replaces `axum::serve`, which sets no timer,
-//! so its connections could hold a half-sent request head forever.
+//! `header_read_timeout`, a deadline for each request's body ([`TimedBody`]) and graceful
+//! shutdown. It replaces `axum::serve`, which sets no timer, so its connections could hold a
+//! half-sent request head or body forever.
 
 use std::future::Future;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use hyper::body::{Body, Incoming};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 
-use super::Acceptor;
+use super::{Acceptor, TimedBody};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -18,10 +21,11 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 ///
 /// Each connection must send a complete request head within the acceptor's `header_timeout`
 /// (counted from the connection's start, or from the previous response on a kept-alive one);
-/// else it is closed and counted in `ferry_connections_timed_out_total{server}`.
+/// else it is closed and counted in `ferry_connections_timed_out_total{server}`. Its body must
+/// then arrive whole within `body_timeout`, else reading it fails ([`super::BodyTimedOut`]).
 pub async fn serve_http<S, B>(mut acceptor: Acceptor, svc: S, shutdown: impl Future<Output = ()>)
 where
-    S: tower_service::Service<hyper::Request<Incoming>, Response = hyper::Response<B>> + Clone + Send + 'static,
+    S: tower_service::Service<hyper::Request<TimedBody>, Response = hyper::Response<B>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
     B: Body + Send + 'static,
@@ -32,6 +36,7 @@ where
     http1.timer(TokioTimer::new()).header_read_timeout(acceptor.limits().header_timeout);
     let graceful = GracefulShutdown::new();
     let server = acceptor.server();
+    let svc = Timed { inner: svc, limit: acceptor.limits().body_timeout, server };
     tokio::pin!(shutdown);
     loop {
         let conn = tokio::select! {
@@ -50,4 +55,30 @@ where
     }
     drop(acceptor);
     graceful.shutdown().await;
+}
+
+/// `inner` with each request's body under its deadline.
+#[derive(Clone)]
+struct Timed<S> {
+    inner: S,
+    limit: Duration,
+    server: &'static str,
+}
+
+impl<S> tower_service::Service<hyper::Request<Incoming>> for Timed<S>
+where
+    S: tower_service::Service<hyper::Request<TimedBody>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: hyper::Request<Incoming>) -> Self::Future {
+        let (limit, server) = (self.limit, self.server);
+        self.inner.call(req.map(|b| TimedBody::new(b, limit, server)))
+    }
 }

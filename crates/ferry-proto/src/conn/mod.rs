@@ -3,23 +3,30 @@
 //! first bytes, and the metrics and logs that say what was refused.
 //!
 //! - [`Acceptor`] accepts from a bound listener and hands out [`Conn`]s, each holding one of the
-//!   server's `max_connections` slots (a semaphore permit, released on `Drop`). A connection over
-//!   the cap is closed at once, counted in `ferry_connections_refused_total{server}` and logged
-//!   (at most once a second, with how many were refused since). The acceptor is a `Stream`, so
-//!   tonic's `serve_with_incoming*` takes it as it is.
+//!   server's `max_connections` slots (a semaphore permit, released on `Drop`). At the cap, the
+//!   connection that has been opening longest (no complete request head, HTTP/2 preface or TLS
+//!   handshake yet: [`opening`]) is closed to make room, counted in
+//!   `ferry_connections_evicted_total{server}`; when none is opening, the new connection is
+//!   closed at once, counted in `ferry_connections_refused_total{server}`. Both are logged at
+//!   most once a second, with how many since. The acceptor is a `Stream`, so tonic's
+//!   `serve_with_incoming*` takes it as it is.
 //! - gRPC servers ask for [`Acceptor::http2`]: the peer must send the HTTP/2 client preface
-//!   (24 bytes; or that many bytes of a TLS handshake) within `header_timeout`, else the
-//!   connection is closed and counted in `ferry_connections_timed_out_total{server}`. After the
-//!   preface, HTTP/2 keepalive pings (set on tonic's builder) find dead peers.
+//!   (24 bytes), or with TLS finish its handshake and start its first request, within
+//!   `header_timeout`, else the connection is closed and counted in
+//!   `ferry_connections_timed_out_total{server}`. After that, HTTP/2 keepalive pings (set on
+//!   tonic's builder) find dead peers.
 //! - [`serve_http`] serves a tower service (an axum `Router`) over HTTP/1 with hyper's
 //!   `header_read_timeout`: a request head, the first or the next on a kept-alive connection,
-//!   must arrive complete within `header_timeout` (so it is also the keep-alive idle timeout).
+//!   must arrive complete within `header_timeout` (so it is also the keep-alive idle timeout);
+//!   and a request's body whole within `body_timeout` ([`TimedBody`]).
 //!
 //! The design follows what nginx (`worker_connections`, `client_header_timeout`,
 //! `keepalive_timeout`) and Go's `http.Server` (`ReadHeaderTimeout`, `IdleTimeout` defaulting to
 //! it) do, built from hyper's and tokio's own pieces rather than protocol code of our own.
 
+mod body;
 mod http;
+pub mod opening;
 mod refusals;
 
 use std::convert::Infallible;
@@ -36,12 +43,16 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
 
+pub use body::{BodyTimedOut, TimedBody};
 pub use http::serve_http;
+use opening::{Openings, Phase, Protocol, Slot};
 pub use refusals::RefusalLog;
 
 /// How long a new connection may take to send its first request head (HTTP/1) or the HTTP/2
 /// preface (gRPC), and, on HTTP/1, how long a kept-alive connection may wait for its next one.
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an HTTP request's body may take to arrive, all of it, once its head is in.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Open connections per client-facing server (router HTTP, router gRPC).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// Open connections on a worker's gRPC server (its callers are routers and peer workers).
@@ -53,8 +64,6 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// …and the connection closed when its ack has not come within this.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// The HTTP/2 client connection preface, `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`, in bytes.
-const H2_PREFACE_LEN: usize = 24;
 /// How long accepting pauses after an error that is not one connection's (out of descriptors).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -65,22 +74,24 @@ pub struct ConnLimits {
     pub max_connections: usize,
     /// See [`DEFAULT_HEADER_TIMEOUT`].
     pub header_timeout: Duration,
+    /// See [`DEFAULT_BODY_TIMEOUT`] (HTTP/1 servers).
+    pub body_timeout: Duration,
 }
 
 impl ConnLimits {
     /// A client-facing server's defaults.
     pub const fn api() -> ConnLimits {
-        ConnLimits { max_connections: DEFAULT_MAX_CONNECTIONS, header_timeout: DEFAULT_HEADER_TIMEOUT }
+        ConnLimits { max_connections: DEFAULT_MAX_CONNECTIONS, header_timeout: DEFAULT_HEADER_TIMEOUT, body_timeout: DEFAULT_BODY_TIMEOUT }
     }
 
     /// A worker gRPC server's defaults.
     pub const fn worker() -> ConnLimits {
-        ConnLimits { max_connections: DEFAULT_WORKER_MAX_CONNECTIONS, header_timeout: DEFAULT_HEADER_TIMEOUT }
+        ConnLimits { max_connections: DEFAULT_WORKER_MAX_CONNECTIONS, header_timeout: DEFAULT_HEADER_TIMEOUT, body_timeout: DEFAULT_BODY_TIMEOUT }
     }
 
-    /// A `/metrics` server's defaults, with this server's header timeout.
-    pub const fn metrics(header_timeout: Duration) -> ConnLimits {
-        ConnLimits { max_connections: DEFAULT_METRICS_MAX_CONNECTIONS, header_timeout }
+    /// A `/metrics` server's defaults, with this server's timeouts.
+    pub const fn metrics(of: ConnLimits) -> ConnLimits {
+        ConnLimits { max_connections: DEFAULT_METRICS_MAX_CONNECTIONS, ..of }
     }
 }
 
@@ -92,9 +103,13 @@ pub struct Acceptor {
     slots: Arc<Semaphore>,
     limits: ConnLimits,
     server: &'static str,
-    /// Bytes a connection must send within `header_timeout` (gRPC: the HTTP/2 preface).
-    preface: Option<usize>,
+    /// What connections open with (gRPC: the HTTP/2 preface, which must come within
+    /// `header_timeout`).
+    protocol: Protocol,
+    /// Connections in the order admitted, for eviction at the cap.
+    openings: Openings,
     refusals: RefusalLog,
+    evictions: RefusalLog,
     accept_errors: RefusalLog,
     backoff: Option<Pin<Box<Sleep>>>,
     /// When the refusals held back by `refusals` are to be logged.
@@ -109,8 +124,10 @@ impl Acceptor {
             slots: Arc::new(Semaphore::new(limits.max_connections)),
             limits,
             server,
-            preface: None,
+            protocol: Protocol::Http1,
+            openings: Openings::new(limits.max_connections),
             refusals: RefusalLog::default(),
+            evictions: RefusalLog::default(),
             accept_errors: RefusalLog::default(),
             backoff: None,
             flush: None,
@@ -118,9 +135,10 @@ impl Acceptor {
     }
 
     /// An HTTP/2 (gRPC) server's acceptor: a connection that has not sent the 24-byte HTTP/2
-    /// preface within `header_timeout` is closed.
+    /// preface (or, with TLS, finished its handshake and started its first request) within
+    /// `header_timeout` is closed.
     pub fn http2(mut self) -> Acceptor {
-        self.preface = Some(H2_PREFACE_LEN);
+        self.protocol = Protocol::Http2;
         self
     }
 
@@ -158,7 +176,7 @@ impl Acceptor {
                 self.backoff = None;
             }
             match ready!(self.listener.poll_accept(cx)) {
-                Ok((tcp, peer)) => match self.slots.clone().try_acquire_owned() {
+                Ok((tcp, peer)) => match self.slots.clone().try_acquire_owned().or_else(|_| self.make_room()) {
                     Ok(slot) => {
                         let _ = tcp.set_nodelay(true);
                         return Poll::Ready(self.admit(tcp, slot));
@@ -184,6 +202,24 @@ impl Acceptor {
         }
     }
 
+    /// At the cap: closes the connection opening longest and takes its place; Err when every
+    /// connection has opened.
+    fn make_room(&mut self) -> Result<OwnedSemaphorePermit, ()> {
+        if !self.openings.evict_oldest() {
+            return Err(());
+        }
+        metrics::counter!("ferry_connections_evicted_total", "server" => self.server).increment(1);
+        if let Some(n) = self.evictions.note(Instant::now()) {
+            tracing::warn!(
+                server = self.server,
+                evicted = n,
+                max_connections = self.limits.max_connections,
+                "closed connections that had sent no complete request yet, to make room at the connection cap (counted in ferry_connections_evicted_total)"
+            );
+        }
+        self.slots.clone().try_acquire_owned().map_err(drop)
+    }
+
     /// Sets the timer that logs the refusals held back, when some are and none is set.
     fn arm_flush(&mut self, cx: &mut Context<'_>) {
         if self.flush.is_none()
@@ -205,13 +241,13 @@ impl Acceptor {
         );
     }
 
-    fn admit(&self, io: TcpStream, slot: OwnedSemaphorePermit) -> Conn {
+    fn admit(&mut self, io: TcpStream, permit: OwnedSemaphorePermit) -> Conn {
         metrics::gauge!("ferry_connections_open", "server" => self.server).increment(1.0);
-        let preface = self.preface.map(|left| Preface {
-            left,
-            deadline: Box::pin(tokio::time::sleep(self.limits.header_timeout)),
-        });
-        Conn { _slot: slot, io, server: self.server, preface }
+        let slot = Slot::new(permit);
+        self.openings.push(&slot);
+        // HTTP/1's head deadline is hyper's `header_read_timeout`; gRPC's opening is timed here.
+        let deadline = (self.protocol == Protocol::Http2).then(|| Box::pin(tokio::time::sleep(self.limits.header_timeout)));
+        Conn { slot, io, server: self.server, opening: Some(Opening { phase: Phase::new(self.protocol), deadline }) }
     }
 }
 
@@ -231,25 +267,35 @@ impl tokio_stream::Stream for Acceptor {
     }
 }
 
-/// The bytes a new connection still owes, and by when.
-struct Preface {
-    left: usize,
-    deadline: Pin<Box<Sleep>>,
+/// How far a new connection has opened, and by when it must have.
+struct Opening {
+    phase: Phase,
+    deadline: Option<Pin<Box<Sleep>>>,
 }
 
-/// An accepted connection holding one of its server's slots until dropped.
+/// An accepted connection holding one of its server's slots until dropped (or evicted).
 pub struct Conn {
     // The slot is released before the socket closes (fields drop in order): a peer that sees the
     // close and connects again finds the slot free.
-    _slot: OwnedSemaphorePermit,
+    slot: Arc<Slot>,
     io: TcpStream,
     server: &'static str,
-    preface: Option<Preface>,
+    /// `None` once opened.
+    opening: Option<Opening>,
 }
 
 impl Conn {
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
         self.io.peer_addr()
+    }
+}
+
+impl Conn {
+    /// The server writes (a TLS handshake's answer, while opening).
+    fn wrote(&mut self) {
+        if let Some(o) = &mut self.opening {
+            o.phase.wrote();
+        }
     }
 }
 
@@ -262,22 +308,30 @@ impl Drop for Conn {
 impl AsyncRead for Conn {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        let Some(o) = &mut this.opening else { return Pin::new(&mut this.io).poll_read(cx, buf) };
+        if this.slot.is_evicted() {
+            return Poll::Ready(Err(io::Error::new(io::ErrorKind::ConnectionAborted, "closed to make room at the connection cap")));
+        }
         let before = buf.filled().len();
         let r = Pin::new(&mut this.io).poll_read(cx, buf);
-        let Some(p) = &mut this.preface else { return r };
         match &r {
             Poll::Ready(Ok(())) => {
-                p.left = p.left.saturating_sub(buf.filled().len() - before);
-                if p.left == 0 {
-                    this.preface = None;
+                o.phase.read(&buf.filled()[before..]);
+                if o.phase.is_open() {
+                    this.slot.opened();
+                    this.opening = None;
                 }
             }
             Poll::Ready(Err(_)) => {}
             Poll::Pending => {
-                if p.deadline.as_mut().poll(cx).is_ready() {
+                this.slot.park(cx.waker());
+                if let Some(d) = &mut o.deadline
+                    && d.as_mut().poll(cx).is_ready()
+                {
                     metrics::counter!("ferry_connections_timed_out_total", "server" => this.server).increment(1);
-                    tracing::debug!(server = this.server, "closing a connection that sent no HTTP/2 preface in time");
-                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "no HTTP/2 preface within the header timeout")));
+                    let owed = o.phase.owed();
+                    tracing::debug!(server = this.server, "closing a connection that sent no {owed} in time");
+                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, format!("no {owed} within the header timeout"))));
                 }
             }
         }
@@ -287,11 +341,15 @@ impl AsyncRead for Conn {
 
 impl AsyncWrite for Conn {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        let this = self.get_mut();
+        this.wrote();
+        Pin::new(&mut this.io).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        this.wrote();
+        Pin::new(&mut this.io).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {

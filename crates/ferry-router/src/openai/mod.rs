@@ -132,8 +132,13 @@ fn answer(r: Result<Value, ApiError>) -> Response {
     }
 }
 
-/// A body axum could not read (too large, not UTF-8 where it must be, …).
+/// A body axum could not read (too large, not UTF-8 where it must be, not in within the body
+/// timeout: 408, [`ferry_proto::conn::TimedBody`]).
 fn rejected(r: BytesRejection) -> ApiError {
+    let timed_out = std::iter::successors(Some(&r as &dyn std::error::Error), |e| e.source()).find_map(|e| e.downcast_ref::<ferry_proto::conn::BodyTimedOut>());
+    if let Some(t) = timed_out {
+        return ApiError { status: StatusCode::REQUEST_TIMEOUT, message: t.to_string(), param: None, code: None, retry_after: None };
+    }
     ApiError {
         status: r.status(),
         message: r.body_text(),
