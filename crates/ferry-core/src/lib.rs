@@ -37,6 +37,7 @@ pub mod sampling;
 pub mod schedule;
 pub mod sim;
 pub mod stop;
+pub mod text;
 
 pub use block_pool::{BlockId, BlockPool, BlockTable, PoolError};
 pub use prefix_cache::{BlockHash, CacheEvent, CacheEventKind, CacheStats, Parent, Tenant};

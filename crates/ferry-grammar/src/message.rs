@@ -15,10 +15,7 @@ pub fn clean(raw: &str, fallback: &str) -> String {
     if first.is_empty() || INTERNAL.iter().any(|m| first.to_ascii_lowercase().contains(&m.to_ascii_lowercase())) {
         return fallback.to_owned();
     }
-    match first.char_indices().nth(MAX_MESSAGE_CHARS) {
-        Some((cut, _)) => format!("{}…", &first[..cut]),
-        None => first.to_owned(),
-    }
+    ferry_core::text::clip(first, MAX_MESSAGE_CHARS).into_owned()
 }
 
 #[cfg(test)]

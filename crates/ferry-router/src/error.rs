@@ -141,10 +141,7 @@ pub fn clip(s: &str) -> Cow<'_, str> {
 
 /// `s` cut to `max` characters, `…` marking the cut.
 pub fn clip_to(s: &str, max: usize) -> Cow<'_, str> {
-    match s.char_indices().nth(max) {
-        None => Cow::Borrowed(s),
-        Some((i, _)) => Cow::Owned(format!("{}…", &s[..i])),
-    }
+    ferry_core::text::clip(s, max)
 }
 
 /// The gRPC metadata key that carries [`RouterError::retry_after_s`] (the HTTP header's name).
