@@ -173,21 +173,11 @@ impl Eval<'_> {
 
 /// Every `$ref` string in `v`.
 fn collect_refs(v: &Value, out: &mut Vec<String>) {
-    let mut stack = vec![v];
-    while let Some(v) = stack.pop() {
-        match v {
-            Value::Array(a) => stack.extend(a),
-            Value::Object(o) => {
-                for (k, x) in o {
-                    match (k.as_str(), x) {
-                        ("$ref", Value::String(r)) => out.push(r.clone()),
-                        _ => stack.push(x),
-                    }
-                }
-            }
-            _ => {}
+    crate::limits::for_each_member(v, |k, x| {
+        if let ("$ref", Value::String(r)) = (k, x) {
+            out.push(r.clone());
         }
-    }
+    });
 }
 
 /// The schema a local `$ref` (`#`, `#/json/pointer`) names in `root`.

@@ -134,24 +134,29 @@ fn json_depth(v: &Value) -> usize {
 /// The regexes a JSON schema holds: `pattern` values and `patternProperties` keys.
 fn json_patterns(v: &Value) -> Vec<&str> {
     let mut out = Vec::new();
+    for_each_member(v, |k, x| match (k, x) {
+        ("pattern", Value::String(s)) => out.push(s.as_str()),
+        ("patternProperties", Value::Object(p)) => out.extend(p.keys().map(String::as_str)),
+        _ => {}
+    });
+    out
+}
+
+/// Calls `f` with every member (key and value) of every object in the JSON document `v`.
+pub(crate) fn for_each_member<'a>(v: &'a Value, mut f: impl FnMut(&'a str, &'a Value)) {
     let mut stack = vec![v];
     while let Some(v) = stack.pop() {
         match v {
             Value::Array(a) => stack.extend(a),
             Value::Object(o) => {
                 for (k, x) in o {
-                    match (k.as_str(), x) {
-                        ("pattern", Value::String(s)) => out.push(s.as_str()),
-                        ("patternProperties", Value::Object(p)) => out.extend(p.keys().map(String::as_str)),
-                        _ => {}
-                    }
+                    f(k.as_str(), x);
                     stack.push(x);
                 }
             }
             _ => {}
         }
     }
-    out
 }
 
 /// The deepest nesting of groups `(...)` in a regex (escapes and classes skipped).
