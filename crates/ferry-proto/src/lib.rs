@@ -15,6 +15,7 @@ pub mod v1 {
 mod bearer;
 pub mod cluster;
 pub mod conn;
+pub mod reflection;
 mod convert;
 pub mod request_id;
 pub mod tls;

@@ -249,9 +249,7 @@ pub async fn serve(
         ))
     });
 
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(v1::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+    let (reflection, reflection_alpha) = ferry_proto::reflection::services(ferry_proto::reflection::ROUTER)?;
     let ferry = v1::ferry_server::FerryServer::new(service::FerryService { shared })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -286,6 +284,7 @@ pub async fn serve(
     serving_tx.send_replace(true);
     let result = server
         .add_service(reflection)
+        .add_service(reflection_alpha)
         .add_service(ferry)
         .add_service(reg)
         .add_service(adm)

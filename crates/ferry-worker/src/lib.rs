@@ -345,10 +345,6 @@ pub async fn serve(
         health.follow_fault(fault.clone());
         tokio::spawn(metrics::serve(m, health));
     }
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(ferry_proto::v1::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| WorkerError::Internal(e.to_string()))?;
     let mut server = tonic::transport::Server::builder()
         .initial_stream_window_size(H2_WINDOW)
         .initial_connection_window_size(H2_WINDOW)
@@ -359,6 +355,7 @@ pub async fn serve(
     if let Some(tls) = &cfg.tls.server {
         server = server.tls_config(tls.config()).map_err(|e| WorkerError::Internal(format!("TLS: {}", ferry_proto::tls::error_chain(&e))))?;
     }
+    let reflection = |services| ferry_proto::reflection::services(services).map_err(|e| WorkerError::Internal(format!("gRPC reflection: {e}")));
     let client_tls = cfg.tls.client.clone();
     // Every service here serves only the cluster's members (the router, prefill workers).
     let guard = cfg.cluster_secret.guard(metrics::cluster_refused);
@@ -385,7 +382,8 @@ pub async fn serve(
                 drain: drain.clone(),
             };
             let svc = PrefillServer::new(svc).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES);
-            let router = server.add_service(reflection).add_service(InterceptedService::new(svc, guard.clone()));
+            let (reflection, reflection_alpha) = reflection(ferry_proto::reflection::PREFILL)?;
+            let router = server.add_service(reflection).add_service(reflection_alpha).add_service(InterceptedService::new(svc, guard.clone()));
             (load, facts, router)
         }
         EngineHandle::Decode(handle) => {
@@ -406,8 +404,10 @@ pub async fn serve(
             let kv = KvTransferServer::new(KvTransferService::new(receiver, cfg.pipes.as_ref().map(|p| p.0.clone()), cfg.kv_stall_timeout))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES);
+            let (reflection, reflection_alpha) = reflection(ferry_proto::reflection::DECODE)?;
             let router = server
                 .add_service(reflection)
+                .add_service(reflection_alpha)
                 .add_service(InterceptedService::new(decode, guard.clone()))
                 .add_service(InterceptedService::new(kv, guard.clone()));
             (load, facts, router)
