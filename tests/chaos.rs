@@ -84,12 +84,20 @@ async fn all_correct(streams: Vec<Stream>, label: &str) -> Vec<ferry_proto::v1::
 async fn busy(chaos: &Chaos, streams: &[Stream], role: Role, min_tokens: usize) -> Proc {
     let router = chaos.router();
     let deadline = Instant::now() + Duration::from_secs(90);
+    // The last scrape that failed (a gauge missing, say), for the message if none is found.
+    let mut unreadable = None;
     loop {
         if role == Role::Decode {
             let mid_stream = streams.iter().any(|s| (min_tokens..MAX_TOKENS as usize - 4).contains(&s.seen()));
             let mut best: Option<(f64, Proc)> = None;
             for w in chaos.live_workers().into_iter().filter(|w| w.role == Role::Decode) {
-                let active = pool(&w.metrics).await.map(|p| p.active).unwrap_or(0.0);
+                let active = match pool(&w.metrics).await {
+                    Ok(p) => p.active,
+                    Err(e) => {
+                        unreadable = Some(format!("{}: {e}", w.name));
+                        0.0
+                    }
+                };
                 if active >= 1.0 && best.as_ref().is_none_or(|(a, _)| active > *a) {
                     best = Some((active, w));
                 }
@@ -103,7 +111,7 @@ async fn busy(chaos: &Chaos, streams: &[Stream], role: Role, min_tokens: usize) 
                 return chaos.proc_of(w);
             }
         }
-        assert!(Instant::now() < deadline, "no busy {role:?} worker (progress {:?})", streams.iter().map(Stream::seen).collect::<Vec<_>>());
+        assert!(Instant::now() < deadline, "no busy {role:?} worker (progress {:?}; last unreadable pool: {unreadable:?})", streams.iter().map(Stream::seen).collect::<Vec<_>>());
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -115,6 +123,7 @@ async fn migrated(chaos: &Chaos, finals: &[ferry_proto::v1::GenerateFinal], labe
     assert!(in_finals >= 1, "{label}: the fault missed: no request says it migrated: {finals:?}");
     let counted = chaos.router_metric("ferry_router_migrations_total").await;
     assert!(counted >= in_finals as f64, "{label}: ferry_router_migrations_total = {counted}, the finals say {in_finals}");
+    eprintln!("{label}: the fault struck: {in_finals} migrations in the finals, ferry_router_migrations_total = {counted}");
 }
 
 /// The positive control of a prefill fault: it struck a prompt in flight, which started again on
@@ -125,6 +134,7 @@ async fn retried(chaos: &Chaos, finals: &[ferry_proto::v1::GenerateFinal], label
     assert!(in_finals >= 1, "{label}: the fault missed: no request says it was retried: {finals:?}");
     let counted = chaos.router_metric("ferry_router_retries_total").await;
     assert!(counted >= in_finals as f64, "{label}: ferry_router_retries_total = {counted}, the finals say {in_finals}");
+    eprintln!("{label}: the fault struck: {in_finals} retries in the finals, ferry_router_retries_total = {counted}");
 }
 
 /// A killed worker is declared dead (its calls fail, or its lease expires).

@@ -153,14 +153,18 @@ impl Chaos {
         loop {
             let stopped = self.stopped.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let mut bad = Vec::new();
-            for w in self.live_workers().into_iter().filter(|w| !stopped.contains(&w.pid)) {
+            let running: Vec<Proc> = self.live_workers().into_iter().filter(|w| !stopped.contains(&w.pid)).collect();
+            for w in &running {
                 match pool(&w.metrics).await {
                     Ok(p) if p.is_whole() => {}
                     Ok(p) => bad.push(format!("{} (pid {}): {p:?}", w.name, w.pid)),
                     Err(e) => bad.push(format!("{} (pid {}): /metrics at {}: {e}", w.name, w.pid, w.metrics)),
                 }
             }
+            // No worker to check proves nothing.
+            assert!(!running.is_empty(), "no live, running worker to check the KV pool of");
             if bad.is_empty() {
+                eprintln!("KV pools whole: {}", running.iter().map(|w| w.name.as_str()).collect::<Vec<_>>().join(", "));
                 return;
             }
             assert!(Instant::now() < deadline, "KV pools not whole after {within:?}: {bad:?}");
