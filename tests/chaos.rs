@@ -84,12 +84,20 @@ async fn all_correct(streams: Vec<Stream>, label: &str) -> Vec<ferry_proto::v1::
 async fn busy(chaos: &Chaos, streams: &[Stream], role: Role, min_tokens: usize) -> Proc {
     let router = chaos.router();
     let deadline = Instant::now() + Duration::from_secs(90);
+    // The last scrape that failed (a gauge missing, say), for the message if none is found.
+    let mut unreadable = None;
     loop {
         if role == Role::Decode {
             let mid_stream = streams.iter().any(|s| (min_tokens..MAX_TOKENS as usize - 4).contains(&s.seen()));
             let mut best: Option<(f64, Proc)> = None;
             for w in chaos.live_workers().into_iter().filter(|w| w.role == Role::Decode) {
-                let active = pool(&w.metrics).await.map(|p| p.active).unwrap_or(0.0);
+                let active = match pool(&w.metrics).await {
+                    Ok(p) => p.active,
+                    Err(e) => {
+                        unreadable = Some(format!("{}: {e}", w.name));
+                        0.0
+                    }
+                };
                 if active >= 1.0 && best.as_ref().is_none_or(|(a, _)| active > *a) {
                     best = Some((active, w));
                 }
@@ -103,17 +111,36 @@ async fn busy(chaos: &Chaos, streams: &[Stream], role: Role, min_tokens: usize) 
                 return chaos.proc_of(w);
             }
         }
-        assert!(Instant::now() < deadline, "no busy {role:?} worker (progress {:?})", streams.iter().map(Stream::seen).collect::<Vec<_>>());
+        assert!(Instant::now() < deadline, "no busy {role:?} worker (progress {:?}; last unreadable pool: {unreadable:?})", streams.iter().map(Stream::seen).collect::<Vec<_>>());
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
-/// The fault moved at least one request: counted in the finals and in the routers' metrics.
+/// The positive control of a decode fault: it moved at least one request mid-stream, counted in
+/// the finals and in the routers' metrics; else the fault missed and the test proves nothing.
 async fn migrated(chaos: &Chaos, finals: &[ferry_proto::v1::GenerateFinal], label: &str) {
     let in_finals: u32 = finals.iter().map(|f| f.migrations).sum();
-    assert!(in_finals >= 1, "{label}: no request says it migrated: {finals:?}");
-    let counted = chaos.router_metric("ferry_router_migrations_total").await.unwrap_or(0.0);
+    assert!(in_finals >= 1, "{label}: the fault missed: no request says it migrated: {finals:?}");
+    let counted = chaos.router_metric("ferry_router_migrations_total").await;
     assert!(counted >= in_finals as f64, "{label}: ferry_router_migrations_total = {counted}, the finals say {in_finals}");
+    eprintln!("{label}: the fault struck: {in_finals} migrations in the finals, ferry_router_migrations_total = {counted}");
+}
+
+/// The positive control of a prefill fault: it struck a prompt in flight, which started again on
+/// another worker before its first token, counted in the finals and in the routers' metrics; else
+/// the fault missed (the prompts were done before it) and the test proves nothing.
+async fn retried(chaos: &Chaos, finals: &[ferry_proto::v1::GenerateFinal], label: &str) {
+    let in_finals: u32 = finals.iter().map(|f| f.retries).sum();
+    assert!(in_finals >= 1, "{label}: the fault missed: no request says it was retried: {finals:?}");
+    let counted = chaos.router_metric("ferry_router_retries_total").await;
+    assert!(counted >= in_finals as f64, "{label}: ferry_router_retries_total = {counted}, the finals say {in_finals}");
+    eprintln!("{label}: the fault struck: {in_finals} retries in the finals, ferry_router_retries_total = {counted}");
+}
+
+/// A killed worker is declared dead (its calls fail, or its lease expires).
+async fn marked_dead(chaos: &Chaos, label: &str) {
+    let dead = chaos.router_metric("ferry_router_workers_marked_dead_total").await;
+    assert!(dead >= 1.0, "{label}: ferry_router_workers_marked_dead_total = {dead} after a worker was killed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -128,6 +155,7 @@ async fn a_decode_worker_killed_mid_stream_its_requests_migrate() {
     chaos.kill(victim.pid);
     let finals = all_correct(streams, "decode killed").await;
     migrated(&chaos, &finals, "decode killed").await;
+    marked_dead(&chaos, "decode killed").await;
     chaos.assert_pools_whole(SETTLE).await;
     eprintln!("a_decode_worker_killed_mid_stream: {:.1} s", t.elapsed().as_secs_f64());
 }
@@ -142,7 +170,9 @@ async fn b_a_prefill_worker_killed_mid_prompt_its_prompts_go_elsewhere() {
     let streams = load(&chaos, &[chaos.router()]).await;
     let victim = busy(&chaos, &streams, Role::Prefill, 0).await;
     chaos.kill(victim.pid);
-    all_correct(streams, "prefill killed").await;
+    let finals = all_correct(streams, "prefill killed").await;
+    retried(&chaos, &finals, "prefill killed").await;
+    marked_dead(&chaos, "prefill killed").await;
     chaos.assert_pools_whole(SETTLE).await;
     eprintln!("b_a_prefill_worker_killed_mid_prompt: {:.1} s", t.elapsed().as_secs_f64());
 }
@@ -179,9 +209,10 @@ async fn d_a_prefill_worker_frozen_mid_prompt_its_prompts_go_elsewhere() {
     let victim = busy(&chaos, &streams, Role::Prefill, 0).await;
     chaos.stop(victim.pid);
     let struck = Instant::now();
-    all_correct(streams, "prefill frozen").await;
+    let finals = all_correct(streams, "prefill frozen").await;
     eprintln!("prefill frozen: every request done {:.1} s after the SIGSTOP", struck.elapsed().as_secs_f64());
     assert!(struck.elapsed() < FROZEN_HANDLED, "a frozen prefill worker held its prompts for {:?}", struck.elapsed());
+    retried(&chaos, &finals, "prefill frozen").await;
     chaos.resume(victim.pid);
     chaos.assert_pools_whole(SETTLE).await;
     eprintln!("d_a_prefill_worker_frozen_mid_prompt: {:.1} s", t.elapsed().as_secs_f64());
@@ -300,8 +331,10 @@ async fn g_with_no_decode_worker_left_requests_fail_clearly_within_seconds() {
     let _one = serial();
     let t = Instant::now();
     cases();
-    let no_restart: &[&str] = if Chaos::up_has_flag("--no-restart") { &["--no-restart"] } else { &[] };
-    let chaos = Chaos::up(&smollm2(), 1, 2, no_restart);
+    // Without --no-restart, `ferry up` would bring the killed workers back and the scenario would
+    // test something else: a `--help` that no longer lists it fails here, not silently.
+    assert!(Chaos::up_has_flag("--no-restart"), "`ferry up --help` does not list --no-restart");
+    let chaos = Chaos::up(&smollm2(), 1, 2, &["--no-restart"]);
     let router = chaos.router();
     let streams = load(&chaos, &[router.clone()]).await;
     wait_for("a streaming request", Duration::from_secs(90), || {
@@ -313,6 +346,7 @@ async fn g_with_no_decode_worker_left_requests_fail_clearly_within_seconds() {
         chaos.kill(w.pid);
     }
     let struck = Instant::now();
+    let mut failed = 0;
     for (i, s) in streams.into_iter().enumerate() {
         match s.task.await.expect("client task") {
             // Done before the kill.
@@ -320,10 +354,13 @@ async fn g_with_no_decode_worker_left_requests_fail_clearly_within_seconds() {
             Seen::Error { status, .. } => {
                 assert!(struck.elapsed() < Duration::from_secs(15), "request {i}: the error came {:?} after the kill", struck.elapsed());
                 assert_eq!(status.code(), tonic::Code::Unavailable, "request {i}: {status:?}");
+                failed += 1;
             }
             other => panic!("request {i}: {other:?}"),
         }
     }
+    // The positive control: the kill struck requests in flight (else every one was done first).
+    assert!(failed >= 1, "the fault missed: every request was done before the decode workers were killed");
     // A new request: a clear error at once, not a wait.
     let t_new = Instant::now();
     let s = start(&chaos, &router, token_request(&cases()[0].0, MAX_TOKENS), CLIENT_TIMEOUT).await;

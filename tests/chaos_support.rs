@@ -153,14 +153,18 @@ impl Chaos {
         loop {
             let stopped = self.stopped.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let mut bad = Vec::new();
-            for w in self.live_workers().into_iter().filter(|w| !stopped.contains(&w.pid)) {
+            let running: Vec<Proc> = self.live_workers().into_iter().filter(|w| !stopped.contains(&w.pid)).collect();
+            for w in &running {
                 match pool(&w.metrics).await {
                     Ok(p) if p.is_whole() => {}
                     Ok(p) => bad.push(format!("{} (pid {}): {p:?}", w.name, w.pid)),
                     Err(e) => bad.push(format!("{} (pid {}): /metrics at {}: {e}", w.name, w.pid, w.metrics)),
                 }
             }
+            // No worker to check proves nothing.
+            assert!(!running.is_empty(), "no live, running worker to check the KV pool of");
             if bad.is_empty() {
+                eprintln!("KV pools whole: {}", running.iter().map(|w| w.name.as_str()).collect::<Vec<_>>().join(", "));
                 return;
             }
             assert!(Instant::now() < deadline, "KV pools not whole after {within:?}: {bad:?}");
@@ -168,16 +172,22 @@ impl Chaos {
         }
     }
 
-    /// The sum of a metric's samples over every router's `/metrics` (None when no router has it).
-    pub async fn router_metric(&self, name: &str) -> Option<f64> {
+    /// The sum of a metric's samples over every live router's `/metrics`; panics when no router
+    /// answers or none exports it (an absent counter is not 0).
+    pub async fn router_metric(&self, name: &str) -> f64 {
         let mut total = None;
+        let mut scraped = 0;
         for r in self.routers().into_iter().filter(|r| alive(r.pid)) {
-            let Ok(text) = http_get(&r.metrics, "/metrics").await else { continue };
-            for v in samples(&text, name) {
+            let text = match http_get(&r.metrics, "/metrics").await {
+                Ok(t) => t,
+                Err(e) => panic!("router {} (pid {}): /metrics at {}: {e}", r.name, r.pid, r.metrics),
+            };
+            scraped += 1;
+            if let Some(v) = crate::cluster_support::metric_sum(&text, name) {
                 *total.get_or_insert(0.0) += v;
             }
         }
-        total
+        total.unwrap_or_else(|| panic!("{name}: no sample of it in the /metrics of the {scraped} live routers"))
     }
 }
 
@@ -211,6 +221,8 @@ pub fn samples<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = f64> + 
 /// A worker's KV pool as its own `/metrics` reports it.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Pool {
+    /// Every block of the pool (free + used): above 0 for a worker that serves.
+    pub total: f64,
     pub used: f64,
     pub reserved: f64,
     pub active: f64,
@@ -218,20 +230,29 @@ pub struct Pool {
 
 impl Pool {
     pub fn is_whole(&self) -> bool {
-        self.used == 0.0 && self.reserved == 0.0 && self.active == 0.0
+        self.total > 0.0 && self.used == 0.0 && self.reserved == 0.0 && self.active == 0.0
     }
 }
 
-/// Scrape one worker's pool gauges (a worker still loading reports none: nothing to leak).
+/// Scrape one worker's pool gauges. Every gauge must be there and the pool must have blocks: a
+/// worker that exports none (still loading, or the gauge renamed) is an error, not a whole pool.
 pub async fn pool(metrics: &str) -> std::io::Result<Pool> {
     let text = http_get(metrics, "/metrics").await?;
+    let missing = |what: &str| std::io::Error::other(format!("no {what} in its /metrics"));
     let blocks = |state: &str| {
+        let key = format!("state=\"{state}\"");
         text.lines()
-            .filter(|l| l.starts_with("ferry_worker_kv_blocks{") && l.contains(&format!("state=\"{state}\"")))
+            .filter(|l| l.starts_with("ferry_worker_kv_blocks{") && l.contains(&key))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>()
+            .reduce(|a, b| a + b)
+            .ok_or_else(|| missing(&format!("ferry_worker_kv_blocks{{{key}}}")))
     };
-    Ok(Pool { used: blocks("used"), reserved: blocks("reserved"), active: samples(&text, "ferry_worker_active_sequences").sum() })
+    let active = samples(&text, "ferry_worker_active_sequences").reduce(|a, b| a + b).ok_or_else(|| missing("ferry_worker_active_sequences"))?;
+    let (free, used, reserved) = (blocks("free")?, blocks("used")?, blocks("reserved")?);
+    if free + used <= 0.0 {
+        return Err(std::io::Error::other(format!("a KV pool of {} blocks (free {free}, used {used})", free + used)));
+    }
+    Ok(Pool { total: free + used, used, reserved, active })
 }
 
 /// What one client saw.

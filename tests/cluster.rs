@@ -587,10 +587,8 @@ fn openai_python_or_skip(test: &str) -> Option<std::path::PathBuf> {
         Err(why) => {
             use std::io::Write;
             // Straight to stderr, past the test harness's capture, so the skip is seen.
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n*** SKIPPED: {test}: {why}\n*** (set FERRY_OPENAI_PYTHON to a Python with openai=={OPENAI_PIN}; FERRY_REQUIRE_OPENAI=1 makes this a failure)\n"
-            );
+            let line = format!("\nSKIPPED: cluster::{test}: {why} (set FERRY_OPENAI_PYTHON to a Python with openai=={OPENAI_PIN}; FERRY_REQUIRE_OPENAI=1 makes this a failure)\n");
+            let _ = std::io::stderr().write_all(line.as_bytes());
             None
         }
     }

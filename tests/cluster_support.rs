@@ -369,14 +369,11 @@ impl Cluster {
         http_get(&self.router_metrics, "/metrics").await.expect("connect to the router's /metrics")
     }
 
-    /// The sum of a counter's samples in the router's `/metrics` (0 when absent).
+    /// The sum of a counter's samples in the router's `/metrics`; panics when the router exports
+    /// no sample of it (a renamed or unexported counter must not read as 0).
     pub async fn router_counter(&self, name: &str) -> f64 {
-        self.router_metrics()
-            .await
-            .lines()
-            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        let text = self.router_metrics().await;
+        metric_sum(&text, name).unwrap_or_else(|| panic!("the router's /metrics has no {name}:\n{text}"))
     }
 
     pub async fn workers(&self) -> Vec<WorkerInfo> {
@@ -425,6 +422,15 @@ impl Drop for Cluster {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The sum of a metric's samples (`name 3` or `name{…} 3`) in Prometheus text; None when it has
+/// none (absent is not 0).
+pub fn metric_sum(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or_else(|| panic!("not a Prometheus sample: {l}")))
+        .reduce(|a, b| a + b)
 }
 
 /// A token-ids request (greedy, no EOS stop unless `eos`).

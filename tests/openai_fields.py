@@ -8,9 +8,12 @@ Run by tests/cluster.rs against `ferry up`, with one JSON argument:
 For every field of `openai.types.chat.completion_create_params.CompletionCreateParamsBase`,
 `openai.types.completion_create_params.CompletionCreateParamsBase` and the chat message types:
   - the field is in docs/api.md's table for that endpoint;
-  - a request with a representative non-default value succeeds, or gets a 400 whose message or
-    `param` names the field: a `supported` field must succeed, a `rejected` one must be refused,
-    a `limited` one may be either (it is honoured for some values only).
+  - a request with a representative non-default value is judged by the table: a `supported` field
+    must succeed, and where its effect shows in a 2-token answer (EFFECTS) it must have it; a
+    `rejected` one must be a 400 naming it; a `limited` one is honoured for some values only: its
+    sample lies outside them (a 400 naming the field), and a value inside them (LIMITED_ALLOWED)
+    must succeed; a limited field that takes any value of its type (LIMITED_ANY: logged, no other
+    effect) must succeed with its sample.
 Every request asks for at most 2 tokens. Prints one line per field; any failure raises.
 """
 
@@ -79,6 +82,46 @@ SAMPLES = {
 }
 
 
+# Limited fields whose docs/api.md row allows any value of the type (logged, no other effect): the
+# sample must be answered.
+LIMITED_ANY = {"user", "metadata", "safety_identifier", "prompt_cache_key"}
+
+# Every other limited field: its sample above lies outside the values docs/api.md allows (so it
+# must be a 400 naming the field), and this value lies inside them (so it must be answered).
+LIMITED_ALLOWED = {
+    "prompt_cache_retention": "in_memory",
+    "prompt_cache_options": {},
+    "service_tier": "auto",
+    "store": False,
+    "modalities": ["text"],
+    "verbosity": "medium",
+    "reasoning_effort": "none",
+    "frequency_penalty": 0,
+    "presence_penalty": 0,
+    "logit_bias": {},
+    "suffix": "",
+}
+
+
+def choice(r):
+    return (r.get("choices") or [{}])[0]
+
+
+# The observable effect of a supported field's sample, by (endpoint, field): (what, test of the
+# answer as a dict; a streamed answer is {"chunks": [...]}).
+EFFECTS = {
+    ("chat", "n"): ("two choices", lambda r: len(r["choices"]) == 2),
+    ("completions", "n"): ("two choices", lambda r: len(r["choices"]) == 2),
+    ("completions", "echo"): ("the prompt first in the text", lambda r: choice(r)["text"].startswith("Hi")),
+    ("chat", "logprobs"): ("log-probabilities of the tokens", lambda r: bool((choice(r).get("logprobs") or {}).get("content"))),
+    ("completions", "logprobs"): ("2 alternatives per token", lambda r: len(((choice(r).get("logprobs") or {}).get("top_logprobs") or [{}])[0]) == 2),
+    ("chat", "top_logprobs"): ("2 alternatives per token", lambda r: len((((choice(r).get("logprobs") or {}).get("content") or [{}])[0]).get("top_logprobs") or []) == 2),
+    ("chat", "stream_options"): ("a last chunk with the usage", lambda r: any(c.get("usage") for c in r["chunks"])),
+    ("completions", "stream_options"): ("a last chunk with the usage", lambda r: any(c.get("usage") for c in r["chunks"])),
+    ("chat", "max_tokens"): ("at most 2 tokens", lambda r: 1 <= r["usage"]["completion_tokens"] <= 2),
+    ("completions", "max_tokens"): ("at most 2 tokens", lambda r: 1 <= r["usage"]["completion_tokens"] <= 2),
+}
+
 # Fields sent together with the one under test, by (endpoint, field).
 COMPANIONS = {
     ("chat", "top_logprobs"): {"logprobs": True},
@@ -141,7 +184,8 @@ def main():
     print(f"openai {openai.__version__} against {a['base_url']}: {len(documented)} table rows", flush=True)
 
     def send(endpoint, fields):
-        """Status and error (message, param) of one request with `fields` on top of a minimal one."""
+        """Status, error (message, param) and the answer (a dict) of one request with `fields` on
+        top of a minimal one."""
         base = {"model": model, "max_tokens": 1}
         base.update({"messages": [{"role": "user", "content": "Hi"}]} if endpoint == "chat" else {"prompt": "Hi"})
         base.update(fields)
@@ -151,24 +195,30 @@ def main():
         try:
             r = create(**base)
             if base.get("stream"):
-                for _ in r:
-                    pass
-            return 200, "", None
+                return 200, "", None, {"chunks": [c.model_dump() for c in r]}
+            return 200, "", None, r.model_dump()
         except openai.APIStatusError as e:
-            return e.status_code, str(e), getattr(e, "param", None)
+            return e.status_code, str(e), getattr(e, "param", None), None
 
-    def judge(label, field, support, status, message, param, offers_tools=False):
+    def judge(label, field, support, status, message, param, offers_tools=False, endpoint=None, answer=None):
         names = status == 400 and (field in (param or "") or re.search(rf"\b{re.escape(field)}\b", message))
         if support == "supported" and offers_tools and not a["model_takes_tools"]:
             no_tools = status == 400 and param == "tools" and "no tool support" in message
             check(f"{label}: supported, refused: the model's template takes no tools", no_tools, f"{status} {message}")
         elif support == "supported":
             check(f"{label}: supported, answered", status == 200, f"{status} {message}")
+            if (endpoint, field) in EFFECTS:
+                what, has = EFFECTS[(endpoint, field)]
+                check(f"{label}: supported, with its effect: {what}", has(answer), json.dumps(answer)[:600])
         elif support == "rejected":
             check(f"{label}: rejected with a 400 naming it", names, f"{status} {message} (param {param})")
+        elif field in LIMITED_ANY:
+            check(f"{label}: limited to logging, any value answered", status == 200, f"{status} {message}")
         else:
-            outcome = "honoured" if status == 200 else "refused by name"
-            check(f"{label}: limited, {outcome}", status == 200 or names, f"{status} {message}")
+            check(f"{label}: limited, a value outside the allowed ones is a 400 naming it", names, f"{status} {message} (param {param})")
+            check(f"{label}: limited: LIMITED_ALLOWED has a value it allows", field in LIMITED_ALLOWED, "add one from docs/api.md's row")
+            ok, message, _, _ = send(endpoint, {field: LIMITED_ALLOWED[field]})
+            check(f"{label}: limited, an allowed value ({json.dumps(LIMITED_ALLOWED[field])}) answered", ok == 200, f"{ok} {message}")
 
     schemas = {
         "chat": chat_params.CompletionCreateParamsBase,
@@ -189,9 +239,9 @@ def main():
             # A field that only means something with another one is sent with it (as OpenAI,
             # Ferry refuses `top_logprobs` without `logprobs: true`).
             fields = {field: value, **COMPANIONS.get((endpoint, field), {})}
-            status, message, param = send(endpoint, fields)
+            status, message, param, answer = send(endpoint, fields)
             offers = (endpoint, field) in OFFERS_TOOLS
-            judge(f"{endpoint}.{field} = {json.dumps(value)[:40]}", field, support, status, message, param, offers)
+            judge(f"{endpoint}.{field} = {json.dumps(value)[:40]}", field, support, status, message, param, offers, endpoint, answer)
             seen += 1
 
     # The fields of every kind of chat message.
@@ -206,12 +256,12 @@ def main():
             check(f"{key} ({role}) is in docs/api.md's table", support is not None, "add it to fields.rs and docs/api.md")
             value = SAMPLES[key] if key in SAMPLES else sample_of_type(tp)
             msg = {"role": role, "content": "Hi", field: value}
-            status, message, param = send("chat", {"messages": [msg]})
-            judge(f"{key} ({role})", field, support, status, message, param)
+            status, message, param, answer = send("chat", {"messages": [msg]})
+            judge(f"{key} ({role})", field, support, status, message, param, endpoint="chat", answer=answer)
             seen += 1
 
     # A field that is nowhere in the schema.
-    status, message, param = send("chat", {"extra_body": {"temprature": 0.1}})
+    status, message, param, _ = send("chat", {"extra_body": {"temprature": 0.1}})
     check("an unknown field is a 400 naming it", status == 400 and param == "temprature" and 'unknown field "temprature"' in message, message)
     print(f"all {seen} fields checked", flush=True)
     print("all checks passed", flush=True)

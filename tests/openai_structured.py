@@ -14,6 +14,7 @@ import sys
 from typing import Literal, Optional
 
 import openai
+import pydantic
 from pydantic import BaseModel, Field
 
 from openai_check import check
@@ -84,6 +85,7 @@ def main():
     model = a["model"]
 
     valid = total = 0
+    failures = []
     for schema, question in CASES:
         for label, sampling in [("greedy", {"temperature": 0}), ("sampled", {"temperature": 0.8, "seed": 7})]:
             total += 1
@@ -98,10 +100,16 @@ def main():
             check(f"{schema.__name__} {label}: finished", c.finish_reason == "stop", (c.finish_reason, c.message.content))
             parsed = c.message.parsed
             check(f"{schema.__name__} {label}: parsed {parsed!r}", isinstance(parsed, schema), c.message.content)
-            # pydantic validated it in parse(); validate again from the raw text, strictly.
-            schema.model_validate_json(c.message.content, strict=False)
+            # pydantic validated it in parse(); validate again from the raw text, strictly (no
+            # coercion: a number sent as a string, say, is refused), and count what passes.
+            try:
+                again = schema.model_validate_json(c.message.content, strict=True)
+            except pydantic.ValidationError as e:
+                failures.append(f"{schema.__name__} {label}: {e}: {c.message.content}")
+                continue
+            check(f"{schema.__name__} {label}: the strict validation is what parse() gave", again == parsed, c.message.content)
             valid += 1
-    check(f"structured outputs: {valid}/{total} valid objects", valid == total)
+    check(f"structured outputs: {valid}/{total} valid objects under strict validation", valid == total and total == 2 * len(CASES), failures)
 
     r = client.chat.completions.create(
         model=model,

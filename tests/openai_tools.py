@@ -91,6 +91,22 @@ def check_calls(label, message, allowed):
     check(f"{label}: call ids are unique", len(set(ids)) == len(ids), ids)
 
 
+def check_finish(label, r, max_tokens):
+    """Whatever the (random) model writes, its finish reason must agree with the answer: "tool_calls"
+    with valid calls, "stop" with text and no call, "length" with exactly `max_tokens` tokens."""
+    c = r.choices[0]
+    m, finish, used = c.message, c.finish_reason, r.usage.completion_tokens
+    check(f"{label}: a finish reason of the three", finish in ("stop", "length", "tool_calls"), r)
+    if finish == "tool_calls":
+        check_calls(label, m, {"get_weather", "get_time"})
+    elif finish == "stop":
+        check(f"{label}: stop: text and no calls", bool(m.content) and not m.tool_calls, r)
+        check(f"{label}: stop: within max_tokens", 1 <= used <= max_tokens, r.usage)
+    else:
+        check(f"{label}: length: max_tokens ({max_tokens}) tokens", used == max_tokens, r.usage)
+    print(f"     ({label}: finished with {finish} after {used} tokens)", flush=True)
+
+
 def streamed_choices(client, **kw):
     """Per choice index: the calls, content and finish reason a stream adds up to (the client's
     deltas, by choice and by call index)."""
@@ -165,9 +181,7 @@ def with_tools(client, model):
 
     # auto: whatever the (random) model writes, a well-formed answer.
     r = client.chat.completions.create(tool_choice="auto", **dict(base, max_tokens=24))
-    m = r.choices[0].message
-    check("auto: an answer", r.choices[0].finish_reason in ("stop", "length", "tool_calls"), r)
-    check("auto: calls only with finish_reason tool_calls or length", not m.tool_calls or r.choices[0].finish_reason != "stop", r)
+    check_finish("auto", r, 24)
 
     # A conversation with an earlier call and its result.
     turn = [
@@ -178,7 +192,7 @@ def with_tools(client, model):
         {"role": "tool", "tool_call_id": "call_abc", "content": json.dumps({"temperature": 18})},
     ]
     r = client.chat.completions.create(model=model, messages=turn, tools=TOOLS, max_tokens=12, temperature=0)
-    check("multi-turn with a call and its result: answered", r.choices[0].finish_reason in ("stop", "length", "tool_calls"), r)
+    check_finish("multi-turn with a call and its result", r, 12)
     r = client.chat.completions.create(model=model, messages=turn, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_tokens=160, temperature=0)
     check_calls("multi-turn, required", r.choices[0].message, {"get_weather", "get_time"})
 

@@ -83,18 +83,28 @@ fn json_schema_walks_always_parse_and_validate() {
 #[test]
 fn json_object_mode_yields_objects() {
     let (g, tok) = grammars();
+    let mut completed = 0;
     for seed in 1..=10u64 {
         let (ids, ended) = walk(&g, &tok, &OutputGrammar::JsonObject, seed, 300);
         let text = tok.decode(&ids, false).unwrap();
         if ended {
             let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("seed {seed}: not JSON ({e}): {text}"));
             assert!(v.is_object(), "{text}");
+            completed += 1;
         } else {
             // A random walk may wander inside a long string; the prefix must still be an object.
             assert!(text.starts_with('{'), "{text}");
         }
     }
+    // A matcher that never lets an object end would pass the loop above with no object checked.
+    assert!(completed >= JSON_OBJECT_WALKS_COMPLETED, "only {completed} of 10 walks completed an object (at least {JSON_OBJECT_WALKS_COMPLETED} do)");
 }
+
+/// How many of the seeded walks must complete (of 10; these seeds and this tokenizer complete 8
+/// JSON objects and 10 Lark sentences as of 2026-12-05): the walks' own assertions hold only for
+/// walks that end, so a matcher that never completes would otherwise pass with none checked.
+const JSON_OBJECT_WALKS_COMPLETED: usize = 5;
+const LARK_WALKS_COMPLETED: usize = 8;
 
 #[test]
 fn regex_and_choice_walks_match() {
@@ -117,15 +127,21 @@ fn regex_and_choice_walks_match() {
 fn lark_grammar_walks_match() {
     let (g, tok) = grammars();
     let lark = OutputGrammar::Lark("start: \"(\" NUM (\"+\" NUM)* \")\"\nNUM: /[1-9]/".into());
+    let mut completed = 0;
     for seed in 1..=10u64 {
         let (ids, ended) = walk(&g, &tok, &lark, seed, 60);
         let text = tok.decode(&ids, false).unwrap();
         if !ended {
+            // Unfinished in 60 tokens: still a prefix of the language.
+            assert!(text.starts_with('(') && !text.contains(')'), "{text:?}");
             continue;
         }
         let inner = text.strip_prefix('(').and_then(|t| t.strip_suffix(')')).unwrap_or_else(|| panic!("{text:?}"));
         assert!(inner.split('+').all(|n| n.len() == 1 && n.as_bytes()[0].is_ascii_digit() && n != "0"), "{text:?}");
+        completed += 1;
     }
+    // A matcher that never completes would pass the loop above with no assertion made.
+    assert!(completed >= LARK_WALKS_COMPLETED, "only {completed} of 10 walks completed (at least {LARK_WALKS_COMPLETED} do)");
 }
 
 #[test]

@@ -40,9 +40,20 @@ pub fn handle() -> Result<PrometheusHandle, RouterError> {
                 "a metrics recorder was already installed; /metrics shows only what it renders"
             );
         }
+        publish_fault_counters();
         h
     });
     Ok(h.clone())
+}
+
+/// The counters of faults the router handled, published at 0 from the start: a scrape tells "none
+/// happened" (0) from "not exported" (absent), so a reader can refuse an absent counter.
+fn publish_fault_counters() {
+    metrics::counter!("ferry_router_retries_total").increment(0);
+    metrics::counter!("ferry_router_migrations_total").increment(0);
+    for cause in ["lease_expired", "call_failed"] {
+        metrics::counter!("ferry_router_workers_marked_dead_total", "cause" => cause).increment(0);
+    }
 }
 
 /// What the router's `/readyz` says: 200 while its gRPC server serves, whatever the number of

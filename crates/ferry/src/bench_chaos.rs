@@ -306,10 +306,22 @@ fn samples<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = (&'a str, f
 }
 
 /// Blocks a worker's own counters say are taken: used + reserved (and its active sequences).
-async fn held(metrics: &str) -> Option<(f64, f64)> {
-    let text = http_get(metrics, "/metrics").await.ok()?;
-    let blocks = samples(&text, "ferry_worker_kv_blocks").filter(|(k, _)| k.contains("state=\"used\"") || k.contains("state=\"reserved\"")).map(|(_, v)| v).sum();
-    Some((blocks, samples(&text, "ferry_worker_active_sequences").map(|(_, v)| v).sum()))
+/// Every gauge must be there and the pool must have blocks: a worker that exports none (or a
+/// renamed gauge) is an error, never a pool with nothing held.
+async fn held(metrics: &str) -> Result<(f64, f64), String> {
+    let text = http_get(metrics, "/metrics").await.map_err(|e| format!("/metrics at {metrics}: {e}"))?;
+    let gauge = |name: &str, state: Option<&str>| {
+        samples(&text, name)
+            .filter(|(k, _)| state.is_none_or(|s| k.contains(&format!("state=\"{s}\""))))
+            .map(|(_, v)| v)
+            .reduce(|a, b| a + b)
+            .ok_or_else(|| format!("no {name}{} in its /metrics", state.map_or(String::new(), |s| format!("{{state=\"{s}\"}}"))))
+    };
+    let (free, used, reserved) = (gauge("ferry_worker_kv_blocks", Some("free"))?, gauge("ferry_worker_kv_blocks", Some("used"))?, gauge("ferry_worker_kv_blocks", Some("reserved"))?);
+    if free + used <= 0.0 {
+        return Err(format!("a KV pool of {} blocks", free + used));
+    }
+    Ok((used + reserved, gauge("ferry_worker_active_sequences", None)?))
 }
 
 /// Migration figures of one router's `/metrics`: the counter and the stall histogram's buckets.
@@ -549,8 +561,11 @@ async fn soak(a: &ChaosBenchArgs, up: &Up, prompts: Arc<Vec<(Vec<u32>, Vec<u32>)
     let pools = loop {
         let mut pools = Vec::new();
         for w in up.live(Role::Prefill).into_iter().chain(up.live(Role::Decode)) {
-            let (blocks, active) = held(&w.metrics).await.unwrap_or((0.0, 0.0));
-            pools.push((format!("{} (pid {})", w.name, w.pid), blocks, active));
+            // An unreadable pool is NaN: never whole, reported as such.
+            match held(&w.metrics).await {
+                Ok((blocks, active)) => pools.push((format!("{} (pid {})", w.name, w.pid), blocks, active)),
+                Err(e) => pools.push((format!("{} (pid {}): unreadable: {e}", w.name, w.pid), f64::NAN, f64::NAN)),
+            }
         }
         if pools.iter().all(|(_, b, s)| *b == 0.0 && *s == 0.0) || Instant::now() > settle {
             break pools;
@@ -589,8 +604,9 @@ fn print_report(a: &ChaosBenchArgs, r: &Report) -> anyhow::Result<()> {
     let lost = count(&|e| matches!(e, End::Lost));
     let hung = count(&|e| matches!(e, End::Hung));
     let unexplained: Vec<&Record> = r.records.iter().zip(&r.allowed).filter(|(_, ok)| !**ok).map(|(x, _)| x).collect();
-    let leaked: f64 = r.pools.iter().map(|(_, b, _)| b).sum();
-    let active: f64 = r.pools.iter().map(|(_, _, s)| s).sum();
+    let unreadable = r.pools.iter().filter(|(_, b, _)| b.is_nan()).count();
+    let leaked: f64 = r.pools.iter().map(|(_, b, _)| b).filter(|b| !b.is_nan()).sum();
+    let active: f64 = r.pools.iter().map(|(_, _, s)| s).filter(|s| !s.is_nan()).sum();
     let migrations = r.figures.iter().filter_map(|f| f.migrations).reduce(|x, y| x + y);
     let mut buckets: Vec<(f64, f64)> = Vec::new();
     for f in &r.figures {
@@ -621,7 +637,7 @@ fn print_report(a: &ChaosBenchArgs, r: &Report) -> anyhow::Result<()> {
             "failures": why,
             "faults": r.faults.iter().map(|(t, w)| json!({ "at_s": t, "fault": w })).collect::<Vec<_>>(),
             "slow_heals": r.heals.iter().map(|(t, s, w)| json!({ "at_s": t, "waited_s": s, "missing": w })).collect::<Vec<_>>(),
-            "leaked_blocks": leaked, "active_sequences_after_settle": active,
+            "leaked_blocks": leaked, "active_sequences_after_settle": active, "pools_unreadable": unreadable,
             "pools": r.pools.iter().map(|(w, b, s)| json!({ "worker": w, "blocks_held": b, "active_sequences": s })).collect::<Vec<_>>(),
             "migrations": migrations,
             "migration_stall_ms": { "p50": stall(0.5), "p99": stall(0.99) },
@@ -651,7 +667,7 @@ fn print_report(a: &ChaosBenchArgs, r: &Report) -> anyhow::Result<()> {
         for (w, b, s) in &r.pools {
             println!("  pool {w}: {b} blocks held, {s} sequences active");
         }
-        println!("leaked blocks {leaked}");
+        println!("leaked blocks {leaked}  unreadable pools {unreadable}");
         println!(
             "migrations {}  migration stall p50 {} ms  p99 {} ms  (client's longest token gap p50 {:.0} ms, p99 {:.0} ms)",
             migrations.map_or("n/a".to_string(), |m| format!("{m:.0}")),
@@ -662,7 +678,11 @@ fn print_report(a: &ChaosBenchArgs, r: &Report) -> anyhow::Result<()> {
         );
     }
     let bad = lost + hung + corrupted + unexplained.len();
-    anyhow::ensure!(bad == 0 && leaked == 0.0 && active == 0.0, "chaos soak failed: {lost} lost, {hung} hung, {corrupted} corrupted, {} unexplained failures, {leaked} leaked blocks", unexplained.len());
+    anyhow::ensure!(
+        bad == 0 && leaked == 0.0 && active == 0.0 && unreadable == 0,
+        "chaos soak failed: {lost} lost, {hung} hung, {corrupted} corrupted, {} unexplained failures, {leaked} leaked blocks, {unreadable} pools unreadable",
+        unexplained.len()
+    );
     Ok(())
 }
 

@@ -324,6 +324,38 @@ fn per_request_ratios(run: &serde_json::Value, simulated: &[SimRequest], predict
 }
 
 fn validate(a: &PlanArgs) -> anyhow::Result<()> {
+    let (cells, calibrated) = validated_cells(a)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&validation_report(&cells, &calibrated))?);
+        return Ok(());
+    }
+    print_cells(&cells);
+    if cells.iter().any(|c| c.ttft_ratio_p50.is_some()) {
+        println!("\nPer request, measured / predicted (median):");
+        for c in cells.iter().filter(|c| c.ttft_ratio_p50.is_some()) {
+            println!("  {} at {}/s: TTFT {:.2}, TPOT {:.2}", c.split, c.rate, c.ttft_ratio_p50.unwrap_or(f64::NAN), c.tpot_ratio_p50.unwrap_or(f64::NAN));
+        }
+    }
+    if !calibrated.is_empty() {
+        println!("\nAt the step time the workers measured during each rate (their steps' time ÷ the profile's, per role):");
+        print_cells(&calibrated);
+    }
+    Ok(())
+}
+
+/// `--measured`'s JSON report.
+fn validation_report(cells: &[Cell], calibrated: &[Cell]) -> serde_json::Value {
+    let report = |cells: &[Cell]| serde_json::json!({ "cells": cells, "within_15_percent": hits(cells), "of": cells.len() });
+    let mut v = report(cells);
+    if !calibrated.is_empty() {
+        v["at_measured_step_time"] = report(calibrated);
+    }
+    v
+}
+
+/// Every `--measured` cell, predicted from the profile; and those whose run recorded the workers'
+/// step time, predicted again at that speed.
+fn validated_cells(a: &PlanArgs) -> anyhow::Result<(Vec<Cell>, Vec<Cell>)> {
     let default_fleet = a.profile.as_ref().map(|p| fleet_of(p, a)).transpose()?.map(|(_, f)| f);
     // Predicted from the profile; and, where the runs recorded the workers' step time, from the
     // profile scaled to the speed the devices ran at during each rate.
@@ -384,27 +416,7 @@ fn validate(a: &PlanArgs) -> anyhow::Result<()> {
             }
         }
     }
-    if a.json {
-        let report = |cells: &[Cell]| serde_json::json!({ "cells": cells, "within_15_percent": hits(cells), "of": cells.len() });
-        let mut v = report(&cells);
-        if !calibrated.is_empty() {
-            v["at_measured_step_time"] = report(&calibrated);
-        }
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
-    }
-    print_cells(&cells);
-    if cells.iter().any(|c| c.ttft_ratio_p50.is_some()) {
-        println!("\nPer request, measured / predicted (median):");
-        for c in cells.iter().filter(|c| c.ttft_ratio_p50.is_some()) {
-            println!("  {} at {}/s: TTFT {:.2}, TPOT {:.2}", c.split, c.rate, c.ttft_ratio_p50.unwrap_or(f64::NAN), c.tpot_ratio_p50.unwrap_or(f64::NAN));
-        }
-    }
-    if !calibrated.is_empty() {
-        println!("\nAt the step time the workers measured during each rate (their steps' time ÷ the profile's, per role):");
-        print_cells(&calibrated);
-    }
-    Ok(())
+    Ok((cells, calibrated))
 }
 
 fn within(e: f64) -> bool {
@@ -489,3 +501,7 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+#[cfg(test)]
+#[path = "plan_measured_tests.rs"]
+mod measured_tests;

@@ -19,7 +19,7 @@ use rayon::prelude::*;
 /// not (each weight is dequantized once per call): SmolLM2 Q4_1 decode steps of 10 and 12
 /// sequences took 0.68-0.96x as long by row-dot as by GEMM in 22 of 24 paired runs (1 and 2
 /// threads), 16 about the same, 20 and more longer (docs/benchmarks.md, issue #2's section).
-pub(crate) const GEMV_MAX_ROWS: usize = 12;
+pub const GEMV_MAX_ROWS: usize = 12;
 
 /// One unit of parallel work: output columns `r0..r1` of projection `w`.
 #[derive(Clone, Copy)]

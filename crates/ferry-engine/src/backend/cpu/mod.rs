@@ -3,6 +3,9 @@
 
 mod attention;
 mod matmul;
+/// The matmul switch: steps of at most this many rows take the row-dot path (and, with 8-bit
+/// activations, quantize them), longer ones the GEMM path. Public so tests read it.
+pub use matmul::GEMV_MAX_ROWS;
 pub(crate) mod simd;
 
 use super::{Backend, BatchPlan, RopeTable};
