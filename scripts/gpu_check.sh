@@ -95,7 +95,7 @@ if [ -n "$TEST_BINS" ]; then
                 [ -f "$MODEL" ] || { echo "skipped $t: no SmolLM2 GGUF at $MODEL"; continue; }
                 FERRY_TEST_DEVICE=cuda FERRY_CUDA_F32_WEIGHTS=1 FERRY_SMOLLM2_GGUF="$MODEL" FERRY_FIXTURES="$PWD/tests/fixtures" timeout 120 "$t" --nocapture --test-threads=1 2>&1 | tee -a "$OUT/kernels.log"; rc=${PIPESTATUS[0]} ;;
             *)
-                FERRY_REQUIRE_GPU=1 FERRY_FIXTURES="$PWD/tests/fixtures" timeout 120 "$t" --nocapture --test-threads=1 2>&1 | tee -a "$OUT/kernels.log"; rc=${PIPESTATUS[0]} ;;
+                FERRY_REQUIRE_GPU=1 FERRY_FIXTURES="$PWD/tests/fixtures" timeout 120 "$t" --include-ignored --nocapture --test-threads=1 2>&1 | tee -a "$OUT/kernels.log"; rc=${PIPESTATUS[0]} ;;
         esac
         [ "$rc" -eq 0 ] || fail "$t"
     done
