@@ -126,3 +126,20 @@ async fn a_template_without_tools_refuses_them() {
     assert!(m.contains("chat template") && m.contains("no tool support"), "{m}");
     r.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_tool_the_template_cannot_render_is_a_400_naming_tools() {
+    let dir = tool_model();
+    let model = ferry_tokenizer::ModelText::open(&dir).unwrap().name;
+    let (r, addr) = router(&dir).await;
+    // The Hermes template concatenates each function's description: one without it fails there.
+    let bare = json!({"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}});
+    let e = post(&addr, "/v1/chat/completions", &json!({"model": model, "messages": [{"role": "user", "content": "Time?"}], "tools": [bare]}).to_string())
+        .await
+        .error(400);
+    assert_eq!(e["param"], "tools", "{e}");
+    let m = e["message"].as_str().unwrap();
+    assert!(m.contains("cannot render these `tools`") && m.contains("description"), "{m}");
+    r.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

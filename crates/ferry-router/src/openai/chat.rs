@@ -13,6 +13,7 @@ use super::response::IdCall;
 use super::tools::grammar;
 use super::tools::parse::{Call, Format, Piece, Scanner};
 use crate::service::{self, Shared};
+use crate::RouterError;
 
 /// Renders `parsed`'s conversation into `parsed.request.input`; with active tools, checks that the
 /// model can take them, sets a forcing choice's grammar, and gives back the scanner for the
@@ -47,7 +48,18 @@ pub fn prepare(shared: &Shared, parsed: &mut Parsed) -> Result<Option<Calls>, Ap
         calls = Some(Calls { scanner: Scanner::new(format, asked.max_calls()), made: Vec::new() });
     }
     let tools = active.map(|a| a.offered.as_slice());
-    let ids = service::chat_ids(text, &parsed.messages, tools).map_err(ApiError::from)?;
+    let ids = match service::chat_ids(text, &parsed.messages, tools) {
+        Ok(ids) => ids,
+        // The conversation renders without the tools: it is the tools the template cannot take
+        // (a tool without a `description`, say, where the template concatenates it).
+        Err(RouterError::InvalidRequest(why)) if tools.is_some() && service::chat_ids(text, &parsed.messages, None).is_ok() => {
+            return Err(ApiError::invalid(
+                format!("the model's chat template cannot render these `tools` ({why}); give each function the fields its template uses, such as a `description`"),
+                Some("tools"),
+            ));
+        }
+        Err(e) => return Err(ApiError::from(e)),
+    };
     parsed.request.input = Some(Input::Tokens(v1::TokenInput { ids }));
     Ok(calls)
 }

@@ -20,6 +20,7 @@ pub mod logprobs;
 pub mod messages;
 pub mod request;
 pub mod response;
+pub mod strict;
 pub mod structured;
 pub mod tokenize;
 pub mod tools;

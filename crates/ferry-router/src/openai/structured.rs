@@ -74,13 +74,21 @@ fn response_format(rf: &Value) -> Result<Option<Kind>, ApiError> {
                 return Err(ApiError::invalid("response_format.json_schema must be an object with a \"schema\"", Some(F)));
             };
             for key in js.keys() {
-                // name, description: labels for the model's provider; strict: Ferry's decoding is
-                // always strict (the mask never lets an invalid token through).
+                // name, description: labels for the model's provider; strict: no properties
+                // beyond those listed ([`super::strict`]; the mask itself is always exact).
                 if !matches!(key.as_str(), "name" | "description" | "schema" | "strict") {
                     return Err(ApiError::invalid(format!("response_format.json_schema.{key} is not a known field"), Some(F)));
                 }
             }
+            let strict = match js.get("strict") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(other) => return Err(ApiError::invalid(format!("response_format.json_schema.strict must be a boolean, not {other}"), Some(F))),
+            };
             match js.get("schema") {
+                Some(s @ Value::Object(_)) if strict => super::strict::tighten(s)
+                    .map(|s| Some(Kind::JsonSchema(s.to_string())))
+                    .map_err(|why| ApiError::invalid(format!("response_format.json_schema.schema: {why}"), Some(F))),
                 Some(s @ Value::Object(_)) => Ok(Some(Kind::JsonSchema(s.to_string()))),
                 None => Err(ApiError::invalid("response_format.json_schema.schema is required (a JSON schema object)", Some(F))),
                 Some(_) => Err(ApiError::invalid("response_format.json_schema.schema must be a JSON schema object", Some(F))),
@@ -180,8 +188,14 @@ mod tests {
         let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
         assert_eq!(kind(json!({"response_format": {"type": "json_object"}})), (Kind::JsonObject(true), "response_format"));
         assert_eq!(
-            kind(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": true, "schema": schema}}})),
+            kind(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})),
             (Kind::JsonSchema(schema.to_string()), "response_format")
+        );
+        // Strict: closed to unlisted properties.
+        let closed = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": false});
+        assert_eq!(
+            kind(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": true, "schema": schema}}})),
+            (Kind::JsonSchema(closed.to_string()), "response_format")
         );
         assert_eq!(kind(json!({"structured_outputs": {"regex": "a+"}})), (Kind::Regex("a+".into()), "structured_outputs"));
         assert_eq!(kind(json!({"structured_outputs": {"json": schema}})), (Kind::JsonSchema(schema.to_string()), "structured_outputs"));

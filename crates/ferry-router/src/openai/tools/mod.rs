@@ -145,11 +145,15 @@ fn tool(i: usize, t: &Value) -> Result<Tool, ApiError> {
     if let Some(d) = f.get("description").filter(|d| !d.is_null() && !d.is_string()) {
         return Err(at(format!("`function.description` must be a string, not {d}")));
     }
-    if let Some(s) = f.get("strict").filter(|s| !s.is_null() && !s.is_boolean()) {
-        return Err(at(format!("`function.strict` must be a boolean, not {s}")));
-    }
+    let strict = match f.get("strict") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(s) => return Err(at(format!("`function.strict` must be a boolean, not {s}"))),
+    };
     let parameters = match f.get("parameters") {
         None | Some(Value::Null) => serde_json::json!({"type": "object", "properties": {}, "additionalProperties": false}),
+        // Strict: no argument beyond those listed (see `openai::strict`).
+        Some(p @ Value::Object(_)) if strict => super::strict::tighten(p).map_err(|why| at(format!("`function.parameters`: {why}")))?,
         Some(p @ Value::Object(_)) => p.clone(),
         Some(other) => return Err(at(format!("`function.parameters` must be a JSON schema object, not {other}"))),
     };

@@ -33,6 +33,14 @@ fn choices_and_defaults() {
     assert_eq!((a.choice.clone(), a.parallel, a.active(), a.forces(), a.max_calls()), (Choice::Auto, true, true, false, None));
     assert_eq!(a.tools[1].parameters, json!({"type": "object", "properties": {}, "additionalProperties": false}));
     assert_eq!(a.offered, vec![weather(), clock()], "the template gets the tools as sent");
+    // Strict arguments: an object that says nothing is closed; one that allows more is refused.
+    let open = |strict: bool| json!({"type": "function", "function": {"name": format!("f_{strict}"), "strict": strict, "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}});
+    let a = p(json!({"tools": [open(true), open(false)]})).unwrap().unwrap();
+    assert_eq!(a.tools[0].parameters["additionalProperties"], json!(false));
+    assert_eq!(a.tools[1].parameters.get("additionalProperties"), None, "not strict: the schema's own default");
+    let loose = json!({"type": "function", "function": {"name": "f", "strict": true, "parameters": {"type": "object", "additionalProperties": true}}});
+    let e = p(json!({"tools": [loose]})).unwrap_err();
+    assert!(e.message.contains("`strict: true` allows no properties beyond those listed"), "{}", e.message);
     let a = p(json!({"tools": [weather()], "tool_choice": "none"})).unwrap().unwrap();
     assert!(!a.active());
     let a = p(json!({"tools": [weather()], "tool_choice": "required", "parallel_tool_calls": false})).unwrap().unwrap();
