@@ -109,12 +109,20 @@ def choice(r):
 
 # The observable effect of a supported field's sample, by (endpoint, field): (what, test of the
 # answer as a dict; a streamed answer is {"chunks": [...]}).
+def top_has_chosen(lp, n):
+    """A completions `logprobs` whose first token's `top_logprobs` holds it and n alternatives."""
+    tokens, tops = lp.get("tokens") or [], lp.get("top_logprobs") or []
+    return bool(tokens and tops) and tokens[0] in tops[0] and n <= len(tops[0]) <= n + 1
+
+
 EFFECTS = {
     ("chat", "n"): ("two choices", lambda r: len(r["choices"]) == 2),
     ("completions", "n"): ("two choices", lambda r: len(r["choices"]) == 2),
     ("completions", "echo"): ("the prompt first in the text", lambda r: choice(r)["text"].startswith("Hi")),
     ("chat", "logprobs"): ("log-probabilities of the tokens", lambda r: bool((choice(r).get("logprobs") or {}).get("content"))),
-    ("completions", "logprobs"): ("2 alternatives per token", lambda r: len(((choice(r).get("logprobs") or {}).get("top_logprobs") or [{}])[0]) == 2),
+    # Completions map each alternative's text to its logprob and always include the chosen token:
+    # 2 keys when it is among the top 2, else 3 (docs/api.md: "up to N + 1 keys").
+    ("completions", "logprobs"): ("2 alternatives per token, and the chosen one", lambda r: top_has_chosen(choice(r).get("logprobs") or {}, 2)),
     ("chat", "top_logprobs"): ("2 alternatives per token", lambda r: len((((choice(r).get("logprobs") or {}).get("content") or [{}])[0]).get("top_logprobs") or []) == 2),
     ("chat", "stream_options"): ("a last chunk with the usage", lambda r: any(c.get("usage") for c in r["chunks"])),
     ("completions", "stream_options"): ("a last chunk with the usage", lambda r: any(c.get("usage") for c in r["chunks"])),
