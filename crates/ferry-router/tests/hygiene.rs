@@ -130,7 +130,7 @@ fn limits(max_connections: usize, header_timeout: Duration, body_timeout: Durati
     ConnLimits { max_connections, header_timeout, body_timeout }
 }
 
-/// The value of the metric line starting `name{server="router_http"}`, 0 when absent.
+/// The value of the metric line starting `name{server="router_http"}`; panics when absent.
 async fn counted(metrics_addr: &str, name: &str) -> String {
     let m = common::http::get(metrics_addr, "/metrics").await;
     let key = format!("{name}{{server=\"router_http\"}} ");
