@@ -209,6 +209,19 @@ async fn a_killed_decode_worker_s_stream_migrates_and_the_rest_keep_serving() {
     assert_eq!(ids, reference.ids, "the same sample as without the fault");
     assert_eq!(fin.migrations, 1, "{fin:?}");
 
+    // Penalties too: the new workers count the generated tail of the prompt they are sent as
+    // output (repetition, frequency and presence penalty, min_tokens), so the sample goes on as
+    // it would have. On SmolLM2 the penalties change this sample.
+    let mut penalized = token_request(&[1, 504, 3575], 48);
+    penalized.sampling = Some(SamplingParams { temperature: 0.9, seed: Some(1234), repetition_penalty: Some(1.3), frequency_penalty: 0.5, presence_penalty: 0.3, ..Default::default() });
+    penalized.stop = Some(StopConditions { max_tokens: 48, min_tokens: 40, ..Default::default() });
+    let reference_penalized = run(&mut client, penalized.clone()).await.expect("the penalized reference");
+    assert_ne!(reference_penalized.ids, reference.ids, "the penalties change the sample");
+    cluster.wait_registered(ferry_proto::v1::WorkerRole::Decode, 2, Duration::from_secs(60)).await;
+    let (ids, fin, _) = kill_its_decode_worker_mid_stream(&cluster, &mut client, penalized).await;
+    assert_eq!(ids, reference_penalized.ids, "the same penalized sample as without the fault");
+    assert_eq!(fin.migrations, 1, "{fin:?}");
+
     // A structured output survives the migration: the new workers replay the generated tail into
     // their grammar matchers, so the answer is the one a run without the fault gives, and valid.
     let schema = r#"{"type":"object","properties":{"city":{"type":"string","maxLength":24},"country":{"type":"string","maxLength":24},"population":{"type":"integer","minimum":0}},"required":["city","country","population"],"additionalProperties":false}"#;

@@ -8,6 +8,7 @@
 //!   ships from a prefill worker to a decode worker.
 //! - [`kv_index`]: the router's index of which worker holds which KV blocks, from their events.
 //! - [`sampling`]: sampling parameters and their validation.
+//! - [`processors`]: vLLM's logits processors (penalties, logit bias, `min_tokens`, bad words).
 //! - [`logprobs`]: token log-probabilities (log-softmax of the raw logits, top alternatives).
 //! - [`stop`]: stop strings over streamed text.
 //! - [`failure`]: what the router does when a call to a worker fails (retry, migrate, wait, final).
@@ -29,6 +30,7 @@ pub mod logprobs;
 pub mod loadgen;
 pub mod multiturn;
 pub mod prefix_cache;
+pub mod processors;
 pub mod profile;
 #[cfg(test)]
 mod prefix_cache_props;
@@ -44,5 +46,6 @@ pub use prefix_cache::{BlockHash, CacheEvent, CacheEventKind, CacheStats, Parent
 pub use logprobs::{TokenLogprob, MAX_TOP_LOGPROBS};
 pub use kv_payload::{KvDtype, KvLayout, KvPayloadError, KvPayloadHeader, KvSpan};
 pub use routing::{WorkerRole, WorkerState};
+pub use processors::Processors;
 pub use sampling::{SamplingError, SamplingParams, MAX_CHOICES};
 pub use stop::{Released, StopMatcher};

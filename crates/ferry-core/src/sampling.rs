@@ -44,11 +44,48 @@ pub struct SamplingParams {
     /// is `seed + i` would ([`SamplingParams::choice`]).
     #[serde(default = "one")]
     pub n: u32,
+    /// vLLM's logits processors, applied in [`crate::processors`] before temperature (in this
+    /// order: bad words, `min_tokens`, logit bias, repetition, frequency and presence penalty).
+    /// Subtracted once per time the token occurs in the output so far (-2 to 2).
+    #[serde(default)]
+    pub frequency_penalty: f32,
+    /// Subtracted once if the token occurs in the output so far (-2 to 2).
+    #[serde(default)]
+    pub presence_penalty: f32,
+    /// Divides a positive logit and multiplies a negative one of every token in the prompt or
+    /// the output so far (> 0; 1 is none), as HF's `RepetitionPenaltyLogitsProcessor`.
+    #[serde(default = "one_f32")]
+    pub repetition_penalty: f32,
+    /// Added to these tokens' logits (each -100 to 100, OpenAI's `logit_bias`).
+    #[serde(default)]
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Keep only tokens whose probability (after temperature) is at least this fraction of the
+    /// most likely one's (0 to 1; 0 is no cut). Applied before top-k and top-p, as vLLM does.
+    #[serde(default)]
+    pub min_p: f32,
+    /// The stop ids (EOS and `stop_token_ids`) cannot be sampled, and stop strings do not end
+    /// the text, before this many tokens were generated (at most `max_tokens`).
+    #[serde(default)]
+    pub min_tokens: usize,
+    /// Words the output never contains: each is tokenized as written and with a leading space
+    /// (vLLM's rule), and a token that would complete one of those id sequences is banned.
+    #[serde(default)]
+    pub bad_words: Vec<String>,
 }
 
 fn one() -> u32 {
     1
 }
+
+fn one_f32() -> f32 {
+    1.0
+}
+
+/// The most `logit_bias` entries one request may carry.
+pub const MAX_LOGIT_BIAS: usize = 1024;
+/// The most `bad_words` one request may carry, and the longest one (bytes).
+pub const MAX_BAD_WORDS: usize = 64;
+pub const MAX_BAD_WORD_BYTES: usize = 256;
 
 /// The most completions one request may ask for (`n`).
 pub const MAX_CHOICES: u32 = 16;
@@ -85,6 +122,13 @@ impl Default for SamplingParams {
             logprobs: None,
             prompt_logprobs: None,
             n: 1,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            repetition_penalty: 1.0,
+            logit_bias: Vec::new(),
+            min_p: 0.0,
+            min_tokens: 0,
+            bad_words: Vec::new(),
         }
     }
 }
@@ -103,6 +147,41 @@ pub enum SamplingError {
     TopLogprobs { field: &'static str, got: u32 },
     #[error("n (completions per request) must be between 1 and {MAX_CHOICES}, got {0}")]
     Choices(u32),
+    #[error("`{field}` must be a number from -2 to 2, got {got}")]
+    Penalty { field: &'static str, got: f32 },
+    #[error("`repetition_penalty` must be a finite number > 0 (1 is none), got {0}")]
+    RepetitionPenalty(f32),
+    #[error("`logit_bias` for token {token} must be a number from -100 to 100, got {got}")]
+    LogitBias { token: u32, got: f32 },
+    #[error("`logit_bias` has {0} entries; at most {MAX_LOGIT_BIAS}")]
+    LogitBiasCount(usize),
+    #[error("`min_p` must be a number from 0 to 1, got {0}")]
+    MinP(f32),
+    #[error("`min_tokens` ({min}) must not exceed max_tokens ({max})")]
+    MinTokens { min: usize, max: usize },
+    #[error("`logit_bias` names token {token}, outside this model's vocabulary of {vocab}")]
+    LogitBiasToken { token: u32, vocab: usize },
+    #[error("`bad_words`: at most {MAX_BAD_WORDS} words of 1 to {MAX_BAD_WORD_BYTES} bytes each (word {index} breaks this)")]
+    BadWords { index: usize },
+}
+
+impl SamplingError {
+    /// The request field the error is about (OpenAI's and vLLM's names).
+    pub fn field(&self) -> &'static str {
+        match self {
+            SamplingError::Temperature(_) => "temperature",
+            SamplingError::TopP(_) => "top_p",
+            SamplingError::MaxTokens(_) => "max_tokens",
+            SamplingError::EmptyStop => "stop",
+            SamplingError::TopLogprobs { field, .. } | SamplingError::Penalty { field, .. } => field,
+            SamplingError::Choices(_) => "n",
+            SamplingError::RepetitionPenalty(_) => "repetition_penalty",
+            SamplingError::LogitBias { .. } | SamplingError::LogitBiasCount(_) | SamplingError::LogitBiasToken { .. } => "logit_bias",
+            SamplingError::MinP(_) => "min_p",
+            SamplingError::MinTokens { .. } => "min_tokens",
+            SamplingError::BadWords { .. } => "bad_words",
+        }
+    }
 }
 
 impl SamplingParams {
@@ -142,7 +221,56 @@ impl SamplingParams {
                 return Err(SamplingError::TopLogprobs { field, got });
             }
         }
+        self.validate_processors()
+    }
+
+    fn validate_processors(&self) -> Result<(), SamplingError> {
+        for (field, got) in [("frequency_penalty", self.frequency_penalty), ("presence_penalty", self.presence_penalty)] {
+            if !(-2.0..=2.0).contains(&got) {
+                return Err(SamplingError::Penalty { field, got });
+            }
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return Err(SamplingError::RepetitionPenalty(self.repetition_penalty));
+        }
+        if self.logit_bias.len() > MAX_LOGIT_BIAS {
+            return Err(SamplingError::LogitBiasCount(self.logit_bias.len()));
+        }
+        if let Some(&(token, got)) = self.logit_bias.iter().find(|(_, b)| !(-100.0..=100.0).contains(b)) {
+            return Err(SamplingError::LogitBias { token, got });
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(SamplingError::MinP(self.min_p));
+        }
+        if self.min_tokens > self.max_tokens {
+            return Err(SamplingError::MinTokens { min: self.min_tokens, max: self.max_tokens });
+        }
+        let bad = |w: &String| w.trim().is_empty() || w.len() > MAX_BAD_WORD_BYTES;
+        if let Some(index) = self.bad_words.iter().position(bad).or((self.bad_words.len() > MAX_BAD_WORDS).then_some(MAX_BAD_WORDS)) {
+            return Err(SamplingError::BadWords { index });
+        }
         Ok(())
+    }
+
+    /// The ids that end this request's text: its `stop_token_ids`, and the model's `eos` ids
+    /// unless `ignore_eos`.
+    pub fn stop_ids(&self, eos: &[u32]) -> Vec<u32> {
+        let mut ids = self.stop_token_ids.clone();
+        if !self.ignore_eos {
+            ids.extend_from_slice(eos);
+        }
+        ids
+    }
+
+    /// Whether any of vLLM's logits processors (penalties, bias, `min_tokens`, bad words) can
+    /// change this request's logits: the sampler then works on a processed copy.
+    pub fn processes_logits(&self) -> bool {
+        self.frequency_penalty != 0.0
+            || self.presence_penalty != 0.0
+            || self.repetition_penalty != 1.0
+            || !self.logit_bias.is_empty()
+            || self.min_tokens > 0
+            || !self.bad_words.is_empty()
     }
 }
 
@@ -168,7 +296,25 @@ mod tests {
         for (p, e) in cases {
             assert_eq!(p.validate(), Err(e));
         }
+        let more = [
+            (SamplingParams { frequency_penalty: 2.5, ..ok.clone() }, SamplingError::Penalty { field: "frequency_penalty", got: 2.5 }),
+            (SamplingParams { presence_penalty: -3.0, ..ok.clone() }, SamplingError::Penalty { field: "presence_penalty", got: -3.0 }),
+            (SamplingParams { repetition_penalty: 0.0, ..ok.clone() }, SamplingError::RepetitionPenalty(0.0)),
+            (SamplingParams { logit_bias: vec![(3, 101.0)], ..ok.clone() }, SamplingError::LogitBias { token: 3, got: 101.0 }),
+            (SamplingParams { logit_bias: vec![(0, 1.0); MAX_LOGIT_BIAS + 1], ..ok.clone() }, SamplingError::LogitBiasCount(MAX_LOGIT_BIAS + 1)),
+            (SamplingParams { min_p: 1.5, ..ok.clone() }, SamplingError::MinP(1.5)),
+            (SamplingParams { min_tokens: 9, max_tokens: 8, ..ok.clone() }, SamplingError::MinTokens { min: 9, max: 8 }),
+            (SamplingParams { bad_words: vec!["a".into(), " ".into()], ..ok.clone() }, SamplingError::BadWords { index: 1 }),
+            (SamplingParams { bad_words: vec!["a".into(); MAX_BAD_WORDS + 1], ..ok.clone() }, SamplingError::BadWords { index: MAX_BAD_WORDS }),
+        ];
+        for (p, e) in more {
+            assert!(p.processes_logits() || matches!(e, SamplingError::MinP(_)));
+            assert_eq!(p.validate(), Err(e));
+        }
+        assert!(!ok.processes_logits());
         assert!(SamplingParams { temperature: f32::NAN, ..ok.clone() }.validate().is_err());
+        assert!(SamplingParams { repetition_penalty: f32::NAN, ..ok.clone() }.validate().is_err());
+        assert!(SamplingParams { frequency_penalty: f32::NAN, ..ok.clone() }.validate().is_err());
         assert_eq!(SamplingParams { logprobs: Some(20), prompt_logprobs: Some(0), n: MAX_CHOICES, ..ok }.validate(), Ok(()));
     }
 

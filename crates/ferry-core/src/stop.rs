@@ -41,6 +41,13 @@ impl StopMatcher {
         Released { text, stopped: false }
     }
 
+    /// Releases `delta` unmatched (with whatever was held back): text before stop strings
+    /// apply (`min_tokens`).
+    pub fn pass(&mut self, delta: &str) -> String {
+        self.pending.push_str(delta);
+        std::mem::take(&mut self.pending)
+    }
+
     /// Everything still held back (generation ended for another reason).
     pub fn finish(&mut self) -> String {
         std::mem::take(&mut self.pending)

@@ -16,11 +16,10 @@ use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::loader::{self, LoadedModel};
 use crate::model::Model;
-use crate::sampler::Sampler;
-use crate::stop::StopMatcher;
-use ferry_core::{BlockPool, BlockTable, KvDtype, KvLayout, KvPayloadHeader, KvSpan, SamplingParams};
+use crate::sampler::{processors_for, Sampler};
+use ferry_core::{BlockPool, BlockTable, KvDtype, KvLayout, KvPayloadHeader, KvSpan, Processors, SamplingParams};
 use prefix::Seq;
-use ferry_tokenizer::{ChatTemplate, StreamDecoder, Tokenizer};
+use ferry_tokenizer::{ChatTemplate, TextStream, Tokenizer};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -284,11 +283,19 @@ impl<B: Backend> Engine<B> {
     /// The token ids that end generation for `params`: its own, plus the model's EOS ids unless
     /// `ignore_eos`.
     pub fn stop_ids(&self, params: &SamplingParams) -> Vec<u32> {
-        let mut ids = params.stop_token_ids.clone();
-        if !params.ignore_eos {
-            ids.extend(self.model.config.eos_token_ids.iter().chain(self.tokenizer.eos_ids()));
-        }
-        ids
+        params.stop_ids(&self.eos_ids())
+    }
+
+    /// The model's end-of-sequence ids (its config's and its tokenizer's).
+    pub fn eos_ids(&self) -> Vec<u32> {
+        self.model.config.eos_token_ids.iter().chain(self.tokenizer.eos_ids()).copied().collect()
+    }
+
+    /// The request's logits processors for a sequence whose prompt is `prompt` (see
+    /// [`ferry_core::processors`]); None when it asks for none. An id beyond the vocabulary in
+    /// `logit_bias` is an error naming it.
+    pub fn processors(&self, params: &SamplingParams, prompt: &[u32]) -> Result<Option<Processors>> {
+        processors_for(&self.tokenizer, self.model.config.vocab_size, &self.eos_ids(), params, prompt)
     }
 
     /// Encode a prompt the way this model expects (BOS per the tokenizer's settings).
@@ -561,10 +568,9 @@ impl<B: Backend> Engine<B> {
     fn generate_seq(&mut self, seq: SeqId, prompt: &[u32], cached: usize, params: &SamplingParams, on_text: &mut dyn FnMut(&str)) -> Result<Generation> {
         let start = Instant::now();
         let stop_ids = self.stop_ids(params);
-        let mut sampler = Sampler::new(params);
+        let mut sampler = Sampler::new(params).processing(self.processors(params, prompt)?);
         let tokenizer = self.tokenizer.clone();
-        let mut detok = StreamDecoder::new(&tokenizer, true);
-        let mut stops = StopMatcher::new(params.stop_strings.clone());
+        let mut stream = TextStream::new(&tokenizer, params.stop_strings.clone(), params.min_tokens);
         let mut text = String::new();
         let mut tokens = Vec::new();
         let mut logits = self.prefill(seq, &prompt[cached..])?;
@@ -572,7 +578,7 @@ impl<B: Backend> Engine<B> {
         let mut decode_start = Instant::now();
         let ctx = self.model.config.max_position;
         let finish = loop {
-            let tok = sampler.sample(&logits);
+            let tok = sampler.sample(&mut logits);
             if ttft.is_none() {
                 ttft = Some(start.elapsed());
                 decode_start = Instant::now();
@@ -581,13 +587,13 @@ impl<B: Backend> Engine<B> {
                 break FinishReason::StopToken(tok);
             }
             tokens.push(tok);
-            if let Some(delta) = detok.push(tok)? {
-                let r = stops.push(&delta);
-                on_text(&r.text);
-                text.push_str(&r.text);
-                if r.stopped {
-                    break FinishReason::StopString;
-                }
+            let (delta, stopped) = stream.push(tok)?;
+            if !delta.is_empty() {
+                on_text(&delta);
+                text.push_str(&delta);
+            }
+            if stopped {
+                break FinishReason::StopString;
             }
             if tokens.len() >= params.max_tokens {
                 break FinishReason::Length;
@@ -598,12 +604,7 @@ impl<B: Backend> Engine<B> {
             logits = self.step(&[StepItem { seq, tokens: &[tok], logits: Logits::Last }], &mut |_, _| {})?.pop().unwrap_or_default();
         };
         if finish != FinishReason::StopString {
-            let mut rest = detok.finish()?.unwrap_or_default();
-            let r = stops.push(&rest);
-            rest = r.text;
-            if !r.stopped {
-                rest.push_str(&stops.finish());
-            }
+            let rest = stream.flush()?;
             on_text(&rest);
             text.push_str(&rest);
         }

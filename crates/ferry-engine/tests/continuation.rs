@@ -57,3 +57,30 @@ fn greedy_continues_with_the_same_tokens() {
     let greedy = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(1) };
     check("llama-gqa", &greedy, 12);
 }
+
+#[test]
+fn penalties_continue_with_the_same_tokens() {
+    // Penalties read the output so far: a continuation must count the generated tail of its
+    // prompt (token_offset) as output, not as prompt, or frequency and presence change.
+    let penalized = SamplingParams {
+        temperature: 0.8,
+        seed: Some(41),
+        ignore_eos: true,
+        repetition_penalty: 1.3,
+        frequency_penalty: 0.6,
+        presence_penalty: 0.4,
+        logit_bias: vec![(7, 1.5)],
+        min_p: 0.02,
+        ..SamplingParams::default()
+    };
+    for model in ["llama-gqa", "qwen2-bias-tied"] {
+        check(model, &penalized, 16);
+    }
+    check("llama-gqa", &SamplingParams { temperature: 0.0, ..penalized.clone() }, 12);
+    // The penalties change this sample (so the check above is about them).
+    let mut e = engine(&golden_dir("llama-gqa"));
+    let plain = SamplingParams { repetition_penalty: 1.0, frequency_penalty: 0.0, presence_penalty: 0.0, logit_bias: vec![], ..penalized.clone() };
+    let with = e.generate(&prompt(), &SamplingParams { max_tokens: 16, ..penalized }, &mut |_| {}).unwrap().tokens;
+    let without = e.generate(&prompt(), &SamplingParams { max_tokens: 16, ..plain }, &mut |_| {}).unwrap().tokens;
+    assert_ne!(with, without);
+}

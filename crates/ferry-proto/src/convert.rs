@@ -27,6 +27,17 @@ pub fn sampling_from_wire(s: Option<&v1::SamplingParams>, stop: Option<&v1::Stop
         prompt_logprobs: s.prompt_logprobs,
         // Unset (0) is one completion.
         n: s.n.max(1),
+        frequency_penalty: s.frequency_penalty,
+        presence_penalty: s.presence_penalty,
+        repetition_penalty: s.repetition_penalty.unwrap_or(d.repetition_penalty),
+        logit_bias: {
+            let mut bias: Vec<(u32, f32)> = s.logit_bias.into_iter().collect();
+            bias.sort_by_key(|&(t, _)| t);
+            bias
+        },
+        min_p: s.min_p,
+        min_tokens: stop.min_tokens as usize,
+        bad_words: s.bad_words,
     }
 }
 
@@ -68,12 +79,19 @@ pub fn sampling_to_wire(p: &SamplingParams) -> (v1::SamplingParams, v1::StopCond
             logprobs: p.logprobs,
             prompt_logprobs: p.prompt_logprobs,
             n: p.n,
+            frequency_penalty: p.frequency_penalty,
+            presence_penalty: p.presence_penalty,
+            repetition_penalty: Some(p.repetition_penalty),
+            logit_bias: p.logit_bias.iter().copied().collect(),
+            min_p: p.min_p,
+            bad_words: p.bad_words.clone(),
         },
         v1::StopConditions {
             max_tokens: p.max_tokens.min(u32::MAX as usize) as u32,
             stop: p.stop_strings.clone(),
             stop_token_ids: p.stop_token_ids.clone(),
             ignore_eos: p.ignore_eos,
+            min_tokens: p.min_tokens.min(u32::MAX as usize) as u32,
         },
     )
 }
@@ -158,6 +176,13 @@ mod tests {
             logprobs: Some(3),
             prompt_logprobs: Some(0),
             n: 4,
+            frequency_penalty: 0.5,
+            presence_penalty: -0.25,
+            repetition_penalty: 1.3,
+            logit_bias: vec![(2, -100.0), (7, 3.5)],
+            min_p: 0.05,
+            min_tokens: 4,
+            bad_words: vec!["word".into()],
         };
         let (s, st) = sampling_to_wire(&p);
         assert_eq!(sampling_from_wire(Some(&s), Some(&st)), p);
@@ -177,6 +202,7 @@ mod tests {
         assert_eq!(d.top_p, 1.0);
         assert_eq!(d.temperature, 0.0);
         assert_eq!((d.logprobs, d.prompt_logprobs, d.n), (None, None, 1));
+        assert_eq!(d, SamplingParams { max_tokens: DEFAULT_MAX_TOKENS, ..SamplingParams::default() });
     }
 
     #[test]

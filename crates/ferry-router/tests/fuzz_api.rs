@@ -242,6 +242,12 @@ fn random_generate(rng: &mut StdRng) -> v1::GenerateRequest {
             top_p: [None, Some(0.0), Some(-0.5), Some(f32::NAN), Some(1.0)][rng.random_range(0..5)],
             seed: [None, Some(u64::MAX)][rng.random_range(0..2)],
             structured: structured.map(|k| v1::StructuredOutput { kind: Some(k) }),
+            frequency_penalty: [0.0, 1.5, -7.0, f32::NAN][rng.random_range(0..4)],
+            presence_penalty: [0.0, 0.5, f32::INFINITY][rng.random_range(0..3)],
+            repetition_penalty: [None, Some(1.2), Some(0.0), Some(-1.0), Some(f32::NAN)][rng.random_range(0..5)],
+            logit_bias: (0..rng.random_range(0..3)).map(|_| (rng.random(), [1.0, -100.0, 1e9, f32::NAN][rng.random_range(0..4)])).collect(),
+            min_p: [0.0, 0.1, 2.0, f32::NAN][rng.random_range(0..4)],
+            bad_words: (0..rng.random_range(0..3)).map(|_| text(rng)).collect(),
             ..Default::default()
         }),
         stop: Some(v1::StopConditions {
@@ -249,6 +255,7 @@ fn random_generate(rng: &mut StdRng) -> v1::GenerateRequest {
             stop: (0..rng.random_range(0..3)).map(|_| text(rng)).collect(),
             stop_token_ids: (0..rng.random_range(0..3)).map(|_| rng.random()).collect(),
             ignore_eos: rng.random(),
+            min_tokens: [0, 2, u32::MAX][rng.random_range(0..3)],
         }),
         cache_salt: text(rng),
     }

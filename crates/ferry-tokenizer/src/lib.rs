@@ -26,5 +26,5 @@ pub use error::{BoxError, TokenizerError};
 pub use gguf::PreTokenizerKind;
 pub use model_text::ModelText;
 pub use name::{served_name, without_quant};
-pub use stream::StreamDecoder;
+pub use stream::{StreamDecoder, TextStream};
 pub use tokenizer::Tokenizer;

@@ -6,6 +6,8 @@
 
 use crate::{Tokenizer, TokenizerError};
 
+use ferry_core::stop::{Released, StopMatcher};
+
 const REPLACEMENT: char = '\u{FFFD}';
 
 pub struct StreamDecoder<'a> {
@@ -101,5 +103,44 @@ mod tests {
         assert_eq!(new_suffix("", "héllo"), "héllo");
         assert_eq!(new_suffix("xé", "aé世"), "世");
         assert_eq!(new_suffix("abcdef", "ab"), "");
+    }
+}
+
+/// A completion's text as it streams: ids detokenized, then stop strings applied (the stop
+/// string is not returned). Stop strings are matched from the `min_tokens`-th token's text on
+/// (vLLM's rule: none ends the text earlier). One per sequence: the router's relay and the
+/// engine's own generate loop both use it, so the text is the same wherever it is produced.
+pub struct TextStream<'a> {
+    detok: StreamDecoder<'a>,
+    stops: StopMatcher,
+    min_tokens: usize,
+    tokens: usize,
+}
+
+impl<'a> TextStream<'a> {
+    pub fn new(tok: &'a Tokenizer, stop_strings: Vec<String>, min_tokens: usize) -> Self {
+        TextStream { detok: StreamDecoder::new(tok, true), stops: StopMatcher::new(stop_strings), min_tokens, tokens: 0 }
+    }
+
+    /// The text one more id releases, and whether it completed a stop string.
+    pub fn push(&mut self, id: u32) -> Result<(String, bool), TokenizerError> {
+        self.tokens += 1;
+        let Some(delta) = self.detok.push(id)? else { return Ok((String::new(), false)) };
+        if self.tokens < self.min_tokens {
+            return Ok((self.stops.pass(&delta), false));
+        }
+        let r = self.stops.push(&delta);
+        Ok((r.text, r.stopped))
+    }
+
+    /// What is held back, when generation ended for another reason than a stop string.
+    pub fn flush(&mut self) -> Result<String, TokenizerError> {
+        let rest = self.detok.finish()?.unwrap_or_default();
+        let r = if self.tokens < self.min_tokens { Released { text: self.stops.pass(&rest), stopped: false } } else { self.stops.push(&rest) };
+        let mut text = r.text;
+        if !r.stopped {
+            text.push_str(&self.stops.finish());
+        }
+        Ok(text)
     }
 }

@@ -45,6 +45,25 @@ impl Tokenizer {
         Ok(Tokenizer { inner, bos: None, eos: vec![], add_bos: false, add_eos: false, literal: Default::default() })
     }
 
+    /// The id sequences that `bad_words` ban (vLLM's rule): each word without leading spaces,
+    /// and with one leading space when that is a different first token and as many tokens
+    /// (how a word reads at the start of a text and in the middle of one).
+    pub fn bad_word_ids(&self, words: &[String]) -> Result<Vec<Vec<u32>>, TokenizerError> {
+        let mut out: Vec<Vec<u32>> = Vec::with_capacity(words.len() * 2);
+        for w in words {
+            let bare = self.encode(w.trim_start(), false)?;
+            let spaced = self.encode(&format!(" {}", w.trim_start()), false)?;
+            let distinct = spaced.len() == bare.len() && spaced.first() != bare.first();
+            if !bare.is_empty() {
+                out.push(bare);
+            }
+            if distinct && !spaced.is_empty() {
+                out.push(spaced);
+            }
+        }
+        Ok(out)
+    }
+
     /// Text to ids. With `add_special_tokens`, the tokenizer's own post-processing applies
     /// (and, for GGUF tokenizers, BOS/EOS per `tokenizer.ggml.add_bos_token` / `add_eos_token`).
     /// Special tokens written in the text (`<|im_start|>`) are always recognized.

@@ -106,7 +106,7 @@ pub struct Admission {
     pub events: mpsc::UnboundedSender<DecodeEvent>,
     pub reservation: Reservation,
     /// The structured-output matcher, over the completion so far (not yet the first token).
-    pub constraint: Option<ferry_grammar::Constraint>,
+    pub rules: crate::pick::Rules,
 }
 
 /// How a worker schedules its steps.
@@ -146,7 +146,7 @@ struct Prefilling {
     prompt_logprobs: Vec<TokenLogprob>,
     events: mpsc::UnboundedSender<DecodeEvent>,
     reservation: Reservation,
-    constraint: Option<ferry_grammar::Constraint>,
+    rules: crate::pick::Rules,
 }
 
 #[derive(Clone)]
@@ -387,7 +387,7 @@ impl Loop {
             match (part, outcome) {
                 (Part::Decode(i), Ok(mut logits)) => {
                     let r = &mut self.running[*i];
-                    let raw = r.logprobs.filter(|_| r.picker.is_constrained()).map(|_| logits.clone());
+                    let raw = r.logprobs.filter(|_| r.picker.alters_logits()).map(|_| logits.clone());
                     match r.picker.pick(&mut logits) {
                         Ok(tok) => {
                             // Logprobs are the model's, before the grammar's mask.
@@ -444,7 +444,7 @@ impl Loop {
                 }
             };
             let stop_ids = self.engine.stop_ids(&p.params);
-            let firsts = match crate::pick::first_tokens(&p.params, p.constraint, &logits, &stop_ids) {
+            let firsts = match crate::pick::first_tokens(&p.params, &p.rules, &logits, &stop_ids) {
                 Ok(f) => f,
                 Err((choice, e)) => {
                     let _ = self.engine.release(p.seq);
@@ -515,7 +515,7 @@ impl Loop {
                     let _ = a.events.send(DecodeEvent::Failed(WorkerError::SequenceFailed { request_id: a.request_id, what }));
                     return Ok(());
                 }
-                let pickers = match crate::pick::resume_pickers(&a.params, a.constraint, &firsts) {
+                let pickers = match crate::pick::resume_pickers(&a.params, &a.rules, &firsts) {
                     Ok(p) => p,
                     Err((choice, token, e)) => {
                         let _ = self.engine.release(seq);
@@ -548,7 +548,7 @@ impl Loop {
                     prompt_logprobs: Vec::new(),
                     events: a.events,
                     reservation: a.reservation,
-                    constraint: a.constraint,
+                    rules: a.rules,
                 });
             }
         }

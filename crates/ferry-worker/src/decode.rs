@@ -109,7 +109,7 @@ impl DecodeService {
         let params = ferry_proto::sampling_from_wire(req.sampling.as_ref(), req.stop.as_ref());
         params.validate()?;
         let ids = if req.prompt.is_empty() { &req.prompt_ids } else { &req.prompt };
-        let constraint = crate::pick::constraint_for(&facts.grammars, &params, ids).await?;
+        let rules = crate::pick::rules_for(facts, &params, ids).await?;
         let bs = facts.layout.block_size;
         // Every choice's tokens, the prompt's full blocks counted once (they are shared).
         let need = u64::from(ferry_core::routing::blocks_needed(prompt, params.max_tokens, params.n, facts.max_context, bs as u32));
@@ -123,7 +123,7 @@ impl DecodeService {
         // The caller may ask for less time than this worker's `--kv-timeout`, never more: an
         // admission holds KV blocks until its KV comes.
         let timeout = if req.kv_timeout_ms == 0 { self.kv_timeout } else { Duration::from_millis(req.kv_timeout_ms as u64).min(self.kv_timeout) };
-        Ok(Admit { params, reservation, timeout, constraint })
+        Ok(Admit { params, reservation, timeout, rules })
     }
 }
 
@@ -132,7 +132,7 @@ struct Admit {
     params: SamplingParams,
     reservation: Reservation,
     timeout: Duration,
-    constraint: Option<ferry_grammar::Constraint>,
+    rules: crate::pick::Rules,
 }
 
 /// Wait for an admitted request's KV (or its timeout, or the router going away), import it, and
@@ -202,7 +202,7 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
             Ok(w) => self.admit(&req).await.map(|a| (a, w)),
             Err(e) => Err(e),
         };
-        let (Admit { params, reservation, timeout, constraint }, work) = admitted.map_err(|e| {
+        let (Admit { params, reservation, timeout, rules }, work) = admitted.map_err(|e| {
             metrics::counter!("ferry_worker_requests_total", "role" => role, "outcome" => "refused").increment(1);
             tracing::info!(request_id = %req.request_id, worker = %self.name, "refused: {e}");
             Status::from(e)
@@ -215,7 +215,7 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
         let prompt_logprobs = params.prompt_logprobs.is_some();
         let choices = params.n.max(1);
         let (placeholder, _) = mpsc::unbounded_channel();
-        let admission = Admission { request_id: request_id.clone(), source: Source::Prompt { prompt: Vec::new(), held: None }, params, prompt_tokens, events: placeholder, reservation, constraint };
+        let admission = Admission { request_id: request_id.clone(), source: Source::Prompt { prompt: Vec::new(), held: None }, params, prompt_tokens, events: placeholder, reservation, rules };
         // The prompt's ids, when the router sent them: a colocated prompt, or a disaggregated
         // request's (for this worker's prefix cache).
         let colocated = !req.prompt.is_empty();

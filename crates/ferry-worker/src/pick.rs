@@ -1,5 +1,6 @@
-//! Choosing each token: the request's sampler, behind its structured-output mask when it has a
-//! grammar ([`ferry_grammar::Constraint`]).
+//! Choosing each token: the request's sampler (with its logits processors: penalties, bias,
+//! `min_tokens`, bad words), behind its structured-output mask when it has a grammar
+//! ([`ferry_grammar::Constraint`]).
 //!
 //! A constraint is built wherever a request samples: on the prefill worker for the first token,
 //! on the decode (or colocated) worker for the rest. Its state is the grammar plus the tokens the
@@ -12,11 +13,42 @@
 
 use std::time::Instant;
 
-use ferry_core::{SamplingParams, TokenLogprob};
-use ferry_engine::sampler::Sampler;
+use ferry_core::{Processors, SamplingParams, TokenLogprob};
+use ferry_engine::sampler::{processors_for, Sampler};
 use ferry_grammar::{Constraint, GrammarError, LazyGrammars};
 
+use crate::prefill::ModelFacts;
 use crate::{Result, WorkerError};
+
+/// What a request's choices choose their tokens by, besides their samplers: the grammar's
+/// matcher and the logits processors, each built once for the request (from its sequence so
+/// far) where it arrives, and copied for each choice.
+#[derive(Default)]
+pub struct Rules {
+    pub constraint: Option<Constraint>,
+    pub processors: Option<Processors>,
+}
+
+/// The [`Rules`] of a request with `params` whose prompt is `prompt` (its last `token_offset`
+/// ids generated earlier): see [`constraint_for`] and [`processors_for`].
+pub async fn rules_for(facts: &ModelFacts, params: &SamplingParams, prompt: &[u32]) -> Result<Rules> {
+    let processors = processors_for(&facts.tokenizer, facts.vocab_size, &facts.eos_ids, params, prompt)?;
+    let constraint = constraint_for(&facts.grammars, params, prompt).await?;
+    Ok(Rules { constraint, processors })
+}
+
+impl Rules {
+    /// Choice `i`'s chooser: its own sampler for `params.choice(i)` (`state`: continuing a
+    /// sampler elsewhere), and its own copies of the rules.
+    fn picker(&self, params: &SamplingParams, i: u32, state: Option<u64>) -> Picker {
+        let p = params.choice(i);
+        let sampler = match state {
+            Some(state) => Sampler::resume(&p, state),
+            None => Sampler::new(&p),
+        };
+        Picker::new(sampler.processing(self.processors.clone()), self.constraint.as_ref().map(Constraint::fork))
+    }
+}
 
 /// The constraint for a request with `params` whose prompt is `prompt`: None without a grammar.
 /// The prompt's last `token_offset` ids are the completion so far (a request moved here after
@@ -69,16 +101,17 @@ impl Picker {
 
     /// Commits a token sampled elsewhere (the first token, from the prefill worker).
     pub fn commit(&mut self, tok: u32) -> std::result::Result<(), GrammarError> {
+        self.sampler.record(tok);
         match &mut self.constraint {
             Some(c) => c.commit(tok),
             None => Ok(()),
         }
     }
 
-    /// Whether a grammar masks this request's logits (callers that need the model's own
-    /// distribution, for logprobs, keep a copy first).
-    pub fn is_constrained(&self) -> bool {
-        self.constraint.is_some()
+    /// Whether a grammar or a logits processor changes the logits [`Picker::pick`] is given
+    /// (callers that need the model's own distribution, for logprobs, keep a copy first).
+    pub fn alters_logits(&self) -> bool {
+        self.constraint.is_some() || self.sampler.alters_logits()
     }
 
     /// The grammar is complete: nothing but the end of the sequence may follow.
@@ -104,13 +137,13 @@ pub struct First {
 }
 
 /// The first token of each of the request's `params.n` choices from the prompt's last `logits`:
-/// choice `i` with the sampler of [`SamplingParams::choice`]`(i)` and its own fork of
-/// `constraint`. Err names the choice whose grammar could not be sampled under.
-pub fn first_tokens(params: &SamplingParams, constraint: Option<Constraint>, logits: &[f32], stop_ids: &[u32]) -> std::result::Result<Vec<First>, (u32, GrammarError)> {
+/// choice `i` with the sampler of [`SamplingParams::choice`]`(i)` and its own copy of `rules`.
+/// Err names the choice whose grammar could not be sampled under.
+pub fn first_tokens(params: &SamplingParams, rules: &Rules, logits: &[f32], stop_ids: &[u32]) -> std::result::Result<Vec<First>, (u32, GrammarError)> {
     let n = params.n.max(1);
     let mut firsts = Vec::with_capacity(n as usize);
     for i in 0..n {
-        let mut picker = Picker::new(Sampler::new(&params.choice(i)), constraint.as_ref().map(Constraint::fork));
+        let mut picker = rules.picker(params, i, None);
         let mut masked = logits.to_vec();
         let token = picker.pick(&mut masked).map_err(|e| (i, e))?;
         let logprob = crate::logprobs::of_token(params, logits, token);
@@ -121,13 +154,13 @@ pub fn first_tokens(params: &SamplingParams, constraint: Option<Constraint>, log
 
 /// The chooser of each of a request's `params.n` choices on a worker that did not sample the
 /// first tokens (a decode worker: they came from prefill, with each choice's sampler state):
-/// each resumes its sampler and takes its first token into its fork of `constraint`. Err names
-/// the choice whose first token does not fit the grammar.
-pub fn resume_pickers(params: &SamplingParams, constraint: Option<Constraint>, firsts: &[(u32, bool, u64)]) -> std::result::Result<Vec<Picker>, (u32, u32, GrammarError)> {
+/// each resumes its sampler and takes its first token into its copy of `rules`. Err names the
+/// choice whose first token does not fit the grammar.
+pub fn resume_pickers(params: &SamplingParams, rules: &Rules, firsts: &[(u32, bool, u64)]) -> std::result::Result<Vec<Picker>, (u32, u32, GrammarError)> {
     let mut pickers = Vec::with_capacity(firsts.len());
     for (i, &(token, is_stop, state)) in firsts.iter().enumerate() {
         let i = i as u32;
-        let mut picker = Picker::new(Sampler::resume(&params.choice(i), state), constraint.as_ref().map(Constraint::fork));
+        let mut picker = rules.picker(params, i, Some(state));
         if !is_stop {
             picker.commit(token).map_err(|e| (i, token, e))?;
         }

@@ -49,7 +49,7 @@ pub struct PrefillJob {
     /// Set by the engine thread when the prompt starts: leading tokens served from the cache.
     pub cached: Arc<AtomicUsize>,
     /// The request's structured-output matcher (its first token is masked by it).
-    pub constraint: Option<ferry_grammar::Constraint>,
+    pub rules: crate::pick::Rules,
 }
 
 enum Cmd {
@@ -82,6 +82,10 @@ pub struct ModelFacts {
     pub prefix_cache: bool,
     /// Structured outputs: the grammar engine for this model's vocabulary.
     pub grammars: Arc<LazyGrammars>,
+    /// For the logits processors: bad words are tokenized with it.
+    pub tokenizer: Arc<ferry_tokenizer::Tokenizer>,
+    /// The model's end-of-sequence ids (`min_tokens` holds them back).
+    pub eos_ids: Vec<u32>,
 }
 
 impl ModelFacts {
@@ -94,6 +98,8 @@ impl ModelFacts {
             model,
             prefix_cache: engine.prefix_cache_enabled(),
             grammars: Arc::new(LazyGrammars::new(engine.tokenizer.clone(), Some(engine.config().vocab_size))),
+            tokenizer: engine.tokenizer.clone(),
+            eos_ids: engine.eos_ids(),
         }
     }
 
@@ -414,7 +420,7 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
         let logits = logprobs::take_chunk(&a.job.params, &a.job.prompt, r.clone(), logits, &mut a.prompt_logprobs);
         if a.done == a.job.prompt.len() {
             let stop_ids = engine.stop_ids(&a.job.params);
-            let firsts = match crate::pick::first_tokens(&a.job.params, a.job.constraint.take(), &logits, &stop_ids) {
+            let firsts = match crate::pick::first_tokens(&a.job.params, &a.job.rules, &logits, &stop_ids) {
                 Ok(f) => f,
                 Err((choice, e)) => {
                     let _ = engine.release(a.seq);
@@ -519,7 +525,7 @@ impl PrefillService {
         facts.check_prompt(&req.prompt)?;
         let params = ferry_proto::sampling_from_wire(req.sampling.as_ref(), req.stop.as_ref());
         params.validate()?;
-        let constraint = crate::pick::constraint_for(&facts.grammars, &params, &req.prompt).await?;
+        let rules = crate::pick::rules_for(facts, &params, &req.prompt).await?;
         let target: KvTarget = req.target.clone().ok_or_else(|| WorkerError::InvalidRequest("no KV target".into()))?;
         let transport = self.transport_for(&target);
         let (out, mut rx) = mpsc::unbounded_channel();
@@ -537,7 +543,7 @@ impl PrefillService {
         let buffers = matches!(transport.kind(), KvTransportKind::Nccl | KvTransportKind::CudaIpc);
         let cached = Arc::new(AtomicUsize::new(0));
         let salt = req.cache_salt.to_vec();
-        let job = PrefillJob { request_id: req.request_id.clone(), prompt: req.prompt, params, out, cancelled, enqueued: Instant::now(), buffers, salt, ship_from, cached: cached.clone(), constraint };
+        let job = PrefillJob { request_id: req.request_id.clone(), prompt: req.prompt, params, out, cancelled, enqueued: Instant::now(), buffers, salt, ship_from, cached: cached.clone(), rules };
         self.engine.submit(job)?;
         let span = KvSpan { header: KvPayloadHeader { layout: facts.layout, tokens: tokens - ship_from }, start: ship_from };
         let begin = KvBegin {

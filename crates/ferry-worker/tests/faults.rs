@@ -195,7 +195,7 @@ async fn the_prefill_queue_is_bounded() {
             salt: Vec::new(),
             ship_from: 0,
             cached: Default::default(),
-            constraint: None,
+            rules: Default::default(),
         };
         (job, rx)
     };

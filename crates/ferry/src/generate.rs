@@ -52,6 +52,34 @@ pub struct SamplingArgs {
     pub stop_token: Vec<u32>,
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Keep only tokens at least this fraction as likely as the most likely one (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Divide (multiply, if negative) the logits of tokens already in the prompt or output (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// Subtract this per occurrence of a token in the output so far (-2 to 2).
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Subtract this once from every token in the output so far (-2 to 2).
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    /// Add a bias to a token's logit, as ID=BIAS (repeatable; -100 to 100).
+    #[arg(long = "logit-bias", value_parser = parse_bias)]
+    pub logit_bias: Vec<(u32, f32)>,
+    /// No stop token or stop string ends the text before this many tokens.
+    #[arg(long, default_value_t = 0)]
+    pub min_tokens: usize,
+    /// A word the output never contains (repeatable).
+    #[arg(long = "bad-word")]
+    pub bad_words: Vec<String>,
+}
+
+fn parse_bias(s: &str) -> Result<(u32, f32), String> {
+    let (id, bias) = s.split_once('=').ok_or_else(|| format!("expected ID=BIAS, got {s:?}"))?;
+    let id = id.trim().parse().map_err(|_| format!("{id:?} is not a token id"))?;
+    let bias = bias.trim().parse().map_err(|_| format!("{bias:?} is not a number"))?;
+    Ok((id, bias))
 }
 
 impl SamplingArgs {
@@ -70,6 +98,13 @@ impl SamplingArgs {
             logprobs: None,
             prompt_logprobs: None,
             n: 1,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            repetition_penalty: self.repetition_penalty,
+            logit_bias: self.logit_bias.clone(),
+            min_p: self.min_p,
+            min_tokens: self.min_tokens,
+            bad_words: self.bad_words.clone(),
         }
     }
 }

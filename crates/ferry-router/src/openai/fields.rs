@@ -90,9 +90,9 @@ pub const FIELDS: &[Field] = &[
     f("stream", Both, Supported),
     f("stream_options", Both, Supported),
     f("user", Both, limited(string, "a string: logged with the request id, no other effect")),
-    f("frequency_penalty", Both, limited(zero, "only 0: Ferry applies no penalties")),
-    f("presence_penalty", Both, limited(zero, "only 0: Ferry applies no penalties")),
-    f("logit_bias", Both, limited(empty, "only {}: Ferry applies no logit bias")),
+    f("frequency_penalty", Both, Supported),
+    f("presence_penalty", Both, Supported),
+    f("logit_bias", Both, Supported),
     f("n", Both, Supported),
     f("logprobs", Both, Supported),
     f("response_format", Both, Supported),
@@ -129,8 +129,10 @@ pub const FIELDS: &[Field] = &[
     f("ignore_eos", Both, Supported),
     f("cache_salt", Both, Supported),
     f("stop_token_ids", Both, Supported),
-    f("min_p", Both, limited(zero, "only 0: Ferry samples with top_k and top_p")),
-    f("repetition_penalty", Both, limited(one_f, "only 1: Ferry applies no penalties")),
+    f("min_p", Both, Supported),
+    f("repetition_penalty", Both, Supported),
+    f("min_tokens", Both, Supported),
+    f("bad_words", Both, Supported),
     f("structured_outputs", Both, Supported),
     f("guided_json", Both, Supported),
     f("guided_regex", Both, Supported),
@@ -155,6 +157,7 @@ pub const MESSAGE_FIELDS: &[Field] = &[
 /// The fields of `stream_options`.
 pub const STREAM_OPTIONS: &[Field] = &[
     f("include_usage", Both, Supported),
+    f("continuous_usage_stats", Both, Supported),
     f("include_obfuscation", Both, limited(off, "only false: Ferry's chunks carry no obfuscation padding")),
 ];
 
@@ -213,16 +216,8 @@ fn off(v: &Value) -> bool {
     matches!(v, Value::Null | Value::Bool(false))
 }
 
-fn zero(v: &Value) -> bool {
-    v.is_null() || v.as_f64() == Some(0.0)
-}
-
 fn one(v: &Value) -> bool {
     v.is_null() || v.as_u64() == Some(1)
-}
-
-fn one_f(v: &Value) -> bool {
-    v.is_null() || v.as_f64() == Some(1.0)
 }
 
 /// Null, or an empty string, array or object.

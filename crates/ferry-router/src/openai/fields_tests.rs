@@ -17,9 +17,9 @@ fn each_limited_or_rejected_field_takes_its_defaults_and_refuses_the_rest() {
     // (endpoint, field, accepted values, refused values)
     let cases: &[(Kind, &str, &[Value], &[Value])] = &[
         (P, "user", &[json!("u-17"), json!(null)], &[json!(5)]),
-        (P, "frequency_penalty", &[json!(0), json!(0.0), json!(null)], &[json!(0.5), json!("0")]),
-        (C, "presence_penalty", &[json!(0)], &[json!(-1.5)]),
-        (C, "logit_bias", &[json!({}), json!(null)], &[json!({"50256": -100})]),
+        (P, "frequency_penalty", &[json!(0), json!(0.5), json!(-2), json!(null)], &[json!(2.5), json!("0")]),
+        (C, "presence_penalty", &[json!(0), json!(-1.5)], &[json!(-2.01)]),
+        (C, "logit_bias", &[json!({}), json!(null), json!({"50256": -100})], &[json!({"50256": -101}), json!({"x": 1})]),
         (P, "n", &[json!(1), json!(null), json!(16)], &[json!(17), json!(0), json!("1")]),
         (C, "n", &[json!(2)], &[json!(-1)]),
         (P, "suffix", &[json!(""), json!(null)], &[json!(" end")]),
@@ -40,8 +40,10 @@ fn each_limited_or_rejected_field_takes_its_defaults_and_refuses_the_rest() {
         (C, "web_search_options", &[json!(null)], &[json!({})]),
         (C, "functions", &[json!([])], &[json!([{"name": "f"}])]),
         (C, "function_call", &[json!("none")], &[json!("auto")]),
-        (P, "min_p", &[json!(0)], &[json!(0.1)]),
-        (C, "repetition_penalty", &[json!(1), json!(1.0)], &[json!(1.1)]),
+        (P, "min_p", &[json!(0), json!(0.1), json!(1)], &[json!(1.1), json!(-0.1)]),
+        (C, "repetition_penalty", &[json!(1), json!(1.0), json!(1.1), json!(0.5)], &[json!(0), json!(-1)]),
+        (P, "min_tokens", &[json!(0), json!(16), json!(null)], &[json!(129), json!(-1)]),
+        (C, "bad_words", &[json!("no"), json!(["a", "b c"]), json!([])], &[json!([""]), json!([3]), json!(7)]),
         (C, "guided_decoding_backend", &[json!("llguidance"), json!("auto"), json!(null)], &[json!("xgrammar"), json!(3)]),
         (P, "guided_whitespace_pattern", &[json!(null)], &[json!(" ")]),
     ];
@@ -56,7 +58,7 @@ fn each_limited_or_rejected_field_takes_its_defaults_and_refuses_the_rest() {
             assert!(e.message.contains(&format!("`{name}`")), "{}", e.message);
         }
     }
-    // Every limited or rejected field is exercised above.
+    // Every limited or rejected field is exercised above (and the supported fields with ranges).
     for f in FIELDS {
         if !matches!(f.support, Support::Supported) {
             assert!(cases.iter().any(|c| c.1 == f.name), "no case for {}", f.name);

@@ -265,13 +265,16 @@ async fn run(
     }
     let render = logprobs::Render::new(h.shared.clone(), kind, want, started.prompt.first().copied());
     let mut renders = vec![render; n as usize];
-    let meta = Meta::new(
+    let mut meta = Meta::new(
         kind,
         &started.request_id,
         unix_now(),
         parsed.model,
         parsed.include_usage,
     );
+    if parsed.continuous_usage {
+        meta = meta.with_running_usage(started.prompt.len() as u32);
+    }
     let mut events = started.events;
     if !parsed.stream {
         let answers = collect(&mut events, n).await?;
@@ -412,6 +415,7 @@ impl Sse {
     }
 
     fn delta(&mut self, d: v1::TokenDelta) -> Bytes {
+        self.meta.generated(d.token_ids.len());
         let i = d.index as usize;
         let (Some(render), Some(echo)) = (self.renders.get_mut(i), self.echo.get_mut(i)) else {
             return error_event(&ApiError::server(format!("a delta for choice {i} of a request for {}", self.n)));

@@ -38,6 +38,8 @@ pub struct Parsed {
     pub stream: bool,
     /// `stream_options.include_usage`: a last chunk with `usage`.
     pub include_usage: bool,
+    /// `stream_options.continuous_usage_stats` (vLLM's): every chunk with the usage so far.
+    pub continuous_usage: bool,
     /// The field that asked for a structured output, if one did (named when its grammar is bad).
     pub structured_field: Option<&'static str>,
     /// What the client said about the request (`user`, `metadata`, `safety_identifier`,
@@ -111,6 +113,12 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
         seed: seed(obj.get("seed"))?,
         structured: structured.map(|(s, _)| s),
         n: choices(&obj)?,
+        frequency_penalty: field::<f32>(&obj, "frequency_penalty")?.unwrap_or(0.0),
+        presence_penalty: field::<f32>(&obj, "presence_penalty")?.unwrap_or(0.0),
+        repetition_penalty: field::<f32>(&obj, "repetition_penalty")?,
+        logit_bias: logit_bias(obj.get("logit_bias"))?,
+        min_p: field::<f32>(&obj, "min_p")?.unwrap_or(0.0),
+        bad_words: bad_words(obj.get("bad_words"))?,
         ..Default::default()
     };
     logprobs.apply(&mut sampling);
@@ -119,7 +127,12 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
         stop: stop(obj.get("stop"))?,
         stop_token_ids: field::<Vec<u32>>(&obj, "stop_token_ids")?.unwrap_or_default(),
         ignore_eos: field::<bool>(&obj, "ignore_eos")?.unwrap_or(false),
+        min_tokens: field::<u32>(&obj, "min_tokens")?.unwrap_or(0),
     };
+    // Every sampling value checked here, once, so a bad one is a 400 naming its field.
+    ferry_proto::sampling_from_wire(Some(&sampling), Some(&stop))
+        .validate()
+        .map_err(|e| ApiError::invalid(e.to_string(), Some(e.field())))?;
     // vLLM's field: requests share cached prompt KV only with requests of the same salt.
     let cache_salt = field::<String>(&obj, "cache_salt")?.unwrap_or_default();
     if cache_salt.len() > MAX_CACHE_SALT {
@@ -135,8 +148,8 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
             Some("logprobs"),
         ));
     }
-    let include_usage = match obj.get("stream_options") {
-        None | Some(Value::Null) => false,
+    let (include_usage, continuous_usage) = match obj.get("stream_options") {
+        None | Some(Value::Null) => (false, false),
         Some(_) if !stream => {
             return Err(ApiError::invalid(
                 "`stream_options` is only allowed when `stream` is true",
@@ -145,12 +158,12 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
         }
         Some(Value::Object(o)) => {
             fields::check(fields::STREAM_OPTIONS, kind, o, "stream_options.")?;
-            field::<bool>(o, "include_usage")
-                .map_err(|e| ApiError {
-                    param: Some("stream_options.include_usage".into()),
-                    ..e
-                })?
-                .unwrap_or(false)
+            let flag = |name: &'static str| {
+                field::<bool>(o, name)
+                    .map_err(|e| ApiError { param: Some(format!("stream_options.{name}")), ..e })
+                    .map(|b| b.unwrap_or(false))
+            };
+            (flag("include_usage")?, flag("continuous_usage_stats")?)
         }
         Some(other) => return Err(wrong_type("stream_options", "an object", other)),
     };
@@ -167,6 +180,7 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
         model: model.clone(),
         stream,
         include_usage,
+        continuous_usage,
         structured_field,
         tags,
         logprobs,
@@ -293,6 +307,39 @@ fn stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
     }
 }
 
+/// `logit_bias`: an object from token ids (as strings, OpenAI's form) to biases.
+fn logit_bias(v: Option<&Value>) -> Result<std::collections::HashMap<u32, f32>, ApiError> {
+    const NAME: &str = "logit_bias";
+    match v {
+        None | Some(Value::Null) => Ok(Default::default()),
+        Some(Value::Object(o)) => o
+            .iter()
+            .map(|(k, b)| {
+                let token = k.parse::<u32>().map_err(|_| {
+                    ApiError::invalid(format!("`{NAME}` keys are token ids (integers from 0 to 2^32-1 written as strings), not \"{}\"", crate::error::clip(k)), Some(NAME))
+                })?;
+                let bias = b.as_f64().ok_or_else(|| ApiError::invalid(format!("`{NAME}[\"{token}\"]` must be a number, not {}", type_name(b)), Some(NAME)))?;
+                Ok((token, bias as f32))
+            })
+            .collect(),
+        Some(other) => Err(wrong_type(NAME, "an object from token ids to numbers", other)),
+    }
+}
+
+/// `bad_words`: a string or an array of strings (vLLM's field).
+fn bad_words(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![s.clone()]),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|s| s.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| ApiError::invalid("`bad_words` must be a string or an array of strings", Some("bad_words"))),
+        Some(other) => Err(wrong_type("bad_words", "a string or an array of strings", other)),
+    }
+}
+
 /// `seed`: any 64-bit integer (negative ones are taken as their two's complement).
 fn seed(v: Option<&Value>) -> Result<Option<u64>, ApiError> {
     match v {
@@ -325,7 +372,14 @@ mod tests {
             r#"{"model": "m", "prompt": "Hi", "max_tokens": 5, "temperature": 0, "top_p": 0.5,
                "seed": 7, "stop": ["a", "b"], "n": 1, "stream": true,
                "stream_options": {"include_usage": true, "include_obfuscation": false}, "user": "extra",
-               "presence_penalty": 0, "stop_token_ids": [2, 9], "ignore_eos": true, "top_k": 4}"#,
+               "presence_penalty": 0.5, "stop_token_ids": [2, 9], "ignore_eos": true, "top_k": 4,
+               "frequency_penalty": -0.25, "repetition_penalty": 1.2, "logit_bias": {"7": -100, "3": 2.5},
+               "min_p": 0.1, "min_tokens": 2, "bad_words": ["no"]}"#,
+        );
+        let core = ferry_proto::sampling_from_wire(p.request.sampling.as_ref(), p.request.stop.as_ref());
+        assert_eq!(
+            (core.presence_penalty, core.frequency_penalty, core.repetition_penalty, core.logit_bias.clone(), core.min_p, core.min_tokens, core.bad_words.clone()),
+            (0.5, -0.25, 1.2, vec![(3, 2.5), (7, -100.0)], 0.1, 2, vec!["no".to_string()])
         );
         assert_eq!(p.tags, [("user", "extra".to_string())]);
         assert_eq!(
@@ -557,7 +611,18 @@ mod tests {
             (r#""echo": 1"#, "echo", "a boolean"),
             (r#""logprobs": 21"#, "logprobs", "from 0 to 20"),
             (r#""best_of": 3"#, "best_of", "not supported yet"),
-            (r#""presence_penalty": 0.5"#, "presence_penalty", "`presence_penalty` = 0.5 is not supported: only 0"),
+            (r#""presence_penalty": 2.5"#, "presence_penalty", "from -2 to 2, got 2.5"),
+            (r#""frequency_penalty": "x""#, "frequency_penalty", "invalid type"),
+            (r#""repetition_penalty": 0"#, "repetition_penalty", "> 0"),
+            (r#""min_p": 1.5"#, "min_p", "from 0 to 1"),
+            (r#""logit_bias": {"abc": 1}"#, "logit_bias", "keys are token ids"),
+            (r#""logit_bias": {"5": "x"}"#, "logit_bias", "must be a number"),
+            (r#""logit_bias": {"5": 101}"#, "logit_bias", "-100 to 100"),
+            (r#""logit_bias": [1]"#, "logit_bias", "an object"),
+            (r#""min_tokens": 200"#, "min_tokens", "`min_tokens` (200) must not exceed max_tokens (128)"),
+            (r#""bad_words": [1]"#, "bad_words", "a string or an array of strings"),
+            (r#""bad_words": [""]"#, "bad_words", "1 to 256 bytes"),
+            (r#""stream": true, "stream_options": {"continuous_usage_stats": 1}"#, "stream_options.continuous_usage_stats", "invalid type"),
         ] {
             let e = err(Kind::Completion, &format!("{{{base}, {extra}}}"));
             assert_eq!(

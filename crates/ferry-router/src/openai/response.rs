@@ -18,6 +18,15 @@ pub struct Meta {
     pub model: String,
     /// Chunks carry `"usage": null`, and a last chunk the usage (`stream_options.include_usage`).
     pub include_usage: bool,
+    /// `stream_options.continuous_usage_stats` (vLLM's): every chunk carries the usage so far.
+    running: Option<std::sync::Arc<RunningUsage>>,
+}
+
+/// The usage of a stream so far: its prompt, and the tokens of every choice generated yet.
+#[derive(Debug)]
+struct RunningUsage {
+    prompt: u32,
+    completion: std::sync::atomic::AtomicU32,
 }
 
 impl Meta {
@@ -39,6 +48,21 @@ impl Meta {
             created,
             model,
             include_usage,
+            running: None,
+        }
+    }
+
+    /// Every chunk of the stream carries `usage` as it stands (the prompt's `prompt_tokens`
+    /// tokens, the completion tokens counted by [`Meta::generated`]).
+    pub fn with_running_usage(self, prompt_tokens: u32) -> Meta {
+        let completion = std::sync::atomic::AtomicU32::new(0);
+        Meta { running: Some(std::sync::Arc::new(RunningUsage { prompt: prompt_tokens, completion })), ..self }
+    }
+
+    /// Counts `tokens` more generated tokens into the running usage (if the stream has one).
+    pub fn generated(&self, tokens: usize) {
+        if let Some(r) = &self.running {
+            r.completion.fetch_add(tokens as u32, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -58,7 +82,10 @@ impl Meta {
             "model": self.model,
             "choices": choices,
         });
-        if stream && self.include_usage {
+        if let (true, Some(r)) = (stream, &self.running) {
+            let completion = r.completion.load(std::sync::atomic::Ordering::Relaxed);
+            v["usage"] = json!({"prompt_tokens": r.prompt, "completion_tokens": completion, "total_tokens": r.prompt + completion});
+        } else if stream && self.include_usage {
             v["usage"] = Value::Null;
         }
         v
@@ -234,6 +261,17 @@ pub const DONE: &[u8] = b"data: [DONE]\n\n";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn continuous_usage_puts_the_usage_so_far_on_every_chunk() {
+        let m = Meta::new(Kind::Chat, "1", 5, "m".into(), false).with_running_usage(7);
+        assert_eq!(text_chunk(&m, 0, "a")["usage"], json!({"prompt_tokens": 7, "completion_tokens": 0, "total_tokens": 7}));
+        m.generated(3);
+        m.clone().generated(2);
+        assert_eq!(text_chunk(&m, 0, "b")["usage"], json!({"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}));
+        // Without include_usage, no closing usage chunk.
+        assert!(usage_chunk(&m, &[fin(v1::FinishReason::Length)]).is_none());
+    }
 
     fn fin(reason: v1::FinishReason) -> v1::GenerateFinal {
         v1::GenerateFinal {

@@ -80,7 +80,7 @@ struct Progress<'a> {
     /// Its final was sent.
     done: bool,
     /// Detokenizer and stop strings: they run on across a migration.
-    relay: relay::Relay<'a>,
+    text: ferry_tokenizer::TextStream<'a>,
     /// Ids streamed to the client, in order.
     generated: Vec<u32>,
     /// Since the request started.
@@ -112,7 +112,7 @@ impl<'a> Progress<'a> {
         Progress {
             choice,
             done: false,
-            relay: relay::Relay::new(&shared.text.tokenizer, params.stop_strings.clone()),
+            text: ferry_tokenizer::TextStream::new(&shared.text.tokenizer, params.stop_strings.clone(), params.min_tokens),
             generated: Vec::new(),
             ttft: None,
             last_token: Duration::ZERO,

@@ -1,13 +1,13 @@
 //! Step 3: the first token from prefill, then the decode stream, relayed to the client. Text is
-//! detokenized and stop strings applied here, exactly as the engine's `generate_seq` does
-//! locally; the detokenizer and the stop matcher live in the request's [`Progress`], so they run
-//! on unbroken across a migration.
+//! detokenized and stop strings applied here by the same [`ferry_tokenizer::TextStream`] the
+//! engine's `generate_seq` uses locally; it lives in the request's [`Progress`], so it runs on
+//! unbroken across a migration.
 
 use std::sync::Arc;
 
-use ferry_core::{SamplingParams, StopMatcher, WorkerRole};
+use ferry_core::{SamplingParams, WorkerRole};
 use ferry_proto::v1::{self, decode_response::Event as DecodeEvent, generate_response::Event};
-use ferry_tokenizer::{StreamDecoder, Tokenizer};
+
 use tonic::Status;
 
 use super::admit::Admission;
@@ -15,40 +15,6 @@ use super::call::watched;
 use super::{Failed, Halt, Job, Progress, Tx, interrupted, send_delta};
 use crate::RouterError;
 use crate::service::Shared;
-
-/// Detokenizer plus stop matcher, as `Engine::generate_seq` chains them.
-pub(super) struct Relay<'a> {
-    detok: StreamDecoder<'a>,
-    stops: StopMatcher,
-}
-
-impl<'a> Relay<'a> {
-    pub fn new(tokenizer: &'a Tokenizer, stop_strings: Vec<String>) -> Relay<'a> {
-        Relay { detok: StreamDecoder::new(tokenizer, true), stops: StopMatcher::new(stop_strings) }
-    }
-
-    /// Text released by one more id, and whether it completed a stop string.
-    fn push(&mut self, id: u32) -> Result<(String, bool), String> {
-        match self.detok.push(id).map_err(|e| e.to_string())? {
-            Some(delta) => {
-                let r = self.stops.push(&delta);
-                Ok((r.text, r.stopped))
-            }
-            None => Ok((String::new(), false)),
-        }
-    }
-
-    /// What is held back when generation ends for a reason other than a stop string.
-    fn flush(&mut self) -> Result<String, String> {
-        let rest = self.detok.finish().map_err(|e| e.to_string())?.unwrap_or_default();
-        let r = self.stops.push(&rest);
-        let mut text = r.text;
-        if !r.stopped {
-            text.push_str(&self.stops.finish());
-        }
-        Ok(text)
-    }
-}
 
 pub(super) fn protocol(job: &Job, worker: &str, message: String) -> Halt {
     Halt::Failed(Failed::fatal(RouterError::Protocol {
@@ -70,7 +36,7 @@ pub(super) async fn forward(job: &Job, worker: &str, prog: &mut Progress<'_>, tx
     let mut stopped = false;
     for &id in ids {
         taken += 1;
-        let (delta, stop) = prog.relay.push(id).map_err(|m| protocol(job, worker, m))?;
+        let (delta, stop) = prog.text.push(id).map_err(|m| protocol(job, worker, m.to_string()))?;
         out.push_str(&delta);
         if stop {
             stopped = true;
@@ -162,7 +128,7 @@ pub(super) async fn finish(
     completion: Option<u32>,
 ) -> Result<(), Halt> {
     if finish != v1::FinishReason::StopString {
-        let rest = prog.relay.flush().map_err(|m| protocol(job, &prog.decode_worker, m))?;
+        let rest = prog.text.flush().map_err(|m| protocol(job, &prog.decode_worker, m.to_string()))?;
         if !rest.is_empty() {
             send_delta(tx, &job.request_id, prog.choice, rest, vec![], vec![]).await?;
         }
