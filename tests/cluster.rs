@@ -544,8 +544,10 @@ async fn autoscale_under_ferry_up_follows_a_load_step() {
 
 /// The `openai` Python package version the client test installs.
 const OPENAI_PIN: &str = "3.57.0";
+/// And grpcio with its reflection client, for `tests/grpc_reflection.py`.
+const GRPC_PINS: [&str; 2] = ["grpcio==1.78.0", "grpcio-reflection==1.78.0"];
 
-/// A Python that has the `openai` package: `$FERRY_OPENAI_PYTHON`, else a venv under `target/`
+/// A Python that has the `openai` package (and grpcio with its reflection client): `$FERRY_OPENAI_PYTHON`, else a venv under `target/`
 /// made once with `python3 -m venv` and `pip install openai==OPENAI_PIN` (reused after that).
 ///
 /// Once per test process: the tests that need it run in parallel, and two of them creating the
@@ -557,7 +559,7 @@ fn openai_python() -> Result<std::path::PathBuf, String> {
 
 fn find_or_make_openai_python() -> Result<std::path::PathBuf, String> {
     let imports = |python: &std::path::Path, check: &str| {
-        std::process::Command::new(python).args(["-c", &format!("import openai, sys; {check}")]).output().is_ok_and(|o| o.status.success())
+        std::process::Command::new(python).args(["-c", &format!("import openai, grpc, grpc_reflection, sys; {check}")]).output().is_ok_and(|o| o.status.success())
     };
     if let Some(p) = std::env::var_os("FERRY_OPENAI_PYTHON") {
         let p = std::path::PathBuf::from(p);
@@ -580,7 +582,7 @@ fn find_or_make_openai_python() -> Result<std::path::PathBuf, String> {
     step("python3 -m venv", std::process::Command::new("python3").args(["-m", "venv", "--clear"]).arg(&venv))?;
     let pip = step(
         "pip install openai",
-        std::process::Command::new(&python).args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", &format!("openai=={OPENAI_PIN}")]),
+        std::process::Command::new(&python).args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", &format!("openai=={OPENAI_PIN}")]).args(GRPC_PINS),
     );
     if let Err(e) = pip {
         let _ = std::fs::remove_dir_all(&venv);
@@ -710,6 +712,11 @@ async fn openai_python_client_against_ferry_up() {
     let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && log.contains("all checks passed"), "tests/openai_fields.py failed:\n{log}");
     eprintln!("{log}");
+
+    // gRPC from descriptors alone: grpcio's v1alpha reflection client lists the router's own
+    // services and calls Generate.
+    let args = serde_json::json!({ "addr": cluster.router, "api_key": key });
+    run_python_script(python.clone(), "tests/grpc_reflection.py", args).await;
 
     // SmolLM2's ChatML template takes no tools: `tools` is a 400 saying so.
     let args = serde_json::json!({ "base_url": format!("http://{}/v1", cluster.http), "api_key": key, "model": name, "takes_tools": false });

@@ -162,12 +162,14 @@ impl Sampler {
         if self.is_greedy() {
             return (vec![argmax(logits)], vec![1.0]);
         }
-        let max = logits[argmax(logits) as usize];
+        let best = argmax(logits);
+        let max = logits[best as usize];
         // Each token's log-probability relative to the most likely one's, after temperature.
         let scaled = |i: u32| f64::from((logits[i as usize] - max) / self.temperature);
-        // min_p: p_i >= min_p · p_max, i.e. scaled(i) >= ln(min_p).
+        // min_p: p_i >= min_p · p_max, i.e. scaled(i) >= ln(min_p); the most likely token always
+        // stays (even when every logit is -inf: a grammar and a ban together can leave none).
         let floor = if self.min_p > 0.0 { f64::from(self.min_p).ln() } else { f64::NEG_INFINITY };
-        let mut idx: Vec<u32> = if self.min_p > 0.0 { (0..logits.len() as u32).filter(|&i| scaled(i) >= floor).collect() } else { (0..logits.len() as u32).collect() };
+        let mut idx: Vec<u32> = if self.min_p > 0.0 { (0..logits.len() as u32).filter(|&i| i == best || scaled(i) >= floor).collect() } else { (0..logits.len() as u32).collect() };
         // Top-k (cheap partial sort first), then sorted by logit, descending.
         let by_logit = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]);
         let k = if self.top_k == 0 { idx.len() } else { self.top_k.min(idx.len()) };
@@ -269,6 +271,15 @@ mod tests {
             rng.next_u64();
         });
         assert_eq!(s.rng_state(), rng.0);
+    }
+
+    #[test]
+    fn every_token_banned_still_gives_a_token_without_panicking() {
+        let banned = vec![f32::NEG_INFINITY; 8];
+        for (t, min_p, top_k, top_p) in [(0.0, 0.0, 0, 1.0), (0.8, 0.1, 0, 1.0), (0.8, 0.5, 3, 0.9), (1.0, 0.0, 0, 0.5)] {
+            let mut s = Sampler::new(&SamplingParams { temperature: t, min_p, top_k, top_p, seed: Some(3), ..SamplingParams::default() });
+            assert!(s.sample(&mut banned.clone()) < 8);
+        }
     }
 
     #[test]

@@ -128,12 +128,13 @@ async fn fields_are_honoured_or_refused_never_ignored() {
     };
     // Defaults and no-ops are accepted; the tags are logged.
     let ok = chat(json!({"user": "u1", "metadata": {"team": "a"}, "store": false, "service_tier": "auto",
-        "presence_penalty": 0, "logit_bias": {}, "tools": [], "response_format": {"type": "text"}, "n": 1,
+        "presence_penalty": 0.3, "logit_bias": {"5": -1.5}, "repetition_penalty": 1.1, "min_tokens": 1, "tools": [], "response_format": {"type": "text"}, "n": 1,
         "logprobs": false, "parallel_tool_calls": true, "modalities": ["text"]}));
     let a = post(&addr, "/v1/chat/completions", &ok).await;
     assert_eq!(a.status, 200, "{}", a.body);
     for (extra, param) in [
-        (json!({"presence_penalty": 0.3}), "presence_penalty"),
+        (json!({"presence_penalty": 2.3}), "presence_penalty"),
+        (json!({"logit_bias": {"1": 300}}), "logit_bias"),
         (json!({"service_tier": "flex"}), "service_tier"),
         (json!({"top_logprobs": 3}), "top_logprobs"),
         (json!({"tools": [{"type": "function", "function": {"name": "f"}}]}), "tools"),

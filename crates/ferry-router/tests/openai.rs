@@ -352,7 +352,7 @@ async fn bad_requests_get_openai_errors() {
             "/v1/completions",
             body(json!({"model": m, "prompt": "Hi", "temperature": -1})),
             400,
-            None,
+            Some("temperature"),
             "temperature",
         ),
         (

@@ -144,3 +144,53 @@ impl<'a> TextStream<'a> {
         Ok(text)
     }
 }
+
+#[cfg(test)]
+mod text_stream_tests {
+    use super::*;
+
+    fn golden_tokenizer() -> Tokenizer {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/golden/llama-gqa/tokenizer.json");
+        Tokenizer::from_json(&std::fs::read_to_string(path).unwrap(), "llama-gqa").unwrap()
+    }
+
+    #[test]
+    fn stop_strings_apply_from_min_tokens_on() {
+        let tok = golden_tokenizer();
+        let ids = tok.encode("a b a b a b", false).unwrap();
+        let run = |min_tokens| {
+            let mut s = TextStream::new(&tok, vec!["a".into()], min_tokens);
+            let mut text = String::new();
+            for (i, &id) in ids.iter().enumerate() {
+                let (t, stopped) = s.push(id).unwrap();
+                text.push_str(&t);
+                if stopped {
+                    return (text, Some(i));
+                }
+            }
+            text.push_str(&s.flush().unwrap());
+            (text, None)
+        };
+        // Without min_tokens the first "a" stops the text at once.
+        assert_eq!(run(0), (String::new(), Some(0)));
+        // With it, the text before the min_tokens-th token is never searched.
+        let (text, at) = run(3);
+        assert!(at.is_some_and(|i| i >= 2), "{text:?} {at:?}");
+        assert!(text.starts_with("a b"), "{text:?}");
+        // A min_tokens past the end: nothing stops it, all of the text comes out.
+        assert_eq!(run(ids.len() + 1), ("a b a b a b".to_string(), None));
+    }
+
+    #[test]
+    fn bad_words_are_banned_as_written_and_after_a_space() {
+        let tok = golden_tokenizer();
+        let seqs = tok.bad_word_ids(&["the".into(), "  license".into()]).unwrap();
+        let the = tok.encode("the", false).unwrap();
+        let space_the = tok.encode(" the", false).unwrap();
+        assert!(seqs.contains(&the), "{seqs:?}");
+        // " the" is added only when it is as many tokens and starts with another one.
+        assert_eq!(seqs.contains(&space_the), space_the.len() == the.len() && space_the[0] != the[0], "{seqs:?}");
+        // Leading spaces of the word are not part of it.
+        assert!(seqs.contains(&tok.encode("license", false).unwrap()), "{seqs:?}");
+    }
+}

@@ -109,6 +109,12 @@ impl DecodeService {
         let params = ferry_proto::sampling_from_wire(req.sampling.as_ref(), req.stop.as_ref());
         params.validate()?;
         let ids = if req.prompt.is_empty() { &req.prompt_ids } else { &req.prompt };
+        if params.processes_logits() && ids.len() != prompt {
+            return Err(WorkerError::InvalidRequest(format!(
+                "penalties, logit_bias, min_tokens and bad_words read the whole sequence: send the prompt's ids in prompt_ids (got {} of {prompt})",
+                ids.len()
+            )));
+        }
         let rules = crate::pick::rules_for(facts, &params, ids).await?;
         let bs = facts.layout.block_size;
         // Every choice's tokens, the prompt's full blocks counted once (they are shared).

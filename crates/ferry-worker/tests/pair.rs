@@ -86,7 +86,7 @@ async fn generate_via(p: &Worker, d: &Worker, prompt: &[u32], params: &SamplingP
     let (sampling, stop) = ferry_proto::sampling_to_wire(params);
     let mut dec = DecodeClient::new(channel(&d.addr).await);
     let token = mint();
-    let req = DecodeRequest { request_id: "t".into(), prompt_tokens: prompt.len() as u32, sampling: Some(sampling.clone()), stop: Some(stop.clone()), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone(), ..Default::default() };
+    let req = DecodeRequest { request_id: "t".into(), prompt_tokens: prompt.len() as u32, sampling: Some(sampling.clone()), stop: Some(stop.clone()), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone(), prompt_ids: prompt.to_vec(), ..Default::default() };
     let mut stream = dec.decode(req).await?.into_inner();
     let Some(decode_response::Event::Admitted(adm)) = stream.message().await?.and_then(|m| m.event) else { panic!("admitted first") };
     let target = KvTarget {
@@ -127,10 +127,22 @@ async fn disaggregated_output_equals_single_process_over_both_transports() {
     let mut single = engine(&path, None);
     let greedy = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(12) };
     let seeded = SamplingParams { temperature: 0.9, top_p: 0.95, seed: Some(42), ignore_eos: true, ..SamplingParams::greedy(12) };
+    // vLLM's processors read the sequence so far: the decode worker must count the first token,
+    // sampled on the prefill worker, as output.
+    let penalized = SamplingParams {
+        repetition_penalty: 1.4,
+        frequency_penalty: 0.8,
+        presence_penalty: 0.4,
+        logit_bias: vec![(9, 2.0)],
+        bad_words: vec!["the".into()],
+        min_tokens: 10,
+        ..SamplingParams::greedy(12)
+    };
+    let penalized_sample = SamplingParams { temperature: 0.9, min_p: 0.05, seed: Some(5), ..penalized.clone() };
     for transport in [TransportChoice::Tcp, TransportChoice::Grpc] {
         let p = start(Role::Prefill, &path, None, transport).await;
         let d = start(Role::Decode, &path, None, transport).await;
-        for (len, params) in [(5, &greedy), (37, &greedy), (19, &seeded)] {
+        for (len, params) in [(5, &greedy), (37, &greedy), (19, &seeded), (23, &penalized), (23, &penalized_sample)] {
             let prompt = prompt_ids(len);
             let want = single.generate(&prompt, params, &mut |_| {}).unwrap().tokens;
             let got = generate(&p, &d, &prompt, params).await.unwrap();
@@ -175,7 +187,7 @@ async fn admit(d: &Worker, prompt_tokens: u32, max_tokens: u32) -> Result<(tonic
 async fn admit_with(d: &Worker, prompt_tokens: u32, max_tokens: u32, token: String) -> Result<(tonic::Streaming<ferry_proto::v1::DecodeResponse>, u64, String), tonic::Status> {
     let mut dec = DecodeClient::new(channel(&d.addr).await);
     let stop = ferry_proto::v1::StopConditions { max_tokens, ignore_eos: true, ..Default::default() };
-    let req = DecodeRequest { request_id: "bad".into(), prompt_tokens, sampling: None, stop: Some(stop), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone(), ..Default::default() };
+    let req = DecodeRequest { request_id: "bad".into(), prompt_tokens, sampling: None, stop: Some(stop), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone(), prompt_ids: prompt.to_vec(), ..Default::default() };
     let mut stream = dec.decode(req).await?.into_inner();
     let Some(decode_response::Event::Admitted(a)) = stream.message().await?.and_then(|m| m.event) else { panic!("admitted first") };
     Ok((stream, a.transfer_id, token))
@@ -298,7 +310,7 @@ async fn cancelling_mid_stream_frees_the_kv_on_both_workers() {
     let (sampling, stop) = ferry_proto::sampling_to_wire(&params);
     let mut dec = DecodeClient::new(channel(&d.addr).await);
     let token = mint();
-    let req = DecodeRequest { request_id: "c".into(), prompt_tokens: 30, sampling: Some(sampling.clone()), stop: Some(stop.clone()), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone(), ..Default::default() };
+    let req = DecodeRequest { request_id: "c".into(), prompt_tokens: 30, sampling: Some(sampling.clone()), stop: Some(stop.clone()), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone(), prompt_ids: prompt.to_vec(), ..Default::default() };
     let mut stream = dec.decode(req).await.unwrap().into_inner();
     let Some(decode_response::Event::Admitted(adm)) = stream.message().await.unwrap().and_then(|m| m.event) else { panic!() };
     let target = KvTarget { decode_worker: "d".into(), grpc_addr: d.addr.clone(), data_addr: adm.data_addr, transfer_id: adm.transfer_id, transfer_token: token, transport: 0, ..Default::default() };
