@@ -20,9 +20,9 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status};
 
-use crate::registry::{Dial, endpoint};
-use crate::wire::role_to_wire;
-use crate::{RouterConfig, RouterError};
+use ferry_router::registry::{Dial, WorkerChannel, endpoint};
+use ferry_router::wire::role_to_wire;
+use ferry_router::{RouterConfig, RouterError};
 
 /// What a mock worker does.
 #[derive(Clone, Debug)]
@@ -141,7 +141,7 @@ impl MockWorker {
                 .tcp_nodelay(true)
                 .add_service(v1::prefill_server::PrefillServer::with_interceptor(svc.clone(), guard.clone()))
                 .add_service(v1::decode_server::DecodeServer::with_interceptor(svc, guard))
-                .serve_with_incoming(crate::incoming(listener))
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)))
                 .await;
         });
         let dial = Dial {
@@ -212,7 +212,7 @@ impl Drop for MockWorker {
 }
 
 async fn heartbeat_loop(
-    mut client: v1::registry_client::RegistryClient<crate::registry::WorkerChannel>,
+    mut client: v1::registry_client::RegistryClient<WorkerChannel>,
     reg: v1::RegisterRequest,
     id: Arc<Mutex<String>>,
     stats: Arc<MockStats>,
@@ -426,9 +426,9 @@ pub async fn router_overhead(
         .map_err(io("router address"))?
         .to_string();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let router = tokio::spawn(crate::serve(
+    let router = tokio::spawn(ferry_router::serve(
         RouterConfig::new(model),
-        crate::Listeners::grpc(listener),
+        ferry_router::Listeners::grpc(listener),
         async move {
             let _ = stopped.await;
         },
