@@ -13,7 +13,8 @@
 //!   (a worker leaving drains its requests). Never below one worker of each role, never above the
 //!   budget.
 
-use crate::loadgen::{attainment, poisson_arrivals, uniforms, Slo};
+use crate::arrivals::{poisson_arrivals, uniforms};
+use crate::slo::{attainment, Slo};
 use crate::sim::{simulate, Calibration, Fleet, SimRequest, Split};
 use crate::WorkerRole;
 use std::collections::{HashMap, VecDeque};

@@ -241,7 +241,7 @@ mod tests {
     /// inverse of the workers' block sets.
     #[test]
     fn the_two_maps_stay_each_other_s_inverse() {
-        let mut u = crate::loadgen::uniforms(7);
+        let mut u = crate::arrivals::uniforms(7);
         let mut ix: KvIndex<u64> = KvIndex::new();
         let mut seqs = [0u64; 3];
         for _ in 0..2000 {

@@ -18,8 +18,11 @@
 //! - [`profile`]: a worker's measured step costs and the cost model fitted to them.
 //! - [`autoscale`]: `ferry router --autoscale`'s policy (the split to run next, with hysteresis).
 //! - [`sim`]: `ferry plan`'s discrete-event simulation of a router and its pools.
+//! - [`arrivals`], [`slo`]: seeded Poisson arrivals and the latency/SLO arithmetic the simulator and
+//!   the autoscaler use (the benchmarks' load generator itself lives in the `ferry` crate).
 //! - [`schedule`]: what goes into an engine step (decode batch, prompt chunks, prompt admission).
 
+pub mod arrivals;
 pub mod autoscale;
 pub mod block_pool;
 pub mod cache_policy;
@@ -27,8 +30,6 @@ pub mod failure;
 pub mod kv_index;
 pub mod kv_payload;
 pub mod logprobs;
-pub mod loadgen;
-pub mod multiturn;
 pub mod prefix_cache;
 pub mod processors;
 pub mod profile;
@@ -38,6 +39,7 @@ pub mod routing;
 pub mod sampling;
 pub mod schedule;
 pub mod sim;
+pub mod slo;
 pub mod stop;
 pub mod text;
 

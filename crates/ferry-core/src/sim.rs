@@ -11,7 +11,7 @@
 //! says. Not modelled: the router's own latency, heartbeat lag, prefix caches, failures, and
 //! processes sharing cores (each worker is assumed to own its compute, as with `ferry up --pin`).
 
-use crate::loadgen::{attainment, percentile, Sample, Slo};
+use crate::slo::{attainment, percentile, Sample, Slo};
 use crate::profile::CostModel;
 use crate::routing::{blocks_needed, pick_prefill, rank_decode, DecodeCandidate, PrefillCandidate, WorkerState};
 use crate::schedule::{admit_prompt, plan_prefill, plan_step, Admit, PromptLeft, StepPlan, StepPolicy};
@@ -709,7 +709,7 @@ mod tests {
     fn goodput_falls_where_the_slo_starts_to_miss() {
         let f = fleet();
         // 200-token prompts, 20 tokens out: a prefill worker serves 5 prompts a second.
-        let workload = |rate: f64| crate::loadgen::poisson_arrivals(rate, 200, &mut crate::loadgen::uniforms(1)).into_iter().map(|at| req(at, 200, 20)).collect::<Vec<_>>();
+        let workload = |rate: f64| crate::arrivals::poisson_arrivals(rate, 200, &mut crate::arrivals::uniforms(1)).into_iter().map(|at| req(at, 200, 20)).collect::<Vec<_>>();
         let slo = Slo { ttft_ms: 1000.0, tpot_ms: 50.0 };
         let one = goodput(&f, Split::Disaggregated { prefill: 1, decode: 1 }, &workload, &slo, 0.9, 0.1, 50.0, 0.02);
         let two = goodput(&f, Split::Disaggregated { prefill: 2, decode: 1 }, &workload, &slo, 0.9, 0.1, 50.0, 0.02);

@@ -1,5 +1,5 @@
 //! The engine's one error type. Each variant names the operation and the values involved, and says
-//! (via [`EngineError::is_retryable`]) whether the same request could succeed elsewhere.
+//! (via [`EngineError::kind`]) whether the same request could succeed elsewhere.
 
 use std::path::PathBuf;
 use thiserror::Error;
@@ -56,18 +56,59 @@ pub enum EngineError {
     KernelCompile { file: String, log: String },
 }
 
+/// What an [`EngineError`] says about the request that met it: the one classification a worker
+/// maps to both its gRPC code and its fault tag (`ferry_worker::error`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The request itself is wrong: every engine would refuse it (final).
+    Invalid,
+    /// This engine has no room now; another with free KV blocks could serve it (retryable).
+    Capacity,
+    /// A KV payload that does not fit this engine: the transfer failed, another pair may work.
+    Payload,
+    /// A sequence this engine does not hold: that one request is lost here.
+    UnknownSequence,
+    /// The backend itself failed (the device is gone, a CUDA call failed): nothing more can run on
+    /// this engine, whichever sequence was in the step.
+    Device,
+    /// Loading and setup: never met by a request after start; if one is, this engine failed.
+    Setup,
+}
+
 impl EngineError {
-    /// True when the failure is about this engine's capacity, not the request: another worker
-    /// with free KV blocks could serve it.
-    pub fn is_retryable(&self) -> bool {
-        matches!(self, EngineError::Pool(ferry_core::PoolError::Exhausted { .. }))
+    /// This error's [`ErrorKind`] (exhaustive: a new variant must choose one).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            EngineError::EmptyPrompt
+            | EngineError::ContextOverflow { .. }
+            | EngineError::TokenOutOfRange { .. }
+            | EngineError::Sampling(_) => ErrorKind::Invalid,
+            EngineError::Pool(_) => ErrorKind::Capacity,
+            EngineError::KvPayload(_) => ErrorKind::Payload,
+            EngineError::UnknownSequence(_) => ErrorKind::UnknownSequence,
+            EngineError::DeviceUnavailable(..) | EngineError::Cuda { .. } => ErrorKind::Device,
+            EngineError::Io { .. }
+            | EngineError::Json { .. }
+            | EngineError::BadModel { .. }
+            | EngineError::BadSafetensors { .. }
+            | EngineError::Gguf(_)
+            | EngineError::Tokenizer(_)
+            | EngineError::UnsupportedArch { .. }
+            | EngineError::Config(_)
+            | EngineError::TensorShape { .. }
+            | EngineError::MissingTensor { .. }
+            | EngineError::UnsupportedDtype { .. }
+            | EngineError::Fetch(_)
+            | EngineError::CudaNotBuilt(_)
+            | EngineError::BadDevice(_)
+            | EngineError::KernelCompile { .. } => ErrorKind::Setup,
+        }
     }
 
-    /// True when the backend itself failed (the device is gone, a CUDA call failed): nothing more
-    /// can run on this engine, whichever sequence was in the step. Every other error of a step is
+    /// True when the backend itself failed ([`ErrorKind::Device`]). Every other error of a step is
     /// about its items (a token out of range, a full pool, an unknown sequence).
     pub fn is_device_fault(&self) -> bool {
-        matches!(self, EngineError::DeviceUnavailable(..) | EngineError::Cuda { .. })
+        self.kind() == ErrorKind::Device
     }
 
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {

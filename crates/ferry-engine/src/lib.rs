@@ -21,4 +21,4 @@ pub use backend::cpu::{Activations, CpuBackend};
 pub use backend::{Device, DeviceBackend, KvBuffer};
 pub use config::ModelConfig;
 pub use engine::{Engine, EngineConfig, FinishReason, Generation, KvView, Logits, SeqId, StepClock, StepItem};
-pub use error::{EngineError, Result};
+pub use error::{EngineError, ErrorKind, Result};

@@ -113,7 +113,7 @@ fn full_cache_is_a_retryable_error_and_changes_nothing() {
     let b = e.new_sequence();
     let free = e.free_blocks();
     let err = e.prefill(b, &[7u32; 40]).unwrap_err();
-    assert!(err.is_retryable(), "{err}");
+    assert_eq!(err.kind(), ferry_engine::ErrorKind::Capacity, "{err}");
     assert!(err.to_string().contains("exhausted"), "{err}");
     assert_eq!(e.seq_len(b).unwrap(), 0);
     assert_eq!(e.free_blocks(), free, "a failed step kept blocks");

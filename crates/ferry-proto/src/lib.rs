@@ -1,8 +1,9 @@
 //! Ferry's wire contract: the code generated from `proto/ferry/v1/*.proto` (client, worker, KV
 //! transfer and admin APIs), the conversions between wire messages and `ferry-core` types, and
 //! what every client and server of those APIs shares: bearer tokens ([`Bearer`]), the cluster
-//! secret ([`cluster`]), TLS ([`tls`]), connection limits ([`conn`]) and the rule for
-//! client-supplied request ids ([`request_id`]).
+//! secret ([`cluster`]), TLS ([`tls`]), connection limits ([`conn`]), the rule for
+//! client-supplied request ids ([`request_id`]) and the loop that keeps a worker registered with
+//! a router ([`heartbeat`]).
 
 pub mod v1 {
     #![allow(clippy::all, missing_docs)]
@@ -15,6 +16,7 @@ pub mod v1 {
 mod bearer;
 pub mod cluster;
 pub mod conn;
+pub mod heartbeat;
 pub mod reflection;
 mod convert;
 pub mod request_id;

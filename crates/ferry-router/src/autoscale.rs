@@ -14,7 +14,7 @@
 use crate::registry::Dial;
 use crate::service::Shared;
 use ferry_core::autoscale::{recommend, Autoscaler, Calibrator, Decision, Observed, Policy, Pools};
-use ferry_core::loadgen::Slo;
+use ferry_core::slo::Slo;
 use ferry_core::sim::Fleet;
 use ferry_core::WorkerRole;
 use std::collections::VecDeque;

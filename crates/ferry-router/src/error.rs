@@ -55,6 +55,9 @@ pub enum RouterError {
         "this router has no scaler: start it with --kube-scale (Kubernetes) or run it under `ferry up`"
     )]
     NoScaler,
+    /// `Scaler::Kubernetes` asked of a router built without the `kube` feature.
+    #[error("this router was built without Kubernetes support (the `kube` feature of ferry-router): --kube-scale is not available")]
+    KubeNotCompiled,
     #[error("scaling through {backend}: {message}")]
     ScaleFailed { backend: String, message: String },
     #[error("invalid registration: {0}")]
@@ -181,7 +184,8 @@ impl RouterError {
             RouterError::MovesExhausted { last, .. } => last.grpc_code(),
             RouterError::FingerprintMismatch { .. }
             | RouterError::ShuttingDown(_)
-            | RouterError::NoScaler => Code::FailedPrecondition,
+            | RouterError::NoScaler
+            | RouterError::KubeNotCompiled => Code::FailedPrecondition,
             RouterError::ScaleFailed { .. } => Code::Unavailable,
             RouterError::WorkerFailed { code, .. } => *code,
             RouterError::BadAddress { .. } => Code::InvalidArgument,
@@ -215,7 +219,7 @@ impl RouterError {
                 StatusCode::TOO_MANY_REQUESTS
             }
             RouterError::MovesExhausted { last, .. } => last.http_status(),
-            RouterError::ShuttingDown(_) | RouterError::NoScaler => StatusCode::CONFLICT,
+            RouterError::ShuttingDown(_) | RouterError::NoScaler | RouterError::KubeNotCompiled => StatusCode::CONFLICT,
             RouterError::FingerprintMismatch { .. }
             | RouterError::LoadModel { .. }
             | RouterError::Serve(_)

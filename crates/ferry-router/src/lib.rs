@@ -10,14 +10,14 @@
 //! - [`auth`]: API keys for the client APIs.
 //! - [`admin`]: the `Registry` and `Admin` services.
 //! - [`metrics`]: the Prometheus recorder and `/metrics` server.
-//! - [`mock`]: fast mock workers for tests and `ferry bench router`.
+//!
+//! Mock workers for its tests and `ferry bench router` are in `ferry-testkit`, not here.
 
 pub mod admin;
 pub mod auth;
 pub mod autoscale;
 mod error;
 pub mod metrics;
-pub mod mock;
 pub mod openai;
 pub mod orchestrate;
 pub mod queue;
@@ -25,7 +25,7 @@ pub mod registry;
 pub mod scale;
 pub mod service;
 pub mod transport;
-mod wire;
+pub mod wire;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -36,7 +36,6 @@ use ferry_proto::v1;
 
 pub use auth::{AdminToken, ApiKeys};
 pub use error::{RouterError, http_status_of};
-pub use mock::{MockConfig, MockWorker, OverheadStats, router_overhead};
 pub use scale::{KubeScale, Scaler};
 
 use crate::registry::{Dial, MAX_MESSAGE_BYTES, Registry, WINDOW_BYTES};
@@ -187,6 +186,7 @@ pub async fn serve(
         http,
         metrics,
     } = listeners;
+    scale::check(cfg.scaler.as_ref())?;
     let path = cfg.model_path.clone();
     let mut text = tokio::task::spawn_blocking(move || ferry_tokenizer::ModelText::open(&path))
         .await
@@ -308,12 +308,6 @@ pub async fn serve(
         })?;
     }
     Ok(result?)
-}
-
-/// Accepted connections with Nagle off (the builder's `tcp_nodelay` only covers `serve`, not a
-/// listener passed in): small stream messages must not wait for delayed ACKs.
-pub(crate) fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
-    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 /// Marks expired leases dead every `every`, and refreshes the worker gauges.

@@ -1,6 +1,7 @@
 //! Pool scaling behind `Admin.Scale` (`ferry pool scale prefill|decode N`). Two backends:
 //!
-//! - **Kubernetes**: each pool is a Deployment; the router reads and patches its `scale`
+//! - **Kubernetes** (the `kube` feature; without it, asking for it is
+//!   [`RouterError::KubeNotCompiled`]): each pool is a Deployment; the router reads and patches its `scale`
 //!   subresource with the in-cluster service account or a kubeconfig (`kube::Config::infer`), or
 //!   through `kubectl proxy` (`--kube-api-url`). Pods that go away get SIGTERM and drain
 //!   themselves ([`ferry_worker`'s drain]), so scaling down loses no request.
@@ -13,7 +14,9 @@ use std::time::Duration;
 
 use ferry_core::WorkerRole;
 use ferry_proto::v1;
+#[cfg(feature = "kube")]
 use k8s_openapi::api::apps::v1::Deployment;
+#[cfg(feature = "kube")]
 use kube::api::{Api, Patch, PatchParams};
 
 use crate::RouterError;
@@ -53,6 +56,7 @@ impl Default for KubeScale {
 }
 
 impl KubeScale {
+    #[cfg(feature = "kube")]
     fn deployment(&self, role: WorkerRole) -> &str {
         match role {
             WorkerRole::Prefill => &self.prefill_deployment,
@@ -64,6 +68,15 @@ impl KubeScale {
 
 /// Largest pool `Admin.Scale` accepts (a typo like 1000 should not start a thousand workers).
 pub const MAX_REPLICAS: u32 = 256;
+
+/// Whether this router can use `scaler` (a Kubernetes scaler needs the `kube` feature), checked
+/// when the router starts.
+pub fn check(scaler: Option<&Scaler>) -> Result<(), RouterError> {
+    match scaler {
+        Some(Scaler::Kubernetes(_)) if !cfg!(feature = "kube") => Err(RouterError::KubeNotCompiled),
+        _ => Ok(()),
+    }
+}
 
 /// Sets `role`'s pool to `replicas` workers through `scaler`.
 pub async fn scale(
@@ -118,6 +131,16 @@ async fn local(
         .map_err(|s| failed(format!("{:?}: {}", s.code(), s.message())))
 }
 
+#[cfg(not(feature = "kube"))]
+async fn kubernetes(
+    _: &KubeScale,
+    _: WorkerRole,
+    _: u32,
+) -> Result<v1::ScaleResponse, RouterError> {
+    Err(RouterError::KubeNotCompiled)
+}
+
+#[cfg(feature = "kube")]
 async fn kubernetes(
     k: &KubeScale,
     role: WorkerRole,

@@ -1,5 +1,5 @@
 //! Conversions between the wire enums and `ferry-core`'s (the router's own; `ferry-proto` stays
-//! generated code plus sampling conversions).
+//! generated code plus sampling conversions); public for `ferry-testkit`'s mock workers.
 
 use ferry_core::{WorkerRole, WorkerState};
 use ferry_proto::v1;

@@ -287,7 +287,7 @@ async fn the_router_presents_the_cluster_secret_to_its_workers() {
     let cfg = RouterConfig { cluster_secret: secret.clone(), ..RouterConfig::new(common::model_path()) };
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let r = TestRouter::with(cfg, Listeners::grpc(grpc)).await;
-    let with_secret = |s: &ferry_proto::ClusterSecret| ferry_router::mock::MockConfig { cluster: s.clone(), ..scripted(SCRIPT) };
+    let with_secret = |s: &ferry_proto::ClusterSecret| ferry_testkit::MockConfig { cluster: s.clone(), ..scripted(SCRIPT) };
     let p = r.mock(WorkerRole::Prefill, with_secret(&secret)).await;
     let d = r.mock(WorkerRole::Decode, with_secret(&secret)).await;
     let out = generate(&mut r.client().await, prompt("Hi")).await.unwrap();
@@ -295,7 +295,7 @@ async fn the_router_presents_the_cluster_secret_to_its_workers() {
     assert_eq!((p.stats.prefill_calls.load(Ordering::Relaxed), d.stats.decode_calls.load(Ordering::Relaxed)), (1, 1));
     let other = ferry_proto::ClusterSecret::new("another-secret-0123456789").unwrap();
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let refused = ferry_router::mock::MockWorker::start(WorkerRole::Decode, l, &r.addr, with_secret(&other)).await.err().expect("refused");
+    let refused = ferry_testkit::MockWorker::start(WorkerRole::Decode, l, &r.addr, with_secret(&other)).await.err().expect("refused");
     assert!(refused.to_string().contains("cluster secret"), "{refused}");
     r.shutdown().await;
 }

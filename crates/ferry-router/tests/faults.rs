@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use common::{TestRouter, generate, model_path, prompt, scripted};
 use ferry_core::WorkerRole;
 use ferry_proto::v1;
-use ferry_router::{MockConfig, RouterConfig};
+use ferry_router::RouterConfig;
+use ferry_testkit::MockConfig;
 use tonic::Code;
 
 const SCRIPT: &str = " Hello world, this is Ferry speaking. Nice to meet you, and goodbye for now.";
@@ -25,7 +26,7 @@ fn max_tokens(mut req: v1::GenerateRequest, n: u32) -> v1::GenerateRequest {
 }
 
 /// A decode worker ranked first (more free blocks) that misbehaves, and a healthy one.
-async fn faulty_pair(r: &TestRouter, faulty: MockConfig) -> (ferry_router::MockWorker, ferry_router::MockWorker, ferry_router::MockWorker) {
+async fn faulty_pair(r: &TestRouter, faulty: MockConfig) -> (ferry_testkit::MockWorker, ferry_testkit::MockWorker, ferry_testkit::MockWorker) {
     let p = r.mock(WorkerRole::Prefill, scripted(SCRIPT)).await;
     let bad = r.mock(WorkerRole::Decode, MockConfig { kv_blocks_free: 2000, ..faulty }).await;
     let good = r.mock(WorkerRole::Decode, scripted(SCRIPT)).await;
@@ -78,7 +79,7 @@ async fn a_migrated_request_keeps_its_logprobs_and_gets_the_prompts_once() {
     }
     assert_eq!(fin.unwrap().migrations, 1);
     assert_eq!(ids, script[..12]);
-    let want: Vec<_> = ids.iter().map(|&id| ferry_router::mock::mock_logprob(Some(2), id).unwrap()).collect();
+    let want: Vec<_> = ids.iter().map(|&id| ferry_testkit::mock_logprob(Some(2), id).unwrap()).collect();
     assert_eq!(lps, want, "each token's own entry, across the migration");
     assert_eq!(prompts.len(), 1, "the prompt's logprobs once: {prompts:?}");
     assert_eq!(prompts[0].iter().map(|l| l.token_id).collect::<Vec<_>>(), [6, 7]);

@@ -11,7 +11,8 @@ use common::http::{self, open, post};
 use common::{TestRouter, scripted, wait_until};
 use ferry_core::WorkerRole;
 use ferry_proto::v1;
-use ferry_router::{Listeners, MockConfig, RouterConfig};
+use ferry_router::{Listeners, RouterConfig};
+use ferry_testkit::MockConfig;
 use serde_json::{Value, json};
 
 const SCRIPT: &str = " Hello world, this is Ferry speaking. Nice to meet you.";

@@ -8,7 +8,8 @@ use std::time::Duration;
 use common::{TestRouter, generate, model_path, prompt, scripted, wait_until};
 use ferry_core::WorkerRole;
 use ferry_proto::v1;
-use ferry_router::{MockConfig, RouterConfig};
+use ferry_router::RouterConfig;
+use ferry_testkit::MockConfig;
 use tonic::Code;
 
 const SCRIPT: &str = " Hello world, this is Ferry speaking. Nice to meet you.";
@@ -287,7 +288,7 @@ async fn bad_requests_are_refused() {
 
     // A worker with another model fingerprint is refused.
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let err = ferry_router::MockWorker::start(
+    let err = ferry_testkit::MockWorker::start(
         WorkerRole::Decode,
         l,
         &r.addr,
@@ -443,7 +444,7 @@ async fn drained_workers_get_no_new_requests() {
 
 #[tokio::test]
 async fn router_overhead_reports_percentiles() {
-    let s = ferry_router::router_overhead(&model_path(), 50)
+    let s = ferry_testkit::router_overhead(&model_path(), 50)
         .await
         .unwrap();
     eprintln!("{s:?}");

@@ -104,7 +104,7 @@ async fn tls_clients_with_the_right_ca_work_others_fail() {
     let r = router(&pki, false, ca_only.clone()).await;
     // A worker dials the router over TLS and registers; a client generates over TLS.
     let mock = |role| {
-        let cfg = ferry_router::MockConfig {
+        let cfg = ferry_testkit::MockConfig {
             router_tls: ca_only.clone(),
             ..scripted(SCRIPT)
         };
@@ -155,7 +155,7 @@ async fn mutual_tls_refuses_clients_without_a_certificate_from_the_ca() {
     let r = router(&pki, true, client_tls(pki.client())).await;
     // Workers present the node certificate.
     let mock = |role| {
-        let cfg = ferry_router::MockConfig {
+        let cfg = ferry_testkit::MockConfig {
             router_tls: client_tls(pki.node()),
             ..scripted(SCRIPT)
         };

@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use common::TestRouter;
 use common::http::{self, post};
 use ferry_core::WorkerRole;
-use ferry_router::{Listeners, MockConfig, RouterConfig};
+use ferry_router::{Listeners, RouterConfig};
+use ferry_testkit::MockConfig;
 use serde_json::{Value, json};
 
 const ANSWER: &str = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}\n</tool_call>";

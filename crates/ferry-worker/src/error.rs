@@ -4,6 +4,7 @@
 //! `ferry_core::failure::classify`).
 
 use ferry_core::failure::{WorkerFault, FAULT_KEY};
+use ferry_engine::ErrorKind;
 use thiserror::Error;
 use tonic::metadata::MetadataValue;
 use tonic::{Code, Status};
@@ -63,133 +64,80 @@ pub enum WorkerError {
 }
 
 impl WorkerError {
-    /// The gRPC code for this error.
-    pub fn code(&self) -> Code {
-        match self {
-            WorkerError::InvalidRequest(_) => Code::InvalidArgument,
-            WorkerError::Exhausted(_) => Code::ResourceExhausted,
-            WorkerError::UnknownTransfer(_) => Code::NotFound,
-            WorkerError::BadTransferToken(_) => Code::PermissionDenied,
-            WorkerError::Incompatible { .. } => Code::FailedPrecondition,
-            WorkerError::Corrupt { .. } => Code::DataLoss,
-            WorkerError::Timeout { .. } => Code::DeadlineExceeded,
-            // ABORTED, not UNAVAILABLE: this worker is fine, the peer it talks to (the decode
-            // worker receiving KV) is not; the router retries and checks that peer.
-            WorkerError::PeerUnavailable { .. } => Code::Aborted,
-            // A refusal by the decode worker is passed on with its own code.
-            WorkerError::PeerRefused { status, .. } => status.code(),
-            WorkerError::Cancelled => Code::Cancelled,
-            WorkerError::ShuttingDown => Code::Unavailable,
-            // UNAVAILABLE tagged `draining`: the router tries another worker and marks this one
-            // draining, not dead.
-            WorkerError::Draining { .. } => Code::Unavailable,
-            WorkerError::EngineFailed(_) => Code::Unavailable,
-            WorkerError::SequenceFailed { .. } => Code::Internal,
-            WorkerError::GrammarFailed { .. } => Code::InvalidArgument,
-            WorkerError::Engine(e) => {
-                use ferry_engine::EngineError as E;
-                match e {
-                    E::EmptyPrompt | E::ContextOverflow { .. } | E::TokenOutOfRange { .. } | E::Sampling(_) => {
-                        Code::InvalidArgument
-                    }
-                    E::Pool(_) => Code::ResourceExhausted,
-                    E::KvPayload(_) => Code::FailedPrecondition,
-                    E::UnknownSequence(_) => Code::NotFound,
-                    // A device fault mid-step: this worker cannot serve, another may.
-                    E::DeviceUnavailable(..) | E::Cuda { .. } => Code::Unavailable,
-                    E::Io { .. }
-                    | E::Json { .. }
-                    | E::BadModel { .. }
-                    | E::BadSafetensors { .. }
-                    | E::Gguf(_)
-                    | E::Tokenizer(_)
-                    | E::UnsupportedArch { .. }
-                    | E::Config(_)
-                    | E::TensorShape { .. }
-                    | E::MissingTensor { .. }
-                    | E::UnsupportedDtype { .. }
-                    | E::Fetch(_)
-                    | E::CudaNotBuilt(_)
-                    | E::BadDevice(_)
-                    | E::KernelCompile { .. } => Code::Internal,
-                }
-            }
-            WorkerError::Internal(_) => Code::Internal,
-        }
-    }
-
-    /// This worker's word on the failure, sent with the status under [`FAULT_KEY`].
+    /// The gRPC code and this worker's word on the failure (the [`WorkerFault`] sent with the
+    /// status under [`FAULT_KEY`]): one exhaustive mapping, so a new error chooses both at once.
     ///
     /// Where a variant could be read two ways, it takes the reading that lets a retry succeed
     /// where one can: a transfer that fails its checks (`BadTransferToken`, `Incompatible`, a
     /// payload that does not fit) is `Transfer`, not `Invalid` — the same prompt sent through
-    /// another pair works. A peer's refusal keeps the peer's own tag when it is `Transfer` or
-    /// `Overloaded` (the transfer failed its checks, or the decode worker had no room to import
-    /// it: both are about the transfer or the peer's capacity, not about the peer being broken);
-    /// any other refusal, tagged or not, is `Peer` (a `Sequence` or `Invalid` from the decode side
-    /// is about what this worker sent it, and a fresh pair may do better; an `Engine` from it
-    /// means the peer is broken).
-    pub fn fault(&self) -> WorkerFault {
+    /// another pair works. A peer's refusal keeps the peer's own code, and its own tag when it is
+    /// `Transfer` or `Overloaded` (the transfer failed its checks, or the decode worker had no room
+    /// to import it: both are about the transfer or the peer's capacity, not about the peer being
+    /// broken); any other refusal, tagged or not, is `Peer` (a `Sequence` or `Invalid` from the
+    /// decode side is about what this worker sent it, and a fresh pair may do better; an `Engine`
+    /// from it means the peer is broken).
+    pub fn wire(&self) -> (Code, WorkerFault) {
         match self {
-            WorkerError::InvalidRequest(_) => WorkerFault::Invalid,
-            WorkerError::Exhausted(_) => WorkerFault::Overloaded,
-            WorkerError::UnknownTransfer(_)
-            | WorkerError::BadTransferToken(_)
-            | WorkerError::Incompatible { .. }
-            | WorkerError::Corrupt { .. }
-            | WorkerError::Timeout { .. } => WorkerFault::Transfer,
-            WorkerError::PeerUnavailable { .. } => WorkerFault::Peer,
-            WorkerError::PeerRefused { status, .. } => match fault_of(status) {
-                Some(f @ (WorkerFault::Transfer | WorkerFault::Overloaded)) => f,
-                Some(
-                    WorkerFault::Draining | WorkerFault::Peer | WorkerFault::Engine | WorkerFault::Sequence | WorkerFault::Invalid,
-                )
-                | None => WorkerFault::Peer,
-            },
+            WorkerError::InvalidRequest(_) => (Code::InvalidArgument, WorkerFault::Invalid),
+            WorkerError::Exhausted(_) => (Code::ResourceExhausted, WorkerFault::Overloaded),
+            WorkerError::UnknownTransfer(_) => (Code::NotFound, WorkerFault::Transfer),
+            WorkerError::BadTransferToken(_) => (Code::PermissionDenied, WorkerFault::Transfer),
+            WorkerError::Incompatible { .. } => (Code::FailedPrecondition, WorkerFault::Transfer),
+            WorkerError::Corrupt { .. } => (Code::DataLoss, WorkerFault::Transfer),
+            WorkerError::Timeout { .. } => (Code::DeadlineExceeded, WorkerFault::Transfer),
+            // ABORTED, not UNAVAILABLE: this worker is fine, the peer it talks to (the decode
+            // worker receiving KV) is not; the router retries and checks that peer.
+            WorkerError::PeerUnavailable { .. } => (Code::Aborted, WorkerFault::Peer),
+            WorkerError::PeerRefused { status, .. } => {
+                let fault = match fault_of(status) {
+                    Some(f @ (WorkerFault::Transfer | WorkerFault::Overloaded)) => f,
+                    Some(
+                        WorkerFault::Draining | WorkerFault::Peer | WorkerFault::Engine | WorkerFault::Sequence | WorkerFault::Invalid,
+                    )
+                    | None => WorkerFault::Peer,
+                };
+                (status.code(), fault)
+            }
             // Seen by a sender whose receiving request went away: the transfer is void, a fresh
             // attempt may succeed.
-            WorkerError::Cancelled => WorkerFault::Transfer,
-            WorkerError::ShuttingDown | WorkerError::EngineFailed(_) => WorkerFault::Engine,
-            WorkerError::Draining { .. } => WorkerFault::Draining,
-            WorkerError::SequenceFailed { .. } => WorkerFault::Sequence,
-            WorkerError::GrammarFailed { .. } => WorkerFault::Invalid,
-            WorkerError::Engine(e) => {
-                use ferry_engine::EngineError as E;
-                match e {
-                    E::EmptyPrompt | E::ContextOverflow { .. } | E::TokenOutOfRange { .. } | E::Sampling(_) => {
-                        WorkerFault::Invalid
-                    }
-                    E::Pool(_) => WorkerFault::Overloaded,
-                    E::KvPayload(_) => WorkerFault::Transfer,
-                    // A sequence the engine does not know: that one request is lost here.
-                    E::UnknownSequence(_) => WorkerFault::Sequence,
-                    E::DeviceUnavailable(..) | E::Cuda { .. } => WorkerFault::Engine,
-                    // Loading errors never reach a request after start; if one does, this
-                    // worker's engine is what failed.
-                    E::Io { .. }
-                    | E::Json { .. }
-                    | E::BadModel { .. }
-                    | E::BadSafetensors { .. }
-                    | E::Gguf(_)
-                    | E::Tokenizer(_)
-                    | E::UnsupportedArch { .. }
-                    | E::Config(_)
-                    | E::TensorShape { .. }
-                    | E::MissingTensor { .. }
-                    | E::UnsupportedDtype { .. }
-                    | E::Fetch(_)
-                    | E::CudaNotBuilt(_)
-                    | E::BadDevice(_)
-                    | E::KernelCompile { .. } => WorkerFault::Engine,
-                }
-            }
-            WorkerError::Internal(_) => WorkerFault::Transfer,
+            WorkerError::Cancelled => (Code::Cancelled, WorkerFault::Transfer),
+            WorkerError::ShuttingDown => (Code::Unavailable, WorkerFault::Engine),
+            // UNAVAILABLE tagged `draining`: the router tries another worker and marks this one
+            // draining, not dead.
+            WorkerError::Draining { .. } => (Code::Unavailable, WorkerFault::Draining),
+            WorkerError::EngineFailed(_) => (Code::Unavailable, WorkerFault::Engine),
+            WorkerError::SequenceFailed { .. } => (Code::Internal, WorkerFault::Sequence),
+            WorkerError::GrammarFailed { .. } => (Code::InvalidArgument, WorkerFault::Invalid),
+            WorkerError::Engine(e) => match e.kind() {
+                ErrorKind::Invalid => (Code::InvalidArgument, WorkerFault::Invalid),
+                ErrorKind::Capacity => (Code::ResourceExhausted, WorkerFault::Overloaded),
+                ErrorKind::Payload => (Code::FailedPrecondition, WorkerFault::Transfer),
+                ErrorKind::UnknownSequence => (Code::NotFound, WorkerFault::Sequence),
+                // A device fault mid-step: this worker cannot serve, another may.
+                ErrorKind::Device => (Code::Unavailable, WorkerFault::Engine),
+                // Loading errors never reach a request after start; if one does, this worker's
+                // engine is what failed.
+                ErrorKind::Setup => (Code::Internal, WorkerFault::Engine),
+            },
+            WorkerError::Internal(_) => (Code::Internal, WorkerFault::Transfer),
         }
+    }
+
+    /// The gRPC code for this error ([`WorkerError::wire`]).
+    pub fn code(&self) -> Code {
+        self.wire().0
+    }
+
+    /// This worker's word on the failure, sent with the status under [`FAULT_KEY`]
+    /// ([`WorkerError::wire`]).
+    pub fn fault(&self) -> WorkerFault {
+        self.wire().1
     }
 
     /// The status for this error: its code, its message, and its fault tag.
     pub fn status(&self) -> Status {
-        tagged(Status::new(self.code(), self.to_string()), self.fault())
+        let (code, fault) = self.wire();
+        tagged(Status::new(code, self.to_string()), fault)
     }
 }
 

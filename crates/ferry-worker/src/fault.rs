@@ -67,20 +67,23 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a panic without a message".into())
 }
 
-/// Failures injected on purpose, for the tests of the paths above (and the chaos suite). Never
-/// set in production; [`FaultInjection::from_env`] reads the hidden environment variables:
+/// Failures injected on purpose, for the tests of the paths above. Only built with the `testing`
+/// feature (the worker's own tests turn it on; a shipped `ferry` binary has it only when built with
+/// `--features testing`); [`FaultInjection::from_env`] then reads the hidden environment variables:
 /// - `FERRY_FAULT_PANIC_AFTER_STEPS=N`: the engine thread panics at its step N+1 (after N
 ///   steps have run);
 /// - `FERRY_FAULT_FAIL_REQUEST=ID`: the request with this id fails in its first decode step
 ///   shared with other sequences once it has two tokens (its step item carries a token id
 ///   outside the vocabulary, so the batched step fails and the culprit is isolated), while the
 ///   rest of its batch goes on.
+#[cfg(feature = "testing")]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FaultInjection {
     pub panic_after_steps: Option<u64>,
     pub fail_request: Option<String>,
 }
 
+#[cfg(feature = "testing")]
 impl FaultInjection {
     pub const PANIC_AFTER_STEPS: &'static str = "FERRY_FAULT_PANIC_AFTER_STEPS";
     pub const FAIL_REQUEST: &'static str = "FERRY_FAULT_FAIL_REQUEST";
@@ -105,6 +108,29 @@ impl FaultInjection {
     /// Whether this decode step of `request_id` (with `count` tokens generated) is made to fail.
     pub fn fails(&self, request_id: &str, count: usize) -> bool {
         count >= 2 && self.fail_request.as_deref() == Some(request_id)
+    }
+}
+
+/// Without the `testing` feature there are no hooks: nothing is read from the environment, and
+/// the step loops' checks are empty inline functions the compiler removes (as candle's dummy CUDA
+/// backend keeps the call sites compiling without the feature).
+#[cfg(not(feature = "testing"))]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FaultInjection;
+
+#[cfg(not(feature = "testing"))]
+impl FaultInjection {
+    /// No hooks: reads nothing (built without the `testing` feature).
+    pub fn from_env() -> FaultInjection {
+        FaultInjection
+    }
+
+    #[inline(always)]
+    pub fn before_step(&self, _steps: u64) {}
+
+    #[inline(always)]
+    pub fn fails(&self, _request_id: &str, _count: usize) -> bool {
+        false
     }
 }
 

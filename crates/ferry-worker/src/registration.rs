@@ -18,16 +18,17 @@
 use crate::cache_log::Cursor;
 use crate::kv::transport::Channels;
 use crate::load::LoadGauge;
+use ferry_proto::heartbeat::{self, HeartbeatFloor, LinkEvent, Registrant};
 use ferry_proto::v1::registry_client::RegistryClient;
 use ferry_proto::v1::{HeartbeatRequest, RegisterRequest, WorkerRef};
 use ferry_proto::tls::ClientTls;
 use ferry_proto::ClusterSecret;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::watch;
 
-/// Longest wait for one Register call (a router that accepts but does not answer).
-const REGISTER_TIMEOUT: Duration = Duration::from_secs(5);
+/// A worker heartbeats at most this often, whatever the router asks.
+const HEARTBEAT_FLOOR: HeartbeatFloor = HeartbeatFloor(Duration::from_millis(50));
 
 /// How a worker reaches its router: the address, TLS, the cluster secret.
 #[derive(Clone)]
@@ -44,11 +45,6 @@ fn set_id(id: &WorkerId, value: Option<String>) {
     *id.lock().unwrap_or_else(|p| p.into_inner()) = value;
 }
 
-/// Whether a lease last renewed at `last_ok` still holds at `now`.
-pub fn lease_current(last_ok: Instant, now: Instant, lease: Duration) -> bool {
-    now.saturating_duration_since(last_ok) < lease
-}
-
 /// Where one router link reports whether its lease is current.
 pub trait LeaseFlag: Send + Sync {
     fn set(&self, current: bool);
@@ -61,104 +57,94 @@ impl LeaseFlag for watch::Sender<bool> {
     }
 }
 
-/// Set a link's flag, logging the change.
-fn set_ready(ready: &dyn LeaseFlag, value: bool, router: &str, was: &mut Option<bool>) {
-    ready.set(value);
-    if *was != Some(value) {
-        if value {
-            tracing::info!(%router, "the lease with the router is current");
-        } else {
-            tracing::warn!(%router, "no lease with the router");
-        }
-    }
-    *was = Some(value);
+/// This worker as one router sees it: its load, drain state and cache events, and where the
+/// link's id and lease are reported.
+struct Worker {
+    router: String,
+    template: RegisterRequest,
+    load: Arc<LoadGauge>,
+    ready: Arc<dyn LeaseFlag>,
+    draining: watch::Receiver<bool>,
+    id: WorkerId,
+    /// The lease state last reported (for logging its changes).
+    was: Option<bool>,
+    /// Cache events the router has acknowledged; a new registration starts clean (a snapshot first).
+    cursor: Cursor,
+    /// The last event in the heartbeat in flight.
+    upto: u64,
 }
 
-pub async fn keep_registered(link: RouterLink, template: RegisterRequest, load: Arc<LoadGauge>, ready: Arc<dyn LeaseFlag>, mut draining: watch::Receiver<bool>, id: WorkerId) {
-    let mut was = None;
-    let ready = ready.as_ref();
-    let RouterLink { router, tls, cluster } = link;
-    let channels = Channels::new(tls, cluster);
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        let mut client = match channels.get(&router) {
-            Ok(c) => RegistryClient::new(c),
-            Err(e) => {
-                tracing::error!("router address: {e}");
-                return;
+impl Registrant for Worker {
+    fn register_request(&mut self) -> RegisterRequest {
+        RegisterRequest { load: Some(self.load.snapshot()), draining: *self.draining.borrow(), ..self.template.clone() }
+    }
+
+    fn heartbeat_request(&mut self, worker_id: &str) -> HeartbeatRequest {
+        // Unanswered, the same events go again next time (the cursor moves only on an answer).
+        let kv_events = match self.load.prefix_cache.load(std::sync::atomic::Ordering::Relaxed) {
+            true => {
+                let o = self.load.cache_log.outgoing(&self.cursor);
+                self.upto = o.upto;
+                Some(o.events)
+            }
+            false => {
+                self.upto = self.cursor.acked;
+                None
             }
         };
-        let req = RegisterRequest { load: Some(load.snapshot()), draining: *draining.borrow(), ..template.clone() };
-        let resp = match tokio::time::timeout(REGISTER_TIMEOUT, client.register(req)).await {
-            Ok(Ok(r)) => r.into_inner(),
-            Ok(Err(status)) => {
-                if matches!(status.code(), tonic::Code::FailedPrecondition | tonic::Code::Unauthenticated) {
-                    tracing::error!("the router refused registration: {}", status.message());
-                } else {
-                    tracing::debug!("registering with {router}: {}", status.message());
-                }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-                continue;
+        HeartbeatRequest { worker_id: worker_id.to_string(), load: Some(self.load.snapshot()), draining: *self.draining.borrow(), grpc_addr: self.template.grpc_addr.clone(), kv_events }
+    }
+
+    fn observe(&mut self, event: LinkEvent<'_>) {
+        match event {
+            LinkEvent::Registered(resp) => {
+                set_id(&self.id, Some(resp.worker_id.clone()));
+                self.cursor = Cursor::registered();
             }
-            Err(_) => {
-                tracing::debug!("registering with {router}: no answer within {REGISTER_TIMEOUT:?}");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-                continue;
-            }
-        };
-        backoff = Duration::from_millis(100);
-        tracing::info!(worker_id = %resp.worker_id, %router, "registered");
-        set_id(&id, Some(resp.worker_id.clone()));
-        let mut last_ok = Instant::now();
-        set_ready(ready, true, &router, &mut was);
-        let every = Duration::from_millis(resp.heartbeat_ms.max(50) as u64);
-        // A router too old to say its lease: assume three heartbeats.
-        let lease = if resp.lease_ms > 0 { Duration::from_millis(resp.lease_ms as u64) } else { every * 3 };
-        // A new registration starts clean at the router: it gets a snapshot first.
-        let mut cursor = Cursor::registered();
-        loop {
-            // A drain starting is reported at once.
-            tokio::select! {
-                _ = tokio::time::sleep(every) => {}
-                changed = draining.changed() => {
-                    if changed.is_err() {
-                        // The drain state is gone with its worker; keep heart-beating until aborted.
-                        std::future::pending::<()>().await;
+            LinkEvent::Answered(answer) => self.cursor.acknowledged(self.upto, answer.kv_resync),
+            LinkEvent::Forgotten => set_id(&self.id, None),
+            LinkEvent::Lease(current) => {
+                self.ready.set(current);
+                if self.was != Some(current) {
+                    if current {
+                        tracing::info!(router = %self.router, "the lease with the router is current");
+                    } else {
+                        tracing::warn!(router = %self.router, "no lease with the router");
                     }
                 }
-            }
-            // Unanswered, the same events go again next time (the cursor moves only on an answer).
-            let (kv_events, upto) = match load.prefix_cache.load(std::sync::atomic::Ordering::Relaxed) {
-                true => {
-                    let o = load.cache_log.outgoing(&cursor);
-                    (Some(o.events), o.upto)
-                }
-                false => (None, cursor.acked),
-            };
-            let hb = HeartbeatRequest { worker_id: resp.worker_id.clone(), load: Some(load.snapshot()), draining: *draining.borrow(), grpc_addr: template.grpc_addr.clone(), kv_events };
-            // No call may outlast the lease: an unanswered heartbeat is a failed one.
-            match tokio::time::timeout(lease, client.heartbeat(hb)).await {
-                Ok(Ok(answer)) => {
-                    cursor.acknowledged(upto, answer.get_ref().kv_resync);
-                    last_ok = Instant::now();
-                    set_ready(ready, true, &router, &mut was);
-                }
-                Ok(Err(status)) if status.code() == tonic::Code::NotFound => {
-                    tracing::warn!("the router no longer knows {}: registering again", resp.worker_id);
-                    set_id(&id, None);
-                    set_ready(ready, false, &router, &mut was);
-                    break;
-                }
-                Ok(Err(status)) => tracing::debug!("heartbeat to {router}: {}", status.message()),
-                Err(_) => tracing::debug!("heartbeat to {router}: no answer within the lease ({lease:?})"),
-            }
-            if !lease_current(last_ok, Instant::now(), lease) {
-                set_ready(ready, false, &router, &mut was);
+                self.was = Some(current);
             }
         }
     }
+
+    async fn next_beat(&mut self, every: Duration) -> bool {
+        // A drain starting is reported at once.
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            changed = self.draining.changed() => {
+                if changed.is_err() {
+                    // The drain state is gone with its worker; keep heart-beating until aborted.
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+        true
+    }
+}
+
+/// Registers with `link`'s router and keeps the registration (the loop of
+/// [`ferry_proto::heartbeat`]), reporting the lease to `ready` and the id to `id`.
+pub async fn keep_registered(link: RouterLink, template: RegisterRequest, load: Arc<LoadGauge>, ready: Arc<dyn LeaseFlag>, draining: watch::Receiver<bool>, id: WorkerId) {
+    let RouterLink { router, tls, cluster } = link;
+    let client = match Channels::new(tls, cluster).get(&router) {
+        Ok(c) => RegistryClient::new(c),
+        Err(e) => {
+            tracing::error!("router address: {e}");
+            return;
+        }
+    };
+    let mut worker = Worker { router: router.clone(), template, load, ready, draining, id, was: None, cursor: Cursor::registered(), upto: 0 };
+    heartbeat::keep_registered(client, &router, &mut worker, None, HEARTBEAT_FLOOR).await;
 }
 
 /// Leave the router's pool after a drain (best effort, bounded: the router may be gone). `addr`
@@ -178,21 +164,5 @@ pub async fn deregister(link: RouterLink, id: &WorkerId, addr: String) {
         Ok(Ok(_)) => tracing::info!(%worker_id, %router, "deregistered from the router"),
         Ok(Err(s)) => tracing::warn!(%worker_id, "deregistering: {}", s.message()),
         Err(_) => tracing::warn!(%worker_id, "deregistering: the router did not answer within 2 s"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_lease_holds_for_less_than_its_length() {
-        let t = Instant::now();
-        let lease = Duration::from_millis(3000);
-        assert!(lease_current(t, t, lease));
-        assert!(lease_current(t, t + Duration::from_millis(2999), lease));
-        assert!(!lease_current(t, t + lease, lease));
-        // A clock read before the renewal counts as current.
-        assert!(lease_current(t + Duration::from_secs(1), t, lease));
     }
 }

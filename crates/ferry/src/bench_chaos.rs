@@ -11,7 +11,7 @@
 //! whole role was down (no ready worker of it, as the routers list them).
 
 use anyhow::Context;
-use ferry_core::loadgen::{self, LenDist};
+use crate::loadgen::{self, LenDist};
 use ferry_proto::v1::{self, generate_response};
 use serde_json::json;
 use std::collections::HashMap;

@@ -40,7 +40,7 @@ pub struct DisaggBenchArgs {
 pub fn router(a: RouterBenchArgs) -> anyhow::Result<()> {
     let path = ferry_engine::fetch::resolve_model(Some(&a.model))?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let s = rt.block_on(ferry_router::router_overhead(&path, a.requests))?;
+    let s = rt.block_on(ferry_testkit::router_overhead(&path, a.requests))?;
     let out = serde_json::json!({
         "bench": "router",
         "requests": s.requests,

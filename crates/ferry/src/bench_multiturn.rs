@@ -1,14 +1,14 @@
 //! `ferry bench serve --workload multiturn`: conversations against a router, the traffic prefix
 //! caching is for. Each user's turn repeats the previous prompt and the answer the server
-//! streamed, then adds a new message ([`ferry_core::multiturn`]); turns of one user are sent one
+//! streamed, then adds a new message ([`crate::multiturn`]); turns of one user are sent one
 //! after another with a think time between, users start at Poisson arrivals of each `--rates`
 //! value. Per rate it reports TTFT percentiles by turn, prompt tokens sent and served from a
 //! cache (the router's `cached_tokens`), the share an unbounded cache would have served (the
 //! oracle), and KV bytes shipped per turn.
 
 use crate::bench_serve::{stream, ServeBenchArgs};
-use ferry_core::loadgen::{self, LenDist, Sample};
-use ferry_core::multiturn::{conversations, next_prompt, MultiturnSpec, PrefixOracle};
+use crate::loadgen::{self, LenDist, Sample};
+use crate::multiturn::{conversations, next_prompt, MultiturnSpec, PrefixOracle};
 use ferry_proto::v1::{generate_request, TokenInput};
 use serde_json::json;
 use std::sync::{Arc, Mutex};

@@ -2,13 +2,13 @@
 //! colocated workers behind it): Poisson arrivals at each rate of a sweep, prompt and output
 //! lengths from a fixed value, a uniform range or a JSONL file, and per rate the TTFT, TPOT and
 //! end-to-end percentiles, throughput and SLO attainment; then goodput, the largest rate at which
-//! at least 90% of requests met both latency targets. The arithmetic is `ferry_core::loadgen`.
+//! at least 90% of requests met both latency targets. The arithmetic is `crate::loadgen`'s.
 //!
 //! JSONL workload format: one object per line, `{"prompt": "text", "max_tokens": 128}`; the
 //! requests cycle through the lines.
 
 use anyhow::Context;
-use ferry_core::loadgen::{self, LenDist, Sample, Slo};
+use crate::loadgen::{self, LenDist, Sample, Slo};
 use ferry_proto::v1::{generate_request, generate_response, GenerateFinal, GenerateRequest, ModelInfoRequest, StopConditions, TokenInput};
 use serde_json::json;
 use std::path::PathBuf;

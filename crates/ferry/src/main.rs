@@ -11,6 +11,8 @@ mod bench_serve;
 mod cluster_args;
 mod conn_args;
 mod generate;
+mod loadgen;
+mod multiturn;
 mod pipes;
 mod plan;
 mod plot;

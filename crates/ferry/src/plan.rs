@@ -7,7 +7,7 @@
 //! and the best split.
 
 use anyhow::{bail, ensure, Context};
-use ferry_core::loadgen::{self, LenDist, Sample, Slo};
+use crate::loadgen::{self, LenDist, Sample, Slo};
 use ferry_core::profile::{CostModel, Profile, PROFILE_FORMAT};
 use ferry_core::sim::{self, Calibration, Fleet, KvLink, SimRequest, Split, Summary};
 use std::path::{Path, PathBuf};

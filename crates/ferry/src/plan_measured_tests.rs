@@ -7,7 +7,7 @@
 
 use super::*;
 use clap::Parser;
-use ferry_core::loadgen::Sample;
+use crate::loadgen::Sample;
 
 #[derive(Parser)]
 struct Cli {

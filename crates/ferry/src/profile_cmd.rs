@@ -169,7 +169,7 @@ struct Tokens {
 
 impl Tokens {
     fn new(vocab: usize) -> Tokens {
-        Tokens { uniform: Box::new(ferry_core::loadgen::uniforms(0x5eed)), vocab }
+        Tokens { uniform: Box::new(ferry_core::arrivals::uniforms(0x5eed)), vocab }
     }
     fn draw(&mut self, n: usize) -> Vec<u32> {
         (0..n).map(|_| (((self.uniform)() * self.vocab as f64) as usize).min(self.vocab - 1) as u32).collect()

@@ -11,7 +11,8 @@ mod tls_args;
 mod remote;
 
 use ferry_core::{SamplingParams, WorkerRole};
-use ferry_router::{MockConfig, MockWorker, RouterConfig};
+use ferry_router::RouterConfig;
+use ferry_testkit::{MockConfig, MockWorker};
 
 fn model() -> std::path::PathBuf {
     std::env::var_os("FERRY_SMOLLM2_GGUF").map(Into::into).unwrap_or_else(|| ferry_engine::fetch::ensure_default_model().expect("default model"))

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use ferry_core::WorkerRole;
 use ferry_proto::v1;
-use ferry_router::{MockConfig, MockWorker, RouterConfig};
+use ferry_router::RouterConfig;
+use ferry_testkit::{MockConfig, MockWorker};
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
 

@@ -18,6 +18,8 @@
 pub mod assembler;
 mod drive;
 pub mod frame;
+#[cfg(any(test, feature = "testing"))]
+mod in_process;
 pub mod inbound;
 pub mod pipe;
 pub mod receiver;

@@ -1,8 +1,9 @@
 //! Mock workers, fast and scriptable, for the router's tests and `ferry bench router` (after
 //! sglang's router test mocks). A [`MockWorker`] serves both `Prefill` and `Decode` on its
 //! listener and registers with a router in one role, heart-beating (and re-registering after a
-//! NOT_FOUND). The script is one completion, `first_token` then `tokens`: prefill answers its
-//! token at the request's `token_offset` at once (the mock moves no KV); decode answers
+//! NOT_FOUND) through the workers' own loop ([`ferry_proto::heartbeat`]). The script is one
+//! completion, `first_token` then `tokens`: prefill answers its token at the request's
+//! `token_offset` at once (the mock moves no KV); decode answers
 //! `admitted`, then the script's ids after that one, a message each, then `final` (so a request
 //! migrated after n tokens continues the script where it was).
 
@@ -20,9 +21,10 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status};
 
-use crate::registry::{Dial, endpoint};
-use crate::wire::role_to_wire;
-use crate::{RouterConfig, RouterError};
+use ferry_proto::heartbeat::{self, HeartbeatFloor, LinkEvent, Registrant};
+use ferry_router::registry::{Dial, endpoint};
+use ferry_router::wire::role_to_wire;
+use ferry_router::{RouterConfig, RouterError};
 
 /// What a mock worker does.
 #[derive(Clone, Debug)]
@@ -141,7 +143,7 @@ impl MockWorker {
                 .tcp_nodelay(true)
                 .add_service(v1::prefill_server::PrefillServer::with_interceptor(svc.clone(), guard.clone()))
                 .add_service(v1::decode_server::DecodeServer::with_interceptor(svc, guard))
-                .serve_with_incoming(crate::incoming(listener))
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)))
                 .await;
         });
         let dial = Dial {
@@ -175,14 +177,12 @@ impl MockWorker {
             .await
             .map_err(|s| RouterError::BadRegistration(format!("mock register: {s}")))?
             .into_inner();
-        let id = Arc::new(Mutex::new(r.worker_id));
-        let heartbeat = tokio::spawn(heartbeat_loop(
-            client,
-            reg,
-            id.clone(),
-            stats.clone(),
-            Duration::from_millis(r.heartbeat_ms.max(1) as u64),
-        ));
+        let id = Arc::new(Mutex::new(r.worker_id.clone()));
+        let mut who = MockRegistrant { reg, id: id.clone(), stats: stats.clone() };
+        let router = router.to_string();
+        let heartbeat = tokio::spawn(async move {
+            heartbeat::keep_registered(client, &router, &mut who, Some(r), HeartbeatFloor(Duration::from_millis(1))).await;
+        });
         Ok(MockWorker {
             role,
             addr,
@@ -211,37 +211,39 @@ impl Drop for MockWorker {
     }
 }
 
-async fn heartbeat_loop(
-    mut client: v1::registry_client::RegistryClient<crate::registry::WorkerChannel>,
+/// The mock as its router sees it: a fixed load, never draining, silent once frozen.
+struct MockRegistrant {
     reg: v1::RegisterRequest,
     id: Arc<Mutex<String>>,
     stats: Arc<MockStats>,
-    every: Duration,
-) {
-    let mut tick = tokio::time::interval(every);
-    loop {
-        tick.tick().await;
-        if stats.frozen.load(Ordering::Relaxed) {
-            return;
+}
+
+impl Registrant for MockRegistrant {
+    fn register_request(&mut self) -> v1::RegisterRequest {
+        self.reg.clone()
+    }
+
+    fn heartbeat_request(&mut self, worker_id: &str) -> v1::HeartbeatRequest {
+        v1::HeartbeatRequest {
+            worker_id: worker_id.to_string(),
+            load: self.reg.load,
+            draining: false,
+            grpc_addr: self.reg.grpc_addr.clone(),
+            ..Default::default()
         }
-        let worker_id = id.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        match client
-            .heartbeat(v1::HeartbeatRequest {
-                worker_id,
-                load: reg.load,
-                draining: false,
-                grpc_addr: reg.grpc_addr.clone(),
-                ..Default::default()
-            })
-            .await
-        {
-            Err(s) if s.code() == Code::NotFound => {
-                if let Ok(r) = client.register(reg.clone()).await {
-                    *id.lock().unwrap_or_else(|p| p.into_inner()) = r.into_inner().worker_id;
-                }
-            }
-            _ => {}
+    }
+
+    fn observe(&mut self, event: LinkEvent<'_>) {
+        match event {
+            LinkEvent::Registered(r) => *self.id.lock().unwrap_or_else(|p| p.into_inner()) = r.worker_id.clone(),
+            // The mock keeps no readiness of its own, and keeps its id until it registers again.
+            LinkEvent::Answered(_) | LinkEvent::Forgotten | LinkEvent::Lease(_) => {}
         }
+    }
+
+    async fn next_beat(&mut self, every: Duration) -> bool {
+        tokio::time::sleep(every).await;
+        !self.stats.frozen.load(Ordering::Relaxed)
     }
 }
 
@@ -426,9 +428,9 @@ pub async fn router_overhead(
         .map_err(io("router address"))?
         .to_string();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let router = tokio::spawn(crate::serve(
+    let router = tokio::spawn(ferry_router::serve(
         RouterConfig::new(model),
-        crate::Listeners::grpc(listener),
+        ferry_router::Listeners::grpc(listener),
         async move {
             let _ = stopped.await;
         },

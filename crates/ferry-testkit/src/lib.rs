@@ -1,0 +1,9 @@
+//! Ferry's test kits, kept out of the shipped libraries: nothing a served cluster runs links this
+//! crate except `ferry bench router`, which measures the router against these mocks.
+//!
+//! - [`mock`]: fast, scriptable mock workers (after sglang's router test mocks) and
+//!   [`router_overhead`], the router's added latency over them.
+
+pub mod mock;
+
+pub use mock::{MockConfig, MockStats, MockWorker, OverheadStats, mock_logprob, router_overhead};
