@@ -96,6 +96,9 @@ async fn generate_via(p: &Worker, d: &Worker, prompt: &[u32], params: &SamplingP
         transfer_id: adm.transfer_id,
         transfer_token: token,
         transport: transport as i32,
+        // The decode worker holds the prompt's cached full blocks (it was sent the prompt's ids):
+        // ship the rest, as the router does.
+        start_block: adm.cached_tokens / ferry_engine::EngineConfig::default().block_size as u32,
         ..Default::default()
     };
     let mut pre = PrefillClient::new(channel(&p.addr).await);
@@ -187,7 +190,7 @@ async fn admit(d: &Worker, prompt_tokens: u32, max_tokens: u32) -> Result<(tonic
 async fn admit_with(d: &Worker, prompt_tokens: u32, max_tokens: u32, token: String) -> Result<(tonic::Streaming<ferry_proto::v1::DecodeResponse>, u64, String), tonic::Status> {
     let mut dec = DecodeClient::new(channel(&d.addr).await);
     let stop = ferry_proto::v1::StopConditions { max_tokens, ignore_eos: true, ..Default::default() };
-    let req = DecodeRequest { request_id: "bad".into(), prompt_tokens, sampling: None, stop: Some(stop), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone(), prompt_ids: prompt.to_vec(), ..Default::default() };
+    let req = DecodeRequest { request_id: "bad".into(), prompt_tokens, sampling: None, stop: Some(stop), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone(), ..Default::default() };
     let mut stream = dec.decode(req).await?.into_inner();
     let Some(decode_response::Event::Admitted(a)) = stream.message().await?.and_then(|m| m.event) else { panic!("admitted first") };
     Ok((stream, a.transfer_id, token))
@@ -310,7 +313,7 @@ async fn cancelling_mid_stream_frees_the_kv_on_both_workers() {
     let (sampling, stop) = ferry_proto::sampling_to_wire(&params);
     let mut dec = DecodeClient::new(channel(&d.addr).await);
     let token = mint();
-    let req = DecodeRequest { request_id: "c".into(), prompt_tokens: 30, sampling: Some(sampling.clone()), stop: Some(stop.clone()), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone(), prompt_ids: prompt.to_vec(), ..Default::default() };
+    let req = DecodeRequest { request_id: "c".into(), prompt_tokens: 30, sampling: Some(sampling.clone()), stop: Some(stop.clone()), kv_timeout_ms: 0, prompt: vec![], transfer_token: token.clone(), ..Default::default() };
     let mut stream = dec.decode(req).await.unwrap().into_inner();
     let Some(decode_response::Event::Admitted(adm)) = stream.message().await.unwrap().and_then(|m| m.event) else { panic!() };
     let target = KvTarget { decode_worker: "d".into(), grpc_addr: d.addr.clone(), data_addr: adm.data_addr, transfer_id: adm.transfer_id, transfer_token: token, transport: 0, ..Default::default() };
