@@ -544,7 +544,7 @@ async fn autoscale_under_ferry_up_follows_a_load_step() {
 
 /// The `openai` Python package version the client test installs.
 const OPENAI_PIN: &str = "3.57.0";
-/// And grpcio with its reflection client, for `tests/grpc_reflection.py`.
+/// And grpcio with its reflection client, for `tests/grpc_client.py`.
 const GRPC_PINS: [&str; 2] = ["grpcio==1.78.0", "grpcio-reflection==1.78.0"];
 
 /// A Python that has the `openai` package (and grpcio with its reflection client): `$FERRY_OPENAI_PYTHON`, else a venv under `target/`
@@ -716,7 +716,7 @@ async fn openai_python_client_against_ferry_up() {
     // gRPC from descriptors alone: grpcio's v1alpha reflection client lists the router's own
     // services and calls Generate.
     let args = serde_json::json!({ "addr": cluster.router, "api_key": key });
-    run_python_script(python.clone(), "tests/grpc_reflection.py", args).await;
+    run_python_script(python.clone(), "tests/grpc_client.py", args).await;
 
     // SmolLM2's ChatML template takes no tools: `tools` is a 400 saying so.
     let args = serde_json::json!({ "base_url": format!("http://{}/v1", cluster.http), "api_key": key, "model": name, "takes_tools": false });

@@ -3,7 +3,7 @@
 (v1alpha, what grpcio-reflection, older grpcurl, Postman and Evans ask) lists the router's services,
 fetches their file descriptors, builds the message classes from them and calls `Generate`.
 
-Usage: grpc_reflection.py '{"addr": "127.0.0.1:PORT", "api_key": "..."}'
+Usage: grpc_client.py '{"addr": "127.0.0.1:PORT", "api_key": "..."}'
 Prints "all checks passed" when every check holds; exits non-zero otherwise.
 """
 
