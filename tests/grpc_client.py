@@ -14,8 +14,9 @@ import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-# What a router answers: no worker services (Prefill, Decode, KvTransfer are the workers').
-ROUTER_SERVICES = {"ferry.v1.Ferry", "ferry.v1.Admin", "grpc.health.v1.Health"}
+# What a router answers (clients, operators, and the workers registering): no worker services
+# (Prefill, Decode, KvTransfer are the workers').
+ROUTER_SERVICES = {"ferry.v1.Ferry", "ferry.v1.Admin", "ferry.v1.Registry"}
 WORKER_SERVICES = {"ferry.v1.Prefill", "ferry.v1.Decode", "ferry.v1.KvTransfer"}
 
 
@@ -35,7 +36,7 @@ def main():
     print("v1alpha lists:", sorted(listed))
     assert "ferry.v1.Ferry" in listed, listed
     assert not (listed & WORKER_SERVICES), f"the router lists services it does not answer: {listed & WORKER_SERVICES}"
-    assert listed <= ROUTER_SERVICES | {"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"}, listed
+    assert ROUTER_SERVICES <= listed <= ROUTER_SERVICES | {"grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"}, listed
 
     # The descriptors of ferry.v1.Ferry and everything it imports, into a pool of our own.
     pool = descriptor_pool.DescriptorPool()
