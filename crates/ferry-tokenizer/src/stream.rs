@@ -126,22 +126,28 @@ impl<'a> TextStream<'a> {
     pub fn push(&mut self, id: u32) -> Result<(String, bool), TokenizerError> {
         self.tokens += 1;
         let Some(delta) = self.detok.push(id)? else { return Ok((String::new(), false)) };
-        if self.tokens < self.min_tokens {
-            return Ok((self.stops.pass(&delta), false));
-        }
-        let r = self.stops.push(&delta);
+        let r = self.release(&delta);
         Ok((r.text, r.stopped))
     }
 
     /// What is held back, when generation ended for another reason than a stop string.
     pub fn flush(&mut self) -> Result<String, TokenizerError> {
         let rest = self.detok.finish()?.unwrap_or_default();
-        let r = if self.tokens < self.min_tokens { Released { text: self.stops.pass(&rest), stopped: false } } else { self.stops.push(&rest) };
+        let r = self.release(&rest);
         let mut text = r.text;
         if !r.stopped {
             text.push_str(&self.stops.finish());
         }
         Ok(text)
+    }
+
+    /// `text` through the stop strings, or past them before the `min_tokens`-th token.
+    fn release(&mut self, text: &str) -> Released {
+        if self.tokens < self.min_tokens {
+            Released { text: self.stops.pass(text), stopped: false }
+        } else {
+            self.stops.push(text)
+        }
     }
 }
 
