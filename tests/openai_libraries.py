@@ -9,6 +9,9 @@ Run against a running `ferry up`, with one JSON argument:
   extra_body                 vLLM sampling extensions sent with every request (default
                              {"repetition_penalty": 1.1}: the 135M model loops without it)
   max_tokens                 the bound of every request (default 400)
+  random_weights             true: the model's weights are random (a tiny model given a tool template
+                             for the forced-call checks): free text is not required to end by itself
+  keep_going                 true: run every section, report each failure, fail at the end
 Pins (one venv, Python 3.11; see docs/api.md "Client libraries"):
   openai==3.57.0 pydantic-ai-slim[openai]==2.62.0 langchain-openai==1.7.4, then
   instructor==1.17.0 with --no-deps (it pins jiter<0.15, every openai 3.x from 3.20 needs >=0.16).
@@ -174,11 +177,9 @@ def pydantic_ai_tool(a):
     returns = [p for m in msgs for p in getattr(m, "parts", []) if isinstance(p, ToolReturnPart)]
     check("pydantic-ai forced tool: the tool's result went back", len(returns) == 1 and "Sunny" in str(returns[0].content), returns)
     check("pydantic-ai forced tool: then a text answer", isinstance(r.output, str) and r.output.strip() != "", r.output)
-    check(
-        "pydantic-ai forced tool: the answer ends with finish_reason stop",
-        len(responses) == 2 and responses[-1].finish_reason == "stop" and any(isinstance(p, TextPart) for p in responses[-1].parts),
-        responses[-1],
-    )
+    check("pydantic-ai forced tool: two model requests, the last a text answer", len(responses) == 2 and any(isinstance(p, TextPart) for p in responses[-1].parts), responses)
+    if not a.get("random_weights"):
+        check("pydantic-ai forced tool: the answer ends with finish_reason stop", responses[-1].finish_reason == "stop", responses[-1])
 
 
 # ---------------------------------------------------------------------------------------------
