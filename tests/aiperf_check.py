@@ -11,6 +11,7 @@ Run with one JSON argument:
   isl, osl, min_tokens       synthetic input tokens, max_completion_tokens, and the vLLM `min_tokens`
                              sent through --extra-inputs (default 32, 32, 16)
   timeout                    seconds for the whole run (default 600)
+  artifact_dir               where aiperf writes its exports (default: a new temp folder)
 aiperf streams chat completions with --use-server-token-count --per-chunk-usage (so Ferry's
 `stream_options.continuous_usage_stats` usage is what it counts), then this reads its JSON exports:
 the run completed, every request was sent and answered, no errors, the payloads held min_tokens and
@@ -38,7 +39,7 @@ def main():
     tokenizer = a.get("tokenizer") or os.path.join(HERE, "fixtures/golden/llama-bf16")
     u = urllib.parse.urlsplit(a["base_url"])
     url = f"{u.scheme}://{u.netloc}"
-    out = tempfile.mkdtemp(prefix="ferry-aiperf-")
+    out = a.get("artifact_dir") or tempfile.mkdtemp(prefix="ferry-aiperf-")
     cmd = [
         aiperf, "profile",
         "--model", a["model"],

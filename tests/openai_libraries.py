@@ -138,6 +138,20 @@ def pydantic_ai_output(a):
     last = [m for m in r.all_messages() if isinstance(m, ModelResponse)][-1]
     check("pydantic-ai output_type: finish_reason tool_call", last.finish_reason == "tool_call", last.finish_reason)
 
+    # Streamed (tool-call deltas): the same City as the whole greedy answer (a fresh agent: the
+    # first one's async client belongs to run_sync's event loop).
+    model, settings = pydantic_ai_model(a)
+    agent = Agent(model, output_type=City, model_settings=settings, retries=0)
+
+    async def streamed():
+        async with agent.run_stream(ASK_CITY) as result:
+            partial = [o async for o in result.stream_output(debounce_by=None)]
+            return partial, await result.get_output()
+
+    partial, final = asyncio.run(streamed())
+    check("pydantic-ai run_stream: a strict City", isinstance(final, City) and valid_as(City, final), final)
+    check("pydantic-ai run_stream: equals the whole answer", final == r.output, (final, r.output))
+    check("pydantic-ai run_stream: partial outputs along the way", len(partial) >= 1, partial)
 
 
 def pydantic_ai_tool(a):
