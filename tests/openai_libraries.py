@@ -2,8 +2,10 @@
 
 Run against a running `ferry up`, with one JSON argument:
   base_url, api_key, model   where and how to connect (base_url ends in /v1)
-  sections                   which sections to run (default: all but "responses"):
-                             "pydantic_ai", "instructor", "langchain", "responses"
+  sections                   which sections to run (default: pydantic_ai, instructor, langchain):
+                             "pydantic_ai", "instructor", "langchain", "responses", "auto"
+                             (tool_choice "auto": only for a sensible model that takes tools), or
+                             a function's name (e.g. "instructor_json_schema")
   responses                  true: run the "responses" section too (the `openai` client's
                              `responses.create`, against OpenAI's documented behaviour)
   extra_body                 vLLM sampling extensions sent with every request (default
@@ -291,6 +293,41 @@ def langchain_structured(a):
     check("langchain with_structured_output(function_calling): by a call of the City tool", [c["name"] for c in calls] == ["City"], calls)
 
 
+def auto_section(a):
+    """tool_choice "auto" (the libraries' default with tools): whatever the model picks, each answer
+    is a valid call or text. Only a sensible model with tools (SmolLM2 once Ferry renders tools for
+    templates without them) makes this meaningful; not in the default sections."""
+    from langchain_core.messages import HumanMessage
+    from pydantic_ai import Agent, UsageLimits
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+
+    m = langchain_llm(a).bind_tools([WEATHER_TOOL]).invoke([HumanMessage(ASK_WEATHER)])
+    fin = m.response_metadata.get("finish_reason")
+    if m.tool_calls:
+        check("langchain auto: valid get_weather calls, finish_reason tool_calls", all(c["name"] == "get_weather" and valid_as(Weather, c["args"]) for c in m.tool_calls) and not m.invalid_tool_calls and fin == "tool_calls", m)
+    else:
+        check("langchain auto: a text answer, finish_reason stop", isinstance(m.content, str) and m.content.strip() != "" and not m.invalid_tool_calls and fin == "stop", m)
+
+    model, settings = pydantic_ai_model(a)
+    agent = Agent(model, model_settings=settings, retries=0)
+
+    @agent.tool_plain
+    def get_weather(city: Annotated[str, Field(min_length=1, max_length=16)], unit: Literal["celsius", "fahrenheit"]) -> str:
+        """The current weather in a city.
+
+        Args:
+            city: The city's name.
+            unit: Degrees.
+        """
+        return f"Sunny, 21 degrees {unit}."
+
+    r = agent.run_sync(ASK_WEATHER, usage_limits=UsageLimits(request_limit=4))
+    responses = [x for x in r.all_messages() if isinstance(x, ModelResponse)]
+    calls = [p for x in responses for p in x.parts if isinstance(p, ToolCallPart)]
+    check("pydantic-ai auto: every call valid", all(c.tool_name == "get_weather" and valid_as(Weather, c.args_as_dict()) for c in calls), calls)
+    check("pydantic-ai auto: ends in a text answer, finish_reason stop", isinstance(r.output, str) and r.output.strip() != "" and responses[-1].finish_reason == "stop" and any(isinstance(p, TextPart) for p in responses[-1].parts), responses[-1])
+
+
 # ---------------------------------------------------------------------------------------------
 # openai: responses.create
 # ---------------------------------------------------------------------------------------------
@@ -383,6 +420,7 @@ SECTIONS = {
         instructor_json_schema,
         langchain_tools,
         langchain_structured,
+        auto_section,
         responses_text,
         responses_json_schema,
         responses_tools,
@@ -393,6 +431,7 @@ GROUPS = {
     "instructor": ["instructor_tools", "instructor_json_schema"],
     "langchain": ["langchain_tools", "langchain_structured"],
     "responses": ["responses_text", "responses_json_schema", "responses_tools"],
+    "auto": ["auto_section"],
 }
 
 
