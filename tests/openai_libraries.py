@@ -156,6 +156,16 @@ def pydantic_ai_output(a):
     check("pydantic-ai run_stream: partial outputs along the way", len(partial) >= 1, partial)
 
 
+def pydantic_ai_native(a):
+    """NativeOutput: the City schema as response_format json_schema (no tools; SmolLM2 takes it today)."""
+    from pydantic_ai import Agent, NativeOutput
+
+    model, settings = pydantic_ai_model(a)
+    r = Agent(model, output_type=NativeOutput(City), model_settings=settings, retries=0).run_sync(ASK_CITY)
+    check("pydantic-ai NativeOutput: a strict City", isinstance(r.output, City) and valid_as(City, r.output), r.output)
+    last = r.all_messages()[-1]
+    check("pydantic-ai NativeOutput: finish_reason stop", last.finish_reason == "stop", last)
+
 def pydantic_ai_tool(a):
     from pydantic_ai import Agent
     from pydantic_ai.capabilities import AbstractCapability
@@ -293,6 +303,15 @@ def langchain_structured(a):
     check("langchain with_structured_output(function_calling): by a call of the City tool", [c["name"] for c in calls] == ["City"], calls)
 
 
+def langchain_json_schema(a):
+    """with_structured_output's default method, json_schema (response_format; no tools)."""
+    from langchain_core.messages import HumanMessage
+
+    out = langchain_llm(a).with_structured_output(City, method="json_schema", include_raw=True).invoke([HumanMessage(ASK_CITY)])
+    check("langchain with_structured_output(json_schema): no parsing error", out["parsing_error"] is None, out)
+    check("langchain with_structured_output(json_schema): a strict City", isinstance(out["parsed"], City) and valid_as(City, out["parsed"]), out["parsed"])
+    check("langchain with_structured_output(json_schema): finish_reason stop", out["raw"].response_metadata.get("finish_reason") == "stop", out["raw"])
+
 def auto_section(a):
     """tool_choice "auto" (the libraries' default with tools): whatever the model picks, each answer
     is a valid call or text. Only a sensible model with tools (SmolLM2 once Ferry renders tools for
@@ -415,11 +434,13 @@ SECTIONS = {
     f.__name__: f
     for f in [
         pydantic_ai_output,
+        pydantic_ai_native,
         pydantic_ai_tool,
         instructor_tools,
         instructor_json_schema,
         langchain_tools,
         langchain_structured,
+        langchain_json_schema,
         auto_section,
         responses_text,
         responses_json_schema,
@@ -427,9 +448,9 @@ SECTIONS = {
     ]
 }
 GROUPS = {
-    "pydantic_ai": ["pydantic_ai_output", "pydantic_ai_tool"],
+    "pydantic_ai": ["pydantic_ai_output", "pydantic_ai_native", "pydantic_ai_tool"],
     "instructor": ["instructor_tools", "instructor_json_schema"],
-    "langchain": ["langchain_tools", "langchain_structured"],
+    "langchain": ["langchain_tools", "langchain_structured", "langchain_json_schema"],
     "responses": ["responses_text", "responses_json_schema", "responses_tools"],
     "auto": ["auto_section"],
 }
