@@ -16,7 +16,7 @@ aiperf streams chat completions with --use-server-token-count --per-chunk-usage 
 `stream_options.continuous_usage_stats` usage is what it counts), then this reads its JSON exports:
 the run completed, every request was sent and answered, no errors, the payloads held min_tokens and
 continuous usage, and every answer has at least min_tokens and at most osl tokens by the server's
-count. Prints one line per check; any failure raises (non-zero exit).
+count, and every streamed chunk carried usage (raw export). Prints one line per check; any failure raises (non-zero exit).
 """
 
 import json
@@ -57,6 +57,7 @@ def main():
         "--random-seed", "7",
         "--ui", "none",
         "--artifact-dir", out,
+        "--export-level", "raw",
     ]  # fmt: skip
     if a.get("api_key"):
         cmd += ["--api-key", a["api_key"]]
@@ -101,6 +102,16 @@ def main():
         ),
         payloads[:1],
     )
+
+    # --per-chunk-usage: every streamed chunk carried the usage so far (vLLM's continuous_usage_stats).
+    raw = [json.loads(line) for line in open(os.path.join(out, "profile_export_raw.jsonl")) if line.strip()]
+    bad = []
+    for r in raw:
+        chunks = [json.loads(pk["value"]) for resp in r.get("responses", []) for pk in resp.get("packets", []) if pk.get("name") == "data" and pk.get("value", "").startswith("{")]
+        done = [c["usage"]["completion_tokens"] for c in chunks if c.get("usage")]
+        if r.get("status") != 200 or not chunks or len(done) != len(chunks) or done != sorted(done) or done[-1] < min_tokens:
+            bad.append((r.get("status"), done, len(chunks)))
+    check(f"aiperf's raw export: {n} streams, every chunk with usage, counts growing to the total", len(raw) == n and not bad, bad[:3])
     print(f"aiperf: {n} requests, output tokens {counts}, artifacts in {out}", flush=True)
     print("all checks passed", flush=True)
 
