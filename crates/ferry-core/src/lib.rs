@@ -27,6 +27,7 @@ pub mod autoscale;
 pub mod block_pool;
 pub mod cache_policy;
 pub mod failure;
+pub mod finish;
 pub mod kv_index;
 pub mod kv_payload;
 pub mod logprobs;

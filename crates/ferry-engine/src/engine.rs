@@ -90,17 +90,8 @@ pub struct StepItem<'a> {
     pub logits: Logits,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    /// Reached max_tokens.
-    Length,
-    /// Emitted a stop token (EOS or a requested id).
-    StopToken(u32),
-    /// The text reached a stop string.
-    StopString,
-    /// The sequence filled the model's context.
-    ContextFull,
-}
+use ferry_core::finish::{After, Bounds};
+pub use ferry_core::finish::FinishReason;
 
 #[derive(Clone, Debug)]
 pub struct Generation {
@@ -576,15 +567,15 @@ impl<B: Backend> Engine<B> {
         let mut logits = self.prefill(seq, &prompt[cached..])?;
         let mut ttft = None;
         let mut decode_start = Instant::now();
-        let ctx = self.model.config.max_position;
+        let bounds = Bounds { stop_ids: &stop_ids, max_tokens: params.max_tokens, prompt_tokens: prompt.len(), context: self.model.config.max_position };
         let finish = loop {
             let tok = sampler.sample(&mut logits);
             if ttft.is_none() {
                 ttft = Some(start.elapsed());
                 decode_start = Instant::now();
             }
-            if stop_ids.contains(&tok) {
-                break FinishReason::StopToken(tok);
+            if let Some(f) = bounds.stops(tok) {
+                break f;
             }
             tokens.push(tok);
             let (delta, stopped) = stream.push(tok)?;
@@ -592,14 +583,8 @@ impl<B: Backend> Engine<B> {
                 on_text(&delta);
                 text.push_str(&delta);
             }
-            if stopped {
-                break FinishReason::StopString;
-            }
-            if tokens.len() >= params.max_tokens {
-                break FinishReason::Length;
-            }
-            if prompt.len() + tokens.len() >= ctx {
-                break FinishReason::ContextFull;
+            if let Some(f) = bounds.after(After { token: tok, count: tokens.len(), grammar_done: false, stop_string: stopped }) {
+                break f;
             }
             logits = self.step(&[StepItem { seq, tokens: &[tok], logits: Logits::Last }], &mut |_, _| {})?.pop().unwrap_or_default();
         };

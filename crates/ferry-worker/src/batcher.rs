@@ -24,6 +24,7 @@ use crate::logprobs;
 use ferry_core::logprobs::token_logprob;
 use ferry_core::schedule::{plan_step, PromptLeft, StepPolicy};
 use ferry_core::{SamplingParams, TokenLogprob};
+use ferry_core::finish::{After, Bounds};
 use ferry_engine::{Engine, EngineError, FinishReason, Logits, SeqId, StepItem};
 use ferry_proto::v1::KvEnd;
 use std::collections::VecDeque;
@@ -578,17 +579,10 @@ impl Loop {
         for (i, Start { token: first, is_stop: first_is_stop, picker }) in choices.into_iter().enumerate() {
             let choice = i as u32;
             let count = usize::from(!first_is_stop);
-            let finish = if first_is_stop {
-                Some(FinishReason::StopToken(first))
-            } else if picker.finished() {
-                // The grammar is complete: only an end of sequence could follow.
-                Some(FinishReason::StopToken(stop_ids.first().copied().unwrap_or(first)))
-            } else if count >= params.max_tokens {
-                Some(FinishReason::Length)
-            } else if prompt_tokens + count >= self.engine.config().max_position {
-                Some(FinishReason::ContextFull)
-            } else {
-                None
+            let bounds = Bounds { stop_ids: &stop_ids, max_tokens: params.max_tokens, prompt_tokens, context: self.engine.config().max_position };
+            let finish = match first_is_stop {
+                true => Some(FinishReason::StopToken(first)),
+                false => bounds.after(After { token: first, count, grammar_done: picker.finished(), stop_string: false }),
             };
             if let Some(reason) = finish {
                 ended.push(DecodeEvent::Finished { choice, reason, completion_tokens: count as u32 });
@@ -651,21 +645,12 @@ struct Start {
 /// Account for a newly sampled token (`lp`: its logprob, when asked for); Some(reason) when the
 /// sequence is finished.
 fn advance(r: &mut Running, tok: u32, lp: Option<TokenLogprob>, ctx: usize) -> Option<FinishReason> {
-    if r.stop_ids.contains(&tok) {
-        return Some(FinishReason::StopToken(tok));
+    let bounds = Bounds { stop_ids: &r.stop_ids, max_tokens: r.max_tokens, prompt_tokens: r.prompt_tokens, context: ctx };
+    if let Some(f) = bounds.stops(tok) {
+        return Some(f);
     }
     r.count += 1;
     r.last = tok;
     let _ = r.events.send(DecodeEvent::Token { choice: r.choice, token: tok, logprob: lp });
-    if r.picker.finished() {
-        // The grammar is complete: only an end of sequence could follow, so stop without
-        // spending a step on it.
-        Some(FinishReason::StopToken(r.stop_ids.first().copied().unwrap_or(tok)))
-    } else if r.count >= r.max_tokens {
-        Some(FinishReason::Length)
-    } else if r.prompt_tokens + r.count >= ctx {
-        Some(FinishReason::ContextFull)
-    } else {
-        None
-    }
+    bounds.after(After { token: tok, count: r.count, grammar_done: r.picker.finished(), stop_string: false })
 }
