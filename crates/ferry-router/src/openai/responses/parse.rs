@@ -117,7 +117,7 @@ fn text_format(v: Option<&Value>) -> Result<Option<Value>, ApiError> {
     };
     match format.get("type").and_then(Value::as_str) {
         Some("text") if format.len() == 1 => Ok(None),
-        Some("json_object") if format.len() == 1 => Ok(Some(json!({"type": "json_object"})))  ,
+        Some("json_object") if format.len() == 1 => Ok(Some(json!({"type": "json_object"}))),
         Some(t @ ("text" | "json_object")) => Err(bad(format!("a {t:?} format takes only `type`"))),
         Some("json_schema") => {
             let mut schema = Map::new();
