@@ -176,15 +176,19 @@ def text(client, model):
     check("streamed text: the deltas add up to the final response", added == output_of(final), f"{added} vs {output_of(final)}")
     check("streamed text: the same as without stream", output_of(final) == output_of(whole), f"{output_of(final)} vs {output_of(whole)}")
     check("streamed text: the same status and usage", (final.status, final.usage.output_tokens) == (whole.status, whole.usage.output_tokens), final)
-    with client.responses.stream(input="Tell me about Paris.", **base) as s:
+
+    # Structured: a strict json_schema through the client's parse helper, whole and streamed (the
+    # schema ends the answer, so it completes: the stream helper wants `response.completed`).
+    structured = dict(base, input="Is Paris in France? Answer as JSON.", max_output_tokens=40)
+    r = client.responses.parse(text_format=Verdict, **structured)
+    check("text.format json_schema: completed", r.status == "completed", r)
+    check("text.format json_schema: parsed into the pydantic model", isinstance(r.output_parsed, Verdict), r.output_text)
+    check("text.format json_schema: echoed", r.text.format.type == "json_schema" and r.text.format.strict, r.text)
+    with client.responses.stream(text_format=Verdict, **structured) as s:
         deltas = "".join(e.delta for e in s if e.type == "response.output_text.delta")
         helper = s.get_final_response()
-    check("responses.stream helper: get_final_response agrees", helper.output_text == deltas == whole.output_text, f"{helper.output_text!r} / {deltas!r} / {whole.output_text!r}")
-
-    # Structured: a strict json_schema through the client's parse helper.
-    r = client.responses.parse(input="Is Paris in France? Answer as JSON.", text_format=Verdict, **dict(base, max_output_tokens=40))
-    check("text.format json_schema: parsed into the pydantic model", isinstance(r.output_parsed, Verdict), r.output_text)
-    check("text.format json_schema: echoed", r.text.format.type == "json_schema", r.text)
+    check("responses.stream helper: get_final_response agrees", helper.output_text == deltas == r.output_text, f"{helper.output_text!r} / {deltas!r} / {r.output_text!r}")
+    check("responses.stream helper: parsed the same", helper.output_parsed == r.output_parsed, helper.output_parsed)
     r = client.responses.create(input="Give me a JSON object.", text={"format": {"type": "json_object"}}, **dict(base, max_output_tokens=40))
     if r.status == "completed":
         check("text.format json_object: a JSON object", isinstance(json.loads(r.output_text), dict), r.output_text)
