@@ -24,6 +24,7 @@ pub mod queue;
 pub mod registry;
 pub mod scale;
 pub mod service;
+pub mod tools;
 pub mod transport;
 pub mod wire;
 
@@ -95,8 +96,8 @@ pub struct RouterConfig {
     /// no KV moved) when at most this many tokens are left; 0: never.
     pub local_prefill_max: usize,
     /// The format tool calls are parsed in (and forced calls written in) on the HTTP API; `None`:
-    /// the one the model's chat template teaches ([`openai::tools::parse::Format::detect`]).
-    pub tool_call_parser: Option<openai::tools::parse::Format>,
+    /// the one the model's chat template teaches ([`tools::format::Format::detect`]).
+    pub tool_call_parser: Option<tools::format::Format>,
     /// Scale the pools from the SLOs (`--autoscale`; needs `scaler`). None: only by hand.
     pub autoscale: Option<autoscale::AutoscaleConfig>,
     /// Open connections and header timeout of the gRPC and the HTTP API, each; `/metrics` gets

@@ -137,7 +137,7 @@ async fn fields_are_honoured_or_refused_never_ignored() {
         (json!({"logit_bias": {"1": 300}}), "logit_bias"),
         (json!({"service_tier": "flex"}), "service_tier"),
         (json!({"top_logprobs": 3}), "top_logprobs"),
-        (json!({"tools": [{"type": "function", "function": {"name": "f"}}]}), "tools"),
+        (json!({"tools": [{"type": "function", "function": {"name": "a b"}}]}), "tools"),
         (json!({"response_format": {"type": "xml"}}), "response_format"),
         (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}}}), "response_format"),
         (json!({"guided_regex": "(a"}), "guided_regex"),

@@ -2,7 +2,9 @@
 //! serves the text side of a tiny model given vLLM's Hermes template (tests/fixtures/tools), so
 //! the prompt carries the tools; the scripted answer's `<tool_call>` block comes back as
 //! `message.tool_calls`, and streamed (token by token) as `delta.tool_calls` that add up to the
-//! same call. A template without tools (SmolLM2's) refuses them.
+//! same call, its arguments in several pieces. A template without tools (SmolLM2's) gets Ferry's
+//! generic format: a scripted `{"tool_calls": [...]}` or `{"response": ...}` answer comes back as
+//! calls or as content.
 
 mod common;
 
@@ -96,6 +98,8 @@ async fn scripted_calls_come_back_whole_and_streamed() {
     }
     assert_eq!((content.as_str(), name.as_str(), args.as_str()), ("Let me check.", "get_weather", "{\"city\": \"Paris\", \"unit\": \"celsius\"}"));
     assert_eq!((ids.len(), finish.as_deref()), (1, Some("tool_calls")));
+    let pieces = events.iter().filter(|e| e.contains("\"arguments\":\"{") || e.contains("\"arguments\":\"")).count();
+    assert!(pieces > 3, "the arguments stream piece by piece, not in one chunk: {pieces} chunks");
 
     // tool_choice none: no tools offered, the text comes back as it is.
     let v = post(&addr, "/v1/chat/completions", &body(json!({"tool_choice": "none"}))).await.json();
@@ -115,17 +119,70 @@ async fn scripted_calls_come_back_whole_and_streamed() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// One answer (streamed, one token per delta, and whole) of a router serving SmolLM2's text
+/// side to mock workers that replay `answer`: the message's content and calls, and how many
+/// chunks carried arguments.
+async fn generic_answer(addr: &str, text: &ferry_tokenizer::ModelText, extra: Value) -> (Value, String, Vec<(String, String)>, usize) {
+    let body = |stream: bool| {
+        let mut b = json!({"model": text.name, "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [weather()], "max_tokens": 200, "stream": stream});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        b.to_string()
+    };
+    let whole = post(addr, "/v1/chat/completions", &body(false)).await.json();
+    let events = http::open(addr, "POST", "/v1/chat/completions", None, Some(&body(true))).await.events().await;
+    let (mut content, mut calls, mut arg_chunks) = (String::new(), Vec::<(String, String)>::new(), 0);
+    for e in &events[..events.len() - 1] {
+        let c: Value = serde_json::from_str(e).unwrap();
+        let d = &c["choices"][0]["delta"];
+        content += d["content"].as_str().unwrap_or("");
+        for tc in d["tool_calls"].as_array().into_iter().flatten() {
+            let i = tc["index"].as_u64().unwrap() as usize;
+            if i == calls.len() {
+                calls.push((tc["function"]["name"].as_str().unwrap().to_owned(), String::new()));
+            }
+            let a = tc["function"]["arguments"].as_str().unwrap_or("");
+            arg_chunks += usize::from(!a.is_empty());
+            calls[i].1 += a;
+        }
+    }
+    (whole, content, calls, arg_chunks)
+}
+
 #[tokio::test]
-async fn a_template_without_tools_refuses_them() {
-    let (r, addr) = router(&common::model_path()).await;
-    let model = common::text().name;
-    let e = post(&addr, "/v1/chat/completions", &json!({"model": model, "messages": [{"role": "user", "content": "Hi"}], "tools": [weather()]}).to_string())
-        .await
-        .error(400);
-    assert_eq!(e["param"], "tools", "{e}");
-    let m = e["message"].as_str().unwrap();
-    assert!(m.contains("chat template") && m.contains("no tool support"), "{m}");
-    r.shutdown().await;
+async fn a_template_without_tools_gets_the_generic_format() {
+    let model = common::model_path();
+    let text = common::text();
+    for (answer, content, calls) in [
+        (
+            r#"{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}]}"#,
+            "",
+            vec![("get_weather", r#"{"city": "Paris", "unit": "celsius"}"#)],
+        ),
+        (r#"{"response": "It is sunny in \"Paris\"."}"#, r#"It is sunny in "Paris"."#, vec![]),
+    ] {
+        let ids = text.tokenizer.encode(answer, false).unwrap();
+        let script = MockConfig { first_token: ids[0], tokens: ids[1..].to_vec(), ..Default::default() };
+        let (r, addr) = router(&model).await;
+        let _p = r.mock(WorkerRole::Prefill, script.clone()).await;
+        let _d = r.mock(WorkerRole::Decode, script).await;
+        for choice in [json!("auto"), json!("required")] {
+            let (whole, streamed, got, arg_chunks) = generic_answer(&addr, &text, json!({"tool_choice": choice})).await;
+            let msg = &whole["choices"][0]["message"];
+            assert_eq!(msg["content"].as_str().unwrap_or(""), content, "{whole}");
+            assert_eq!(streamed, content, "the stream's content is the whole answer's");
+            let whole_calls: Vec<(String, String)> = msg["tool_calls"].as_array().into_iter().flatten()
+                .map(|c| (c["function"]["name"].as_str().unwrap().to_owned(), c["function"]["arguments"].as_str().unwrap().to_owned()))
+                .collect();
+            let want: Vec<(String, String)> = calls.iter().map(|(n, a)| (n.to_string(), a.to_string())).collect();
+            assert_eq!((&whole_calls, &got), (&want, &want), "{whole}");
+            let finish = if calls.is_empty() { "stop" } else { "tool_calls" };
+            assert_eq!(whole["choices"][0]["finish_reason"], finish, "{whole}");
+            if !calls.is_empty() {
+                assert!(arg_chunks > 3, "arguments streamed piece by piece: {arg_chunks} chunks");
+            }
+        }
+        r.shutdown().await;
+    }
 }
 
 #[tokio::test]

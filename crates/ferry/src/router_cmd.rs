@@ -79,8 +79,8 @@ pub struct RouterArgs {
     /// first is the one `/v1/models` and `ModelInfo` report. Default: the model's own name.
     #[arg(long = "served-model-name", value_name = "NAME")]
     pub served_model_name: Vec<String>,
-    /// The format of the model's tool calls on the OpenAI API (vLLM's parser names): auto reads
-    /// it from the chat template (`<tool_call>` → hermes).
+    /// The format of the model's tool calls (vLLM's parser names): auto reads it from the chat
+    /// template (`<tool_call>` → hermes), and takes generic for a template that takes no tools.
     #[arg(long, value_enum, default_value_t = ToolCallParserArg::Auto)]
     pub tool_call_parser: ToolCallParserArg,
     /// The fastest KV transport the router asks a prefill→decode pair to use: auto (= nccl) picks
@@ -252,10 +252,13 @@ pub fn served_model_names(given: &[String]) -> anyhow::Result<Vec<String>> {
 /// `--tool-call-parser`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ToolCallParserArg {
-    /// The format the model's chat template teaches.
+    /// The format the model's chat template teaches; generic for a template that takes no tools.
     Auto,
     /// `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (Hermes, Qwen2.5, Qwen3).
     Hermes,
+    /// Ferry's own for any model: tools described in the prompt, the answer `{"response": ...}` or
+    /// `{"tool_calls": [...]}`, held to that by a grammar.
+    Generic,
 }
 
 impl ToolCallParserArg {
@@ -263,13 +266,16 @@ impl ToolCallParserArg {
         match self {
             ToolCallParserArg::Auto => "auto",
             ToolCallParserArg::Hermes => "hermes",
+            ToolCallParserArg::Generic => "generic",
         }
     }
 
-    fn format(self) -> Option<ferry_router::openai::tools::parse::Format> {
+    fn format(self) -> Option<ferry_router::tools::format::Format> {
+        use ferry_router::tools::format::Format;
         match self {
             ToolCallParserArg::Auto => None,
-            ToolCallParserArg::Hermes => Some(ferry_router::openai::tools::parse::Format::Hermes),
+            ToolCallParserArg::Hermes => Some(Format::Hermes),
+            ToolCallParserArg::Generic => Some(Format::Generic),
         }
     }
 }

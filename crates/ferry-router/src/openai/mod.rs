@@ -391,7 +391,7 @@ struct Sse {
     meta: Meta,
     renders: Vec<logprobs::Render>,
     echo: Vec<Option<String>>,
-    calls: Option<Vec<chat::Calls>>,
+    calls: Option<Vec<crate::tools::calls::Calls>>,
     finals: Vec<v1::GenerateFinal>,
     n: u32,
 }
@@ -459,17 +459,17 @@ impl Sse {
 }
 
 /// The SSE chunks of what choice `choice`'s tool-call scanner gave out: content, and each call
-/// as OpenAI streams it.
-fn said_events(meta: &Meta, choice: u32, said: Vec<chat::Said>, out: &mut Vec<u8>) {
+/// as OpenAI streams it (its id, type and name, then its arguments piece by piece).
+fn said_events(meta: &Meta, choice: u32, said: Vec<crate::tools::calls::Said>, out: &mut Vec<u8>) {
+    use crate::tools::calls::Said;
     for s in said {
-        match s {
-            chat::Said::Text(t) => out.extend_from_slice(&response::sse(&response::text_chunk(meta, choice, &t))),
-            chat::Said::Call(k, c) => {
-                for chunk in response::tool_call_chunks(meta, choice, k, &c) {
-                    out.extend_from_slice(&response::sse(&chunk));
-                }
-            }
-        }
+        let chunk = match s {
+            Said::Text(t) => response::text_chunk(meta, choice, &t),
+            Said::Open { index, id, name } => response::call_open_chunk(meta, choice, index, &id, &name),
+            Said::Args { index, text } => response::call_args_chunk(meta, choice, index, &text),
+            Said::Close { .. } => continue,
+        };
+        out.extend_from_slice(&response::sse(&chunk));
     }
 }
 

@@ -6,6 +6,7 @@ use ferry_proto::v1;
 use serde_json::{Value, json};
 
 use super::request::Kind;
+use crate::tools::calls::IdCall;
 
 /// What every response and chunk of one request repeats.
 #[derive(Clone, Debug)]
@@ -121,14 +122,6 @@ pub fn usage(fins: &[v1::GenerateFinal]) -> Value {
     })
 }
 
-/// A tool call of an answer, with the id it is answered under.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct IdCall {
-    /// `call_<random>`.
-    pub id: String,
-    pub call: super::tools::parse::Call,
-}
-
 /// One choice's whole answer: its text (a chat's content, without the calls scanned out of
 /// it), its tool calls (none when the request has no active tools) and its final message.
 #[derive(Clone, Debug, Default)]
@@ -186,16 +179,15 @@ fn delta_chunk(meta: &Meta, index: u32, delta: Value) -> Value {
     meta.envelope(true, json!([{"index": index, "delta": delta, "logprobs": null, "finish_reason": null}]))
 }
 
-/// The chunks of one streamed tool call of choice `choice`, numbered `index` in its answer, as
-/// OpenAI streams them: the id, type and name with empty arguments, then the arguments.
-pub fn tool_call_chunks(meta: &Meta, choice: u32, index: usize, c: &IdCall) -> [Value; 2] {
-    [
-        delta_chunk(meta, choice, json!({"tool_calls": [{
-            "index": index, "id": c.id, "type": "function",
-            "function": {"name": c.call.name, "arguments": ""},
-        }]})),
-        delta_chunk(meta, choice, json!({"tool_calls": [{"index": index, "function": {"arguments": c.call.arguments}}]})),
-    ]
+/// The chunk that opens tool call `index` of choice `choice`, as OpenAI streams it: the id, type
+/// and name with empty arguments.
+pub fn call_open_chunk(meta: &Meta, choice: u32, index: usize, id: &str, name: &str) -> Value {
+    delta_chunk(meta, choice, json!({"tool_calls": [{"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}))
+}
+
+/// A chunk of tool call `index`'s arguments.
+pub fn call_args_chunk(meta: &Meta, choice: u32, index: usize, text: &str) -> Value {
+    delta_chunk(meta, choice, json!({"tool_calls": [{"index": index, "function": {"arguments": text}}]}))
 }
 
 fn chunk(meta: &Meta, index: u32, text: Option<&str>, role: bool, finish: Option<&'static str>) -> Value {
@@ -375,7 +367,7 @@ mod tests {
 
     #[test]
     fn tool_call_answers() {
-        use crate::openai::tools::parse::Call;
+        use crate::tools::scan::Call;
         let m = Meta::new(Kind::Chat, "1", 5, "m".into(), false);
         let c = IdCall { id: "call_x".into(), call: Call { name: "f".into(), arguments: "{\"a\":1}".into() } };
         let v = complete(&m, &[Whole { text: String::new(), calls: vec![c.clone()], fin: fin(v1::FinishReason::StopToken) }]);
@@ -392,7 +384,7 @@ mod tests {
         assert_eq!(v["choices"][0]["message"], json!({"role": "assistant", "content": "Hi"}));
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
 
-        let [head, args] = tool_call_chunks(&m, 0, 1, &c);
+        let (head, args) = (call_open_chunk(&m, 0, 1, &c.id, &c.call.name), call_args_chunk(&m, 0, 1, &c.call.arguments));
         assert_eq!(
             head["choices"][0]["delta"],
             json!({"tool_calls": [{"index": 1, "id": "call_x", "type": "function", "function": {"name": "f", "arguments": ""}}]})

@@ -1,74 +1,14 @@
-//! Tool calling on `POST /v1/chat/completions`: OpenAI's `tools`, `tool_choice` and
-//! `parallel_tool_calls`, read and checked here (pure, no I/O), as vLLM serves them:
-//! - the tools go to the model's chat template (which must take `tools`);
-//! - the answer is scanned for calls in the format that template teaches ([`parse`]);
-//! - `tool_choice` `"required"` or a named function is enforced by a grammar ([`grammar`]) that
-//!   lets the model write only calls, in that format, to the allowed functions, with arguments
-//!   valid against each function's `parameters` schema.
-//!
-//! `"none"` offers no tools to the template and scans nothing, as vLLM does.
-
-pub mod grammar;
-pub mod parse;
+//! OpenAI's `tools`, `tool_choice` and `parallel_tool_calls` on `POST /v1/chat/completions`, read
+//! and checked here (pure, no I/O) into [`crate::tools::Asked`]; what is done with them is
+//! [`crate::tools`]'. `"none"` offers no tools and scans nothing, as vLLM does.
 
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
+pub use crate::tools::{Asked, Choice, Tool};
 
 /// The longest function name OpenAI accepts.
 const MAX_NAME: usize = 64;
-
-/// One offered function.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Tool {
-    pub name: String,
-    /// Its `parameters` JSON schema (an object; `{}`-like when the client gave none).
-    pub parameters: Value,
-}
-
-/// `tool_choice`.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Choice {
-    /// No tools offered, no calls scanned.
-    None,
-    /// Tools offered; the model may answer or call.
-    Auto,
-    /// The model must call at least one of the tools.
-    Required,
-    /// The model must call this function.
-    Named(String),
-}
-
-/// A request's tools and what it asks of them.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Asked {
-    /// `tools` as the client sent them (what the chat template gets).
-    pub offered: Vec<Value>,
-    pub tools: Vec<Tool>,
-    pub choice: Choice,
-    /// `parallel_tool_calls` (default true): false allows one call per answer.
-    pub parallel: bool,
-}
-
-impl Asked {
-    /// Whether tools go to the template and the answer is scanned for calls.
-    pub fn active(&self) -> bool {
-        !self.tools.is_empty() && self.choice != Choice::None
-    }
-
-    /// Whether a grammar makes the model call (`required` or a named function).
-    pub fn forces(&self) -> bool {
-        matches!(self.choice, Choice::Required | Choice::Named(_))
-    }
-
-    /// The most calls an answer may make.
-    pub fn max_calls(&self) -> Option<usize> {
-        match (&self.choice, self.parallel) {
-            (Choice::Named(_), _) | (_, false) => Some(1),
-            _ => None,
-        }
-    }
-}
 
 fn bad(message: String, field: &'static str) -> ApiError {
     ApiError::invalid(message, Some(field))
@@ -142,9 +82,11 @@ fn tool(i: usize, t: &Value) -> Result<Tool, ApiError> {
             "`function.name` {name:?} must be 1 to {MAX_NAME} characters of a-z, A-Z, 0-9, _ and -"
         )));
     }
-    if let Some(d) = f.get("description").filter(|d| !d.is_null() && !d.is_string()) {
-        return Err(at(format!("`function.description` must be a string, not {d}")));
-    }
+    let description = match f.get("description") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(d)) => Some(d.clone()),
+        Some(d) => return Err(at(format!("`function.description` must be a string, not {d}"))),
+    };
     let strict = match f.get("strict") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -157,7 +99,7 @@ fn tool(i: usize, t: &Value) -> Result<Tool, ApiError> {
         Some(p @ Value::Object(_)) => p.clone(),
         Some(other) => return Err(at(format!("`function.parameters` must be a JSON schema object, not {other}"))),
     };
-    Ok(Tool { name, parameters })
+    Ok(Tool { name, description, parameters })
 }
 
 /// `tool_choice`: `"none"`, `"auto"`, `"required"`, or `{"type": "function", "function": {"name"}}`.
@@ -197,5 +139,5 @@ fn choice(v: &Value, tools: &[Tool]) -> Result<Choice, ApiError> {
 }
 
 #[cfg(test)]
-#[path = "tests.rs"]
+#[path = "tools_tests.rs"]
 mod tests;

@@ -1,22 +1,35 @@
 use super::*;
 
 fn call(name: &str, arguments: &str) -> Piece {
-    Piece::Call(Call { name: name.into(), arguments: arguments.into() })
+    Piece::Close(Call { name: name.into(), arguments: arguments.into() })
 }
 
 fn text(t: &str) -> Piece {
     Piece::Text(t.into())
 }
 
-/// Pieces with neighbouring texts joined (a stream may split content anywhere).
+/// Pieces with neighbouring texts joined (a stream may split content anywhere), each call
+/// checked to open with its name and stream exactly its arguments, then kept as its `Close`.
 fn joined(pieces: Vec<Piece>) -> Vec<Piece> {
     let mut out: Vec<Piece> = Vec::new();
+    let mut open: Option<(String, String)> = None;
     for p in pieces {
         match (out.last_mut(), p) {
+            (_, Piece::Open(name)) => {
+                assert!(open.is_none(), "a call opened inside another");
+                open = Some((name, String::new()));
+            }
+            (_, Piece::Args(a)) => open.as_mut().expect("arguments outside a call").1.push_str(&a),
+            (_, Piece::Close(c)) => {
+                let (name, args) = open.take().expect("a close without an open");
+                assert_eq!((name.as_str(), args.as_str()), (c.name.as_str(), c.arguments.as_str()), "the streamed call is the closed one");
+                out.push(Piece::Close(c));
+            }
             (Some(Piece::Text(a)), Piece::Text(b)) => a.push_str(&b),
             (_, p) => out.push(p),
         }
     }
+    assert!(open.is_none(), "a call left open");
     out
 }
 
@@ -55,6 +68,9 @@ const CASES: &[(&str, &[(&str, &str)], &str)] = &[
     ("<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"q\\\": 2}\"}</tool_call>", &[("f", "{\"q\": 2}")], ""),
     ("<tool_call>{\"name\": \"f\", \"parameters\": [1]}", &[("f", "[1]")], ""),
     ("x <tool_call>{\"name\": \"f\", \"argu", &[], "x <tool_call>{\"name\": \"f\", \"argu"),
+    ("<tool_call>\n{\"nom\": 1}</tool_call>", &[], "<tool_call>\n{\"nom\": 1}</tool_call>"),
+    // Cut short inside the arguments: the call closes with what arrived.
+    ("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": [1, ", &[("f", "{\"a\": [1, ")], ""),
     ("ends in a partial tag <tool_c", &[], "ends in a partial tag <tool_c"),
     ("ünï <tool_call>{\"name\": \"ß\", \"arguments\": {\"k\": \"日本\"}}</tool_call>", &[("ß", "{\"k\": \"日本\"}")], "ünï"),
 ];
@@ -73,10 +89,10 @@ fn expected(calls: &[(&str, &str)], content: &str) -> Vec<Piece> {
 fn whole_texts() {
     for (s, calls, content) in CASES {
         let got = whole(s, None);
-        let mut got_calls: Vec<Piece> = got.iter().filter(|p| matches!(p, Piece::Call(_))).cloned().collect();
+        let mut got_calls: Vec<Piece> = got.iter().filter(|p| matches!(p, Piece::Close(_))).cloned().collect();
         let got_text: String = got.iter().filter_map(|p| if let Piece::Text(t) = p { Some(t.as_str()) } else { None }).collect();
         let want = expected(calls, content);
-        let want_calls: Vec<Piece> = want.iter().filter(|p| matches!(p, Piece::Call(_))).cloned().collect();
+        let want_calls: Vec<Piece> = want.iter().filter(|p| matches!(p, Piece::Close(_))).cloned().collect();
         assert_eq!(got_text, *content, "{s:?}");
         assert_eq!(std::mem::take(&mut got_calls), want_calls, "{s:?}");
     }
@@ -128,4 +144,54 @@ fn formats_are_detected_from_templates() {
     assert_eq!(head, "<tool_call>\n{\"name\": \"get \\\"w\\\"\", \"arguments\": ");
     let text = format!("{head}{{\"a\":1}}{tail}");
     assert_eq!(whole(&text, None), vec![call("get \"w\"", "{\"a\":1}")]);
+}
+
+fn generic(s: &str, max: Option<usize>, cuts: &[usize]) -> Vec<Piece> {
+    let mut sc = Scanner::new(Format::Generic, max);
+    let mut out = Vec::new();
+    let mut at = 0;
+    for &c in cuts.iter().chain(std::iter::once(&s.len())) {
+        out.extend(sc.push(&s[at..c]));
+        at = c;
+    }
+    out.extend(sc.finish());
+    joined(out)
+}
+
+#[test]
+fn generic_answers_wherever_the_text_is_cut() {
+    let cases: &[(&str, Vec<Piece>)] = &[
+        (r#"{"response": "Hi \"you\"\nü \u00e9"}"#, vec![text("Hi \"you\"\nü é")]),
+        (
+            r#"{"tool_calls": [{"name": "f", "arguments": {"a": "}"}}, {"name": "g", "arguments": {}}]}"#,
+            vec![call("f", r#"{"a": "}"}"#), call("g", "{}")],
+        ),
+        (r#"  { "tool_calls" : [ {"arguments": {"b": 2}, "name": "h"} ] }"#, vec![call("h", r#"{"b": 2}"#)]),
+        ("Just text, no JSON.", vec![text("Just text, no JSON.")]),
+        (r#"{"other": 1}"#, vec![text(r#"{"other": 1}"#)]),
+        // Cut short: the reply so far; a call with the arguments that arrived.
+        (r#"{"response": "Hel"#, vec![text("Hel")]),
+        (r#"{"tool_calls": [{"name": "f", "arguments": {"a": 1"#, vec![call("f", r#"{"a": 1"#)]),
+    ];
+    for (s, want) in cases {
+        assert_eq!(&generic(s, None, &[]), want, "{s:?}");
+        let bounds: Vec<usize> = (1..s.len()).filter(|&i| s.is_char_boundary(i)).collect();
+        for &i in &bounds {
+            assert_eq!(&generic(s, None, &[i]), want, "{s:?} cut at {i}");
+        }
+        assert_eq!(&generic(s, None, &bounds), want, "{s:?} char by char");
+    }
+    let two = r#"{"tool_calls": [{"name": "f", "arguments": {}}, {"name": "g", "arguments": {}}]}"#;
+    assert_eq!(generic(two, Some(1), &[]), vec![call("f", "{}")]);
+}
+
+#[test]
+fn arguments_stream_before_the_call_closes() {
+    let mut sc = Scanner::new(Format::Hermes, None);
+    let first = sc.push("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par");
+    assert_eq!(first, vec![Piece::Open("get_weather".into()), Piece::Args("{\"city\": \"Par".into())]);
+    assert_eq!(sc.push("is\"}}\n</tool_call>"), vec![Piece::Args("is\"}".into()), call("get_weather", "{\"city\": \"Paris\"}")]);
+    let mut sc = Scanner::new(Format::Generic, None);
+    assert_eq!(sc.push("{\"response\": \"Hel"), vec![text("Hel")]);
+    assert_eq!(sc.push("lo\"}"), vec![text("lo")]);
 }

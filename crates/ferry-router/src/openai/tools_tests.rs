@@ -3,8 +3,10 @@ use std::path::PathBuf;
 use ferry_core::sampling::OutputGrammar;
 use serde_json::{Value, json};
 
-use super::parse::{Format, Piece, Scanner};
 use super::*;
+use crate::tools::format::Format;
+use crate::tools::grammar;
+use crate::tools::scan::{Piece, Scanner};
 
 fn p(v: Value) -> Result<Option<Asked>, ApiError> {
     parse(v.as_object().expect("an object"))
@@ -93,13 +95,15 @@ fn forced_calls_walk_back_through_the_parser() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/golden/qwen2-bias-tied");
     let tok = ferry_tokenizer::ModelText::from_hf_dir(&dir).expect("fixture tokenizer").tokenizer;
     let grammars = ferry_grammar::Grammars::new(&tok, None).expect("grammars");
-    for (choice, parallel) in [(Choice::Required, false), (Choice::Required, true), (Choice::Named("get_weather".into()), true)] {
+    let forcing = [(Choice::Required, false), (Choice::Required, true), (Choice::Named("get_weather".into()), true)];
+    let cases = forcing.iter().flat_map(|c| [(Format::Hermes, c.clone()), (Format::Generic, c.clone())]).chain([(Format::Generic, (Choice::Auto, true))]);
+    for (format, (choice, parallel)) in cases {
         let a = p(json!({"tools": [weather(), clock()], "tool_choice": Value::Null})).unwrap().unwrap();
         let a = Asked { choice: choice.clone(), parallel, ..a };
-        let lark = grammar::lark(Format::Hermes, &a).expect("a forcing grammar");
+        let lark = grammar::lark(format, &a).expect("a grammar");
         let g = OutputGrammar::Lark(lark.clone());
         grammars.check(&g).unwrap_or_else(|e| panic!("{lark}\n{e}"));
-        let mut finished = 0;
+        let (mut finished, mut replies, mut calls) = (0, 0, 0);
         for seed in 1..=12u64 {
             let mut c = grammars.constraint(&g, &[]).expect("compiles");
             let (mut state, mut ids) = (seed | 1, Vec::new());
@@ -125,12 +129,21 @@ fn forced_calls_walk_back_through_the_parser() {
             }
             finished += 1;
             let text = tok.decode(&ids, false).expect("decode");
-            let mut sc = Scanner::new(Format::Hermes, a.max_calls());
+            let mut sc = Scanner::new(format, a.max_calls());
             let mut pieces = sc.push(&text);
             pieces.extend(sc.finish());
             assert!(!pieces.is_empty(), "{text:?}");
+            let reply = pieces.iter().any(|p| matches!(p, Piece::Text(_)));
+            if reply {
+                // Only `auto` in the generic format may reply, and then only reply.
+                assert!(choice == Choice::Auto && pieces.iter().all(|p| matches!(p, Piece::Text(_))), "{format:?} {choice:?}: {pieces:?} in {text:?}");
+                replies += 1;
+                continue;
+            }
+            let pieces: Vec<&Piece> = pieces.iter().filter(|p| matches!(p, Piece::Close(_))).collect();
+            calls += 1;
             for piece in &pieces {
-                let Piece::Call(call) = piece else { panic!("content in a forced answer: {piece:?} in {text:?}") };
+                let Piece::Close(call) = piece else { unreachable!() };
                 let args: Value = serde_json::from_str(&call.arguments).expect("arguments are JSON");
                 match call.name.as_str() {
                     "get_weather" => {
@@ -148,6 +161,9 @@ fn forced_calls_walk_back_through_the_parser() {
                 assert_eq!(pieces.len(), 1, "{text:?}");
             }
         }
-        assert!(finished >= 6, "{choice:?}: only {finished} of 12 walks ended");
+        assert!(finished >= 6, "{format:?} {choice:?}: only {finished} of 12 walks ended");
+        if choice == Choice::Auto {
+            assert!(replies > 0 && calls > 0, "{format:?} auto: {replies} replies and {calls} calls in {finished} walks (both are allowed)");
+        }
     }
 }

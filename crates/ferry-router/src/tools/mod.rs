@@ -1,0 +1,94 @@
+//! Tool calling, pure (no I/O), for every API that offers tools (HTTP chat completions and
+//! responses, gRPC `Generate`):
+//! - what a request offers and asks ([`Asked`]: its functions and `tool_choice`);
+//! - the format the model writes its calls in ([`format::Format`]): the one its chat template
+//!   teaches, or, for a model whose template takes no tools, Ferry's generic format, in which Ferry
+//!   describes the tools in the prompt itself ([`generic`]) and a grammar keeps the answer to a
+//!   reply or calls;
+//! - the grammar that enforces a choice ([`grammar`]);
+//! - the scanner that reads calls out of the answer as it arrives, a call's arguments streamed
+//!   piece by piece ([`scan`], over [`object`] and [`json`]), and the ids the calls are answered
+//!   under ([`calls`]).
+
+pub mod calls;
+pub mod format;
+pub mod generic;
+pub mod grammar;
+pub mod json;
+pub mod object;
+pub mod scan;
+
+use serde_json::Value;
+
+/// One offered function.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tool {
+    pub name: String,
+    pub description: Option<String>,
+    /// Its `parameters` JSON schema (an object; `{}`-like when the client gave none).
+    pub parameters: Value,
+}
+
+impl Tool {
+    /// The tool as OpenAI's chat API writes it (what chat templates get as `tools`).
+    pub fn openai(&self) -> Value {
+        let mut f = serde_json::json!({"name": self.name, "parameters": self.parameters});
+        if let Some(d) = &self.description {
+            f["description"] = Value::from(d.as_str());
+        }
+        serde_json::json!({"type": "function", "function": f})
+    }
+}
+
+/// `tool_choice`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Choice {
+    /// No tools offered, no calls scanned.
+    None,
+    /// Tools offered; the model may answer or call.
+    Auto,
+    /// The model must call at least one of the tools.
+    Required,
+    /// The model must call this function.
+    Named(String),
+}
+
+/// A request's tools and what it asks of them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Asked {
+    /// `tools` as the client sent them (what a chat template that takes tools gets).
+    pub offered: Vec<Value>,
+    pub tools: Vec<Tool>,
+    pub choice: Choice,
+    /// `parallel_tool_calls` (default true): false allows one call per answer.
+    pub parallel: bool,
+}
+
+impl Asked {
+    /// Whether tools are offered and the answer is scanned for calls.
+    pub fn active(&self) -> bool {
+        !self.tools.is_empty() && self.choice != Choice::None
+    }
+
+    /// Whether a grammar makes the model call (`required` or a named function).
+    pub fn forces(&self) -> bool {
+        matches!(self.choice, Choice::Required | Choice::Named(_))
+    }
+
+    /// The most calls an answer may make.
+    pub fn max_calls(&self) -> Option<usize> {
+        match (&self.choice, self.parallel) {
+            (Choice::Named(_), _) | (_, false) => Some(1),
+            _ => None,
+        }
+    }
+
+    /// The functions the model may call: every offered one, or the named one.
+    pub fn allowed(&self) -> Vec<&Tool> {
+        match &self.choice {
+            Choice::None => Vec::new(),
+            Choice::Auto | Choice::Required => self.tools.iter().collect(),
+            Choice::Named(name) => self.tools.iter().filter(|t| &t.name == name).collect(),
+        }
+    }
+}
