@@ -102,7 +102,6 @@ async fn stateless_refusals_name_the_field() {
         (json!({"previous_response_id": "resp_1"}), "previous_response_id"),
         (json!({"tools": [{"type": "web_search"}]}), "tools"),
         (json!({"input": [{"type": "item_reference", "id": "msg_1"}]}), "input[0].type"),
-        (json!({"tools": [{"type": "function", "name": "f", "description": "F."}]}), "tools"),
     ] {
         let mut b = json!({"model": model, "input": "Hi"});
         b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());

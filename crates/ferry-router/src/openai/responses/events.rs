@@ -1,5 +1,6 @@
 //! The `response` object and its server-sent events, built as the answer comes: pure, no I/O.
-//! One [`Events`] turns what the tool-call scanner says ([`Said`]: text, calls) into output items
+//! One [`Events`] turns what the tool-call scanner says ([`Said`]: text, a call's opening, its
+//! argument pieces, its close) into output items
 //! and the events that build them, in OpenAI's order:
 //!
 //! `response.created`, `response.in_progress`; per message item `response.output_item.added`,
@@ -15,9 +16,8 @@
 use ferry_proto::v1;
 use serde_json::{Map, Value, json};
 
-use crate::openai::chat::Said;
 use crate::openai::error::ApiError;
-use crate::openai::response::IdCall;
+use crate::tools::calls::Said;
 
 /// What every object of one response repeats.
 #[derive(Clone, Debug)]
@@ -118,16 +118,13 @@ impl Events {
     }
 
     /// The events of what the answer says next. (The one place that maps the scanner's pieces
-    /// to items.)
+    /// to items; a call's arguments are the pieces that arrived, so they add up by construction.)
     pub fn said(&mut self, s: Said) -> Vec<Value> {
         match s {
             Said::Text(t) => self.text(&t),
-            Said::Call(_, c) => {
-                let mut out = self.call_start(&c);
-                out.extend(self.call_arguments(&c.call.arguments));
-                out.extend(self.call_end());
-                out
-            }
+            Said::Open { id, name, .. } => self.call_start(&id, &name),
+            Said::Args { text, .. } => self.call_arguments(&text),
+            Said::Close { .. } => self.call_end(),
         }
     }
 
@@ -200,11 +197,11 @@ impl Events {
 
     /// A call begins: the message before it ends, and a `function_call` item with empty
     /// arguments is added (its `fc_` id shares the call id's random part).
-    fn call_start(&mut self, c: &IdCall) -> Vec<Value> {
+    fn call_start(&mut self, call_id: &str, name: &str) -> Vec<Value> {
         let mut out = self.close_message("completed");
         let index = self.output.len();
-        let id = format!("fc_{}", c.id.trim_start_matches("call_"));
-        let item = json!({"type": "function_call", "id": id, "call_id": c.id, "name": c.call.name, "arguments": "", "status": "in_progress"});
+        let id = format!("fc_{}", call_id.trim_start_matches("call_"));
+        let item = json!({"type": "function_call", "id": id, "call_id": call_id, "name": name, "arguments": "", "status": "in_progress"});
         self.output.push(item.clone());
         out.push(self.event("response.output_item.added", json!({"output_index": index, "item": item})));
         out

@@ -1,7 +1,8 @@
 use serde_json::json;
 
 use super::*;
-use crate::openai::tools::parse::Call;
+use crate::tools::calls::IdCall;
+use crate::tools::scan::Call;
 
 fn head() -> Head {
     let mut echo = Map::new();
@@ -13,8 +14,18 @@ fn fin(reason: v1::FinishReason) -> v1::GenerateFinal {
     v1::GenerateFinal { finish_reason: reason as i32, prompt_tokens: 7, completion_tokens: 3, cached_tokens: 4, ..Default::default() }
 }
 
-fn call(id: &str, args: &str) -> IdCall {
-    IdCall { id: format!("call_{id}"), call: Call { name: "get_weather".into(), arguments: args.into() } }
+/// What the scanner says of call `index` (id `call_<id>`) whose arguments arrive in `pieces`.
+fn call(index: usize, id: &str, pieces: &[&str]) -> Vec<Said> {
+    let id = format!("call_{id}");
+    let mut said = vec![Said::Open { index, id: id.clone(), name: "get_weather".into() }];
+    said.extend(pieces.iter().map(|p| Said::Args { index, text: (*p).into() }));
+    let call = IdCall { id, call: Call { name: "get_weather".into(), arguments: pieces.concat() } };
+    said.push(Said::Close { index, call });
+    said
+}
+
+fn say(ev: &mut Events, said: Vec<Said>) -> Vec<Value> {
+    said.into_iter().flat_map(|s| ev.said(s)).collect()
 }
 
 fn types(events: &[Value]) -> Vec<&str> {
@@ -100,8 +111,8 @@ fn calls_follow_the_message_and_add_up() {
     let mut ev = Events::new(head());
     let mut all = ev.start();
     all.extend(ev.said(Said::Text("Let me check.".into())));
-    all.extend(ev.said(Said::Call(0, call("x1", "{\"city\":\"Paris\"}"))));
-    all.extend(ev.said(Said::Call(1, call("x2", "{}"))));
+    all.extend(say(&mut ev, call(0, "x1", &["{\"city\":", "\"Paris\"}"])));
+    all.extend(say(&mut ev, call(1, "x2", &["{}"])));
     all.extend(ev.finish(&fin(v1::FinishReason::StopToken)));
     assert_eq!(
         types(&all)[2..],
@@ -114,6 +125,7 @@ fn calls_follow_the_message_and_add_up() {
             "response.output_item.done",
             "response.output_item.added",
             "response.function_call_arguments.delta",
+            "response.function_call_arguments.delta",
             "response.function_call_arguments.done",
             "response.output_item.done",
             "response.output_item.added",
@@ -125,8 +137,9 @@ fn calls_follow_the_message_and_add_up() {
     );
     let added = &all[8];
     assert_eq!(added["item"], json!({"type": "function_call", "id": "fc_x1", "call_id": "call_x1", "name": "get_weather", "arguments": "", "status": "in_progress"}));
-    assert_eq!((all[9]["item_id"].as_str(), all[9]["output_index"].as_u64(), all[9]["delta"].as_str()), (Some("fc_x1"), Some(1), Some("{\"city\":\"Paris\"}")));
-    assert_eq!((all[10]["arguments"].as_str(), all[10]["name"].as_str()), (Some("{\"city\":\"Paris\"}"), Some("get_weather")));
+    assert_eq!((all[9]["item_id"].as_str(), all[9]["output_index"].as_u64(), all[9]["delta"].as_str()), (Some("fc_x1"), Some(1), Some("{\"city\":")));
+    assert_eq!(all[10]["delta"], "\"Paris\"}");
+    assert_eq!((all[11]["arguments"].as_str(), all[11]["name"].as_str()), (Some("{\"city\":\"Paris\"}"), Some("get_weather")));
     let r = ev.response();
     assert_eq!(r["output"][1], json!({"type": "function_call", "id": "fc_x1", "call_id": "call_x1", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}", "status": "completed"}));
     assert_eq!(r["output"][2]["call_id"], "call_x2");
@@ -145,7 +158,7 @@ fn cut_short_empty_and_failed_answers() {
     assert_eq!(r["output"][0]["status"], "incomplete");
     // Only calls: no message item.
     let mut ev = Events::new(head());
-    ev.said(Said::Call(0, call("y", "{}")));
+    say(&mut ev, call(0, "y", &["{}"]));
     ev.finish(&fin(v1::FinishReason::StopToken));
     assert_eq!(ev.response()["output"].as_array().map(Vec::len), Some(1));
     // Nothing said: one empty message.

@@ -21,10 +21,11 @@ use ferry_proto::v1::{self, generate_response::Event};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::chat::{self, Calls, Said};
+use super::chat;
 use super::error::ApiError;
 use crate::auth::Tenant;
 use crate::service::{self, Shared};
+use crate::tools::calls::{Calls, Said};
 use events::{Events, Head};
 
 /// Serves one `POST /v1/responses` body.
