@@ -18,8 +18,8 @@ use axum::body::{Body, Bytes};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use ferry_proto::v1::{self, generate_response::Event};
+use tokio::sync::mpsc::Receiver;
 use tokio_stream::StreamExt;
-use tokio_stream::wrappers::ReceiverStream;
 
 use super::chat;
 use super::error::ApiError;
@@ -63,23 +63,46 @@ pub async fn run(shared: &Arc<Shared>, tenant: Option<&Tenant>, body: &[u8]) -> 
         None => return Err(ApiError::server("the request ended without an answer")),
     };
     let head = wire(answer.events.start());
-    let mut ended = false;
-    let body = tokio_stream::once(Ok(first))
-        .chain(ReceiverStream::new(rx))
-        .map(move |ev| match ended {
-            // Nothing after the last event (a worker's stray message, say).
-            true => String::new(),
-            false => {
-                let (out, end) = answer.event(ev);
-                ended = end;
-                out
-            }
-        });
+    let state = Streaming { answer, rx, first: Some(first), ended: false };
     let body = tokio_stream::once(head)
-        .chain(body)
+        .chain(futures_util::stream::unfold(state, Streaming::next))
         .filter(|b| !b.is_empty())
         .map(|s| Ok::<_, Infallible>(Bytes::from(s)));
     Ok(([(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")], Body::from_stream(body)).into_response())
+}
+
+/// A streamed response after its first events: the request's events in, SSE text out, until
+/// the response ends (its final message, an error, or the request's events ending without
+/// either, which fails it).
+struct Streaming {
+    answer: Answer,
+    rx: Receiver<Result<v1::GenerateResponse, tonic::Status>>,
+    first: Option<v1::GenerateResponse>,
+    ended: bool,
+}
+
+impl Streaming {
+    async fn next(mut self) -> Option<(String, Streaming)> {
+        if self.ended {
+            return None;
+        }
+        let ev = match self.first.take() {
+            Some(m) => Some(Ok(m)),
+            None => self.rx.recv().await,
+        };
+        let out = match ev {
+            Some(ev) => {
+                let (out, end) = self.answer.event(ev);
+                self.ended = end;
+                out
+            }
+            None => {
+                self.ended = true;
+                wire(self.answer.events.fail(&ApiError::server("the request ended without a final message")))
+            }
+        };
+        Some((out, self))
+    }
 }
 
 fn wire(events: Vec<serde_json::Value>) -> String {
