@@ -15,18 +15,26 @@ helper agrees); `text.format` json_schema through `responses.parse` with a pydan
 named) whose arguments validate against the function's schema, streamed to the same call, and a
 follow-up turn sending the `function_call` and its `function_call_output` back; and the
 stateless refusals: `store: true`, `previous_response_id`, built-in tools, each a 400 naming its
-field. Every request is greedy and bounded by a small `max_output_tokens`. Prints one line per
+field; and every field of the package's `ResponseCreateParamsBase` is in docs/api.md's field table
+(endpoint `responses`) and judged by it, as tests/openai_fields.py does for chat and completions
+(supported: answered; rejected or limited: a 400 naming it, and a limited one's allowed value
+answered). Every request is bounded by a small `max_output_tokens`. Prints one line per
 check; any failure raises (non-zero exit).
 """
 
 import json
+import pathlib
 import sys
 import typing
 
 import openai
 import pydantic
+from openai.types.responses import response_create_params
 
 from openai_check import check
+from openai_fields import sample_of_type, table
+
+API_MD = pathlib.Path(__file__).resolve().parent.parent / "docs" / "api.md"
 
 WEATHER = {
     "type": "function",
@@ -243,11 +251,100 @@ def refusals(client, model):
     check("store: false: answered", r.store is False and r.status in ("completed", "incomplete"), r)
 
 
+# A representative non-default value per request field; for a limited field, one outside the values
+# docs/api.md allows (ALLOWED has one inside them). Fields not here get `sample_of_type`'s.
+SAMPLES = {
+    "instructions": "Be brief.",
+    "max_output_tokens": 2,
+    "temperature": 0.7,
+    "top_p": 0.9,
+    "text": {"format": {"type": "json_object"}},
+    "tools": [WEATHER],
+    "tool_choice": "required",
+    "parallel_tool_calls": False,
+    "stream_options": {"include_obfuscation": True},
+    "store": True,
+    "max_tool_calls": 0,
+    "reasoning": {"effort": "high"},
+    "include": ["message.output_text.logprobs"],
+    "top_logprobs": 2,
+    "truncation": "auto",
+    "prompt_cache_retention": "24h",
+    "prompt_cache_options": {"mode": "explicit"},
+    "service_tier": "flex",
+    "metadata": {"team": "ferry"},
+    "user": "user-1",
+    "safety_identifier": "user-hash-1",
+    "prompt_cache_key": "conversation-1",
+    "previous_response_id": "resp_123",
+    "conversation": "conv_123",
+    "background": True,
+    "prompt": {"id": "pmpt_123"},
+    "context_management": [{"type": "compaction"}],
+    "moderation": {"model": "omni-moderation-latest"},
+}
+ALLOWED = {
+    "stream_options": {},
+    "store": False,
+    "max_tool_calls": 1,
+    "reasoning": {},
+    "include": [],
+    "top_logprobs": 0,
+    "truncation": "disabled",
+    "prompt_cache_retention": "in_memory",
+    "prompt_cache_options": {},
+    "service_tier": "auto",
+}
+# Limited to logging: any value of the type is answered.
+LOGGED = {"user", "metadata", "safety_identifier", "prompt_cache_key"}
+COMPANIONS = {"tool_choice": {"tools": [WEATHER]}}
+
+
+def fields(client, model):
+    """Every field of the `openai` package's Responses request type is in docs/api.md's table
+    (endpoint `responses`), and a request with its sample is judged by the table."""
+    documented = table(API_MD)
+
+    def send(extra):
+        body = {"model": model, "input": "Hi", "max_output_tokens": 2, **extra}
+        if "stream_options" in extra:
+            body["stream"] = True
+        try:
+            r = client.responses.create(**body)
+            if body.get("stream"):
+                list(r)
+            return 200, "", None
+        except openai.APIStatusError as e:
+            return e.status_code, str(e), getattr(e, "param", None)
+
+    hints = typing.get_type_hints(response_create_params.ResponseCreateParamsBase)
+    check("responses: the schema has fields", len(hints) > 20, list(hints))
+    for field, tp in hints.items():
+        support = documented.get((field, "responses"))
+        check(f"responses.{field} is in docs/api.md's table", support is not None, "add it to fields.rs and docs/api.md")
+        if field in ("model", "input"):
+            continue
+        value = SAMPLES[field] if field in SAMPLES else sample_of_type(tp)
+        status, message, param = send({field: value, **COMPANIONS.get(field, {})})
+        label = f"responses.{field} = {json.dumps(value)[:40]}"
+        if support == "supported" or field in LOGGED:
+            check(f"{label}: {support}, answered", status == 200, f"{status} {message}")
+        else:
+            check(f"{label}: {support}, a 400 naming it", status == 400 and param == field, f"{status} {message} (param {param})")
+        if support == "limited" and field not in LOGGED:
+            check(f"{label}: ALLOWED has a value it allows", field in ALLOWED, "add one from docs/api.md's row")
+            status, message, _ = send({field: ALLOWED[field]})
+            check(f"responses.{field} = {json.dumps(ALLOWED[field])}: allowed, answered", status == 200, f"{status} {message}")
+    status, message, param = send({"extra_body": {"temprature": 0.1}})
+    check("responses: an unknown field is a 400 naming it", status == 400 and param == "temprature", message)
+
+
 def main():
     a = json.loads(sys.argv[1])
     client = openai.OpenAI(base_url=a["base_url"], api_key=a["api_key"], max_retries=0, timeout=120)
     print(f"openai {openai.__version__} against {a['base_url']} ({a['model']}, takes tools: {a.get('takes_tools', False)})", flush=True)
     refusals(client, a["model"])
+    fields(client, a["model"])
     if not a.get("takes_tools"):
         text(client, a["model"])
     with_tools(client, a["model"])
