@@ -256,6 +256,14 @@ pub enum ToolCallParserArg {
     Auto,
     /// `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (Hermes, Qwen2.5, Qwen3).
     Hermes,
+    /// Llama 3.1/3.2 JSON: `{"name": ..., "parameters": ...}`, after `<|python_tag|>` or not,
+    /// several separated by `; `.
+    #[value(name = "llama3_json")]
+    Llama3Json,
+    /// Mistral: `[TOOL_CALLS][{"name": ..., "arguments": ...}, ...]`.
+    Mistral,
+    /// Llama 3.2/4 pythonic: `[get_weather(city="Paris"), now()]`.
+    Pythonic,
     /// Ferry's own for any model: tools described in the prompt, the answer `{"response": ...}` or
     /// `{"tool_calls": [...]}`, held to that by a grammar.
     Generic,
@@ -266,6 +274,9 @@ impl ToolCallParserArg {
         match self {
             ToolCallParserArg::Auto => "auto",
             ToolCallParserArg::Hermes => "hermes",
+            ToolCallParserArg::Llama3Json => "llama3_json",
+            ToolCallParserArg::Mistral => "mistral",
+            ToolCallParserArg::Pythonic => "pythonic",
             ToolCallParserArg::Generic => "generic",
         }
     }
@@ -275,6 +286,9 @@ impl ToolCallParserArg {
         match self {
             ToolCallParserArg::Auto => None,
             ToolCallParserArg::Hermes => Some(Format::Hermes),
+            ToolCallParserArg::Llama3Json => Some(Format::Llama3Json),
+            ToolCallParserArg::Mistral => Some(Format::Mistral),
+            ToolCallParserArg::Pythonic => Some(Format::Pythonic),
             ToolCallParserArg::Generic => Some(Format::Generic),
         }
     }

@@ -15,16 +15,41 @@ pub enum Format {
     /// {...}}, ...]}`, kept to that shape by a grammar; Ferry describes the tools in the prompt
     /// ([`super::generic`]).
     Generic,
+    /// Llama 3.1/3.2 (and 4) JSON: the answer is a call object `{"name": "f", "parameters":
+    /// {...}}` (or `"arguments"`), optionally after `<|python_tag|>`, several separated by `; `;
+    /// an answer that does not start with `{` is content.
+    Llama3Json,
+    /// Mistral: `[TOOL_CALLS]` and a JSON array of call objects `[{"name": "f", "arguments":
+    /// {...}}, ...]`, content before it.
+    Mistral,
+    /// Llama 3.2/4 pythonic: the whole answer is a Python list of calls with keyword arguments,
+    /// `[get_weather(city="Paris"), now()]` ([`super::pythonic`]).
+    Pythonic,
 }
 
 impl Format {
     /// Every format, for help text and errors.
-    pub const ALL: [Format; 2] = [Format::Hermes, Format::Generic];
+    pub const ALL: [Format; 5] = [Format::Hermes, Format::Llama3Json, Format::Mistral, Format::Pythonic, Format::Generic];
 
     /// The format a chat template that takes tools teaches, by what it writes; `None` for one
     /// Ferry does not know (such a model gets [`Format::Generic`]).
+    /// The phrases are those of vLLM's example templates (`examples/tool_chat_template_*.jinja`)
+    /// and the models' own: Mistral's control tokens, Hermes' tag, the pythonic templates' "python
+    /// list" instructions (checked before JSON: Llama 3.2's pythonic template also says "Given the
+    /// following functions"), Llama 3.1's JSON instructions or its `<|python_tag|>`.
     pub fn detect(template: &str) -> Option<Format> {
-        template.contains("<tool_call>").then_some(Format::Hermes)
+        let has = |needles: &[&str]| needles.iter().any(|n| template.contains(n));
+        if has(&["[TOOL_CALLS]", "[AVAILABLE_TOOLS]"]) {
+            Some(Format::Mistral)
+        } else if has(&["<tool_call>"]) {
+            Some(Format::Hermes)
+        } else if has(&["respond with a python list", "[func_name1(params_name1=params_value1"]) {
+            Some(Format::Pythonic)
+        } else if has(&["respond with a JSON for a function call", "respond with JSON for a function call", "<|python_tag|>"]) {
+            Some(Format::Llama3Json)
+        } else {
+            None
+        }
     }
 
     /// The name `--tool-call-parser` and the docs use.
@@ -32,6 +57,9 @@ impl Format {
         match self {
             Format::Hermes => "hermes",
             Format::Generic => "generic",
+            Format::Llama3Json => "llama3_json",
+            Format::Mistral => "mistral",
+            Format::Pythonic => "pythonic",
         }
     }
 
@@ -39,18 +67,21 @@ impl Format {
     /// the prompt).
     pub fn in_template(self) -> bool {
         match self {
-            Format::Hermes => true,
+            Format::Hermes | Format::Llama3Json | Format::Mistral | Format::Pythonic => true,
             Format::Generic => false,
         }
     }
 
     /// How one call is written, as a forced call is generated: the text before the arguments
-    /// (the name goes in as a JSON string) and after them.
+    /// (the name goes in as a JSON string) and after them. In the pythonic format the
+    /// arguments between are keyword arguments, not JSON ([`super::grammar`]).
     pub fn call_text(self, name: &str) -> (String, &'static str) {
-        let name = serde_json::Value::from(name).to_string();
+        let quoted = serde_json::Value::from(name).to_string();
         match self {
-            Format::Hermes => (format!("<tool_call>\n{{\"name\": {name}, \"arguments\": "), "}\n</tool_call>"),
-            Format::Generic => (format!("{{\"name\": {name}, \"arguments\": "), "}"),
+            Format::Hermes => (format!("<tool_call>\n{{\"name\": {quoted}, \"arguments\": "), "}\n</tool_call>"),
+            Format::Generic | Format::Mistral => (format!("{{\"name\": {quoted}, \"arguments\": "), "}"),
+            Format::Llama3Json => (format!("{{\"name\": {quoted}, \"parameters\": "), "}"),
+            Format::Pythonic => (format!("{name}("), ")"),
         }
     }
 
@@ -59,6 +90,11 @@ impl Format {
         match self {
             Format::Hermes => ("", "\n", ""),
             Format::Generic => ("{\"tool_calls\": [", ", ", "]}"),
+            Format::Llama3Json => ("", "; ", ""),
+            // The control token written as text: a tokenizer may make it one token or several,
+            // and the scanner reads either (and the list without it).
+            Format::Mistral => ("[TOOL_CALLS][", ", ", "]"),
+            Format::Pythonic => ("[", ", ", "]"),
         }
     }
 }

@@ -15,7 +15,10 @@ pub mod format;
 pub mod generic;
 pub mod grammar;
 pub mod json;
+pub mod llama;
+pub mod mistral;
 pub mod object;
+pub mod pythonic;
 pub mod scan;
 
 use serde_json::Value;

@@ -14,6 +14,10 @@
 //! characters are the content) or `{"tool_calls": [call, …]}`. An answer of any other shape is
 //! content as it stands.
 //!
+//! [`Format::Llama3Json`], [`Format::Mistral`] and [`Format::Pythonic`] have their own readers
+//! ([`super::llama`], [`super::mistral`], [`super::pythonic`]); their content takes the Hermes
+//! rule for whitespace.
+//!
 //! Past `max_calls` (`parallel_tool_calls: false` allows one) further calls are dropped.
 
 pub use super::object::{Call, Piece};
@@ -21,6 +25,7 @@ pub use super::object::{Call, Piece};
 use super::format::Format;
 use super::json::StrDecoder;
 use super::object::{CallObject, Cursor, End, Step};
+use super::{llama, mistral, pythonic};
 
 /// Tool calls and content out of text that arrives in pieces (see the module doc).
 #[derive(Clone, Debug)]
@@ -59,6 +64,9 @@ enum State {
     Tail,
     /// Generic, an answer of another shape: all content.
     Plain,
+    Llama(llama::Reader),
+    Mistral(mistral::Reader),
+    Pythonic(pythonic::Reader),
 }
 
 const OPEN: &str = "<tool_call>";
@@ -69,6 +77,9 @@ impl Scanner {
         let state = match format {
             Format::Hermes => State::Text(String::new()),
             Format::Generic => State::GenericLead(String::new()),
+            Format::Llama3Json => State::Llama(llama::Reader::default()),
+            Format::Mistral => State::Mistral(mistral::Reader::default()),
+            Format::Pythonic => State::Pythonic(pythonic::Reader::default()),
         };
         Scanner { state, max_calls, calls: 0, dropping: false, ws: String::new() }
     }
@@ -81,6 +92,12 @@ impl Scanner {
     /// The pieces `text` completes.
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
         let mut out = Vec::new();
+        if let Some(r) = self.reader() {
+            let mut read = Vec::new();
+            r.push(text, &mut read);
+            self.relay(read, &mut out);
+            return out;
+        }
         let mut rest = text.to_owned();
         while !rest.is_empty() {
             rest = self.step(rest, &mut out);
@@ -234,7 +251,7 @@ impl Scanner {
                     }
                 }
             }
-            State::Tail => String::new(),
+            State::Tail | State::Llama(_) | State::Mistral(_) | State::Pythonic(_) => String::new(),
             State::Plain => {
                 out.push(Piece::Text(text));
                 String::new()
@@ -245,6 +262,11 @@ impl Scanner {
     /// The pieces left at the end of the text.
     pub fn finish(&mut self) -> Vec<Piece> {
         let mut out = Vec::new();
+        if let Some(r) = self.reader() {
+            let mut read = Vec::new();
+            r.finish(&mut read);
+            self.relay(read, &mut out);
+        }
         match std::mem::replace(&mut self.state, State::Tail) {
             State::Text(rest) => self.text(&rest, &mut out),
             State::Lead(lead) => self.text(&format!("{OPEN}{lead}"), &mut out),
@@ -265,12 +287,33 @@ impl Scanner {
             State::Raw(body) => self.text(&format!("{OPEN}{body}"), &mut out),
             State::GenericLead(buf) if !buf.is_empty() => out.push(Piece::Text(buf)),
             State::After(_) | State::GenericLead(_) | State::Reply(_) | State::List | State::Tail | State::Plain => {}
+            State::Llama(_) | State::Mistral(_) | State::Pythonic(_) => {}
         }
         if self.calls == 0 && !self.ws.is_empty() {
             out.push(Piece::Text(std::mem::take(&mut self.ws)));
         }
         self.ws.clear();
         out
+    }
+
+    /// The reader of a format that has its own.
+    fn reader(&mut self) -> Option<&mut dyn Read> {
+        match &mut self.state {
+            State::Llama(r) => Some(r),
+            State::Mistral(r) => Some(r),
+            State::Pythonic(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// A reader's pieces: content by the whitespace rule, calls up to `max_calls`.
+    fn relay(&mut self, pieces: Vec<Piece>, out: &mut Vec<Piece>) {
+        for p in pieces {
+            match p {
+                Piece::Text(t) => self.text(&t, out),
+                p => self.call_pieces(vec![p], out),
+            }
+        }
     }
 
     /// A call's pieces, unless the call is past `max_calls`.
@@ -309,8 +352,14 @@ impl Scanner {
     }
 }
 
+/// A format's own reader of an answer: what text completes, and what is left at its end.
+pub(super) trait Read {
+    fn push(&mut self, text: &str, out: &mut Vec<Piece>);
+    fn finish(&mut self, out: &mut Vec<Piece>);
+}
+
 /// How many bytes at the end of `buf` may begin `tag` (a proper prefix of it).
-fn partial_tag_len(buf: &str, tag: &str) -> usize {
+pub(super) fn partial_tag_len(buf: &str, tag: &str) -> usize {
     (1..tag.len().min(buf.len() + 1))
         .rev()
         .find(|&k| buf.is_char_boundary(buf.len() - k) && tag.starts_with(&buf[buf.len() - k..]))

@@ -195,3 +195,177 @@ fn arguments_stream_before_the_call_closes() {
     assert_eq!(sc.push("{\"response\": \"Hel"), vec![text("Hel")]);
     assert_eq!(sc.push("lo\"}"), vec![text("lo")]);
 }
+
+/// `s` read in `format`, cut at `cuts`.
+fn read(format: Format, s: &str, max: Option<usize>, cuts: &[usize]) -> Vec<Piece> {
+    let mut sc = Scanner::new(format, max);
+    let mut out = Vec::new();
+    let mut at = 0;
+    for &c in cuts.iter().chain(std::iter::once(&s.len())) {
+        out.extend(sc.push(&s[at..c]));
+        at = c;
+    }
+    out.extend(sc.finish());
+    joined(out)
+}
+
+/// Each case read whole, cut at every point, character by character and in threes gives the
+/// same pieces.
+fn wherever_cut(format: Format, cases: &[(&str, Vec<Piece>)]) {
+    for (s, want) in cases {
+        assert_eq!(&read(format, s, None, &[]), want, "{format} {s:?}");
+        let bounds: Vec<usize> = (1..s.len()).filter(|&i| s.is_char_boundary(i)).collect();
+        for &i in &bounds {
+            assert_eq!(&read(format, s, None, &[i]), want, "{format} {s:?} cut at {i}");
+        }
+        assert_eq!(&read(format, s, None, &bounds), want, "{format} {s:?} char by char");
+        let threes: Vec<usize> = bounds.iter().copied().step_by(3).collect();
+        assert_eq!(read(format, s, Some(1), &threes), read(format, s, Some(1), &[]), "{format} {s:?} in threes");
+    }
+}
+
+#[test]
+fn llama3_json_answers_wherever_the_text_is_cut() {
+    wherever_cut(
+        Format::Llama3Json,
+        &[
+            ("The weather is fine.", vec![text("The weather is fine.")]),
+            ("  Not {json} here\n", vec![text("  Not {json} here\n")]),
+            (r#"{"name": "get_weather", "parameters": {"city": "Paris"}}"#, vec![call("get_weather", r#"{"city": "Paris"}"#)]),
+            (r#"<|python_tag|>{"name": "f", "arguments": {"a": [1, "}"]}}"#, vec![call("f", r#"{"a": [1, "}"]}"#)]),
+            (
+                "\n<|python_tag|> {\"name\": \"f\", \"parameters\": {}}; {\"parameters\": {\"b\": 2}, \"name\": \"g\"} ;{\"name\": \"h\"}\n",
+                vec![call("f", "{}"), call("g", r#"{"b": 2}"#), call("h", "{}")],
+            ),
+            (r#"{"name": "f", "parameters": {}};"#, vec![call("f", "{}")]),
+            (r#"{"name": "f", "parameters": {}} Done. ü"#, vec![call("f", "{}"), text(" Done. ü")]),
+            // Not calls: content as written.
+            (r#"{"answer": 42}"#, vec![text(r#"{"answer": 42}"#)]),
+            (r#"<|python_tag|>print("hi")"#, vec![text(r#"<|python_tag|>print("hi")"#)]),
+            (r#"<|python_tag|>{"nom": 1} tail"#, vec![text(r#"<|python_tag|>{"nom": 1} tail"#)]),
+            (r#"{"name": "f"}; {"x": 1}; {"name": "g"}"#, vec![call("f", "{}"), text(r#"; {"x": 1}; {"name": "g"}"#)]),
+            ("<|python_ta", vec![text("<|python_ta")]),
+            // Cut short: the call closes with what arrived.
+            (r#"{"name": "f", "parameters": {"a": "x"#, vec![call("f", r#"{"a": "x"#)]),
+        ],
+    );
+    let two = r#"{"name": "f"}; {"name": "g"}"#;
+    assert_eq!(read(Format::Llama3Json, two, Some(1), &[]), vec![call("f", "{}")]);
+}
+
+#[test]
+fn mistral_answers_wherever_the_text_is_cut() {
+    wherever_cut(
+        Format::Mistral,
+        &[
+            ("Hello [there].", vec![text("Hello [there].")]),
+            (r#"[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]"#, vec![call("get_weather", r#"{"city": "Paris"}"#)]),
+            (
+                "Let me check.\n[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"a\": \"]\"}}, {\"arguments\": {}, \"name\": \"g\"}]",
+                vec![text("Let me check."), call("f", r#"{"a": "]"}"#), call("g", "{}")],
+            ),
+            // The token dropped by the detokenizer: a bare list of calls.
+            (" [{\"name\": \"f\", \"arguments\": {}}, {\"name\": \"g\", \"arguments\": {\"b\": [1]}}]\n", vec![call("f", "{}"), call("g", r#"{"b": [1]}"#)]),
+            (r#"[{"nom": 1}]"#, vec![text(r#"[{"nom": 1}]"#)]),
+            (r#"[1, 2, 3]"#, vec![text(r#"[1, 2, 3]"#)]),
+            // Not calls after the token: content as written.
+            (r#"[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}"#, vec![text(r#"[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}"#)]),
+            (r#"[TOOL_CALLS][{"nom": "f"}, {"name": "g"}]"#, vec![text(r#"[TOOL_CALLS][{"nom": "f"}, {"name": "g"}]"#)]),
+            (r#"[TOOL_CALLS][ 7]"#, vec![text(r#"[TOOL_CALLS][ 7]"#)]),
+            (r#"[TOOL_CALLS][{"name": "f"}, 7]"#, vec![call("f", "{}"), text("7]")]),
+            ("a [TOOL_CALL", vec![text("a [TOOL_CALL")]),
+            ("[TOOL_CALLS] ", vec![text("[TOOL_CALLS] ")]),
+            // After the list, content again.
+            (r#"[TOOL_CALLS][{"name": "f"}] Done."#, vec![call("f", "{}"), text(" Done.")]),
+            // Cut short.
+            (r#"[TOOL_CALLS][{"name": "f", "arguments": {"a": 1"#, vec![call("f", r#"{"a": 1"#)]),
+            ("ünï [TOOL_CALLS][{\"name\": \"ß\", \"arguments\": {\"k\": \"日本\"}}]", vec![text("ünï"), call("ß", r#"{"k": "日本"}"#)]),
+        ],
+    );
+    let two = r#"[TOOL_CALLS][{"name": "f"}, {"name": "g"}]"#;
+    assert_eq!(read(Format::Mistral, two, Some(1), &[]), vec![call("f", "{}")]);
+}
+
+#[test]
+fn pythonic_answers_wherever_the_text_is_cut() {
+    wherever_cut(
+        Format::Pythonic,
+        &[
+            ("The weather is fine.", vec![text("The weather is fine.")]),
+            ("[citation needed] says who", vec![text("[citation needed] says who")]),
+            (r#"[get_weather(city="Paris", unit="celsius")]"#, vec![call("get_weather", r#"{"city": "Paris", "unit": "celsius"}"#)]),
+            (
+                "\n[get_weather(city='San \\'F\\' \"x\"\\n\\u00e9\\x41', days=3, ratio=-2.5e-1, ok=True, no=False, none=None), now()]\n",
+                vec![call("get_weather", r#"{"city": "San 'F' \"x\"\néA", "days": 3, "ratio": -0.25, "ok": true, "no": false, "none": null}"#), call("now", "{}")],
+            ),
+            (
+                "[f(xs=[1, 2.0, 'a',], d={'k': [None], \"j\": {}}, n=1_000,), g( a = 'ü日本' )]",
+                vec![call("f", r#"{"xs": [1, 2.0, "a"], "d": {"k": [null], "j": {}}, "n": 1000}"#), call("g", r#"{"a": "ü日本"}"#)],
+            ),
+            ("[f()] And more.", vec![call("f", "{}"), text(" And more.")]),
+            // Not of that shape: content as written.
+            ("[]", vec![text("[]")]),
+            ("[f(1, 2)]", vec![text("[f(1, 2)]")]),
+            ("[f(a=b)]", vec![text("[f(a=b)]")]),
+            ("[f(a=g())]", vec![text("[f(a=g())]")]),
+            ("[f(a=\"x\ny\")]", vec![text("[f(a=\"x\ny\")]")]),
+            ("[f(a=1) g(b=2)]", vec![call("f", r#"{"a": 1}"#), text(" g(b=2)]")]),
+            ("[f(a=1), 7]", vec![call("f", r#"{"a": 1}"#), text(", 7]")]),
+            // Cut short: the calls that closed, the rest as content.
+            ("[f(a=1), g(b=\"Pa", vec![call("f", r#"{"a": 1}"#), text(", g(b=\"Pa")]),
+            ("[get_weather(city=\"Pa", vec![text("[get_weather(city=\"Pa")]),
+        ],
+    );
+    let two = "[f(), g()]";
+    assert_eq!(read(Format::Pythonic, two, Some(1), &[]), vec![call("f", "{}")]);
+}
+
+#[test]
+fn pythonic_calls_are_given_when_they_close() {
+    let mut sc = Scanner::new(Format::Pythonic, None);
+    assert_eq!(sc.push("[get_weather(city=\"Par"), vec![]);
+    let got = sc.push("is\"), no");
+    assert_eq!(got, vec![Piece::Open("get_weather".into()), Piece::Args(r#"{"city": "Paris"}"#.into()), call("get_weather", r#"{"city": "Paris"}"#)]);
+    assert_eq!(sc.push("w()]"), vec![Piece::Open("now".into()), Piece::Args("{}".into()), call("now", "{}")]);
+    assert_eq!(sc.finish(), vec![]);
+}
+
+fn fixture(name: &str) -> String {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tools").join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn real_templates_are_detected() {
+    for (file, format) in [
+        ("hermes_tool_chat_template.jinja", Format::Hermes),
+        ("tool_chat_template_llama3.1_json.jinja", Format::Llama3Json),
+        ("tool_chat_template_mistral.jinja", Format::Mistral),
+        ("tool_chat_template_llama3.2_pythonic.jinja", Format::Pythonic),
+    ] {
+        assert_eq!(Format::detect(&fixture(file)), Some(format), "{file}");
+    }
+    assert_eq!(Format::detect("{{ '<|python_tag|>' + message.content }}"), Some(Format::Llama3Json));
+    for f in Format::ALL {
+        assert_eq!(f.to_string().parse::<Format>(), Ok(f));
+        assert_eq!(f.in_template(), f != Format::Generic);
+    }
+    assert_eq!("llama3_json".parse::<Format>(), Ok(Format::Llama3Json));
+    assert!("llama".parse::<Format>().unwrap_err().contains("hermes, llama3_json, mistral, pythonic, generic"));
+}
+
+#[test]
+fn forced_call_text_reads_back() {
+    for format in [Format::Llama3Json, Format::Mistral] {
+        let (open, sep, close) = format.list_text();
+        let one = |name: &str, args: &str| {
+            let (head, tail) = format.call_text(name);
+            format!("{head}{args}{tail}")
+        };
+        let text = format!("{open}{}{sep}{}{close}", one("get \"w\"", "{\"a\":1}"), one("now", "{}"));
+        assert_eq!(read(format, &text, None, &[]), vec![call("get \"w\"", "{\"a\":1}"), call("now", "{}")], "{format} {text}");
+    }
+    let (open, sep, close) = Format::Pythonic.list_text();
+    let (head, tail) = Format::Pythonic.call_text("now");
+    assert_eq!(read(Format::Pythonic, &format!("{open}{head}{tail}{sep}{head}{tail}{close}"), None, &[]), vec![call("now", "{}"), call("now", "{}")]);
+}
