@@ -198,6 +198,17 @@ pub const FIELDS: &[Field] = &[
     f("moderation", Responses, rejected(null, "moderation is not supported")),
     f("image", Responses, rejected(null, "image generation is not supported")),
     f("access_programs", Responses, rejected(null, "not supported")),
+    // vLLM's extras on responses (passed to the chat request as they are).
+    f("seed", Responses, Supported),
+    f("stop", Responses, Supported),
+    f("top_k", Responses, Supported),
+    f("min_p", Responses, Supported),
+    f("repetition_penalty", Responses, Supported),
+    f("stop_token_ids", Responses, Supported),
+    f("ignore_eos", Responses, Supported),
+    f("min_tokens", Responses, Supported),
+    f("bad_words", Responses, Supported),
+    f("cache_salt", Responses, Supported),
 ];
 
 /// The fields of a chat message (`messages[i]`).

@@ -22,8 +22,29 @@ pub struct Asked {
     pub echo: Map<String, Value>,
 }
 
-/// Fields passed to the chat body as they are (the same name, type and meaning).
-const SAME: &[&str] = &["model", "temperature", "top_p", "stream", "parallel_tool_calls", "user", "metadata", "safety_identifier", "prompt_cache_key"];
+/// Fields passed to the chat body as they are (the same name, type and meaning): OpenAI's, then
+/// vLLM's extras (which vLLM's Responses endpoint takes too).
+const SAME: &[&str] = &[
+    "model",
+    "temperature",
+    "top_p",
+    "stream",
+    "parallel_tool_calls",
+    "user",
+    "metadata",
+    "safety_identifier",
+    "prompt_cache_key",
+    "seed",
+    "stop",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "stop_token_ids",
+    "ignore_eos",
+    "min_tokens",
+    "bad_words",
+    "cache_salt",
+];
 
 /// Chat field names (and message words) to their Responses names, for errors chat parsing finds.
 const RENAMES: &[(&str, &str)] = &[

@@ -59,6 +59,21 @@ fn a_full_request_runs_as_its_chat_request() {
 }
 
 #[test]
+fn vllms_extras_pass_to_the_chat_request() {
+    let p = ok(json!({"seed": 7, "stop": ["x"], "top_k": 4, "min_p": 0.1, "repetition_penalty": 1.1, "stop_token_ids": [2],
+        "ignore_eos": true, "min_tokens": 1, "bad_words": ["no"], "cache_salt": "s"})).chat;
+    let (s, stop) = (p.request.sampling.unwrap_or_default(), p.request.stop.unwrap_or_default());
+    assert_eq!((s.seed, s.top_k, s.min_p, s.repetition_penalty, s.bad_words.clone()), (Some(7), 4, 0.1, Some(1.1), vec!["no".to_string()]));
+    assert_eq!((stop.stop, stop.stop_token_ids, stop.ignore_eos, stop.min_tokens), (vec!["x".to_string()], vec![2], true, 1));
+    assert_eq!(p.request.cache_salt, "s");
+    let e = err(json!({"repetition_penalty": 0}));
+    assert_eq!(e.param.as_deref(), Some("repetition_penalty"));
+    // OpenAI's chat-only sampling fields are not the Responses API's.
+    let e = err(json!({"frequency_penalty": 0.5}));
+    assert_eq!(e.param.as_deref(), Some("frequency_penalty"));
+}
+
+#[test]
 fn formats_and_tool_choices() {
     assert!(ok(json!({"text": {"format": {"type": "text"}, "verbosity": "medium"}})).chat.request.sampling.unwrap_or_default().structured.is_none());
     assert!(ok(json!({"text": {"format": {"type": "json_object"}}})).chat.structured_field.is_some());
