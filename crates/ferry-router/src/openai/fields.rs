@@ -187,7 +187,7 @@ pub const FIELDS: &[Field] = &[
     f("reasoning", Responses, limited(no_reasoning_config, "only {} or {\"effort\": \"none\"}: Ferry serves no reasoning model")),
     f("include", Responses, limited(empty, "only []: Ferry adds no extra output (no logprobs, sources or reasoning)")),
     f("top_logprobs", Responses, limited(zero, "only 0: log-probabilities are not offered on /v1/responses")),
-    f("truncation", Responses, limited(disabled, "only \"disabled\", the default: Ferry never drops input items (a prompt longer than the context is a 400)")),
+    f("truncation", Responses, limited(disabled, "only \"disabled\", the default: Ferry never drops input items")),
     f("metadata", Responses, limited(metadata, "up to 16 string pairs (keys up to 64 characters, values up to 512): logged with the request id")),
     f("user", Responses, limited(string, "a string: logged with the request id, no other effect")),
     f("safety_identifier", Responses, limited(string, "a string: logged with the request id, no other effect")),
