@@ -46,14 +46,14 @@ pub async fn run(shared: &Arc<Shared>, tenant: Option<&Tenant>, body: &[u8]) -> 
         tracing::info!(request_id = %started.request_id, tags = ?parsed.tags, "request tags");
     }
     let head = Head { id: format!("resp_{}", started.request_id), created_at: super::unix_now(), model: parsed.model, echo: asked.echo };
-    let mut answer = Answer { events: Events::new(head), calls };
+    let mut reply = Reply { events: Events::new(head), calls };
     let mut rx = started.events;
     if !parsed.stream {
         let whole = super::collect(&mut rx, 1).await?;
         let a = whole.first().ok_or_else(|| ApiError::server("the request ended without an answer"))?;
-        answer.text(&a.text);
-        answer.finish(&a.fin);
-        return Ok(super::json_ok(&answer.events.response()));
+        reply.text(&a.text);
+        reply.finish(&a.fin);
+        return Ok(super::json_ok(&reply.events.response()));
     }
     // Wait for the first event before answering 200, so that a request failing before its first
     // token still gets its own HTTP status.
@@ -62,8 +62,8 @@ pub async fn run(shared: &Arc<Shared>, tenant: Option<&Tenant>, body: &[u8]) -> 
         Some(Err(s)) => return Err(ApiError::from_status(&s)),
         None => return Err(ApiError::server("the request ended without an answer")),
     };
-    let head = wire(answer.events.start());
-    let state = Streaming { answer, rx, first: Some(first), ended: false };
+    let head = wire(reply.events.start());
+    let state = Streaming { reply, rx, first: Some(first), ended: false };
     let body = tokio_stream::once(head)
         .chain(futures_util::stream::unfold(state, Streaming::next))
         .filter(|b| !b.is_empty())
@@ -75,7 +75,7 @@ pub async fn run(shared: &Arc<Shared>, tenant: Option<&Tenant>, body: &[u8]) -> 
 /// the response ends (its final message, an error, or the request's events ending without
 /// either, which fails it).
 struct Streaming {
-    answer: Answer,
+    reply: Reply,
     rx: Receiver<Result<v1::GenerateResponse, tonic::Status>>,
     first: Option<v1::GenerateResponse>,
     ended: bool,
@@ -92,13 +92,13 @@ impl Streaming {
         };
         let out = match ev {
             Some(ev) => {
-                let (out, end) = self.answer.event(ev);
+                let (out, end) = self.reply.event(ev);
                 self.ended = end;
                 out
             }
             None => {
                 self.ended = true;
-                wire(self.answer.events.fail(&ApiError::server("the request ended without a final message")))
+                wire(self.reply.events.fail(&ApiError::server("the request ended without a final message")))
             }
         };
         Some((out, self))
@@ -111,12 +111,12 @@ fn wire(events: Vec<serde_json::Value>) -> String {
 
 /// One response being answered: its events, and the scanner of its tool calls (with active
 /// tools).
-struct Answer {
+struct Reply {
     events: Events,
     calls: Option<Calls>,
 }
 
-impl Answer {
+impl Reply {
     /// The next of the answer's text.
     fn text(&mut self, t: &str) -> Vec<serde_json::Value> {
         let said = match &mut self.calls {
