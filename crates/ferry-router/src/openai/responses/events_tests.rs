@@ -181,3 +181,23 @@ fn cut_short_empty_and_failed_answers() {
 fn the_wire_names_each_event() {
     assert_eq!(sse(&json!({"type": "response.created", "sequence_number": 0})), "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0}\n\n");
 }
+
+#[test]
+fn text_after_a_call_is_a_new_message_and_stray_pieces_are_no_panic() {
+    let mut ev = Events::new(head());
+    let mut all = say(&mut ev, call(0, "z", &["{}"]));
+    all.extend(ev.said(Said::Text("Done.".into())));
+    all.extend(ev.finish(&fin(v1::FinishReason::StopToken)));
+    let r = ev.response();
+    let kinds: Vec<&str> = r["output"].as_array().into_iter().flatten().map(|o| o["type"].as_str().unwrap_or("?")).collect();
+    assert_eq!(kinds, ["function_call", "message"]);
+    assert_eq!((r["output"][1]["id"].as_str(), r["output"][1]["content"][0]["text"].as_str()), (Some("msg_ab12_1"), Some("Done.")));
+    assert_eq!(replay(&all), r["output"].as_array().cloned().unwrap_or_default());
+    // Arguments or a close with no call open (a scanner that changed under us): no events.
+    let mut ev = Events::new(head());
+    assert!(ev.said(Said::Args { index: 0, text: "{}".into() }).is_empty());
+    ev.said(Said::Text("a".into()));
+    assert!(ev.said(Said::Args { index: 0, text: "{}".into() }).is_empty());
+    let close = Said::Close { index: 0, call: IdCall { id: "call_q".into(), call: Call { name: "f".into(), arguments: "{}".into() } } };
+    assert!(ev.said(close).is_empty());
+}
