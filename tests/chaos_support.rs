@@ -302,7 +302,7 @@ pub async fn start(chaos: &Chaos, router: &str, req: GenerateRequest, timeout: D
                         Some(generate_response::Event::Final(fin)) => {
                             return Seen::Done { ids: got.lock().unwrap_or_else(|e| e.into_inner()).clone(), fin };
                         }
-                        None => {}
+                        Some(generate_response::Event::ToolCall(_)) | None => {}
                     },
                     Ok(None) => return Seen::Lost { ids: got.lock().unwrap_or_else(|e| e.into_inner()).clone() },
                     Err(status) => return Seen::Error { status, ids: got.lock().unwrap_or_else(|e| e.into_inner()).clone(), after: t0.elapsed() },

@@ -458,7 +458,7 @@ pub async fn run(client: &mut FerryClient<Channel>, req: GenerateRequest) -> Res
                 text.push_str(&d.text);
             }
             Some(generate_response::Event::Final(fin)) => return Ok(Outcome { ids, text, fin }),
-            None => {}
+            Some(generate_response::Event::ToolCall(_)) | None => {}
         }
     }
     Err(tonic::Status::internal("stream ended without a final message"))

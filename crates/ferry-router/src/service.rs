@@ -6,13 +6,14 @@ use std::time::Instant;
 
 use ferry_core::SamplingParams;
 use ferry_proto::v1::{self, generate_request::Input};
-use ferry_tokenizer::{ChatMessage, ModelText, Role};
+use ferry_tokenizer::{ChatMessage, ModelText};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::orchestrate::{self, Job};
+use crate::tools::calls::Calls;
 use crate::registry::Registry;
 use crate::{RouterConfig, RouterError};
 
@@ -60,11 +61,12 @@ pub fn request_id(given: &str) -> String {
 }
 
 /// Checks a request and turns it into prompt ids and sampling parameters (its grammar is
-/// checked after, by [`check_grammar`]).
+/// checked after, by [`check_grammar`]), and with tools, the scanner its answer's calls are read
+/// with ([`crate::grpc_tools`]).
 pub fn prepare(
     shared: &Shared,
     req: &v1::GenerateRequest,
-) -> Result<(Vec<u32>, SamplingParams), RouterError> {
+) -> Result<(Vec<u32>, SamplingParams, Option<Calls>), RouterError> {
     let text = &shared.text;
     if !req.model.is_empty() && !shared.serves(&req.model) {
         return Err(RouterError::UnknownModel {
@@ -79,6 +81,11 @@ pub fn prepare(
             crate::openai::request::MAX_CACHE_SALT
         )));
     }
+    let asked = crate::grpc_tools::asked(req)?;
+    if asked.is_some() && !matches!(req.input, Some(Input::Chat(_))) {
+        return Err(RouterError::InvalidRequest("tools need chat input (`chat`): the tools are rendered with the conversation".into()));
+    }
+    let (mut tool_grammar, mut calls) = (None, None);
     let ids = match &req.input {
         None => {
             return Err(RouterError::InvalidRequest(
@@ -95,20 +102,13 @@ pub fn prepare(
             ));
         }
         Some(Input::Chat(c)) => {
-            let msgs: Vec<ChatMessage> = c
-                .messages
-                .iter()
-                .enumerate()
-                .map(|(i, m)| match Role::parse(&m.role) {
-                    Some(role) => Ok(ChatMessage::new(role, m.content.clone())),
-                    None => Err(RouterError::InvalidRequest(format!(
-                        "chat.messages[{i}].role: {:?} is not a role ({})",
-                        crate::error::clip(&m.role),
-                        Role::NAMES
-                    ))),
-                })
-                .collect::<Result<_, _>>()?;
-            chat_ids(text, &msgs, None)?
+            let msgs = crate::grpc_tools::messages(c)?;
+            let rendered = crate::prompt::chat(shared, &msgs, asked.as_ref()).map_err(|e| match e {
+                e @ crate::prompt::PromptError::Tools(_) => RouterError::InvalidRequest(e.to_string()),
+                crate::prompt::PromptError::Other(e) => e,
+            })?;
+            (tool_grammar, calls) = (rendered.grammar, rendered.calls);
+            rendered.ids
         }
         Some(Input::Tokens(t)) => {
             let vocab = text.tokenizer.vocab_size();
@@ -138,11 +138,17 @@ pub fn prepare(
             "sampling.token_offset is set by the router when it moves a request between workers; clients leave it 0".into(),
         ));
     }
-    let params = ferry_proto::sampling_from_wire(req.sampling.as_ref(), req.stop.as_ref());
+    let mut params = ferry_proto::sampling_from_wire(req.sampling.as_ref(), req.stop.as_ref());
+    if let Some(lark) = tool_grammar {
+        if params.grammar.is_some() {
+            return Err(RouterError::InvalidRequest("tool_choice REQUIRED or a named function and sampling.structured both constrain the answer; send one".into()));
+        }
+        params.grammar = Some(ferry_core::sampling::OutputGrammar::Lark(lark));
+    }
     params
         .validate()
         .map_err(|e| RouterError::InvalidRequest(e.to_string()))?;
-    Ok((ids, params))
+    Ok((ids, params, calls))
 }
 
 /// Compiles a request's grammar as a worker would (limits, compile, first mask), on the grammar
@@ -233,7 +239,7 @@ pub async fn start(shared: &Arc<Shared>, req: v1::GenerateRequest, tenant: Optio
     })?;
     let id = request_id(&req.request_id);
     let span = tracing::info_span!("generate", request_id = %id);
-    let (prompt, params) = span.in_scope(|| prepare(shared, &req)).inspect_err(|_| {
+    let (prompt, params, calls) = span.in_scope(|| prepare(shared, &req)).inspect_err(|_| {
         crate::metrics::request_outcome("invalid");
     })?;
     if let Some(g) = &params.grammar {
@@ -260,11 +266,15 @@ pub async fn start(shared: &Arc<Shared>, req: v1::GenerateRequest, tenant: Optio
         start,
     };
     tokio::spawn(orchestrate::run(shared.clone(), job, tx).instrument(span));
+    let events = match calls {
+        Some(calls) => crate::grpc_tools::relay(rx, calls),
+        None => rx,
+    };
     Ok(Started {
         request_id: id,
         prompt_tokens,
         prompt,
-        events: rx,
+        events,
     })
 }
 

@@ -75,6 +75,7 @@ async fn a_migrated_request_keeps_its_logprobs_and_gets_the_prompts_once() {
                 lps.extend(d.logprobs);
             }
             v1::generate_response::Event::Final(f) => fin = Some(f),
+            v1::generate_response::Event::ToolCall(t) => panic!("a tool call in a request without tools: {t:?}"),
         }
     }
     assert_eq!(fin.unwrap().migrations, 1);

@@ -25,7 +25,7 @@ const SCRIPT: &str = " Hello world.";
 fn chat(role: &str, content: &str) -> v1::GenerateRequest {
     v1::GenerateRequest {
         input: Some(v1::generate_request::Input::Chat(v1::ChatInput {
-            messages: vec![v1::ChatMessage { role: role.into(), content: content.into() }],
+            messages: vec![v1::ChatMessage { role: role.into(), content: content.into(), ..Default::default() }],
         })),
         ..Default::default()
     }

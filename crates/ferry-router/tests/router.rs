@@ -70,6 +70,7 @@ async fn streams_deltas_then_final_and_metrics() {
             messages: vec![v1::ChatMessage {
                 role: "user".into(),
                 content: "2+2?".into(),
+                ..Default::default()
             }],
         })),
         ..Default::default()

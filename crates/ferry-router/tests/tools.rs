@@ -201,3 +201,64 @@ async fn a_tool_the_template_cannot_render_is_a_400_naming_tools() {
     r.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// gRPC `Generate` with tools on SmolLM2 (the generic format): the deltas keep their token ids
+/// but carry no call text, the call comes as `ToolCallDelta` events (id and name, then its
+/// arguments in pieces, then `done`), and the final counts it. A bad tool is INVALID_ARGUMENT
+/// with the HTTP API's words.
+#[tokio::test]
+async fn grpc_generate_takes_tools_and_streams_calls() {
+    use ferry_proto::v1::{self, generate_response::Event};
+    let text = common::text();
+    let answer = r#"{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}]}"#;
+    let ids = text.tokenizer.encode(answer, false).unwrap();
+    let script = MockConfig { first_token: ids[0], tokens: ids[1..].to_vec(), ..Default::default() };
+    let (r, _addr) = router(&common::model_path()).await;
+    let _p = r.mock(WorkerRole::Prefill, script.clone()).await;
+    let _d = r.mock(WorkerRole::Decode, script).await;
+    let mut c = v1::ferry_client::FerryClient::new(r.channel().await);
+    let tool = v1::Tool {
+        name: "get_weather".into(),
+        description: "Weather.".into(),
+        parameters: weather()["function"]["parameters"].to_string(),
+        strict: false,
+    };
+    let req = |tools: Vec<v1::Tool>, choice: Option<v1::tool_choice::Choice>| v1::GenerateRequest {
+        input: Some(v1::generate_request::Input::Chat(v1::ChatInput {
+            messages: vec![v1::ChatMessage { role: "user".into(), content: "Weather in Paris?".into(), ..Default::default() }],
+        })),
+        tools,
+        tool_choice: choice.map(|c| v1::ToolChoice { choice: Some(c) }),
+        stop: Some(v1::StopConditions { max_tokens: 200, ..Default::default() }),
+        ..Default::default()
+    };
+    let mut s = c.generate(req(vec![tool.clone()], Some(v1::tool_choice::Choice::Mode(v1::tool_choice::Mode::Required as i32)))).await.unwrap().into_inner();
+    let (mut text_seen, mut token_ids, mut calls, mut fin) = (String::new(), 0, Vec::<v1::ToolCallDelta>::new(), None);
+    while let Some(m) = s.message().await.unwrap() {
+        match m.event {
+            Some(Event::Delta(d)) => {
+                text_seen += &d.text;
+                token_ids += d.token_ids.len();
+            }
+            Some(Event::ToolCall(t)) => calls.push(t),
+            Some(Event::Final(f)) => fin = Some(f),
+            None => {}
+        }
+    }
+    assert_eq!((text_seen.as_str(), token_ids), ("", ids.len()), "every token comes, no call text");
+    assert_eq!((calls[0].name.as_str(), calls[0].call_index, calls[0].index), ("get_weather", 0, 0));
+    assert!(calls[0].id.starts_with("call_"), "{:?}", calls[0]);
+    let args: String = calls.iter().map(|t| t.arguments.as_str()).collect();
+    assert_eq!(args, r#"{"city": "Paris", "unit": "celsius"}"#);
+    assert!(calls.iter().filter(|t| !t.arguments.is_empty()).count() > 3, "arguments in pieces: {calls:?}");
+    assert!(calls.last().unwrap().done);
+    assert_eq!(fin.expect("a final").tool_calls, 1);
+
+    let bad = v1::Tool { name: "a b".into(), ..tool.clone() };
+    let e = c.generate(req(vec![bad], None)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("must be 1 to 64"), "{e:?}");
+    let e = c.generate(req(vec![tool], Some(v1::tool_choice::Choice::Function("nope".into())))).await.unwrap_err();
+    assert!(e.message().contains("not in `tools`"), "{e:?}");
+    r.shutdown().await;
+}

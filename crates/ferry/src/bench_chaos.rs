@@ -253,7 +253,7 @@ async fn one(channel: tonic::transport::Channel, ids: Vec<u32>, want: &[u32], ma
                     }
                     Some(generate_response::Event::Final(_)) if got == want => return End::Completed,
                     Some(generate_response::Event::Final(_)) => return End::Corrupted { got: got.clone() },
-                    None => {}
+                    Some(generate_response::Event::ToolCall(_)) | None => {}
                 },
                 Ok(None) => return End::Lost,
                 Err(s) => return End::Failed { code: s.code(), message: s.message().to_string() },

@@ -56,9 +56,9 @@ pub fn generate_to(req: &RemoteGenerate, out: &mut dyn Write) -> anyhow::Result<
     let input = if req.chat {
         let mut messages = Vec::new();
         if let Some(s) = &req.system {
-            messages.push(v1::ChatMessage { role: "system".into(), content: s.clone() });
+            messages.push(v1::ChatMessage { role: "system".into(), content: s.clone(), ..Default::default() });
         }
-        messages.push(v1::ChatMessage { role: "user".into(), content: req.prompt.clone() });
+        messages.push(v1::ChatMessage { role: "user".into(), content: req.prompt.clone(), ..Default::default() });
         v1::generate_request::Input::Chat(v1::ChatInput { messages })
     } else {
         v1::generate_request::Input::Prompt(req.prompt.clone())
@@ -84,7 +84,8 @@ pub fn generate_to(req: &RemoteGenerate, out: &mut dyn Write) -> anyhow::Result<
                     out.flush()?;
                 }
                 Some(v1::generate_response::Event::Final(f)) => return Ok(f),
-                None => {}
+                // `ferry generate --router` sends no tools.
+                Some(v1::generate_response::Event::ToolCall(_)) | None => {}
             }
         }
         anyhow::bail!("Unavailable: the router closed the stream without a final message")

@@ -369,7 +369,8 @@ async fn collect(
                     return Ok(answers);
                 }
             }
-            None => {}
+            // Only the gRPC API scans calls into events; the HTTP API reads the text.
+            Some(Event::ToolCall(_)) | None => {}
         }
     }
     Err(ApiError::server(

@@ -193,6 +193,11 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
             sampling: Some(sampling),
             stop: Some(stop),
             cache_salt,
+            // The HTTP API reads its own tool fields (`tools` above) and renders the prompt
+            // itself (`chat::prepare`).
+            tools: Vec::new(),
+            tool_choice: None,
+            parallel_tool_calls: None,
         },
     })
 }

@@ -158,6 +158,8 @@ pub(super) async fn finish(
         retries: prog.retries,
         cached_tokens: prog.cached_tokens,
         index: prog.choice,
+        // Counted where calls are scanned out of the text (the gRPC API's tool relay).
+        tool_calls: 0,
     };
     prog.done = true;
     let msg = v1::GenerateResponse { request_id: job.request_id.clone(), event: Some(Event::Final(fin)) };

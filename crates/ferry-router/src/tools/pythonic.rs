@@ -18,8 +18,8 @@
 //! read (content): triple-quoted, prefixed (`r""`, `f""`) or adjacent strings, tuples, sets,
 //! positional arguments, expressions.
 //!
-//! The grammar of forced calls ([`kwargs`]) writes each function's arguments as Python from its
-//! JSON schema.
+//! The grammar of forced calls ([`super::grammar::python_kwargs`]) writes each function's arguments as
+//! Python from its JSON schema.
 //!
 //! [`Format::Pythonic`]: super::format::Format::Pythonic
 

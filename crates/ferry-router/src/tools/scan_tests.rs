@@ -369,3 +369,27 @@ fn forced_call_text_reads_back() {
     let (head, tail) = Format::Pythonic.call_text("now");
     assert_eq!(read(Format::Pythonic, &format!("{open}{head}{tail}{sep}{head}{tail}{close}"), None, &[]), vec![call("now", "{}"), call("now", "{}")]);
 }
+
+/// The new formats' templates render with Ferry's template engine: the tools offered, an earlier
+/// call and its result.
+#[test]
+fn real_templates_render_tools_calls_and_results() {
+    use ferry_tokenizer::{ChatMessage, ChatTemplate, FunctionCall, Role, ToolCall};
+    let weather = serde_json::json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}});
+    let call = ToolCall { id: Some("call_1".into()), kind: "function".into(), function: FunctionCall { name: "get_weather".into(), arguments: serde_json::json!({"city": "Paris"}) } };
+    let conversation = [
+        ChatMessage::new(Role::User, "Weather in Paris?"),
+        ChatMessage { tool_calls: vec![call], ..ChatMessage::new(Role::Assistant, "") },
+        ChatMessage { tool_call_id: Some("call_1".into()), name: Some("get_weather".into()), ..ChatMessage::new(Role::Tool, "18C") },
+    ];
+    for (file, call_text) in [
+        ("tool_chat_template_llama3.1_json.jinja", r#"{"name": "get_weather", "parameters": {"city":"Paris"}}"#),
+        ("tool_chat_template_llama3.2_pythonic.jinja", "[get_weather(city=Paris)]"),
+        ("tool_chat_template_mistral.jinja", "[TOOL_CALLS]"),
+    ] {
+        let t = ChatTemplate::new(&fixture(file), "<s>", "</s>").unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(t.takes_tools(), "{file}");
+        let text = t.render_with_tools(&conversation, Some(&[weather.clone()]), true).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(text.contains("\"get_weather\"") && text.contains(call_text) && text.contains("18C"), "{file}: {text}");
+    }
+}

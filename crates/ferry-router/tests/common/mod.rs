@@ -155,6 +155,7 @@ pub async fn generate(
                 ids.extend(d.token_ids);
                 deltas += 1;
             }
+            v1::generate_response::Event::ToolCall(t) => panic!("a tool call in a request without tools: {t:?}"),
             v1::generate_response::Event::Final(fin) => {
                 assert!(s.message().await?.is_none(), "nothing after final");
                 return Ok(Collected {

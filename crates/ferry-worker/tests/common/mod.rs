@@ -60,7 +60,7 @@ pub async fn generate_as(router: &str, key: Option<&str>, req: GenerateRequest) 
         match m.event {
             Some(generate_response::Event::Delta(d)) => ids.extend(d.token_ids),
             Some(generate_response::Event::Final(f)) => return Ok((ids, f)),
-            None => {}
+            Some(generate_response::Event::ToolCall(_)) | None => {}
         }
     }
     Err(tonic::Status::internal("no final message"))
@@ -153,7 +153,7 @@ pub async fn generate_choices(router: &str, req: GenerateRequest) -> Result<Vec<
                 assert!(slot.is_none(), "choice {} ended twice", f.index);
                 *slot = Some(f);
             }
-            None => {}
+            Some(generate_response::Event::ToolCall(_)) | None => {}
         }
     }
     out.into_iter()
