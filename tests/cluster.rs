@@ -701,7 +701,6 @@ async fn openai_python_client_against_ferry_up() {
         "api_key": key,
         "model": name,
         "api_md": root.join("docs/api.md"),
-        "model_takes_tools": false,
     });
     let script = root.join("tests/openai_fields.py");
     let py = python.clone();
@@ -721,6 +720,78 @@ async fn openai_python_client_against_ferry_up() {
     // SmolLM2's ChatML template takes no tools: `tools` is a 400 saying so.
     let args = serde_json::json!({ "base_url": format!("http://{}/v1", cluster.http), "api_key": key, "model": name, "takes_tools": false });
     run_python_script(python, "tests/openai_tools.py", args).await;
+    cluster.assert_no_leaks().await;
+}
+
+/// The client libraries `tests/openai_libraries.py` runs, pinned (instructor goes in by itself,
+/// without its dependencies: it pins a `jiter` older than any `openai` 3.x allows; these give it
+/// the rest).
+const LIBRARY_PINS: [&str; 16] = [
+    "openai==3.57.0", "pydantic-ai-slim[openai]==2.62.0", "langchain-openai==1.7.4",
+    "aiohttp>=3.14.3,<4", "click>=8.3.3", "docstring-parser>=0.16,<1", "jinja2>=3.1.4,<4", "regex>=2023",
+    "requests>=2.33,<3", "rich>=13.7,<15", "tenacity>=8.2.3,<10", "typer>=0.9,<1", "urllib3>=2.7,<3", "idna>=3.15",
+    "grpcio==1.78.0", "grpcio-reflection==1.78.0",
+];
+const INSTRUCTOR_PIN: &str = "instructor==1.17.0";
+const AIPERF_PIN: &str = "aiperf==0.13.0";
+
+/// A venv under `target/` named `name`, made once per test process with `pip install` of each of
+/// `installs` in turn (reused while `check` imports), or why there is none.
+fn venv_python(name: &str, check: &str, installs: &[&[&str]]) -> Result<std::path::PathBuf, String> {
+    let venv = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("..").join(name);
+    let python = venv.join("bin/python");
+    let ok = |p: &std::path::Path| std::process::Command::new(p).args(["-c", check]).output().is_ok_and(|o| o.status.success());
+    if ok(&python) {
+        return Ok(python);
+    }
+    let run = |what: String, cmd: &mut std::process::Command| -> Result<(), String> {
+        let o = cmd.output().map_err(|e| format!("{what}: {e}"))?;
+        if o.status.success() { Ok(()) } else { Err(format!("{what} failed: {}", String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or(""))) }
+    };
+    run("python3 -m venv".into(), std::process::Command::new("python3").args(["-m", "venv", "--clear"]).arg(&venv))?;
+    for args in installs {
+        let r = run(format!("pip install {}", args.join(" ")), std::process::Command::new(&python).args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"]).args(*args));
+        if let Err(e) = r {
+            let _ = std::fs::remove_dir_all(&venv);
+            return Err(e);
+        }
+    }
+    if ok(&python) { Ok(python) } else { Err(format!("{} cannot run {check:?}", python.display())) }
+}
+
+/// `venv_python`'s answer for test `test`, or `None` after saying on stderr why it is skipped
+/// (with `FERRY_REQUIRE_OPENAI=1`, a failure).
+fn python_or_skip(test: &str, made: Result<std::path::PathBuf, String>) -> Option<std::path::PathBuf> {
+    match made {
+        Ok(p) => Some(p),
+        Err(why) if std::env::var("FERRY_REQUIRE_OPENAI").as_deref() == Ok("1") => panic!("FERRY_REQUIRE_OPENAI=1 but {why}"),
+        Err(why) => {
+            use std::io::Write;
+            let line = format!("\nSKIPPED: cluster::{test}: {why} (FERRY_REQUIRE_OPENAI=1 makes this a failure)\n");
+            let _ = std::io::stderr().write_all(line.as_bytes());
+            None
+        }
+    }
+}
+
+/// The libraries people build on the OpenAI API, installed from PyPI, against `ferry up` on the
+/// default model (tests/openai_libraries.py: pydantic-ai, instructor, langchain-openai and the
+/// `openai` client's Responses API; every answer a valid object or tool call), and aiperf with
+/// vLLM's `min_tokens` and per-chunk server usage (tests/aiperf_check.py: 0 errors).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_libraries_against_ferry_up() {
+    let test = "client_libraries_against_ferry_up";
+    let check = "import pydantic_ai, instructor, langchain_openai, openai, sys; sys.exit(openai.__version__ != '3.57.0')";
+    let Some(libs) = python_or_skip(test, venv_python("py-libs", check, &[&LIBRARY_PINS, &["--no-deps", INSTRUCTOR_PIN]])) else { return };
+    let Some(aiperf) = python_or_skip(test, venv_python("py-aiperf", "import aiperf", &[&[AIPERF_PIN]])) else { return };
+    let model = smollm2();
+    let key = "ferry-test-key";
+    let cluster = Cluster::up(&model, 1, 1, &["--api-key", key]);
+    let base = serde_json::json!({ "base_url": format!("http://{}/v1", cluster.http), "api_key": key, "model": "SmolLM2-135M-Instruct" });
+    let mut libs_args = base.clone();
+    libs_args["responses"] = serde_json::json!(true);
+    run_python_script(libs, "tests/openai_libraries.py", libs_args).await;
+    run_python_script(aiperf, "tests/aiperf_check.py", base).await;
     cluster.assert_no_leaks().await;
 }
 

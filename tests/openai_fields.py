@@ -4,7 +4,6 @@ against Ferry's field table (docs/api.md, "Request fields") and a running router
 Run by tests/cluster.rs against `ferry up`, with one JSON argument:
   base_url, api_key, model   where and how to connect (base_url ends in /v1)
   api_md                     the path of docs/api.md
-  model_takes_tools          whether the model's chat template takes tools (else `tools` is a 400)
 For every field of `openai.types.chat.completion_create_params.CompletionCreateParamsBase`,
 `openai.types.completion_create_params.CompletionCreateParamsBase` and the chat message types:
   - the field is in docs/api.md's table for that endpoint;
@@ -136,10 +135,6 @@ COMPANIONS = {
     ("chat", "tool_choice"): {"tools": SAMPLES["tools"]},
 }
 
-# Supported fields that offer tools: a model whose chat template takes none (SmolLM2's ChatML)
-# answers them with a 400 saying so (docs/api.md, "Tool calling").
-OFFERS_TOOLS = {("chat", "tools"), ("chat", "tool_choice")}
-
 
 def sample_of_type(tp):
     """A non-default value of a type, for a field this script has no sample for (a field that
@@ -208,12 +203,9 @@ def main():
         except openai.APIStatusError as e:
             return e.status_code, str(e), getattr(e, "param", None), None
 
-    def judge(label, field, support, status, message, param, offers_tools=False, endpoint=None, answer=None):
+    def judge(label, field, support, status, message, param, endpoint=None, answer=None):
         names = status == 400 and (field in (param or "") or re.search(rf"\b{re.escape(field)}\b", message))
-        if support == "supported" and offers_tools and not a["model_takes_tools"]:
-            no_tools = status == 400 and param == "tools" and "no tool support" in message
-            check(f"{label}: supported, refused: the model's template takes no tools", no_tools, f"{status} {message}")
-        elif support == "supported":
+        if support == "supported":
             check(f"{label}: supported, answered", status == 200, f"{status} {message}")
             if (endpoint, field) in EFFECTS:
                 what, has = EFFECTS[(endpoint, field)]
@@ -248,8 +240,7 @@ def main():
             # Ferry refuses `top_logprobs` without `logprobs: true`).
             fields = {field: value, **COMPANIONS.get((endpoint, field), {})}
             status, message, param, answer = send(endpoint, fields)
-            offers = (endpoint, field) in OFFERS_TOOLS
-            judge(f"{endpoint}.{field} = {json.dumps(value)[:40]}", field, support, status, message, param, offers, endpoint, answer)
+            judge(f"{endpoint}.{field} = {json.dumps(value)[:40]}", field, support, status, message, param, endpoint, answer)
             seen += 1
 
     # The fields of every kind of chat message.

@@ -80,7 +80,9 @@ pub struct RouterArgs {
     #[arg(long = "served-model-name", value_name = "NAME")]
     pub served_model_name: Vec<String>,
     /// The format of the model's tool calls (vLLM's parser names): auto reads it from the chat
-    /// template (`<tool_call>` → hermes), and takes generic for a template that takes no tools.
+    /// template (`[TOOL_CALLS]` → mistral, `<tool_call>` → hermes, "respond with a python list" →
+    /// pythonic, "respond with a JSON for a function call" or `<|python_tag|>` → llama3_json), and
+    /// takes generic for a template that takes no tools or writes calls in none of these.
     #[arg(long, value_enum, default_value_t = ToolCallParserArg::Auto)]
     pub tool_call_parser: ToolCallParserArg,
     /// The fastest KV transport the router asks a prefill→decode pair to use: auto (= nccl) picks
