@@ -41,7 +41,11 @@ fn corpus(model: &str) -> Vec<(&'static str, Value)> {
         .map(|p| {
             let text = std::fs::read_to_string(p).unwrap().replace("MODEL", model);
             let name = p.file_name().unwrap().to_string_lossy().into_owned();
-            let path = if name.starts_with("chat") { "/v1/chat/completions" } else { "/v1/completions" };
+            let path = match name.split('-').next() {
+                Some("chat") => "/v1/chat/completions",
+                Some("responses") => "/v1/responses",
+                _ => "/v1/completions",
+            };
             (path, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name}: {e}")))
         })
         .collect();

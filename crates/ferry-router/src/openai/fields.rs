@@ -1,5 +1,5 @@
-//! Every field of OpenAI's completions and chat-completions request bodies, and the vLLM extras
-//! Ferry knows, each with what Ferry does with it: nothing is silently ignored. A field is
+//! Every field of OpenAI's completions, chat-completions and responses request bodies, and the vLLM
+//! extras Ferry knows, each with what Ferry does with it: nothing is silently ignored. A field is
 //! - **supported**: [`super::request`] reads it and it has its effect;
 //! - **limited**: honoured for some values (often only the no-op ones), refused for the others;
 //! - **rejected**: refused whenever set to anything but its default (the default is accepted).
@@ -23,13 +23,36 @@ pub enum On {
     Chat,
     /// `POST /v1/completions` only.
     Completions,
+    /// `POST /v1/responses` only ([`super::responses`]); `Both` does not include it.
+    Responses,
+}
+
+/// The endpoint a body came to, as the table tells them apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Completions,
+    Chat,
+    Responses,
+}
+
+impl From<Kind> for Endpoint {
+    fn from(kind: Kind) -> Endpoint {
+        match kind {
+            Kind::Completion => Endpoint::Completions,
+            Kind::Chat => Endpoint::Chat,
+        }
+    }
 }
 
 impl On {
-    fn takes(self, kind: Kind) -> bool {
-        match (self, kind) {
-            (On::Both, _) | (On::Chat, Kind::Chat) | (On::Completions, Kind::Completion) => true,
-            (On::Chat, Kind::Completion) | (On::Completions, Kind::Chat) => false,
+    fn takes(self, at: impl Into<Endpoint>) -> bool {
+        use Endpoint as E;
+        match (self, at.into()) {
+            (On::Both, E::Chat | E::Completions) | (On::Chat, E::Chat) | (On::Completions, E::Completions) | (On::Responses, E::Responses) => true,
+            (On::Both, E::Responses)
+            | (On::Chat, E::Completions | E::Responses)
+            | (On::Completions, E::Chat | E::Responses)
+            | (On::Responses, E::Chat | E::Completions) => false,
         }
     }
 }
@@ -75,7 +98,7 @@ const fn rejected(ok: fn(&Value) -> bool, rule: &'static str) -> Support {
     Support::Rejected { ok, rule }
 }
 
-use On::{Both, Chat, Completions};
+use On::{Both, Chat, Completions, Responses};
 use Support::Supported;
 
 /// The top-level fields of a request body.
@@ -140,6 +163,52 @@ pub const FIELDS: &[Field] = &[
     f("guided_choice", Both, Supported),
     f("guided_decoding_backend", Both, limited(guidance, "only \"llguidance\", \"guidance\" or \"auto\": Ferry's grammar engine is llguidance")),
     f("guided_whitespace_pattern", Both, rejected(null, "not supported: JSON is compact unless the schema sets llguidance's x-guidance options")),
+    // OpenAI, responses (`super::responses` reads the supported ones).
+    f("model", Responses, Supported),
+    f("input", Responses, Supported),
+    f("instructions", Responses, Supported),
+    f("max_output_tokens", Responses, Supported),
+    f("temperature", Responses, Supported),
+    f("top_p", Responses, Supported),
+    f("stream", Responses, Supported),
+    f("stream_options", Responses, limited(no_obfuscation, "only {} or {\"include_obfuscation\": false}: Ferry's events carry no obfuscation padding")),
+    f("text", Responses, Supported),
+    f("tools", Responses, Supported),
+    f("tool_choice", Responses, Supported),
+    f("parallel_tool_calls", Responses, Supported),
+    f("store", Responses, limited(off, "Ferry stores no responses; send store: false (an absent `store` is taken as false)")),
+    f("previous_response_id", Responses, rejected(null, "Ferry stores no responses, so none can be continued: send the whole conversation in `input`")),
+    f("conversation", Responses, rejected(null, "Ferry stores no conversations: send the whole conversation in `input`")),
+    f("background", Responses, rejected(off, "background responses are stored to be fetched later; Ferry stores none")),
+    f("background_options", Responses, rejected(null, "background responses are not supported")),
+    f("prompt", Responses, rejected(null, "stored prompt templates are not supported: send `instructions` and `input`")),
+    f("context_management", Responses, rejected(null, "server-side context management is not supported: Ferry keeps no context")),
+    f("max_tool_calls", Responses, limited(positive, "a positive integer: it bounds calls to built-in tools, and Ferry runs none")),
+    f("reasoning", Responses, limited(no_reasoning_config, "only {} or {\"effort\": \"none\"}: Ferry serves no reasoning model")),
+    f("include", Responses, limited(empty, "only []: Ferry adds no extra output (no logprobs, sources or reasoning)")),
+    f("top_logprobs", Responses, limited(zero, "only 0: log-probabilities are not offered on /v1/responses")),
+    f("truncation", Responses, limited(disabled, "only \"disabled\", the default: Ferry never drops input items")),
+    f("metadata", Responses, limited(metadata, "up to 16 string pairs (keys up to 64 characters, values up to 512): logged with the request id")),
+    f("user", Responses, limited(string, "a string: logged with the request id, no other effect")),
+    f("safety_identifier", Responses, limited(string, "a string: logged with the request id, no other effect")),
+    f("prompt_cache_key", Responses, limited(string, "a string: logged with the request id; the router already sends a prompt to where its prefix is cached")),
+    f("prompt_cache_retention", Responses, limited(in_memory, "only \"in_memory\": cached blocks live in worker memory, evicted least recently used first")),
+    f("prompt_cache_options", Responses, limited(cache_options, "only {} or {\"mode\": \"implicit\"}: Ferry caches every prompt's full blocks and promises no lifetime")),
+    f("service_tier", Responses, limited(tier, "only \"auto\" or \"default\"")),
+    f("moderation", Responses, rejected(null, "moderation is not supported")),
+    f("image", Responses, rejected(null, "image generation is not supported")),
+    f("access_programs", Responses, rejected(null, "not supported")),
+    // vLLM's extras on responses (passed to the chat request as they are).
+    f("seed", Responses, Supported),
+    f("stop", Responses, Supported),
+    f("top_k", Responses, Supported),
+    f("min_p", Responses, Supported),
+    f("repetition_penalty", Responses, Supported),
+    f("stop_token_ids", Responses, Supported),
+    f("ignore_eos", Responses, Supported),
+    f("min_tokens", Responses, Supported),
+    f("bad_words", Responses, Supported),
+    f("cache_salt", Responses, Supported),
 ];
 
 /// The fields of a chat message (`messages[i]`).
@@ -165,12 +234,13 @@ pub const STREAM_OPTIONS: &[Field] = &[
 /// 400 naming the field (`path` prefixes the name in messages, e.g. "messages[2].").
 pub fn check(
     table: &[Field],
-    kind: Kind,
+    kind: impl Into<Endpoint>,
     obj: &serde_json::Map<String, Value>,
     path: &str,
 ) -> Result<(), ApiError> {
+    let at = kind.into();
     for (key, value) in obj {
-        let Some(field) = table.iter().find(|f| f.name == key && f.on.takes(kind)) else {
+        let Some(field) = table.iter().find(|f| f.name == key && f.on.takes(at)) else {
             let key = crate::error::clip(key);
             return Err(ApiError::invalid_field(
                 format!("unknown field \"{path}{key}\""),
@@ -214,6 +284,39 @@ fn guidance(v: &Value) -> bool {
 
 fn off(v: &Value) -> bool {
     matches!(v, Value::Null | Value::Bool(false))
+}
+
+fn positive(v: &Value) -> bool {
+    v.is_null() || v.as_u64().is_some_and(|n| n >= 1)
+}
+
+fn zero(v: &Value) -> bool {
+    v.is_null() || v.as_u64() == Some(0)
+}
+
+fn disabled(v: &Value) -> bool {
+    is_str(v, &["disabled"])
+}
+
+fn no_obfuscation(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Object(o) => o.iter().all(|(k, v)| k == "include_obfuscation" && off(v)),
+        _ => false,
+    }
+}
+
+/// A Responses `reasoning`: nothing asked, or effort `"none"` (summaries need a reasoning model).
+fn no_reasoning_config(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Object(o) => o.iter().all(|(k, v)| match k.as_str() {
+            "effort" => no_reasoning(v),
+            "summary" | "generate_summary" => v.is_null(),
+            _ => false,
+        }),
+        _ => false,
+    }
 }
 
 fn one(v: &Value) -> bool {

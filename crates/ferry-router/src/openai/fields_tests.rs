@@ -59,7 +59,8 @@ fn each_limited_or_rejected_field_takes_its_defaults_and_refuses_the_rest() {
         }
     }
     // Every limited or rejected field is exercised above (and the supported fields with ranges).
-    for f in FIELDS {
+    // (The responses fields have their cases in `responses::parse`'s tests.)
+    for f in FIELDS.iter().filter(|f| f.on != On::Responses) {
         if !matches!(f.support, Support::Supported) {
             assert!(cases.iter().any(|c| c.1 == f.name), "no case for {}", f.name);
         }
@@ -90,7 +91,7 @@ fn a_refused_value_is_shown_cut_short() {
 #[test]
 fn names_are_unique_per_endpoint() {
     for table in [FIELDS, MESSAGE_FIELDS, STREAM_OPTIONS] {
-        for kind in [Kind::Chat, Kind::Completion] {
+        for kind in [Endpoint::Chat, Endpoint::Completions, Endpoint::Responses] {
             let mut names: Vec<&str> = table.iter().filter(|f| f.on.takes(kind)).map(|f| f.name).collect();
             names.sort_unstable();
             let n = names.len();
@@ -123,6 +124,7 @@ fn docs_api_md_has_the_same_table() {
         On::Both => "both",
         On::Chat => "chat",
         On::Completions => "completions",
+        On::Responses => "responses",
     };
     let mut want: Vec<(String, String, String)> = FIELDS
         .iter()

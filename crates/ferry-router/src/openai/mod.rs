@@ -1,5 +1,5 @@
 //! The OpenAI-compatible HTTP API on the router: `POST /v1/completions`,
-//! `POST /v1/chat/completions`, `GET /v1/models` and `GET /v1/models/{id}` (axum, HTTP/1.1), and
+//! `POST /v1/chat/completions`, `POST /v1/responses` ([`responses`]), `GET /v1/models` and `GET /v1/models/{id}` (axum, HTTP/1.1), and
 //! beside them, as vLLM serves them, `POST /tokenize` and `POST /detokenize` ([`tokenize`]),
 //! `GET /health` and `GET /metrics`.
 //!
@@ -20,6 +20,7 @@ pub mod logprobs;
 pub mod messages;
 pub mod request;
 pub mod response;
+pub mod responses;
 pub mod strict;
 pub mod structured;
 pub mod tokenize;
@@ -72,6 +73,7 @@ pub fn router(shared: Arc<Shared>, keys: ApiKeys) -> Router {
     let keyed = Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
+        .route("/v1/responses", post(responses_route))
         .route("/v1/models", get(models))
         // `{*id}`: a name may hold a `/` (`org/name`, as the HF hub names models).
         .route("/v1/models/{*id}", get(model))
@@ -227,6 +229,15 @@ async fn completions(State(h): St, tenant: TenantOf, body: Result<Bytes, BytesRe
 
 async fn chat(State(h): St, tenant: TenantOf, body: Result<Bytes, BytesRejection>) -> Response {
     generate(&h, Kind::Chat, tenant, body).await
+}
+
+async fn responses_route(State(h): St, tenant: TenantOf, body: Result<Bytes, BytesRejection>) -> Response {
+    let tenant = tenant.map(|t| t.0);
+    let r = match body {
+        Ok(b) => responses::run(&h.shared, tenant.as_ref(), &b).await,
+        Err(e) => Err(rejected(e)),
+    };
+    r.unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn generate(h: &Http, kind: Kind, tenant: TenantOf, body: Result<Bytes, BytesRejection>) -> Response {
