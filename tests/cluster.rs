@@ -717,9 +717,12 @@ async fn openai_python_client_against_ferry_up() {
     let args = serde_json::json!({ "addr": cluster.router, "api_key": key });
     run_python_script(python.clone(), "tests/grpc_client.py", args).await;
 
-    // SmolLM2's ChatML template takes no tools: `tools` is a 400 saying so.
+    // SmolLM2's ChatML template takes no tools: Ferry's generic format.
     let args = serde_json::json!({ "base_url": format!("http://{}/v1", cluster.http), "api_key": key, "model": name, "takes_tools": false });
-    run_python_script(python, "tests/openai_tools.py", args).await;
+    run_python_script(python.clone(), "tests/openai_tools.py", args.clone()).await;
+    // The Responses API through the client's `responses.create` / `stream` / `parse`, and every
+    // field of its request type against the table.
+    run_python_script(python, "tests/openai_responses.py", args).await;
     cluster.assert_no_leaks().await;
 }
 
@@ -841,7 +844,8 @@ async fn openai_tool_calls_against_ferry_up() {
     let cluster = Cluster::up(&model, 1, 1, &[]);
     let name = model.file_name().unwrap().to_string_lossy().into_owned();
     let args = serde_json::json!({ "base_url": format!("http://{}/v1", cluster.http), "api_key": "none", "model": name, "takes_tools": true });
-    run_python_script(python, "tests/openai_tools.py", args).await;
+    run_python_script(python.clone(), "tests/openai_tools.py", args.clone()).await;
+    run_python_script(python, "tests/openai_responses.py", args).await;
     cluster.assert_no_leaks().await;
     drop(cluster);
     let _ = std::fs::remove_dir_all(&model);
