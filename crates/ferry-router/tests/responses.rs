@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use common::TestRouter;
 use common::http::{self, post};
@@ -138,20 +138,8 @@ async fn an_error_mid_stream_fails_the_response() {
 
 const ANSWER: &str = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}\n</tool_call>";
 
-/// The text side of the tool model: the golden `qwen2-bias-tied` tokenizer and configs, with the
-/// Hermes template as `chat_template` (as tests/tools.rs builds it; the router reads no weights).
 fn tool_model() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
-    let from = root.join("golden/qwen2-bias-tied");
-    let dir = std::env::temp_dir().join(format!("ferry-router-responses-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    for f in ["tokenizer.json", "config.json", "generation_config.json"] {
-        std::fs::copy(from.join(f), dir.join(f)).unwrap();
-    }
-    let mut tc: Value = serde_json::from_str(&std::fs::read_to_string(from.join("tokenizer_config.json")).unwrap()).unwrap();
-    tc["chat_template"] = Value::String(std::fs::read_to_string(root.join("tools/hermes_tool_chat_template.jinja")).unwrap());
-    std::fs::write(dir.join("tokenizer_config.json"), tc.to_string()).unwrap();
-    dir
+    common::hermes_tool_model("responses")
 }
 
 #[tokio::test]

@@ -9,7 +9,7 @@
 //!
 //! [`Format::Llama3Json`]: super::format::Format::Llama3Json
 
-use super::scan::Read;
+use super::scan::Steps;
 use super::object::{CallObject, End, Piece};
 
 const TAG: &str = "<|python_tag|>";
@@ -36,20 +36,7 @@ impl Default for Reader {
     }
 }
 
-impl Read for Reader {
-    fn push(&mut self, text: &str, out: &mut Vec<Piece>) {
-        let mut rest = text.to_owned();
-        while !rest.is_empty() {
-            rest = self.step(rest, out);
-        }
-    }
-
-    fn finish(&mut self, out: &mut Vec<Piece>) {
-        self.end(out);
-    }
-}
-
-impl Reader {
+impl Steps for Reader {
     fn step(&mut self, text: String, out: &mut Vec<Piece>) -> String {
         let first = matches!(self.0, State::Lead(_));
         match &mut self.0 {

@@ -13,7 +13,7 @@
 //!
 //! [`Format::Mistral`]: super::format::Format::Mistral
 
-use super::scan::Read;
+use super::scan::Steps;
 use super::object::{CallObject, Cursor, End, Piece, Step};
 use super::scan::partial_tag_len;
 
@@ -45,20 +45,7 @@ impl Default for Reader {
     }
 }
 
-impl Read for Reader {
-    fn push(&mut self, text: &str, out: &mut Vec<Piece>) {
-        let mut rest = text.to_owned();
-        while !rest.is_empty() {
-            rest = self.step(rest, out);
-        }
-    }
-
-    fn finish(&mut self, out: &mut Vec<Piece>) {
-        self.end(out);
-    }
-}
-
-impl Reader {
+impl Steps for Reader {
     fn step(&mut self, text: String, out: &mut Vec<Piece>) -> String {
         match &mut self.0 {
             State::Lead(buf) => {

@@ -201,3 +201,21 @@ pub fn assert_clean(what: &str, text: &str) {
     }
     assert!(text.len() < 2048, "{what}: a {}-byte answer", text.len());
 }
+
+/// The text side of a tiny model whose chat template takes tools: the golden `qwen2-bias-tied`
+/// tokenizer and configs with vLLM's Hermes template (tests/fixtures/tools) as `chat_template`
+/// (the router reads no weights), in a folder of its own named after `name`.
+#[allow(dead_code)]
+pub fn hermes_tool_model(name: &str) -> std::path::PathBuf {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+    let from = root.join("golden/qwen2-bias-tied");
+    let dir = std::env::temp_dir().join(format!("ferry-router-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["tokenizer.json", "config.json", "generation_config.json"] {
+        std::fs::copy(from.join(f), dir.join(f)).unwrap();
+    }
+    let mut tc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(from.join("tokenizer_config.json")).unwrap()).unwrap();
+    tc["chat_template"] = serde_json::Value::String(std::fs::read_to_string(root.join("tools/hermes_tool_chat_template.jinja")).unwrap());
+    std::fs::write(dir.join("tokenizer_config.json"), tc.to_string()).unwrap();
+    dir
+}
