@@ -53,7 +53,7 @@ pub struct AdminService {
     pub registry: Arc<Registry>,
     pub scaler: Option<crate::scale::Scaler>,
     /// How the scaler (`ferry up`'s) is dialed: with the router's TLS.
-    pub dial: crate::registry::Dial,
+    pub dial: crate::registry::DialOptions,
 }
 
 #[tonic::async_trait]

@@ -11,7 +11,7 @@
 //! ([`ferry_core::autoscale::Calibrator`]); a machine that runs 30% slower than when it was
 //! profiled gets the workers it needs at its present speed.
 
-use crate::registry::Dial;
+use crate::registry::DialOptions;
 use crate::service::Shared;
 use ferry_core::autoscale::{recommend, Autoscaler, Calibrator, Decision, Observed, Policy, Pools};
 use ferry_core::slo::Slo;
@@ -122,7 +122,7 @@ impl Window {
 }
 
 /// Run until the router stops (the task is aborted).
-pub async fn run(shared: Arc<Shared>, cfg: AutoscaleConfig, dial: Dial) {
+pub async fn run(shared: Arc<Shared>, cfg: AutoscaleConfig, dial: DialOptions) {
     let origin = Instant::now();
     let mut policy_state = Autoscaler::default();
     let mut calibrator = Calibrator::default();
@@ -137,7 +137,7 @@ pub async fn run(shared: Arc<Shared>, cfg: AutoscaleConfig, dial: Dial) {
         tick.tick().await;
         let now = Instant::now();
         let seen = shared.window.take(now, cfg.rate_window.max(cfg.interval), now - counting, &cfg.policy.slo);
-        let (p, d, _) = shared.registry.ready_counts();
+        let crate::registry::Ready { prefill: p, decode: d, .. } = shared.registry.ready();
         let ready = Pools { prefill: p as usize, decode: d as usize };
         let current = target.unwrap_or(ready);
         let since = (now - origin).as_secs_f64();

@@ -41,7 +41,7 @@ pub use auth::{AdminToken, ApiKeys};
 pub use error::{RouterError, http_status_of};
 pub use scale::{KubeScale, Scaler};
 
-use crate::registry::{Dial, MAX_MESSAGE_BYTES, Registry, WINDOW_BYTES};
+use crate::registry::{DialOptions, MAX_MESSAGE_BYTES, Registry, WINDOW_BYTES};
 
 /// How the router runs.
 #[derive(Clone, Debug)]
@@ -204,7 +204,7 @@ pub async fn serve(
     if let Some(name) = cfg.served_model_names.first() {
         text.name = name.clone();
     }
-    let dial = Dial {
+    let dial = DialOptions {
         connect_timeout: cfg.connect_timeout,
         tls: cfg.tls.client.clone(),
         cluster: cfg.cluster_secret.clone(),

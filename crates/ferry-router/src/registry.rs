@@ -98,7 +98,7 @@ impl Worker {
 }
 
 #[derive(Default)]
-struct Inner {
+struct Members {
     workers: BTreeMap<String, Worker>,
     next_id: HashMap<WorkerRole, u64>,
     fingerprint: Option<String>,
@@ -106,9 +106,25 @@ struct Inner {
     kv: KvIndex<u64>,
 }
 
+/// Ready workers per role ([`Registry::ready`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ready {
+    pub prefill: u32,
+    pub decode: u32,
+    pub colocated: u32,
+}
+
+impl Ready {
+    /// Whether workers ready in these numbers can serve a request: a prefill and a decode worker,
+    /// or a colocated one. gRPC `Health`, HTTP `/health` and [`crate::service::start`] all ask this.
+    pub fn can_serve(self) -> bool {
+        (self.prefill > 0 && self.decode > 0) || self.colocated > 0
+    }
+}
+
 /// What a heartbeat's answer says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Beat {
+pub struct HeartbeatAnswer {
     pub state: WorkerState,
     /// The index missed some of the worker's cache events: it should send a snapshot.
     pub kv_resync: bool,
@@ -116,7 +132,7 @@ pub struct Beat {
 
 /// How the router dials workers (and `ferry up`'s scaler).
 #[derive(Clone, Debug)]
-pub struct Dial {
+pub struct DialOptions {
     pub connect_timeout: Duration,
     /// TLS to every worker (None: plaintext).
     pub tls: Option<ClientTls>,
@@ -125,19 +141,19 @@ pub struct Dial {
 }
 
 pub struct Registry {
-    inner: Mutex<Inner>,
+    inner: Mutex<Members>,
     pub lease: Duration,
     pub heartbeat: Duration,
-    dial: Dial,
+    dial: DialOptions,
     /// Woken whenever room may have appeared on a decode worker (a request ended, a worker
     /// registered or reported its load): the admission queue's head looks again.
     pub room: Arc<Notify>,
 }
 
 impl Registry {
-    pub fn new(lease: Duration, heartbeat: Duration, dial: Dial) -> Registry {
+    pub fn new(lease: Duration, heartbeat: Duration, dial: DialOptions) -> Registry {
         Registry {
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(Members::default()),
             lease,
             heartbeat,
             dial,
@@ -145,7 +161,7 @@ impl Registry {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    fn lock(&self) -> MutexGuard<'_, Members> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -225,9 +241,9 @@ impl Registry {
     /// Renews a lease and applies the worker's cache events. Unknown or dead workers get
     /// `UnknownWorker` (NOT_FOUND: register again); a dead entry is forgotten so the new
     /// registration starts clean.
-    pub fn heartbeat(&self, req: &v1::HeartbeatRequest, now: Instant) -> Result<Beat, RouterError> {
+    pub fn heartbeat(&self, req: &v1::HeartbeatRequest, now: Instant) -> Result<HeartbeatAnswer, RouterError> {
         let mut inner = self.lock();
-        let Inner { workers, kv: index, .. } = &mut *inner;
+        let Members { workers, kv: index, .. } = &mut *inner;
         let Some(w) = workers.get_mut(&req.worker_id) else {
             return Err(RouterError::UnknownWorker(req.worker_id.clone()));
         };
@@ -257,14 +273,14 @@ impl Registry {
             kv::record(&req.worker_id, applied, distinct);
         }
         self.room.notify_waiters();
-        Ok(Beat { state, kv_resync: applied.resync })
+        Ok(HeartbeatAnswer { state, kv_resync: applied.resync })
     }
 
     /// Marks every worker whose lease ran out at `now` dead; returns their ids.
     pub fn sweep(&self, now: Instant) -> Vec<String> {
         let mut inner = self.lock();
         let mut expired = Vec::new();
-        let Inner { workers, kv: index, .. } = &mut *inner;
+        let Members { workers, kv: index, .. } = &mut *inner;
         for w in workers.values_mut() {
             let since = now.saturating_duration_since(w.last_heartbeat);
             if w.state != WorkerState::Dead && lease_expired(Duration::ZERO, since, self.lease) {
@@ -287,7 +303,7 @@ impl Registry {
     /// registers anew.
     pub fn mark_dead(&self, id: &str, why: &str) {
         let mut inner = self.lock();
-        let Inner { workers, kv: index, .. } = &mut *inner;
+        let Members { workers, kv: index, .. } = &mut *inner;
         if let Some(w) = workers.get_mut(id)
             && w.state != WorkerState::Dead
         {
@@ -401,8 +417,8 @@ impl Registry {
             .min()
     }
 
-    /// Ready workers per role: (prefill, decode, colocated).
-    pub fn ready_counts(&self) -> (u32, u32, u32) {
+    /// Ready workers per role.
+    pub fn ready(&self) -> Ready {
         let inner = self.lock();
         let n = |r| {
             inner
@@ -411,11 +427,7 @@ impl Registry {
                 .filter(|w| w.role == r && w.state == WorkerState::Ready)
                 .count() as u32
         };
-        (
-            n(WorkerRole::Prefill),
-            n(WorkerRole::Decode),
-            n(WorkerRole::Colocated),
-        )
+        Ready { prefill: n(WorkerRole::Prefill), decode: n(WorkerRole::Decode), colocated: n(WorkerRole::Colocated) }
     }
 
     /// Workers per (role, state), every combination present (for gauges).
@@ -540,7 +552,7 @@ impl Drop for InflightGuard {
 }
 
 /// A lazily connecting endpoint to a worker with the router's timeouts, windows and TLS.
-pub fn endpoint(addr: &str, dial: &Dial) -> Result<Endpoint, RouterError> {
+pub fn endpoint(addr: &str, dial: &DialOptions) -> Result<Endpoint, RouterError> {
     let ep = ferry_proto::tls::endpoint(addr, dial.tls.as_ref()).map_err(|e| {
         RouterError::BadAddress {
             addr: addr.into(),
@@ -577,7 +589,7 @@ mod tests {
         Registry::new(
             Duration::from_secs(3),
             Duration::from_secs(1),
-            Dial {
+            DialOptions {
                 connect_timeout: Duration::from_secs(1),
                 tls: None,
                 cluster: Default::default(),
@@ -672,7 +684,7 @@ mod tests {
         let mut dead = r.sweep(t0 + Duration::from_millis(4500));
         dead.sort();
         assert_eq!(dead, vec!["decode-1", "prefill-2"]);
-        assert_eq!(r.ready_counts(), (1, 0, 0));
+        assert_eq!(r.ready(), Ready { prefill: 1, ..Ready::default() });
         // A dead worker's heartbeat is refused (NOT_FOUND) and the entry forgotten.
         assert!(matches!(
             hb("decode-1", t0),
@@ -690,7 +702,7 @@ mod tests {
             r.drain("prefill-1").unwrap().state,
             v1::WorkerState::Draining as i32
         );
-        assert_eq!(r.ready_counts(), (0, 0, 0));
+        assert_eq!(r.ready(), Ready::default());
         assert_eq!(
             r.undrain("prefill-1").unwrap().state,
             v1::WorkerState::Ready as i32
@@ -704,7 +716,7 @@ mod tests {
         let c = &r.prefill_candidates()[0];
         assert_eq!((c.inflight, c.outstanding_tokens), (0, 0));
         r.mark_dead("prefill-1", "test");
-        assert_eq!(r.ready_counts(), (0, 0, 0));
+        assert_eq!(r.ready(), Ready::default());
         r.remove("prefill-1").unwrap();
         assert!(matches!(
             r.remove("prefill-1"),

@@ -81,7 +81,7 @@ pub fn check(scaler: Option<&Scaler>) -> Result<(), RouterError> {
 /// Sets `role`'s pool to `replicas` workers through `scaler`.
 pub async fn scale(
     scaler: Option<&Scaler>,
-    dial: &crate::registry::Dial,
+    dial: &crate::registry::DialOptions,
     role: WorkerRole,
     replicas: u32,
 ) -> Result<v1::ScaleResponse, RouterError> {
@@ -99,7 +99,7 @@ pub async fn scale(
 
 async fn local(
     addr: &str,
-    dial: &crate::registry::Dial,
+    dial: &crate::registry::DialOptions,
     role: WorkerRole,
     replicas: u32,
 ) -> Result<v1::ScaleResponse, RouterError> {
@@ -107,7 +107,7 @@ async fn local(
         backend: format!("ferry up at {addr}"),
         message,
     };
-    let dial = crate::registry::Dial {
+    let dial = crate::registry::DialOptions {
         connect_timeout: Duration::from_secs(1),
         ..dial.clone()
     };

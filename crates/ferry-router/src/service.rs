@@ -208,13 +208,6 @@ pub fn encode_chat(
         })
 }
 
-/// Whether workers ready in these numbers (prefill, decode, colocated) can serve a request: a
-/// prefill and a decode worker, or a colocated one. gRPC `Health`, HTTP `/health` and
-/// [`start`] all ask this.
-pub fn can_serve((prefill, decode, colocated): (u32, u32, u32)) -> bool {
-    (prefill > 0 && decode > 0) || colocated > 0
-}
-
 /// A request that passed validation and now runs in its own task.
 pub struct Started {
     pub request_id: String,
@@ -245,11 +238,10 @@ pub async fn start(shared: &Arc<Shared>, req: v1::GenerateRequest, tenant: Optio
     if let Some(g) = &params.grammar {
         check_grammar(shared, g).instrument(span.clone()).await.inspect_err(|_| crate::metrics::request_outcome("invalid"))?;
     }
-    let counts = shared.registry.ready_counts();
-    if !can_serve(counts) {
-        let (p, _, _) = counts;
+    let ready = shared.registry.ready();
+    if !ready.can_serve() {
         crate::metrics::request_outcome("unavailable");
-        let role = if p == 0 {
+        let role = if ready.prefill == 0 {
             ferry_core::WorkerRole::Prefill
         } else {
             ferry_core::WorkerRole::Decode
@@ -295,12 +287,12 @@ impl v1::ferry_server::Ferry for FerryService {
         &self,
         _: Request<v1::HealthRequest>,
     ) -> Result<Response<v1::HealthResponse>, Status> {
-        let (p, d, c) = self.shared.registry.ready_counts();
+        let ready = self.shared.registry.ready();
         Ok(Response::new(v1::HealthResponse {
-            serving: can_serve((p, d, c)),
-            prefill_workers: p,
-            decode_workers: d,
-            colocated_workers: c,
+            serving: ready.can_serve(),
+            prefill_workers: ready.prefill,
+            decode_workers: ready.decode,
+            colocated_workers: ready.colocated,
         }))
     }
 

@@ -22,7 +22,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status};
 
 use ferry_proto::heartbeat::{self, HeartbeatFloor, LinkEvent, Registrant};
-use ferry_router::registry::{Dial, endpoint};
+use ferry_router::registry::{DialOptions, endpoint};
 use ferry_router::wire::role_to_wire;
 use ferry_router::{RouterConfig, RouterError};
 
@@ -146,7 +146,7 @@ impl MockWorker {
                 .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)))
                 .await;
         });
-        let dial = Dial {
+        let dial = DialOptions {
             connect_timeout: Duration::from_secs(1),
             tls: cfg.router_tls.clone(),
             cluster: cfg.cluster.clone(),
@@ -447,7 +447,7 @@ pub async fn router_overhead(
             .map_err(io("binding a mock worker"))?;
         workers.push(MockWorker::start(role, l, &router_addr, cfg.clone()).await?);
     }
-    let dial = Dial {
+    let dial = DialOptions {
         connect_timeout: Duration::from_secs(1),
         tls: None,
         cluster: Default::default(),

@@ -193,7 +193,7 @@ pub fn spawn_with(engine: Engine, model: String, scheduling: Scheduling, faults:
     std::thread::Builder::new()
         .name(format!("ferry-{role}"))
         .spawn(move || {
-            let mut lp = Loop { engine, running: Vec::new(), prefilling: VecDeque::new(), load, scheduling, role, faults, steps: 0, busy: 0.0 };
+            let mut lp = StepLoop { engine, running: Vec::new(), prefilling: VecDeque::new(), load, scheduling, role, faults, steps: 0, busy: 0.0 };
             let what = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lp.run(&rx))) {
                 Ok(Ok(())) => return,
                 Ok(Err(e)) => format!("a {role} step failed at the backend: {e}"),
@@ -225,7 +225,7 @@ fn fail_admission(a: Admission, what: &str) {
     }
 }
 
-struct Loop {
+struct StepLoop {
     engine: Engine,
     running: Vec<Running>,
     prefilling: VecDeque<Prefilling>,
@@ -240,12 +240,12 @@ struct Loop {
 }
 
 /// One row group of a step.
-enum Part {
+enum RowGroup {
     Decode(usize),
     Prefill(usize, std::ops::Range<usize>),
 }
 
-impl Loop {
+impl StepLoop {
     /// Step until every handle is gone (Ok) or the backend fails (Err: the engine is broken).
     fn run(&mut self, rx: &std_mpsc::Receiver<Cmd>) -> std::result::Result<(), EngineError> {
         let mut rotate = 0usize;
@@ -334,7 +334,7 @@ impl Loop {
     }
 
     /// Which rows the next step carries (see the module doc): [`ferry_core::schedule::plan_step`].
-    fn plan(&self, rotate: &mut usize) -> Vec<Part> {
+    fn plan(&self, rotate: &mut usize) -> Vec<RowGroup> {
         let policy = StepPolicy {
             max_batch_tokens: self.engine.max_batch_tokens(),
             accept_prompts: self.scheduling.accept_prompts,
@@ -343,28 +343,28 @@ impl Loop {
         let prompts: Vec<PromptLeft> =
             self.prefilling.iter().map(|p| PromptLeft { left: p.prompt.len() - p.done, cap: logprobs::chunk_cap(&p.params) }).collect();
         let plan = plan_step(&policy, self.running.len(), &prompts, rotate);
-        let decodes = plan.decodes.into_iter().map(Part::Decode);
-        decodes.chain(plan.prefills.into_iter().map(|(j, n)| Part::Prefill(j, self.prefilling[j].done..self.prefilling[j].done + n))).collect()
+        let decodes = plan.decodes.into_iter().map(RowGroup::Decode);
+        decodes.chain(plan.prefills.into_iter().map(|(j, n)| RowGroup::Prefill(j, self.prefilling[j].done..self.prefilling[j].done + n))).collect()
     }
 
     /// One step over `parts`. A part whose sequence fails ends that request alone; Err only
     /// when the backend failed.
-    fn step(&mut self, parts: Vec<Part>) -> std::result::Result<(), EngineError> {
+    fn step(&mut self, parts: Vec<RowGroup>) -> std::result::Result<(), EngineError> {
         let toks: Vec<[u32; 1]> = parts
             .iter()
             .map(|p| match p {
                 // The test hook: an id outside any vocabulary makes this one item fail.
-                Part::Decode(i) if parts.len() > 1 && self.faults.fails(&self.running[*i].request_id, self.running[*i].count) => [u32::MAX],
-                Part::Decode(i) => [self.running[*i].last],
-                Part::Prefill(..) => [0],
+                RowGroup::Decode(i) if parts.len() > 1 && self.faults.fails(&self.running[*i].request_id, self.running[*i].count) => [u32::MAX],
+                RowGroup::Decode(i) => [self.running[*i].last],
+                RowGroup::Prefill(..) => [0],
             })
             .collect();
         let items: Vec<StepItem> = parts
             .iter()
             .zip(&toks)
             .map(|(p, t)| match p {
-                Part::Decode(i) => StepItem { seq: self.running[*i].seq, tokens: t, logits: Logits::Last },
-                Part::Prefill(j, r) => {
+                RowGroup::Decode(i) => StepItem { seq: self.running[*i].seq, tokens: t, logits: Logits::Last },
+                RowGroup::Prefill(j, r) => {
                     let p = &self.prefilling[*j];
                     let logits = logprobs::chunk_logits(&p.params, r, p.prompt.len());
                     StepItem { seq: p.seq, tokens: &p.prompt[r.clone()], logits }
@@ -377,7 +377,7 @@ impl Loop {
         let outcomes = step_isolating(&mut self.engine, &items, &mut |_, _, _| {});
         drop(items);
         metrics::histogram!("ferry_worker_step_seconds", "role" => self.role).record(t0.elapsed().as_secs_f64());
-        let decodes = parts.iter().filter(|p| matches!(p, Part::Decode(_))).count();
+        let decodes = parts.iter().filter(|p| matches!(p, RowGroup::Decode(_))).count();
         metrics::histogram!("ferry_worker_decode_batch").record(decodes as f64);
         let outcomes: Vec<Outcome> = outcomes?;
         let ctx = self.engine.config().max_position;
@@ -386,7 +386,7 @@ impl Loop {
         let mut prefilled: Vec<(usize, std::result::Result<Vec<f32>, WorkerError>)> = Vec::new();
         for (part, outcome) in parts.iter().zip(outcomes) {
             match (part, outcome) {
-                (Part::Decode(i), Ok(mut logits)) => {
+                (RowGroup::Decode(i), Ok(mut logits)) => {
                     let r = &mut self.running[*i];
                     let raw = r.logprobs.filter(|_| r.picker.alters_logits()).map(|_| logits.clone());
                     match r.picker.pick(&mut logits) {
@@ -403,12 +403,12 @@ impl Loop {
                         }
                     }
                 }
-                (Part::Decode(i), Err(e)) => {
+                (RowGroup::Decode(i), Err(e)) => {
                     let r = &self.running[*i];
                     tracing::warn!(request_id = %r.request_id, "decode step failed for this sequence alone: {e}");
                     leaving.push((*i, Err(sequence_error(&r.request_id, "decode step", e))));
                 }
-                (Part::Prefill(j, range), Ok(logits)) => {
+                (RowGroup::Prefill(j, range), Ok(logits)) => {
                     let p = &mut self.prefilling[*j];
                     p.done = range.end;
                     let logits = logprobs::take_chunk(&p.params, &p.prompt, range.clone(), logits, &mut p.prompt_logprobs);
@@ -416,7 +416,7 @@ impl Loop {
                         prefilled.push((*j, Ok(logits)));
                     }
                 }
-                (Part::Prefill(j, _), Err(e)) => {
+                (RowGroup::Prefill(j, _), Err(e)) => {
                     let p = &self.prefilling[*j];
                     tracing::warn!(request_id = %p.request_id, "prefill step failed for this sequence alone: {e}");
                     prefilled.push((*j, Err(sequence_error(&p.request_id, "prefill step", e))));

@@ -14,7 +14,7 @@ use ferry_proto::v1::prefill_client::PrefillClient;
 use ferry_proto::v1::registry_server::RegistryServer;
 use ferry_proto::v1::{decode_response, DecodeRequest, KvTarget, PrefillRequest, StopConditions, WorkerRole};
 use ferry_router::admin::RegistryService;
-use ferry_router::registry::{Dial, Registry};
+use ferry_router::registry::{DialOptions, Registry};
 use ferry_worker::{Listeners, Role, WorkerConfig};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -33,7 +33,7 @@ fn engine(path: &Path) -> Engine {
 async fn registry() -> (Arc<Registry>, String) {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap().to_string();
-    let dial = Dial { connect_timeout: Duration::from_secs(1), tls: None, cluster: Default::default() };
+    let dial = DialOptions { connect_timeout: Duration::from_secs(1), tls: None, cluster: Default::default() };
     let registry = Arc::new(Registry::new(Duration::from_secs(3), Duration::from_millis(50), dial));
     let svc = RegistryServer::new(RegistryService { registry: registry.clone() });
     tokio::spawn(tonic::transport::Server::builder().add_service(svc).serve_with_incoming(tonic::transport::server::TcpIncoming::from(l)));

@@ -55,7 +55,7 @@ struct Http {
     created: u64,
 }
 
-type St = State<Arc<Http>>;
+type HttpState = State<Arc<Http>>;
 
 fn unix_now() -> u64 {
     SystemTime::now()
@@ -91,14 +91,14 @@ pub fn router(shared: Arc<Shared>, keys: ApiKeys) -> Router {
 
 /// `GET /health`: 200 when the cluster can serve a request (the gRPC `Health` test), else 503;
 /// either way the ready worker counts.
-async fn health(State(h): St) -> Response {
-    let (p, d, c) = h.shared.registry.ready_counts();
-    let serving = service::can_serve((p, d, c));
+async fn health(State(h): HttpState) -> Response {
+    let ready = h.shared.registry.ready();
+    let serving = ready.can_serve();
     let body = json!({
         "status": if serving { "ok" } else { "unavailable" },
-        "prefill_workers": p,
-        "decode_workers": d,
-        "colocated_workers": c,
+        "prefill_workers": ready.prefill,
+        "decode_workers": ready.decode,
+        "colocated_workers": ready.colocated,
     });
     let status = if serving {
         StatusCode::OK
@@ -120,11 +120,11 @@ async fn metrics() -> Response {
     }
 }
 
-async fn tokenize_route(State(h): St, body: Result<Bytes, BytesRejection>) -> Response {
+async fn tokenize_route(State(h): HttpState, body: Result<Bytes, BytesRejection>) -> Response {
     answer(body.map_err(rejected).and_then(|b| tokenize::tokenize(&h.shared, &b)))
 }
 
-async fn detokenize_route(State(h): St, body: Result<Bytes, BytesRejection>) -> Response {
+async fn detokenize_route(State(h): HttpState, body: Result<Bytes, BytesRejection>) -> Response {
     answer(body.map_err(rejected).and_then(|b| tokenize::detokenize(&h.shared, &b)))
 }
 
@@ -207,12 +207,12 @@ fn json_ok(v: &Value) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], v.to_string()).into_response()
 }
 
-async fn models(State(h): St) -> Response {
+async fn models(State(h): HttpState) -> Response {
     let data: Vec<Value> = h.shared.model_names().into_iter().map(|id| model_object(&h, id)).collect();
     json_ok(&json!({"object": "list", "data": data}))
 }
 
-async fn model(State(h): St, Path(id): Path<String>) -> Response {
+async fn model(State(h): HttpState, Path(id): Path<String>) -> Response {
     if h.shared.serves(&id) {
         json_ok(&model_object(&h, &id))
     } else {
@@ -223,15 +223,15 @@ async fn model(State(h): St, Path(id): Path<String>) -> Response {
 /// The request's tenant, when API keys are on (set by [`require_key`]).
 type TenantOf = Option<axum::Extension<Tenant>>;
 
-async fn completions(State(h): St, tenant: TenantOf, body: Result<Bytes, BytesRejection>) -> Response {
+async fn completions(State(h): HttpState, tenant: TenantOf, body: Result<Bytes, BytesRejection>) -> Response {
     generate(&h, Kind::Completion, tenant, body).await
 }
 
-async fn chat(State(h): St, tenant: TenantOf, body: Result<Bytes, BytesRejection>) -> Response {
+async fn chat(State(h): HttpState, tenant: TenantOf, body: Result<Bytes, BytesRejection>) -> Response {
     generate(&h, Kind::Chat, tenant, body).await
 }
 
-async fn responses_route(State(h): St, tenant: TenantOf, body: Result<Bytes, BytesRejection>) -> Response {
+async fn responses_route(State(h): HttpState, tenant: TenantOf, body: Result<Bytes, BytesRejection>) -> Response {
     let tenant = tenant.map(|t| t.0);
     let r = match body {
         Ok(b) => responses::run(&h.shared, tenant.as_ref(), &b).await,

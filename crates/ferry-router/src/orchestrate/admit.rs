@@ -12,7 +12,7 @@ use ferry_proto::v1::{self, decode_response::Event as DecodeEvent};
 use tonic::{Status, Streaming};
 
 use super::call::{Interrupt, watched};
-use super::{Failed, Halt, Job, Progress, Tx, failed};
+use super::{Failed, CutShort, Job, Progress, Tx, failed};
 use crate::{PrefixRouting, RouterError};
 use crate::registry::{InflightGuard, MAX_MESSAGE_BYTES, Worker};
 use crate::service::Shared;
@@ -40,10 +40,10 @@ pub(super) async fn admit(
     params: &SamplingParams,
     prog: &mut Progress<'_>,
     tx: &Tx,
-) -> Result<Admission, Halt> {
+) -> Result<Admission, CutShort> {
     let reg = &shared.registry;
     // Colocated workers, when there are any, serve the request alone (prefill included).
-    let colocated = reg.ready_counts().2 > 0;
+    let colocated = reg.ready().colocated > 0;
     let role = if colocated { WorkerRole::Colocated } else { WorkerRole::Decode };
     let (mut cands, block_size) = reg.decode_candidates(role);
     for c in cands.iter_mut().filter(|c| prog.avoid.contains(&c.id)) {
@@ -120,7 +120,7 @@ pub(super) async fn admit(
                 };
                 return Ok(Admission { dw: w, stream, admitted, colocated, transfer_token, start_block, block_size, _guard: guard });
             }
-            Err(Interrupt::ClientGone) => return Err(Halt::ClientGone),
+            Err(Interrupt::ClientGone) => return Err(CutShort::ClientGone),
             Err(Interrupt::Failed(s)) => s,
         };
         let f = failed(shared, prog, job, Phase::BeforeFirstToken, role, &w, None, s).await;

@@ -20,10 +20,10 @@ use tonic::Status;
 use super::admit::Admission;
 use super::call::watched;
 use super::relay::{finish, forward, protocol, send_prompt_logprobs};
-use super::{Halt, Job, Progress, Tx, attempts, gave_up, interrupted, prefill, queue_wait, recover};
+use super::{CutShort, Job, Progress, Tx, attempts, gave_up, interrupted, prefill, queue_wait, recover};
 use crate::service::Shared;
 
-pub(super) async fn drive(shared: &Arc<Shared>, job: &Job, tx: &Tx) -> Result<(), Halt> {
+pub(super) async fn drive(shared: &Arc<Shared>, job: &Job, tx: &Tx) -> Result<(), CutShort> {
     let n = job.params.n;
     let mut progs: Vec<Progress> = (0..n).map(|i| Progress::new(shared, &job.params, i)).collect();
     // Requests already waiting for room are not overtaken (the first choice holds the place).
@@ -33,8 +33,8 @@ pub(super) async fn drive(shared: &Arc<Shared>, job: &Job, tx: &Tx) -> Result<()
     let f = loop {
         let f = match attempt(shared, job, &mut progs, tx).await {
             Ok(()) => return Ok(()),
-            Err(Halt::ClientGone) => return Err(Halt::ClientGone),
-            Err(Halt::Failed(f)) => f,
+            Err(CutShort::ClientGone) => return Err(CutShort::ClientGone),
+            Err(CutShort::Failed(f)) => f,
         };
         // Something reached the client (a token, or a choice's end): no starting over.
         if progs.iter().any(|p| p.done || !p.generated.is_empty()) {
@@ -67,7 +67,7 @@ pub(super) async fn drive(shared: &Arc<Shared>, job: &Job, tx: &Tx) -> Result<()
 }
 
 /// One attempt of the whole group: admission, prefill (unless colocated), the shared stream.
-async fn attempt(shared: &Arc<Shared>, job: &Job, progs: &mut [Progress<'_>], tx: &Tx) -> Result<(), Halt> {
+async fn attempt(shared: &Arc<Shared>, job: &Job, progs: &mut [Progress<'_>], tx: &Tx) -> Result<(), CutShort> {
     let mut params = job.params.clone();
     if progs[0].prompt_logprobs_sent {
         params.prompt_logprobs = None;
@@ -102,7 +102,7 @@ async fn relay(
     tx: &Tx,
     adm: &mut Admission,
     pre: Option<v1::PrefillResponse>,
-) -> Result<(), Halt> {
+) -> Result<(), CutShort> {
     let dw = adm.dw.clone();
     let n = progs.len();
     if let Some(p) = pre {

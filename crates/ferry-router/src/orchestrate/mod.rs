@@ -50,7 +50,7 @@ pub struct Job {
 }
 
 /// Why an attempt stopped short of the end.
-enum Halt {
+enum CutShort {
     ClientGone,
     Failed(Failed),
 }
@@ -61,9 +61,9 @@ struct Failed {
     decision: Decision,
 }
 
-impl From<Failed> for Halt {
-    fn from(f: Failed) -> Halt {
-        Halt::Failed(f)
+impl From<Failed> for CutShort {
+    fn from(f: Failed) -> CutShort {
+        CutShort::Failed(f)
     }
 }
 
@@ -197,11 +197,11 @@ pub async fn run(shared: Arc<Shared>, mut job: Job, tx: Tx) {
                 shared.window.finished(finished(true));
             }
         }
-        Err(Halt::ClientGone) => {
+        Err(CutShort::ClientGone) => {
             tracing::info!("client went away: request cancelled");
             crate::metrics::request_outcome("cancelled");
         }
-        Err(Halt::Failed(f)) => {
+        Err(CutShort::Failed(f)) => {
             shared.window.finished(finished(false));
             tracing::warn!(error = %f.error, "request failed");
             let status = Status::from(f.error);
@@ -212,7 +212,7 @@ pub async fn run(shared: Arc<Shared>, mut job: Job, tx: Tx) {
 }
 
 /// Attempts until one ends the request, acting on each failure's decision.
-async fn drive(shared: &Arc<Shared>, job: &Job, prog: &mut Progress<'_>, tx: &Tx) -> Result<(), Halt> {
+async fn drive(shared: &Arc<Shared>, job: &Job, prog: &mut Progress<'_>, tx: &Tx) -> Result<(), CutShort> {
     // Requests already waiting for room are not overtaken.
     if shared.queue.depth() > 0 {
         queue_wait(shared, prog, tx).await?;
@@ -221,19 +221,19 @@ async fn drive(shared: &Arc<Shared>, job: &Job, prog: &mut Progress<'_>, tx: &Tx
 }
 
 /// [`attempt`] until one ends the request, acting on each failure's decision.
-async fn attempts(shared: &Arc<Shared>, job: &Job, prog: &mut Progress<'_>, tx: &Tx) -> Result<(), Halt> {
+async fn attempts(shared: &Arc<Shared>, job: &Job, prog: &mut Progress<'_>, tx: &Tx) -> Result<(), CutShort> {
     loop {
         match attempt(shared, job, prog, tx).await {
             Ok(()) => return Ok(()),
-            Err(Halt::ClientGone) => return Err(Halt::ClientGone),
-            Err(Halt::Failed(f)) => recover(shared, job, prog, tx, f).await?,
+            Err(CutShort::ClientGone) => return Err(CutShort::ClientGone),
+            Err(CutShort::Failed(f)) => recover(shared, job, prog, tx, f).await?,
         }
     }
 }
 
 /// Acts on a failed attempt's decision: Ok when the request should try again (after waiting
 /// for room, or counted as one more retry or migration), Err when it ends.
-async fn recover(shared: &Arc<Shared>, job: &Job, prog: &mut Progress<'_>, tx: &Tx, f: Failed) -> Result<(), Halt> {
+async fn recover(shared: &Arc<Shared>, job: &Job, prog: &mut Progress<'_>, tx: &Tx, f: Failed) -> Result<(), CutShort> {
     let cfg = &shared.cfg;
     match f.decision {
         Decision::Final => Err(f.into()),
@@ -269,7 +269,7 @@ fn gave_up(job: &Job, moves: u32, last: RouterError) -> Failed {
 }
 
 /// Joins the admission queue (or keeps this request's place) and waits for its turn.
-async fn queue_wait(shared: &Arc<Shared>, prog: &mut Progress<'_>, tx: &Tx) -> Result<(), Halt> {
+async fn queue_wait(shared: &Arc<Shared>, prog: &mut Progress<'_>, tx: &Tx) -> Result<(), CutShort> {
     if prog.place.is_none() {
         prog.place = Some(shared.queue.enter().map_err(Failed::fatal)?);
     }
@@ -277,13 +277,13 @@ async fn queue_wait(shared: &Arc<Shared>, prog: &mut Progress<'_>, tx: &Tx) -> R
         return Ok(());
     };
     tokio::select! {
-        r = place.wait_turn() => r.map_err(|e| Halt::Failed(Failed::fatal(e))),
-        _ = tx.closed() => Err(Halt::ClientGone),
+        r = place.wait_turn() => r.map_err(|e| CutShort::Failed(Failed::fatal(e))),
+        _ = tx.closed() => Err(CutShort::ClientGone),
     }
 }
 
 /// One attempt: admission, prefill (unless colocated), relay.
-async fn attempt(shared: &Arc<Shared>, job: &Job, prog: &mut Progress<'_>, tx: &Tx) -> Result<(), Halt> {
+async fn attempt(shared: &Arc<Shared>, job: &Job, prog: &mut Progress<'_>, tx: &Tx) -> Result<(), CutShort> {
     let (prompt, params) = prog.resume(job);
     if params.max_tokens == 0 {
         // Every token was streamed; only the worker's `final` was lost.
@@ -357,17 +357,17 @@ async fn failed(shared: &Shared, prog: &mut Progress<'_>, job: &Job, phase: Phas
 }
 
 /// Maps a watched call's interruption to the attempt's halt.
-async fn interrupted(shared: &Shared, prog: &mut Progress<'_>, job: &Job, phase: Phase, role: WorkerRole, callee: &Worker, peer: Option<&Worker>, i: Interrupt) -> Halt {
+async fn interrupted(shared: &Shared, prog: &mut Progress<'_>, job: &Job, phase: Phase, role: WorkerRole, callee: &Worker, peer: Option<&Worker>, i: Interrupt) -> CutShort {
     match i {
-        Interrupt::ClientGone => Halt::ClientGone,
-        Interrupt::Failed(s) => Halt::Failed(failed(shared, prog, job, phase, role, callee, peer, s).await),
+        Interrupt::ClientGone => CutShort::ClientGone,
+        Interrupt::Failed(s) => CutShort::Failed(failed(shared, prog, job, phase, role, callee, peer, s).await),
     }
 }
 
 /// `logprobs`: one per id of `token_ids` when they were asked for, else empty. `index`: the
 /// choice.
-async fn send_delta(tx: &Tx, rid: &str, index: u32, text: String, token_ids: Vec<u32>, logprobs: Vec<v1::TokenLogprob>) -> Result<(), Halt> {
+async fn send_delta(tx: &Tx, rid: &str, index: u32, text: String, token_ids: Vec<u32>, logprobs: Vec<v1::TokenLogprob>) -> Result<(), CutShort> {
     let delta = v1::TokenDelta { text, token_ids, logprobs, index, ..Default::default() };
     let msg = v1::GenerateResponse { request_id: rid.into(), event: Some(Event::Delta(delta)) };
-    tx.send(Ok(msg)).await.map_err(|_| Halt::ClientGone)
+    tx.send(Ok(msg)).await.map_err(|_| CutShort::ClientGone)
 }

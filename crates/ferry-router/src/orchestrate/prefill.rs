@@ -13,7 +13,7 @@ use ferry_proto::v1;
 
 use super::admit::Admission;
 use super::call::{Interrupt, watched};
-use super::{Failed, Halt, Job, Progress, Tx, failed};
+use super::{Failed, CutShort, Job, Progress, Tx, failed};
 use crate::{PrefixRouting, RouterError};
 use crate::registry::{InflightGuard, MAX_MESSAGE_BYTES};
 use crate::service::Shared;
@@ -26,7 +26,7 @@ pub(super) async fn prefill(
     adm: &Admission,
     prog: &mut Progress<'_>,
     tx: &Tx,
-) -> Result<v1::PrefillResponse, Halt> {
+) -> Result<v1::PrefillResponse, CutShort> {
     let reg = &shared.registry;
     let dw = &adm.dw;
     let (sampling, stop) = ferry_proto::sampling_to_wire(params);
@@ -93,7 +93,7 @@ pub(super) async fn prefill(
                 prog.cached_tokens = pre.cached_tokens;
                 return Ok(pre);
             }
-            Err(Interrupt::ClientGone) => return Err(Halt::ClientGone),
+            Err(Interrupt::ClientGone) => return Err(CutShort::ClientGone),
             Err(Interrupt::Failed(s)) => s,
         };
         let f = failed(shared, prog, job, Phase::BeforeFirstToken, WorkerRole::Prefill, &pw, Some(dw), s).await;

@@ -12,12 +12,12 @@ use tonic::Status;
 
 use super::admit::Admission;
 use super::call::watched;
-use super::{Failed, Halt, Job, Progress, Tx, interrupted, send_delta};
+use super::{Failed, CutShort, Job, Progress, Tx, interrupted, send_delta};
 use crate::RouterError;
 use crate::service::Shared;
 
-pub(super) fn protocol(job: &Job, worker: &str, message: String) -> Halt {
-    Halt::Failed(Failed::fatal(RouterError::Protocol {
+pub(super) fn protocol(job: &Job, worker: &str, message: String) -> CutShort {
+    CutShort::Failed(Failed::fatal(RouterError::Protocol {
         worker: worker.into(),
         request_id: job.request_id.clone(),
         message,
@@ -27,7 +27,7 @@ pub(super) fn protocol(job: &Job, worker: &str, message: String) -> Halt {
 /// Pushes `ids` through the relay and sends what they release with them, and their `logprobs`
 /// (one per id, or none); whether a stop string ended the request (the ids after it are not
 /// sent).
-pub(super) async fn forward(job: &Job, worker: &str, prog: &mut Progress<'_>, tx: &Tx, ids: &[u32], logprobs: &[v1::TokenLogprob]) -> Result<bool, Halt> {
+pub(super) async fn forward(job: &Job, worker: &str, prog: &mut Progress<'_>, tx: &Tx, ids: &[u32], logprobs: &[v1::TokenLogprob]) -> Result<bool, CutShort> {
     if !logprobs.is_empty() && logprobs.len() != ids.len() {
         return Err(protocol(job, worker, format!("{} logprobs for {} tokens", logprobs.len(), ids.len())));
     }
@@ -51,14 +51,14 @@ pub(super) async fn forward(job: &Job, worker: &str, prog: &mut Progress<'_>, tx
 
 /// Sends the prompt's logprobs on a delta of their own (once per request and choice: later
 /// attempts do not ask for them).
-pub(super) async fn send_prompt_logprobs(job: &Job, prog: &mut Progress<'_>, tx: &Tx, prompt_logprobs: Vec<v1::TokenLogprob>) -> Result<(), Halt> {
+pub(super) async fn send_prompt_logprobs(job: &Job, prog: &mut Progress<'_>, tx: &Tx, prompt_logprobs: Vec<v1::TokenLogprob>) -> Result<(), CutShort> {
     if prog.prompt_logprobs_sent {
         return Ok(());
     }
     prog.prompt_logprobs_sent = true;
     let delta = v1::TokenDelta { prompt_logprobs, index: prog.choice, ..Default::default() };
     let msg = v1::GenerateResponse { request_id: job.request_id.clone(), event: Some(Event::Delta(delta)) };
-    tx.send(Ok(msg)).await.map_err(|_| Halt::ClientGone)
+    tx.send(Ok(msg)).await.map_err(|_| CutShort::ClientGone)
 }
 
 pub(super) async fn relay(
@@ -69,7 +69,7 @@ pub(super) async fn relay(
     tx: &Tx,
     adm: &mut Admission,
     pre: Option<v1::PrefillResponse>,
-) -> Result<(), Halt> {
+) -> Result<(), CutShort> {
     let dw = adm.dw.clone();
     if let Some(p) = &pre
         && params.prompt_logprobs.is_some()
@@ -126,7 +126,7 @@ pub(super) async fn finish(
     tx: &Tx,
     finish: v1::FinishReason,
     completion: Option<u32>,
-) -> Result<(), Halt> {
+) -> Result<(), CutShort> {
     if finish != v1::FinishReason::StopString {
         let rest = prog.text.flush().map_err(|m| protocol(job, &prog.decode_worker, m.to_string()))?;
         if !rest.is_empty() {
@@ -163,5 +163,5 @@ pub(super) async fn finish(
     };
     prog.done = true;
     let msg = v1::GenerateResponse { request_id: job.request_id.clone(), event: Some(Event::Final(fin)) };
-    tx.send(Ok(msg)).await.map_err(|_| Halt::ClientGone)
+    tx.send(Ok(msg)).await.map_err(|_| CutShort::ClientGone)
 }

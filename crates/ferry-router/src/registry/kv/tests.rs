@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 use ferry_core::WorkerState;
 use ferry_proto::v1;
 
-use crate::registry::{Dial, Registry};
+use crate::registry::{DialOptions, Registry};
 
 fn registry() -> Registry {
-    Registry::new(Duration::from_secs(3), Duration::from_secs(1), Dial { connect_timeout: Duration::from_secs(1), tls: None, cluster: Default::default() })
+    Registry::new(Duration::from_secs(3), Duration::from_secs(1), DialOptions { connect_timeout: Duration::from_secs(1), tls: None, cluster: Default::default() })
 }
 
 fn register(r: &Registry, role: v1::WorkerRole, addr: &str) -> String {
