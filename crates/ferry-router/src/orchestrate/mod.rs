@@ -11,13 +11,15 @@
 //! error. Dropping a worker call (client gone, stop string, error) cancels the request on that
 //! worker; in-flight counts are held by guards.
 //!
-//! A request with `n` > 1 choices runs as one group ([`group`]): one admission, one prefill,
-//! one decode stream carrying every choice; if that stream fails after tokens were streamed, each
-//! unfinished choice continues alone as a one-choice request.
+//! A request with `n` choices runs as one group (one choice is a group of one): one admission
+//! that reserves KV for every choice, one prefill that samples each choice's first token and
+//! ships the prompt's KV once, one decode stream on which the decode worker runs the choices as
+//! sequences sharing the prompt's KV blocks; each choice has its own [`Progress`], and every
+//! delta and final names its choice. If a group's stream fails after tokens were streamed, each
+//! unfinished choice continues alone as a one-choice request ([`alone`]).
 
 mod admit;
 mod call;
-mod group;
 mod prefill;
 mod relay;
 
@@ -175,14 +177,13 @@ pub async fn run(shared: Arc<Shared>, mut job: Job, tx: Tx) {
         job.params.seed = Some(rand::random());
     }
     shared.window.arrived();
+    // One choice is a group of one: every request runs the same attempts.
+    let mut choices: Vec<Progress> = (0..job.params.n.max(1)).map(|i| Progress::new(&shared, &job.params, i)).collect();
+    let result = drive(&shared, &job, &mut choices, &tx).await;
     // (ttft, last token, tokens) of a single-choice request, for the autoscaler's window.
-    let (result, timing) = match job.params.n {
-        0 | 1 => {
-            let mut prog = Progress::new(&shared, &job.params, 0);
-            let result = drive(&shared, &job, &mut prog, &tx).await;
-            (result, Some((prog.ttft, prog.last_token, prog.generated.len())))
-        }
-        _ => (group::drive(&shared, &job, &tx).await, None),
+    let timing = match choices.as_slice() {
+        [one] => Some((one.ttft, one.last_token, one.generated.len())),
+        _ => None,
     };
     let finished = |ok: bool| {
         let (ttft, last, n) = timing.unwrap_or((None, Duration::ZERO, 0));
@@ -211,24 +212,68 @@ pub async fn run(shared: Arc<Shared>, mut job: Job, tx: Tx) {
     }
 }
 
-/// Attempts until one ends the request, acting on each failure's decision.
-async fn drive(shared: &Arc<Shared>, job: &Job, prog: &mut Progress<'_>, tx: &Tx) -> Result<(), CutShort> {
-    // Requests already waiting for room are not overtaken.
+/// Waits behind the requests already queued for room (they are not overtaken; the first
+/// choice holds the place), then [`attempts`]; a group that split goes on [`alone`].
+async fn drive(shared: &Arc<Shared>, job: &Job, choices: &mut [Progress<'_>], tx: &Tx) -> Result<(), CutShort> {
     if shared.queue.depth() > 0 {
-        queue_wait(shared, prog, tx).await?;
+        queue_wait(shared, &mut choices[0], tx).await?;
     }
-    attempts(shared, job, prog, tx).await
+    match attempts(shared, job, choices, tx).await? {
+        Split::No => Ok(()),
+        Split::After(f) => alone(shared, job, choices, tx, f).await,
+    }
 }
 
-/// [`attempt`] until one ends the request, acting on each failure's decision.
-async fn attempts(shared: &Arc<Shared>, job: &Job, prog: &mut Progress<'_>, tx: &Tx) -> Result<(), CutShort> {
+/// Whether a group of several choices split up ([`attempts`]).
+enum Split {
+    No,
+    /// The group failed so, after reaching the client.
+    After(Failed),
+}
+
+/// [`attempt`] until one ends the request, acting on each failure's decision (the first choice
+/// keeps the counts). Once a group of several choices has reached the client (a token, or a
+/// choice's end), it does not start over: it splits. A group of one never does.
+async fn attempts(shared: &Arc<Shared>, job: &Job, choices: &mut [Progress<'_>], tx: &Tx) -> Result<Split, CutShort> {
     loop {
-        match attempt(shared, job, prog, tx).await {
-            Ok(()) => return Ok(()),
+        let f = match attempt(shared, job, choices, tx).await {
+            Ok(()) => return Ok(Split::No),
             Err(CutShort::ClientGone) => return Err(CutShort::ClientGone),
-            Err(CutShort::Failed(f)) => recover(shared, job, prog, tx, f).await?,
+            Err(CutShort::Failed(f)) => f,
+        };
+        if choices.len() > 1 && choices.iter().any(|p| p.done || !p.generated.is_empty()) {
+            return Ok(Split::After(f));
         }
+        recover(shared, job, &mut choices[0], tx, f).await?;
     }
+}
+
+/// A group whose stream failed after reaching the client: each unfinished choice continues as
+/// a one-choice request with its own seed (`SamplingParams::choice`), from the tokens it
+/// streamed, exactly as a migrated request does; the choices run concurrently.
+async fn alone(shared: &Arc<Shared>, job: &Job, choices: &mut [Progress<'_>], tx: &Tx, f: Failed) -> Result<(), CutShort> {
+    if matches!(f.decision, Decision::Final) {
+        return Err(f.into());
+    }
+    if shared.cfg.max_migrations == 0 {
+        return Err(gave_up(job, 0, f.error).into());
+    }
+    tracing::warn!(error = %f.error, "the choices continue alone on other workers");
+    let lead = (choices[0].avoid.clone(), choices[0].retries);
+    let jobs: Vec<Job> = (0..choices.len() as u32)
+        .map(|i| Job { request_id: job.request_id.clone(), prompt: job.prompt.clone(), params: job.params.choice(i), cache_salt: job.cache_salt.clone(), start: job.start })
+        .collect();
+    let each = choices.iter_mut().zip(&jobs).filter(|(p, _)| !p.done).map(|(p, j)| {
+        (p.avoid, p.retries) = lead.clone();
+        if !p.generated.is_empty() {
+            p.migrations += 1;
+            p.fault_at.get_or_insert(job.start.elapsed());
+            metrics::counter!("ferry_router_migrations_total").increment(1);
+        }
+        // A group of one: it never splits.
+        attempts(shared, j, std::slice::from_mut(p), tx)
+    });
+    futures_util::future::try_join_all(each).await.map(|_| ())
 }
 
 /// Acts on a failed attempt's decision: Ok when the request should try again (after waiting
@@ -282,32 +327,42 @@ async fn queue_wait(shared: &Arc<Shared>, prog: &mut Progress<'_>, tx: &Tx) -> R
     }
 }
 
-/// One attempt: admission, prefill (unless colocated), relay.
-async fn attempt(shared: &Arc<Shared>, job: &Job, prog: &mut Progress<'_>, tx: &Tx) -> Result<(), CutShort> {
-    let (prompt, params) = prog.resume(job);
+/// One attempt of the request's choices: admission, prefill (unless colocated), relay. The
+/// choices of a group share an attempt only while none has streamed, so the first choice's
+/// resumption point is the group's.
+async fn attempt(shared: &Arc<Shared>, job: &Job, choices: &mut [Progress<'_>], tx: &Tx) -> Result<(), CutShort> {
+    let (prompt, params) = choices[0].resume(job);
     if params.max_tokens == 0 {
         // Every token was streamed; only the worker's `final` was lost.
-        return relay::finish(job, prog, tx, v1::FinishReason::Length, None).await;
+        for c in choices.iter_mut().filter(|c| !c.done) {
+            relay::finish(job, c, tx, v1::FinishReason::Length, None).await?;
+        }
+        return Ok(());
     }
-    let mut adm = admit::admit(shared, job, &prompt, &params, prog, tx).await?;
+    let lead = &mut choices[0];
+    let mut adm = admit::admit(shared, job, &prompt, &params, lead, tx).await?;
     // Admitted: the request's place in the queue goes to the next one.
-    prog.place = None;
-    prog.cached_tokens = adm.admitted.cached_tokens;
+    lead.place = None;
+    lead.cached_tokens = adm.admitted.cached_tokens;
     // A colocated worker computes the prompt; so does a decode worker that holds all of it
     // but a short suffix (`admitted.local`): no prefill worker, no KV moves.
     let pre = match adm.colocated || adm.admitted.local {
         true => {
-            prog.prefill_worker = adm.dw.id.clone();
+            lead.prefill_worker = adm.dw.id.clone();
             if adm.admitted.local {
                 metrics::counter!("ferry_router_local_prefills_total").increment(1);
             }
             // No KV moved in this attempt.
-            prog.kv = v1::KvTransferStats::default();
+            lead.kv = v1::KvTransferStats::default();
             None
         }
-        false => Some(prefill::prefill(shared, job, &prompt, &params, &adm, prog, tx).await?),
+        false => Some(prefill::prefill(shared, job, &prompt, &params, &adm, lead, tx).await?),
     };
-    relay::relay(shared, job, &params, prog, tx, &mut adm, pre).await
+    let (pw, dw, kv, cached) = (lead.prefill_worker.clone(), lead.decode_worker.clone(), lead.kv, lead.cached_tokens);
+    for c in choices.iter_mut().skip(1) {
+        (c.prefill_worker, c.decode_worker, c.kv, c.cached_tokens) = (pw.clone(), dw.clone(), kv, cached);
+    }
+    relay::relay(shared, job, &params, choices, tx, &mut adm, pre).await
 }
 
 /// The decision for a failed call to `callee` (with `peer` the other worker of the request, for

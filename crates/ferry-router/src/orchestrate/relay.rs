@@ -1,10 +1,11 @@
-//! Step 3: the first token from prefill, then the decode stream, relayed to the client. Text is
+//! Step 3: the first tokens from prefill, then the decode stream, relayed to the client. Text is
 //! detokenized and stop strings applied here by the same [`ferry_tokenizer::TextStream`] the
 //! engine's `generate_seq` uses locally; it lives in the request's [`Progress`], so it runs on
 //! unbroken across a migration.
 
 use std::sync::Arc;
 
+use ferry_core::failure::Phase;
 use ferry_core::{SamplingParams, WorkerRole};
 use ferry_proto::v1::{self, decode_response::Event as DecodeEvent, generate_response::Event};
 
@@ -61,61 +62,79 @@ pub(super) async fn send_prompt_logprobs(job: &Job, prog: &mut Progress<'_>, tx:
     tx.send(Ok(msg)).await.map_err(|_| CutShort::ClientGone)
 }
 
+/// The first tokens from prefill (one per choice), then the decode stream, each message to its
+/// choice. A choice that a stop string ends here is finished for the client; the worker's
+/// further tokens for it are dropped (the stream cannot cancel one choice alone), and once every
+/// choice is finished, dropping the stream cancels what is left on the worker.
 pub(super) async fn relay(
     shared: &Arc<Shared>,
     job: &Job,
     params: &SamplingParams,
-    prog: &mut Progress<'_>,
+    choices: &mut [Progress<'_>],
     tx: &Tx,
     adm: &mut Admission,
     pre: Option<v1::PrefillResponse>,
 ) -> Result<(), CutShort> {
     let dw = adm.dw.clone();
-    if let Some(p) = &pre
-        && params.prompt_logprobs.is_some()
-    {
-        send_prompt_logprobs(job, prog, tx, p.prompt_logprobs.clone()).await?;
-    }
-    match &pre {
-        Some(p) if p.first_is_stop => {
-            return finish(job, prog, tx, v1::FinishReason::StopToken, Some(params.token_offset)).await;
+    let n = choices.len();
+    // Colocated (no `pre`): the first tokens come on the decode stream.
+    if let Some(p) = pre {
+        if p.more_choices.len() + 1 != n {
+            return Err(protocol(job, &choices[0].prefill_worker, format!("prefill answered {} first tokens for {n} choices", p.more_choices.len() + 1)));
         }
-        Some(p) => {
-            let lp: Vec<v1::TokenLogprob> = p.first_logprob.iter().cloned().collect();
-            if forward(job, &dw.id, prog, tx, &[p.first_token], &lp).await? {
-                return finish(job, prog, tx, v1::FinishReason::StopString, None).await;
+        let firsts = std::iter::once((p.first_token, p.first_is_stop, p.first_logprob)).chain(p.more_choices.into_iter().map(|f| (f.token, f.is_stop, f.logprob)));
+        for (prog, (token, is_stop, logprob)) in choices.iter_mut().zip(firsts) {
+            if params.prompt_logprobs.is_some() {
+                send_prompt_logprobs(job, prog, tx, p.prompt_logprobs.clone()).await?;
+            }
+            if is_stop {
+                finish(job, prog, tx, v1::FinishReason::StopToken, Some(params.token_offset)).await?;
+            } else if forward(job, &dw.id, prog, tx, &[token], &logprob.into_iter().collect::<Vec<_>>()).await? {
+                finish(job, prog, tx, v1::FinishReason::StopString, None).await?;
             }
         }
-        // Colocated: the first token comes on the decode stream.
-        None => {}
     }
-    loop {
-        let phase = prog.phase();
-        let m = watched(tx, &mut prog.waited, &[&dw], shared.cfg.token_timeout, "the decode stream", async {
-            // The stream closed without `final`: the worker went away mid-request.
+    let mut ended = vec![false; n];
+    while !choices.iter().all(|p| p.done) {
+        let phase = if choices.iter().any(|p| !p.generated.is_empty()) { Phase::Streaming } else { Phase::BeforeFirstToken };
+        let m = watched(tx, &mut choices[0].waited, &[&dw], shared.cfg.token_timeout, "the decode stream", async {
+            // The stream closed without every `final`: the worker went away mid-request.
             adm.stream.message().await?.ok_or_else(|| Status::unavailable("the decode stream ended without `final`"))
         })
         .await;
         let m = match m {
             Ok(m) => m,
-            Err(i) => return Err(interrupted(shared, prog, job, phase, WorkerRole::Decode, &dw, None, i).await),
+            Err(i) => return Err(interrupted(shared, &mut choices[0], job, phase, WorkerRole::Decode, &dw, None, i).await),
         };
+        let ours = |c: u32| (c as usize) < n;
         match m.event {
-            Some(DecodeEvent::PromptLogprobs(p)) => send_prompt_logprobs(job, prog, tx, p.logprobs).await?,
-            Some(DecodeEvent::Tokens(t)) => {
-                if forward(job, &dw.id, prog, tx, &t.ids, &t.logprobs).await? {
-                    // A stop string ends the request here: dropping the stream cancels it on the
-                    // decode worker.
-                    return finish(job, prog, tx, v1::FinishReason::StopString, None).await;
+            Some(DecodeEvent::PromptLogprobs(lp)) => {
+                for prog in choices.iter_mut() {
+                    send_prompt_logprobs(job, prog, tx, lp.logprobs.clone()).await?;
                 }
             }
-            Some(DecodeEvent::Final(f)) => {
-                let reason = v1::FinishReason::try_from(f.finish_reason).unwrap_or(v1::FinishReason::Unspecified);
-                return finish(job, prog, tx, reason, Some(params.token_offset + f.completion_tokens)).await;
+            Some(DecodeEvent::Tokens(t)) if ours(t.choice) => {
+                let prog = &mut choices[t.choice as usize];
+                if !prog.done && forward(job, &dw.id, prog, tx, &t.ids, &t.logprobs).await? {
+                    finish(job, prog, tx, v1::FinishReason::StopString, None).await?;
+                }
             }
-            other => return Err(protocol(job, &dw.id, format!("unexpected message {other:?}"))),
+            Some(DecodeEvent::Final(f)) if ours(f.choice) => {
+                let c = f.choice as usize;
+                if ended[c] {
+                    return Err(protocol(job, &dw.id, format!("a second `final` for choice {c}")));
+                }
+                ended[c] = true;
+                let prog = &mut choices[c];
+                if !prog.done {
+                    let reason = v1::FinishReason::try_from(f.finish_reason).unwrap_or(v1::FinishReason::Unspecified);
+                    finish(job, prog, tx, reason, Some(params.token_offset + f.completion_tokens)).await?;
+                }
+            }
+            other => return Err(protocol(job, &dw.id, format!("unexpected message {other:?} for a request of {n} choices"))),
         }
     }
+    Ok(())
 }
 
 /// Ends the request: what the relay held back (unless a stop string ended it), then the final
