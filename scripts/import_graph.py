@@ -155,7 +155,7 @@ class Crate:
             paths = set()
             for m in USE_RE.finditer(text):
                 paths.update(expand_use_tree(m.group(1)))
-            paths.update(PATH_RE.findall(text))
+            paths.update(PATH_RE.findall(USE_RE.sub("", text)))
             for p in paths:
                 t = self.resolve(module, p)
                 if t is None or t == module:

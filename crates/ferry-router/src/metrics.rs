@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tonic::Code;
 
 use crate::RouterError;
-use crate::registry::Registry;
+use crate::workers::registry::Registry;
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 

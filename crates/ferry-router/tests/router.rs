@@ -527,7 +527,7 @@ async fn the_router_mints_a_transfer_token_per_request_and_gives_it_only_to_the_
 #[tokio::test]
 async fn each_pair_gets_the_fastest_kv_transport_both_registered() {
     use ferry_proto::v1::KvTransport as K;
-    use ferry_router::transport::KvPolicy;
+    use ferry_router::workers::transport::KvPolicy;
     let with = |ks: &[K]| MockConfig { kv_transports: ks.to_vec(), ..scripted(SCRIPT) };
     for (policy, prefill, decode, want) in [
         (KvPolicy::Auto, vec![K::Grpc, K::Tcp, K::Nccl], vec![K::Grpc, K::Tcp, K::Nccl], K::Nccl),

@@ -22,7 +22,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status};
 
 use ferry_proto::heartbeat::{self, HeartbeatFloor, LinkEvent, Registrant};
-use ferry_router::registry::{DialOptions, endpoint};
+use ferry_router::workers::{DialOptions, endpoint};
 use ferry_router::wire::role_to_wire;
 use ferry_router::{RouterConfig, RouterError};
 

@@ -10,7 +10,7 @@ use common::{generate, request, Router};
 use ferry_core::SamplingParams;
 use ferry_engine::{Engine, EngineConfig};
 use ferry_proto::v1::KvTransport as Kind;
-use ferry_router::transport::KvPolicy;
+use ferry_router::workers::transport::KvPolicy;
 use ferry_router::RouterConfig;
 use ferry_worker::kv::pipe::{InProcessConnector, Pipes};
 use ferry_worker::{Listeners, Role, TransportChoice, WorkerConfig};

@@ -49,7 +49,7 @@ pub struct AutoscaleArgs {
 
 impl AutoscaleArgs {
     /// The router's autoscaler, when `--autoscale` is on.
-    pub fn config(&self) -> anyhow::Result<Option<ferry_router::autoscale::AutoscaleConfig>> {
+    pub fn config(&self) -> anyhow::Result<Option<ferry_router::config::AutoscaleConfig>> {
         if !self.autoscale {
             return Ok(None);
         }
@@ -70,7 +70,7 @@ impl AutoscaleArgs {
             down_after: self.autoscale_down_after,
             ..Policy::default()
         };
-        Ok(Some(ferry_router::autoscale::AutoscaleConfig {
+        Ok(Some(ferry_router::config::AutoscaleConfig {
             interval: Duration::from_millis(self.autoscale_interval_ms),
             rate_window: Duration::from_millis(self.autoscale_rate_window_ms),
             policy,

@@ -157,7 +157,7 @@ impl ApiKeyArgs {
 }
 
 pub fn run(args: RouterArgs) -> anyhow::Result<()> {
-    use ferry_router::transport::KvPolicy;
+    use ferry_router::workers::transport::KvPolicy;
     let tls = crate::tls_args::tls_config(&args.serve_tls, &args.dial_tls).load()?;
     let path = ferry_engine::fetch::resolve_model(Some(&args.model))?;
     let scaler = if args.kube_scale {

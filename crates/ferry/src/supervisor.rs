@@ -289,7 +289,7 @@ impl v1::scaler_server::Scaler for LocalScaler {
         let wire = v1::WorkerRole::try_from(r.role).unwrap_or(v1::WorkerRole::Unspecified);
         let role = role_of(wire).ok_or_else(|| tonic::Status::invalid_argument("scale: the role is unspecified"))?;
         // The router's cap, applied here too: the scaler is a port of its own.
-        let cap = ferry_router::scale::MAX_REPLICAS;
+        let cap = ferry_router::ops::scale::MAX_REPLICAS;
         if r.replicas > cap {
             return Err(tonic::Status::invalid_argument(format!("scale: {} replicas is more than the limit of {cap}", r.replicas)));
         }

@@ -7,7 +7,7 @@
 use ferry_tokenizer::{ChatMessage, Role};
 use serde_json::{Value, json};
 
-use super::{Asked, Choice};
+use super::asked::{Asked, Choice};
 #[cfg(doc)]
 use super::format::Format;
 

@@ -23,7 +23,7 @@
 use serde_json::Value;
 
 use super::format::Format;
-use super::{Asked, Choice};
+use super::asked::{Asked, Choice};
 
 /// The Lark grammar for `asked` in `format`; `None` where the answer is free.
 pub fn lark(format: Format, asked: &Asked) -> Option<String> {

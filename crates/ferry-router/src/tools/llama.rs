@@ -9,7 +9,7 @@
 //!
 //! [`Format::Llama3Json`]: super::format::Format::Llama3Json
 
-use super::scan::Steps;
+use super::read::Steps;
 use super::object::{CallObject, End, Piece};
 
 const TAG: &str = "<|python_tag|>";

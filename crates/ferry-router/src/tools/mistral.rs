@@ -13,9 +13,9 @@
 //!
 //! [`Format::Mistral`]: super::format::Format::Mistral
 
-use super::scan::Steps;
+use super::read::Steps;
 use super::object::{CallObject, Cursor, End, Piece, Step};
-use super::scan::partial_tag_len;
+use super::read::partial_tag_len;
 
 const TAG: &str = "[TOOL_CALLS]";
 

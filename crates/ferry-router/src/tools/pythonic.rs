@@ -26,7 +26,7 @@
 use serde_json::Value;
 
 use super::object::{Call, Piece};
-use super::scan::Read;
+use super::read::Read;
 
 /// A pythonic answer being read.
 #[derive(Clone, Debug, Default)]

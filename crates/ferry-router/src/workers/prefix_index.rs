@@ -1,0 +1,74 @@
+//! The registry's index of where prefixes live: which worker holds which KV blocks, kept from
+//! the prefix cache events each worker sends with its heartbeats (the index itself is the pure
+//! [`ferry_core::kv_index::KvIndex`]).
+//!
+//! A heartbeat's events are applied in order; a snapshot replaces what the worker holds. When the
+//! index cannot trust a worker's entries (a gap in the numbers: a lost heartbeat, a router that
+//! restarted and hears a worker mid-stream), the answer says `kv_resync` and the worker sends a
+//! snapshot next. A worker that dies, deregisters or is removed leaves the index; one that
+//! registers (again) starts clean, and its first heartbeat carries a snapshot.
+//!
+//! The pipeline asks [`crate::workers::Registry::prefix_held`] and `prefix_overlaps` with a request's block
+//! chain, `prefix_chain`.
+
+use ferry_core::kv_index::{Applied, KvEvent, KvIndex};
+use ferry_proto::v1;
+
+
+/// What one heartbeat's events did to the index.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// The index needs a snapshot from this worker (answer `kv_resync`).
+    pub resync: bool,
+    /// A snapshot was applied.
+    pub snapshot: bool,
+    /// Blocks the index has this worker holding now.
+    pub blocks: usize,
+}
+
+/// Apply worker `worker`'s heartbeat events (`None`: it sent none, its cache is off).
+pub fn apply(index: &mut KvIndex<u64>, worker: &str, ev: Option<&v1::KvCacheEvents>) -> Outcome {
+    let Some(ev) = ev else {
+        return Outcome { resync: index.needs_resync(worker), snapshot: false, blocks: index.blocks_of(worker) };
+    };
+    if ev.snapshot {
+        index.resync(worker, ev.snapshot_seq, ev.snapshot_hashes.iter().copied());
+    }
+    let mut resync = false;
+    for e in ev.events.iter().filter(|e| !ev.snapshot || e.seq > ev.snapshot_seq) {
+        let event = match e.stored {
+            true => KvEvent::Stored(e.hashes.clone()),
+            false => KvEvent::Evicted(e.hashes.clone()),
+        };
+        if index.apply(worker, e.seq, &event) == Applied::NeedResync {
+            resync = true;
+            break;
+        }
+    }
+    Outcome { resync: resync || index.needs_resync(worker), snapshot: ev.snapshot, blocks: index.blocks_of(worker) }
+}
+
+/// Router metrics for one heartbeat's outcome (outside the registry's lock).
+pub fn record(worker: &str, o: Outcome, distinct: usize) {
+    if o.snapshot {
+        metrics::counter!("ferry_router_kv_snapshots_total").increment(1);
+    }
+    if o.resync {
+        metrics::counter!("ferry_router_kv_resyncs_total").increment(1);
+    }
+    metrics::gauge!("ferry_router_kv_indexed_blocks", "worker" => worker.to_string()).set(o.blocks as f64);
+    metrics::gauge!("ferry_router_kv_indexed_blocks_distinct").set(distinct as f64);
+}
+
+/// A worker left the index: its gauge goes to 0.
+pub fn forget(index: &mut KvIndex<u64>, worker: &str) {
+    if index.blocks_of(worker) > 0 || index.last_seq(worker) > 0 || index.needs_resync(worker) {
+        metrics::gauge!("ferry_router_kv_indexed_blocks", "worker" => worker.to_string()).set(0.0);
+    }
+    index.remove_worker(worker);
+    metrics::gauge!("ferry_router_kv_indexed_blocks_distinct").set(index.distinct_blocks() as f64);
+}
+
+#[cfg(test)]
+#[path = "prefix_index_tests.rs"]
+mod tests;
