@@ -68,10 +68,7 @@ pub fn prepare(
                 "no input: set prompt, chat or tokens".into(),
             ));
         }
-        Some(Input::Prompt(p)) if p.is_empty() => {
-            return Err(RouterError::InvalidRequest("the prompt is empty".into()));
-        }
-        Some(Input::Prompt(p)) => text.encode_prompt(p).map_err(RouterError::Tokenize)?,
+        Some(Input::Prompt(p)) => prompt::text_ids(text, p)?,
         Some(Input::Chat(c)) if c.messages.is_empty() => {
             return Err(RouterError::InvalidRequest(
                 "the chat has no messages".into(),
@@ -86,15 +83,7 @@ pub fn prepare(
             (tool_grammar, calls) = (rendered.grammar, rendered.calls);
             rendered.ids
         }
-        Some(Input::Tokens(t)) => {
-            let vocab = text.tokenizer.vocab_size();
-            if let Some(&bad) = t.ids.iter().find(|&&id| id as usize >= vocab) {
-                return Err(RouterError::InvalidRequest(format!(
-                    "token id {bad} is outside the vocabulary (size {vocab})"
-                )));
-            }
-            t.ids.clone()
-        }
+        Some(Input::Tokens(t)) => prompt::checked_ids(text, &t.ids)?,
     };
     if req.sampling.as_ref().is_some_and(|s| s.token_offset != 0) {
         return Err(RouterError::InvalidRequest(

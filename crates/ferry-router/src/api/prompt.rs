@@ -15,6 +15,23 @@ use crate::tools::format::Format;
 use crate::tools::{self, Asked};
 use crate::RouterError;
 
+/// A prompt given as text, as token ids (the model's tokenizer, special tokens as it adds them).
+pub fn text_ids(text: &ModelText, prompt: &str) -> Result<Vec<u32>, RouterError> {
+    if prompt.is_empty() {
+        return Err(RouterError::InvalidRequest("the prompt is empty".into()));
+    }
+    text.encode_prompt(prompt).map_err(RouterError::Tokenize)
+}
+
+/// A prompt given as token ids, each checked against the vocabulary.
+pub fn checked_ids(text: &ModelText, ids: &[u32]) -> Result<Vec<u32>, RouterError> {
+    let vocab = text.tokenizer.vocab_size();
+    if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+        return Err(RouterError::InvalidRequest(format!("token id {bad} is outside the vocabulary (size {vocab})")));
+    }
+    Ok(ids.to_vec())
+}
+
 /// A rendered chat.
 #[derive(Debug)]
 pub struct ChatPrompt {

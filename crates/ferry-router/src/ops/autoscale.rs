@@ -39,7 +39,7 @@ pub async fn run(shared: Arc<Shared>, cfg: AutoscaleConfig, dial: DialOptions) {
         tick.tick().await;
         let now = Instant::now();
         let seen = shared.window.take(now, cfg.rate_window.max(cfg.interval), now - counting, &cfg.policy.slo);
-        let crate::workers::registry::Ready { prefill: p, decode: d, .. } = shared.registry.ready();
+        let crate::workers::load::Ready { prefill: p, decode: d, .. } = shared.registry.ready();
         let ready = Pools { prefill: p as usize, decode: d as usize };
         let current = target.unwrap_or(ready);
         let since = (now - origin).as_secs_f64();

@@ -17,7 +17,8 @@ use crate::pipeline::failure::failed;
 use crate::pipeline::request::{CutShort, Failed, Job, Progress, Tx};
 use crate::RouterError;
 use crate::workers::dial::MAX_MESSAGE_BYTES;
-use crate::workers::registry::{InflightGuard, Worker};
+use crate::workers::load::InflightGuard;
+use crate::workers::registry::Worker;
 use crate::state::Shared;
 
 /// A decode worker that admitted the request, and its stream.

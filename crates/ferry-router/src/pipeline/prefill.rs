@@ -18,7 +18,7 @@ use crate::pipeline::failure::failed;
 use crate::pipeline::request::{CutShort, Failed, Job, Progress, Tx};
 use crate::RouterError;
 use crate::workers::dial::MAX_MESSAGE_BYTES;
-use crate::workers::registry::InflightGuard;
+use crate::workers::load::InflightGuard;
 use crate::state::Shared;
 
 pub async fn prefill(

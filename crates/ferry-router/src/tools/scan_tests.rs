@@ -33,16 +33,9 @@ fn joined(pieces: Vec<Piece>) -> Vec<Piece> {
     out
 }
 
-fn whole(s: &str, max: Option<usize>) -> Vec<Piece> {
-    let mut sc = Scanner::new(Format::Hermes, max);
-    let mut out = sc.push(s);
-    out.extend(sc.finish());
-    joined(out)
-}
-
-/// The text in chunks cut at `cuts` (byte offsets on character boundaries).
-fn chunked(s: &str, cuts: &[usize], max: Option<usize>) -> Vec<Piece> {
-    let mut sc = Scanner::new(Format::Hermes, max);
+/// `s` read in `format`, cut at `cuts`.
+fn read(format: Format, s: &str, max: Option<usize>, cuts: &[usize]) -> Vec<Piece> {
+    let mut sc = Scanner::new(format, max);
     let mut out = Vec::new();
     let mut at = 0;
     for &c in cuts.iter().chain(std::iter::once(&s.len())) {
@@ -51,6 +44,26 @@ fn chunked(s: &str, cuts: &[usize], max: Option<usize>) -> Vec<Piece> {
     }
     out.extend(sc.finish());
     joined(out)
+}
+
+/// Each case read whole, cut at every point, character by character and in threes gives the
+/// same pieces.
+fn wherever_cut(format: Format, cases: &[(&str, Vec<Piece>)]) {
+    for (s, want) in cases {
+        assert_eq!(&read(format, s, None, &[]), want, "{format} {s:?}");
+        let bounds: Vec<usize> = (1..s.len()).filter(|&i| s.is_char_boundary(i)).collect();
+        for &i in &bounds {
+            assert_eq!(&read(format, s, None, &[i]), want, "{format} {s:?} cut at {i}");
+        }
+        assert_eq!(&read(format, s, None, &bounds), want, "{format} {s:?} char by char");
+        let threes: Vec<usize> = bounds.iter().copied().step_by(3).collect();
+        assert_eq!(read(format, s, Some(1), &threes), read(format, s, Some(1), &[]), "{format} {s:?} in threes");
+    }
+}
+
+/// `s` read whole in Hermes' format.
+fn whole(s: &str, max: Option<usize>) -> Vec<Piece> {
+    read(Format::Hermes, s, max, &[])
 }
 
 const CASES: &[(&str, &[(&str, &str)], &str)] = &[
@@ -100,18 +113,8 @@ fn whole_texts() {
 
 #[test]
 fn every_split_point_gives_the_whole_answer() {
-    for (s, _, _) in CASES {
-        let want = whole(s, None);
-        let bounds: Vec<usize> = (1..s.len()).filter(|&i| s.is_char_boundary(i)).collect();
-        for &i in &bounds {
-            assert_eq!(chunked(s, &[i], None), want, "{s:?} cut at {i}");
-        }
-        // One character at a time.
-        assert_eq!(chunked(s, &bounds, None), want, "{s:?} char by char");
-        // And in threes.
-        let threes: Vec<usize> = bounds.iter().copied().step_by(3).collect();
-        assert_eq!(chunked(s, &threes, Some(1)), whole(s, Some(1)), "{s:?} in threes");
-    }
+    let cases: Vec<(&str, Vec<Piece>)> = CASES.iter().map(|(s, _, _)| (*s, whole(s, None))).collect();
+    wherever_cut(Format::Hermes, &cases);
 }
 
 #[test]
@@ -146,18 +149,6 @@ fn formats_are_detected_from_templates() {
     assert_eq!(whole(&text, None), vec![call("get \"w\"", "{\"a\":1}")]);
 }
 
-fn generic(s: &str, max: Option<usize>, cuts: &[usize]) -> Vec<Piece> {
-    let mut sc = Scanner::new(Format::Generic, max);
-    let mut out = Vec::new();
-    let mut at = 0;
-    for &c in cuts.iter().chain(std::iter::once(&s.len())) {
-        out.extend(sc.push(&s[at..c]));
-        at = c;
-    }
-    out.extend(sc.finish());
-    joined(out)
-}
-
 #[test]
 fn generic_answers_wherever_the_text_is_cut() {
     let cases: &[(&str, Vec<Piece>)] = &[
@@ -173,16 +164,9 @@ fn generic_answers_wherever_the_text_is_cut() {
         (r#"{"response": "Hel"#, vec![text("Hel")]),
         (r#"{"tool_calls": [{"name": "f", "arguments": {"a": 1"#, vec![call("f", r#"{"a": 1"#)]),
     ];
-    for (s, want) in cases {
-        assert_eq!(&generic(s, None, &[]), want, "{s:?}");
-        let bounds: Vec<usize> = (1..s.len()).filter(|&i| s.is_char_boundary(i)).collect();
-        for &i in &bounds {
-            assert_eq!(&generic(s, None, &[i]), want, "{s:?} cut at {i}");
-        }
-        assert_eq!(&generic(s, None, &bounds), want, "{s:?} char by char");
-    }
+    wherever_cut(Format::Generic, cases);
     let two = r#"{"tool_calls": [{"name": "f", "arguments": {}}, {"name": "g", "arguments": {}}]}"#;
-    assert_eq!(generic(two, Some(1), &[]), vec![call("f", "{}")]);
+    assert_eq!(read(Format::Generic, two, Some(1), &[]), vec![call("f", "{}")]);
 }
 
 #[test]
@@ -194,34 +178,6 @@ fn arguments_stream_before_the_call_closes() {
     let mut sc = Scanner::new(Format::Generic, None);
     assert_eq!(sc.push("{\"response\": \"Hel"), vec![text("Hel")]);
     assert_eq!(sc.push("lo\"}"), vec![text("lo")]);
-}
-
-/// `s` read in `format`, cut at `cuts`.
-fn read(format: Format, s: &str, max: Option<usize>, cuts: &[usize]) -> Vec<Piece> {
-    let mut sc = Scanner::new(format, max);
-    let mut out = Vec::new();
-    let mut at = 0;
-    for &c in cuts.iter().chain(std::iter::once(&s.len())) {
-        out.extend(sc.push(&s[at..c]));
-        at = c;
-    }
-    out.extend(sc.finish());
-    joined(out)
-}
-
-/// Each case read whole, cut at every point, character by character and in threes gives the
-/// same pieces.
-fn wherever_cut(format: Format, cases: &[(&str, Vec<Piece>)]) {
-    for (s, want) in cases {
-        assert_eq!(&read(format, s, None, &[]), want, "{format} {s:?}");
-        let bounds: Vec<usize> = (1..s.len()).filter(|&i| s.is_char_boundary(i)).collect();
-        for &i in &bounds {
-            assert_eq!(&read(format, s, None, &[i]), want, "{format} {s:?} cut at {i}");
-        }
-        assert_eq!(&read(format, s, None, &bounds), want, "{format} {s:?} char by char");
-        let threes: Vec<usize> = bounds.iter().copied().step_by(3).collect();
-        assert_eq!(read(format, s, Some(1), &threes), read(format, s, Some(1), &[]), "{format} {s:?} in threes");
-    }
 }
 
 #[test]

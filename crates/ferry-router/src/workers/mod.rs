@@ -3,6 +3,7 @@
 //! [`dial`]s them, and which KV [`transport`] a pair is asked to use.
 
 pub mod dial;
+pub mod load;
 pub mod prefix_index;
 pub mod registry;
 pub mod transport;

@@ -8,12 +8,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use ferry_core::prefix_cache::{BlockHash, block_hashes};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ferry_core::kv_index::KvIndex;
-use ferry_core::routing::{DecodeCandidate, PrefillCandidate, lease_expired};
+use ferry_core::routing::lease_expired;
 use ferry_core::{WorkerRole, WorkerState};
 use ferry_proto::v1;
 use tokio::sync::{Notify, watch};
@@ -87,28 +86,12 @@ impl Worker {
 }
 
 #[derive(Default)]
-struct Members {
-    workers: BTreeMap<String, Worker>,
-    next_id: HashMap<WorkerRole, u64>,
-    fingerprint: Option<String>,
+pub(super) struct Members {
+    pub(super) workers: BTreeMap<String, Worker>,
+    pub(super) next_id: HashMap<WorkerRole, u64>,
+    pub(super) fingerprint: Option<String>,
     /// Which worker holds which KV blocks (live workers only).
-    kv: KvIndex<u64>,
-}
-
-/// Ready workers per role ([`Registry::ready`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Ready {
-    pub prefill: u32,
-    pub decode: u32,
-    pub colocated: u32,
-}
-
-impl Ready {
-    /// Whether workers ready in these numbers can serve a request: a prefill and a decode worker,
-    /// or a colocated one. gRPC `Health`, HTTP `/health` and [`crate::pipeline::start`] all ask this.
-    pub fn can_serve(self) -> bool {
-        (self.prefill > 0 && self.decode > 0) || self.colocated > 0
-    }
+    pub(super) kv: KvIndex<u64>,
 }
 
 /// What a heartbeat's answer says.
@@ -140,7 +123,7 @@ impl Registry {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Members> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Members> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -395,322 +378,8 @@ impl Registry {
             .map(|w| w.max_context)
             .min()
     }
-
-    /// Ready workers per role.
-    pub fn ready(&self) -> Ready {
-        let inner = self.lock();
-        let n = |r| {
-            inner
-                .workers
-                .values()
-                .filter(|w| w.role == r && w.state == WorkerState::Ready)
-                .count() as u32
-        };
-        Ready { prefill: n(WorkerRole::Prefill), decode: n(WorkerRole::Decode), colocated: n(WorkerRole::Colocated) }
-    }
-
-    /// Workers per (role, state), every combination present (for gauges).
-    pub fn counts(&self) -> Vec<(WorkerRole, WorkerState, u32)> {
-        let inner = self.lock();
-        let mut out = Vec::new();
-        for role in [
-            WorkerRole::Prefill,
-            WorkerRole::Decode,
-            WorkerRole::Colocated,
-        ] {
-            for state in WorkerState::ALL {
-                let n = inner
-                    .workers
-                    .values()
-                    .filter(|w| w.role == role && w.state == state)
-                    .count() as u32;
-                out.push((role, state, n));
-            }
-        }
-        out
-    }
-
-    /// Prefill candidates (in id order) for [`ferry_core::routing::pick_prefill`].
-    pub fn prefill_candidates(&self) -> Vec<PrefillCandidate> {
-        self.lock()
-            .workers
-            .values()
-            .filter(|w| w.role == WorkerRole::Prefill)
-            .map(|w| PrefillCandidate {
-                id: w.id.clone(),
-                state: w.state,
-                inflight: w.inflight,
-                outstanding_tokens: w.outstanding_prefill_tokens,
-                reported_queue_tokens: w.load.queued_prefill_tokens,
-                tokens_per_s: w.load.prefill_tokens_per_s,
-            })
-            .collect()
-    }
-
-    /// Candidates of `role` (decode or colocated: both admit by KV blocks) and the smallest block
-    /// size among the ready ones (0 if unknown).
-    pub fn decode_candidates(&self, role: WorkerRole) -> (Vec<DecodeCandidate>, u32) {
-        let inner = self.lock();
-        let decode = inner.workers.values().filter(|w| w.role == role);
-        let block_size = decode
-            .clone()
-            .filter(|w| w.state == WorkerState::Ready)
-            .map(|w| w.load.block_size)
-            .min()
-            .unwrap_or(0);
-        let cands = decode
-            .map(|w| DecodeCandidate {
-                id: w.id.clone(),
-                state: w.state,
-                total_blocks: w.load.kv_blocks_total,
-                free_blocks: w.load.kv_blocks_free,
-                reserved_blocks: w.load.kv_blocks_reserved,
-                active_sequences: w.load.active_sequences,
-                router_inflight: w.inflight,
-                router_promised_blocks: w.promised_blocks.min(u32::MAX as u64) as u32,
-            })
-            .collect();
-        (cands, block_size)
-    }
-
-    fn adjust(&self, id: &str, inflight: i64, tokens: i64, blocks: i64) {
-        if let Some(w) = self.lock().workers.get_mut(id) {
-            w.inflight = (w.inflight as i64 + inflight).max(0) as u32;
-            w.outstanding_prefill_tokens =
-                (w.outstanding_prefill_tokens as i64 + tokens).max(0) as u64;
-            w.promised_blocks = (w.promised_blocks as i64 + blocks).max(0) as u64;
-        }
-        if inflight < 0 {
-            self.room.notify_waiters();
-        }
-    }
 }
-
-/// One request in flight on one worker (and, for prefill, its prompt tokens): counted while the
-/// guard lives, given back on drop, whatever path the request takes.
-pub struct InflightGuard {
-    registry: Arc<Registry>,
-    worker: String,
-    tokens: u64,
-    blocks: u64,
-}
-
-impl InflightGuard {
-    /// A prefill request of `tokens` prompt tokens.
-    pub fn new(registry: &Arc<Registry>, worker: &str, tokens: u64) -> InflightGuard {
-        registry.adjust(worker, 1, tokens as i64, 0);
-        InflightGuard {
-            registry: registry.clone(),
-            worker: worker.into(),
-            tokens,
-            blocks: 0,
-        }
-    }
-
-    /// A decode request admitted for `blocks` KV blocks.
-    pub fn decode(registry: &Arc<Registry>, worker: &str, blocks: u64) -> InflightGuard {
-        registry.adjust(worker, 1, 0, blocks as i64);
-        InflightGuard {
-            registry: registry.clone(),
-            worker: worker.into(),
-            tokens: 0,
-            blocks,
-        }
-    }
-}
-
-impl Drop for InflightGuard {
-    fn drop(&mut self) {
-        self.registry.adjust(
-            &self.worker,
-            -1,
-            -(self.tokens as i64),
-            -(self.blocks as i64),
-        );
-    }
-}
-
-/// The prefix index ([`kv`]) as the pipeline asks it.
-impl Registry {
-    /// How many of `chain`'s leading blocks worker `worker_id` holds, as its events tell (0 for a
-    /// worker the index does not know or does not trust until its snapshot comes).
-    pub fn prefix_held(&self, worker_id: &str, chain: &[u64]) -> usize {
-        self.lock().kv.overlap(worker_id, chain)
-    }
-
-    /// For every worker holding at least `chain`'s first block: how many leading blocks it holds.
-    pub fn prefix_overlaps(&self, chain: &[u64]) -> HashMap<String, usize> {
-        self.lock().kv.overlaps(chain)
-    }
-
-    /// Blocks the index has worker `worker_id` holding.
-    pub fn prefix_blocks(&self, worker_id: &str) -> usize {
-        self.lock().kv.blocks_of(worker_id)
-    }
-
-    /// A request's block chain as the workers hash it: the full blocks of `tokens` (of
-    /// `block_size` tokens) under the pool's model fingerprint and the request's cache `salt`
-    /// (empty: shared by all). Empty before any worker registered (no fingerprint yet).
-    pub fn prefix_chain(&self, salt: &[u8], tokens: &[u32], block_size: usize) -> Vec<u64> {
-        let Some(fp) = self.fingerprint() else { return Vec::new() };
-        if block_size == 0 {
-            return Vec::new();
-        }
-        block_hashes(BlockHash::root(fp.as_bytes(), salt), tokens, block_size).into_iter().map(|h| h.0).collect()
-    }
-}
-
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn reg_req(role: v1::WorkerRole, addr: &str, fp: &str) -> v1::RegisterRequest {
-        v1::RegisterRequest {
-            role: role as i32,
-            grpc_addr: addr.into(),
-            fingerprint: fp.into(),
-            max_context: 2048,
-            ..Default::default()
-        }
-    }
-
-    fn registry() -> Registry {
-        Registry::new(
-            Duration::from_secs(3),
-            Duration::from_secs(1),
-            DialOptions {
-                connect_timeout: Duration::from_secs(1),
-                tls: None,
-                cluster: Default::default(),
-            },
-        )
-    }
-
-    // A restarted router hands ids out afresh: the worker that re-registers first may get the
-    // id another worker still heart-beats with. That heartbeat must not renew the other's entry
-    // (it would never register again, and the router would list one worker for two), and its
-    // deregistration must not remove it.
-    #[tokio::test]
-    async fn an_id_handed_out_again_answers_only_its_own_worker() {
-        let r = registry();
-        let id = r
-            .register(&reg_req(v1::WorkerRole::Prefill, "127.0.0.1:2", "fp"))
-            .unwrap()
-            .worker_id;
-        assert_eq!(id, "prefill-1");
-        let t0 = Instant::now();
-        let hb = |addr: &str| {
-            r.heartbeat(
-                &v1::HeartbeatRequest {
-                    worker_id: id.clone(),
-                    grpc_addr: addr.into(),
-                    ..Default::default()
-                },
-                t0,
-            )
-        };
-        // The worker that held prefill-1 before the restart, at another address.
-        assert!(matches!(hb("127.0.0.1:1"), Err(RouterError::UnknownWorker(_))));
-        assert!(r.get("prefill-1").is_some_and(|w| w.grpc_addr == "127.0.0.1:2"));
-        assert_eq!(hb("127.0.0.1:2").unwrap().state, WorkerState::Ready);
-        // An old client that sends no address is still answered by id.
-        assert_eq!(hb("").unwrap().state, WorkerState::Ready);
-        r.deregister("prefill-1", "127.0.0.1:1");
-        assert!(r.get("prefill-1").is_some());
-        r.deregister("prefill-1", "127.0.0.1:2");
-        assert!(r.get("prefill-1").is_none());
-    }
-
-    #[tokio::test]
-    async fn ids_fingerprint_heartbeat_and_lease() {
-        let r = registry();
-        let a = r
-            .register(&reg_req(v1::WorkerRole::Prefill, "127.0.0.1:1", "fp"))
-            .unwrap();
-        let b = r
-            .register(&reg_req(v1::WorkerRole::Decode, "127.0.0.1:2", "fp"))
-            .unwrap();
-        let c = r
-            .register(&reg_req(v1::WorkerRole::Prefill, "127.0.0.1:3", "fp"))
-            .unwrap();
-        assert_eq!(
-            (
-                a.worker_id.as_str(),
-                b.worker_id.as_str(),
-                c.worker_id.as_str()
-            ),
-            ("prefill-1", "decode-1", "prefill-2")
-        );
-        assert_eq!((a.lease_ms, a.heartbeat_ms), (3000, 1000));
-        let err = r
-            .register(&reg_req(v1::WorkerRole::Decode, "127.0.0.1:4", "other"))
-            .unwrap_err();
-        assert!(
-            err.to_string().contains("other") && err.to_string().contains("fp"),
-            "{err}"
-        );
-        assert_eq!(
-            tonic::Status::from(err).code(),
-            tonic::Code::FailedPrecondition
-        );
-
-        let t0 = Instant::now();
-        let hb = |id: &str, at| {
-            r.heartbeat(
-                &v1::HeartbeatRequest {
-                    worker_id: id.into(),
-                    ..Default::default()
-                },
-                at,
-            )
-        };
-        assert_eq!(
-            hb("prefill-1", t0 + Duration::from_secs(2)).unwrap().state,
-            WorkerState::Ready
-        );
-        assert!(matches!(hb("nope", t0), Err(RouterError::UnknownWorker(_))));
-        // At t0+4.5 s: prefill-1 renewed at t0+2 s (alive), the other two expired.
-        let mut dead = r.sweep(t0 + Duration::from_millis(4500));
-        dead.sort();
-        assert_eq!(dead, vec!["decode-1", "prefill-2"]);
-        assert_eq!(r.ready(), Ready { prefill: 1, ..Ready::default() });
-        // A dead worker's heartbeat is refused (NOT_FOUND) and the entry forgotten.
-        assert!(matches!(
-            hb("decode-1", t0),
-            Err(RouterError::UnknownWorker(_))
-        ));
-        assert!(r.get("decode-1").is_none());
-    }
-
-    #[tokio::test]
-    async fn drain_undrain_remove_and_guards() {
-        let r = Arc::new(registry());
-        r.register(&reg_req(v1::WorkerRole::Prefill, "127.0.0.1:1", "fp"))
-            .unwrap();
-        assert_eq!(
-            r.drain("prefill-1").unwrap().state,
-            v1::WorkerState::Draining as i32
-        );
-        assert_eq!(r.ready(), Ready::default());
-        assert_eq!(
-            r.undrain("prefill-1").unwrap().state,
-            v1::WorkerState::Ready as i32
-        );
-        {
-            let _g = InflightGuard::new(&r, "prefill-1", 100);
-            let _h = InflightGuard::new(&r, "prefill-1", 20);
-            let c = &r.prefill_candidates()[0];
-            assert_eq!((c.inflight, c.outstanding_tokens), (2, 120));
-        }
-        let c = &r.prefill_candidates()[0];
-        assert_eq!((c.inflight, c.outstanding_tokens), (0, 0));
-        r.mark_dead("prefill-1", "test");
-        assert_eq!(r.ready(), Ready::default());
-        r.remove("prefill-1").unwrap();
-        assert!(matches!(
-            r.remove("prefill-1"),
-            Err(RouterError::UnknownWorker(_))
-        ));
-    }
-}
+#[path = "registry_tests.rs"]
+mod tests;

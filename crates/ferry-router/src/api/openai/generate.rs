@@ -14,7 +14,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::auth::Tenant;
-use crate::api::grpc;
+use std::time::Instant;
 use crate::state::Shared;
 use super::error::ApiError;
 use super::body::Kind;
@@ -25,6 +25,7 @@ use super::{chat, logprobs};
 /// One completion or chat request: parsed, started on the pipeline, and answered as one JSON
 /// object or as server-sent events.
 pub async fn run(shared: &Arc<Shared>, kind: Kind, tenant: Option<&Tenant>, body: &[u8]) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
     let mut parsed = request::parse(kind, body)?;
     if !shared.serves(&parsed.model) {
         return Err(ApiError::model_not_found(&parsed.model));
@@ -34,9 +35,9 @@ pub async fn run(shared: &Arc<Shared>, kind: Kind, tenant: Option<&Tenant>, body
         Kind::Completion => None,
     };
     let want = parsed.logprobs;
-    let n = parsed.request.sampling.as_ref().map_or(1, |s| s.n.max(1));
-    let echo = want.echo.then(|| logprobs::prompt_text(shared, parsed.request.input.as_ref()));
-    let started = grpc::generate(shared, parsed.request, tenant).await.map_err(|e| match (&e, parsed.structured_field) {
+    let n = parsed.params.n.max(1);
+    let echo = want.echo.then(|| logprobs::prompt_text(shared, parsed.input.as_ref()));
+    let started = chat::start(shared, &parsed, arrived, tenant).await.map_err(|e| match (&e, parsed.structured_field) {
         // A grammar that does not compile is named by the field it came in.
         (crate::RouterError::InvalidGrammar(g), Some(field)) => ApiError::invalid(format!("`{field}`: {g}"), Some(field)),
         _ => ApiError::from(e),

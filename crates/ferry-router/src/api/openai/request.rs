@@ -5,6 +5,7 @@
 //! read by [`super::logprobs`], the structured-output fields by [`super::structured`], the
 //! messages by [`super::messages`], the tool fields by [`super::tools`].
 
+use ferry_core::SamplingParams;
 use ferry_proto::v1::{self, generate_request::Input};
 use ferry_tokenizer::ChatMessage;
 use serde_json::{Map, Value};
@@ -37,12 +38,16 @@ pub struct Parsed {
     /// `logprobs`, `top_logprobs`, `echo`.
     pub logprobs: super::logprobs::Want,
     /// A chat's messages (empty for completions). The chat's prompt is rendered from them with
-    /// the model's template, and its tools ([`super::chat`]), into `request.input`.
+    /// the model's template, and its tools ([`super::chat`]), into `input`.
     pub messages: Vec<ChatMessage>,
     /// `tools`, `tool_choice`, `parallel_tool_calls`, when any is set.
     pub tools: Option<tools::Asked>,
-    /// `request.input` is `None` for a chat until its prompt is rendered.
-    pub request: v1::GenerateRequest,
+    /// The prompt: `None` for a chat until its prompt is rendered.
+    pub input: Option<Input>,
+    /// Sampling and stop conditions: converted to Ferry's and validated here, once.
+    pub params: SamplingParams,
+    /// vLLM's `cache_salt`: requests share cached prompt KV only with requests of the same salt.
+    pub cache_salt: String,
 }
 
 /// The fields logged with the request id and given no other effect.
@@ -118,10 +123,10 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
         ignore_eos: field::<bool>(&obj, "ignore_eos")?.unwrap_or(false),
         min_tokens: field::<u32>(&obj, "min_tokens")?.unwrap_or(0),
     };
-    // Every sampling value checked here, once, so a bad one is a 400 naming its field.
-    ferry_proto::sampling_from_wire(Some(&sampling), Some(&stop))
-        .validate()
-        .map_err(|e| ApiError::invalid(e.to_string(), Some(e.field())))?;
+    // Converted and checked here, once (the same conversion as the gRPC API's), so a bad value
+    // is a 400 naming its field.
+    let params = ferry_proto::sampling_from_wire(Some(&sampling), Some(&stop));
+    params.validate().map_err(|e| ApiError::invalid(e.to_string(), Some(e.field())))?;
     // vLLM's field: requests share cached prompt KV only with requests of the same salt.
     let cache_salt = field::<String>(&obj, "cache_salt")?.unwrap_or_default();
     if cache_salt.len() > MAX_CACHE_SALT {
@@ -166,7 +171,7 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
         .collect();
     Ok(Parsed {
         kind,
-        model: model.clone(),
+        model,
         stream,
         include_usage,
         continuous_usage,
@@ -175,19 +180,9 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
         logprobs,
         messages,
         tools,
-        request: v1::GenerateRequest {
-            request_id: String::new(),
-            model,
-            input,
-            sampling: Some(sampling),
-            stop: Some(stop),
-            cache_salt,
-            // The HTTP API reads its own tool fields (`tools` above) and renders the prompt
-            // itself (`chat::prepare`).
-            tools: Vec::new(),
-            tool_choice: None,
-            parallel_tool_calls: None,
-        },
+        input,
+        params,
+        cache_salt,
     })
 }
 
@@ -327,7 +322,7 @@ mod tests {
                "frequency_penalty": -0.25, "repetition_penalty": 1.2, "logit_bias": {"7": -100, "3": 2.5},
                "min_p": 0.1, "min_tokens": 2, "bad_words": ["no"]}"#,
         );
-        let core = ferry_proto::sampling_from_wire(p.request.sampling.as_ref(), p.request.stop.as_ref());
+        let core = &p.params;
         assert_eq!(
             (core.presence_penalty, core.frequency_penalty, core.repetition_penalty, core.logit_bias.clone(), core.min_p, core.min_tokens, core.bad_words.clone()),
             (0.5, -0.25, 1.2, vec![(3, 2.5), (7, -100.0)], 0.1, 2, vec!["no".to_string()])
@@ -337,21 +332,18 @@ mod tests {
             (p.model.as_str(), p.stream, p.include_usage),
             ("m", true, true)
         );
-        let r = &p.request;
-        assert_eq!(r.model, "m");
-        assert_eq!(r.input, Some(Input::Prompt("Hi".into())));
-        let s = r.sampling.clone().unwrap();
-        assert_eq!((s.temperature, s.top_p, s.seed), (0.0, Some(0.5), Some(7)));
-        let stop = r.stop.clone().unwrap();
+        assert_eq!(p.input, Some(Input::Prompt("Hi".into())));
+        let s = &p.params;
+        assert_eq!((s.temperature, s.top_p, s.seed), (0.0, 0.5, Some(7)));
         assert_eq!(
-            (stop.max_tokens, stop.stop),
+            (s.max_tokens, s.stop_strings.clone()),
             (5, vec!["a".to_string(), "b".into()])
         );
-        assert_eq!((stop.stop_token_ids, stop.ignore_eos, s.top_k), (vec![2, 9], true, 4));
+        assert_eq!((s.stop_token_ids.clone(), s.ignore_eos, s.top_k), (vec![2, 9], true, 4));
         // Defaults: OpenAI's temperature 1, Ferry's max_tokens, no stream.
         let p = ok(Kind::Completion, r#"{"model": "m", "prompt": "Hi"}"#);
-        assert_eq!(p.request.sampling.unwrap().temperature, 1.0);
-        assert_eq!(p.request.stop.unwrap().max_tokens, 0);
+        assert_eq!(p.params.temperature, 1.0);
+        assert_eq!(p.params.max_tokens, ferry_proto::DEFAULT_MAX_TOKENS);
         assert!(!p.stream && !p.include_usage);
     }
 
@@ -373,7 +365,7 @@ mod tests {
                 Kind::Completion,
                 &format!(r#"{{"model": "m", "prompt": {prompt}}}"#),
             );
-            assert_eq!(p.request.input, Some(want), "{prompt}");
+            assert_eq!(p.input, Some(want), "{prompt}");
         }
         for (prompt, needle) in [
             (r#"["a", "b"]"#, "batched"),
@@ -408,7 +400,7 @@ mod tests {
                 {"role": "assistant", "content": null, "name": null, "refusal": null, "tool_calls": []}],
                "max_tokens": 9, "max_completion_tokens": 3}"#,
         );
-        assert_eq!(p.request.input, None, "rendered later, with the model's template");
+        assert_eq!(p.input, None, "rendered later, with the model's template");
         let got: Vec<(&str, &str)> = p
             .messages
             .iter()
@@ -423,7 +415,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            p.request.stop.unwrap().max_tokens,
+            p.params.max_tokens,
             3,
             "max_completion_tokens wins"
         );
@@ -599,7 +591,7 @@ mod tests {
         }
         // A negative seed is still a seed.
         let p = ok(Kind::Completion, &format!(r#"{{{base}, "seed": -1}}"#));
-        assert_eq!(p.request.sampling.unwrap().seed, Some(u64::MAX));
+        assert_eq!(p.params.seed, Some(u64::MAX));
     }
 
     #[test]

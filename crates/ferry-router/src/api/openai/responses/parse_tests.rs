@@ -36,10 +36,9 @@ fn a_full_request_runs_as_its_chat_request() {
     let roles: Vec<&str> = p.messages.iter().map(|m| m.role.as_str()).collect();
     assert_eq!(roles, ["system", "user"]);
     assert_eq!(p.messages[0].content, "Be brief.");
-    let stop = p.request.stop.clone().unwrap_or_default();
-    let s = p.request.sampling.clone().unwrap_or_default();
-    assert_eq!((stop.max_tokens, s.temperature, s.top_p), (16, 0.0, Some(0.5)));
-    assert!(s.structured.is_some(), "text.format sets the grammar");
+    let s = &p.params;
+    assert_eq!((s.max_tokens, s.temperature, s.top_p), (16, 0.0, 0.5));
+    assert!(s.grammar.is_some(), "text.format sets the grammar");
     assert_eq!(p.structured_field, Some("response_format"));
     let t = p.tools.clone().expect("tools");
     assert_eq!((t.choice, t.parallel, t.tools[0].name.as_str()), (Choice::Auto, false, "get_weather"));
@@ -62,10 +61,10 @@ fn a_full_request_runs_as_its_chat_request() {
 fn vllms_extras_pass_to_the_chat_request() {
     let p = ok(json!({"seed": 7, "stop": ["x"], "top_k": 4, "min_p": 0.1, "repetition_penalty": 1.1, "stop_token_ids": [2],
         "ignore_eos": true, "min_tokens": 1, "bad_words": ["no"], "cache_salt": "s"})).chat;
-    let (s, stop) = (p.request.sampling.unwrap_or_default(), p.request.stop.unwrap_or_default());
-    assert_eq!((s.seed, s.top_k, s.min_p, s.repetition_penalty, s.bad_words.clone()), (Some(7), 4, 0.1, Some(1.1), vec!["no".to_string()]));
-    assert_eq!((stop.stop, stop.stop_token_ids, stop.ignore_eos, stop.min_tokens), (vec!["x".to_string()], vec![2], true, 1));
-    assert_eq!(p.request.cache_salt, "s");
+    let s = &p.params;
+    assert_eq!((s.seed, s.top_k, s.min_p, s.repetition_penalty, s.bad_words.clone()), (Some(7), 4, 0.1, 1.1, vec!["no".to_string()]));
+    assert_eq!((s.stop_strings.clone(), s.stop_token_ids.clone(), s.ignore_eos, s.min_tokens), (vec!["x".to_string()], vec![2], true, 1));
+    assert_eq!(p.cache_salt, "s");
     let e = err(json!({"repetition_penalty": 0}));
     assert_eq!(e.param.as_deref(), Some("repetition_penalty"));
     // OpenAI's chat-only sampling fields are not the Responses API's.
@@ -75,7 +74,7 @@ fn vllms_extras_pass_to_the_chat_request() {
 
 #[test]
 fn formats_and_tool_choices() {
-    assert!(ok(json!({"text": {"format": {"type": "text"}, "verbosity": "medium"}})).chat.request.sampling.unwrap_or_default().structured.is_none());
+    assert!(ok(json!({"text": {"format": {"type": "text"}, "verbosity": "medium"}})).chat.params.grammar.is_none());
     assert!(ok(json!({"text": {"format": {"type": "json_object"}}})).chat.structured_field.is_some());
     let tool = json!([{"type": "function", "name": "f"}]);
     let named = ok(json!({"tools": tool, "tool_choice": {"type": "function", "name": "f"}}));
