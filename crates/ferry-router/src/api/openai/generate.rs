@@ -20,7 +20,7 @@ use super::error::ApiError;
 use super::body::Kind;
 use super::request;
 use super::response::{self, Meta};
-use super::{chat, logprobs};
+use super::{chat, logprobs_json};
 
 /// One completion or chat request: parsed, started on the pipeline, and answered as one JSON
 /// object or as server-sent events.
@@ -36,7 +36,7 @@ pub async fn run(shared: &Arc<Shared>, kind: Kind, tenant: Option<&Tenant>, body
     };
     let want = parsed.logprobs;
     let n = parsed.params.n.max(1);
-    let echo = want.echo.then(|| logprobs::prompt_text(shared, parsed.input.as_ref()));
+    let echo = want.echo.then(|| logprobs_json::prompt_text(shared, parsed.input.as_ref()));
     let started = chat::start(shared, &parsed, arrived, tenant).await.map_err(|e| match (&e, parsed.structured_field) {
         // A grammar that does not compile is named by the field it came in.
         (crate::RouterError::InvalidGrammar(g), Some(field)) => ApiError::invalid(format!("`{field}`: {g}"), Some(field)),
@@ -46,7 +46,7 @@ pub async fn run(shared: &Arc<Shared>, kind: Kind, tenant: Option<&Tenant>, body
         // `user`, `metadata`, …: the client's words about the request, for the logs only.
         tracing::info!(request_id = %started.request_id, tags = ?parsed.tags, "request tags");
     }
-    let render = logprobs::Render::new(shared.clone(), kind, want, started.prompt.first().copied());
+    let render = logprobs_json::Render::new(shared.clone(), kind, want, started.prompt.first().copied());
     let mut renders = vec![render; n as usize];
     let mut meta = Meta::new(
         kind,
@@ -116,7 +116,7 @@ pub async fn run(shared: &Arc<Shared>, kind: Kind, tenant: Option<&Tenant>, body
 pub struct Answer {
     pub text: String,
     pub fin: v1::GenerateFinal,
-    pub logprobs: logprobs::Collected,
+    pub logprobs: logprobs_json::Collected,
 }
 
 /// The answers of a request's `n` choices, in order, or the error it ended with.
@@ -162,7 +162,7 @@ fn choice_of(answers: &mut [Answer], index: u32) -> Result<&mut Answer, ApiError
 /// tools); the finals so far (the usage sums them).
 struct Sse {
     meta: Meta,
-    renders: Vec<logprobs::Render>,
+    renders: Vec<logprobs_json::Render>,
     echo: Vec<Option<String>>,
     calls: Option<Vec<crate::tools::calls::Calls>>,
     finals: Vec<v1::GenerateFinal>,
@@ -217,7 +217,7 @@ impl Sse {
                 false => response::sse(&response::text_chunk(&self.meta, d.index, &d.text)),
             };
         }
-        let (text, lp) = match logprobs::is_prompt_delta(&d) {
+        let (text, lp) = match logprobs_json::is_prompt_delta(&d) {
             true => match echo.take() {
                 Some(text) => (text, render.render(Some(&d.prompt_logprobs), &[])),
                 None => return Bytes::new(),

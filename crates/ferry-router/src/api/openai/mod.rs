@@ -18,7 +18,7 @@ pub mod chat;
 pub mod error;
 pub mod fields;
 pub mod generate;
-pub mod logprobs;
+pub mod logprobs_json;
 pub mod messages;
 pub mod request;
 pub mod response;

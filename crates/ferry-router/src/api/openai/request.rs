@@ -2,7 +2,7 @@
 //! is first checked against [`fields`](super::fields)' table (an unknown field, or a value Ferry
 //! would not honour, is a 400 naming it); then the supported fields are read one by one from the
 //! JSON object, so that a wrong type names its field. `logprobs`, `top_logprobs` and `echo` are
-//! read by [`super::logprobs`], the structured-output fields by [`super::structured`], the
+//! read by [`super::logprobs_json`], the structured-output fields by [`super::structured`], the
 //! messages by [`super::messages`], the tool fields by [`super::tools`].
 
 use ferry_core::SamplingParams;
@@ -36,7 +36,7 @@ pub struct Parsed {
     /// `prompt_cache_key`), as JSON text: logged with the request id.
     pub tags: Vec<(&'static str, String)>,
     /// `logprobs`, `top_logprobs`, `echo`.
-    pub logprobs: super::logprobs::Want,
+    pub logprobs: super::logprobs_json::Want,
     /// A chat's messages (empty for completions). The chat's prompt is rendered from them with
     /// the model's template, and its tools ([`super::chat`]), into `input`.
     pub messages: Vec<ChatMessage>,
@@ -65,7 +65,7 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
     };
     fields::check(fields::FIELDS, kind, &obj, "")?;
     let model: String = field(&obj, "model")?.ok_or_else(|| required("model"))?;
-    let logprobs = super::logprobs::parse(kind, &obj)?;
+    let logprobs = super::logprobs_json::parse(kind, &obj)?;
 
     let (input, messages) = match kind {
         Kind::Completion => (Some(prompt(obj.get("prompt"))?), Vec::new()),
