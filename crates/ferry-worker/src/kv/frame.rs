@@ -17,8 +17,9 @@
 //! straight into the payload and a pipe moves it device to device. Only pure byte functions live
 //! here; [`tcp`] has the async reader and writer, the pipe its blocking ones.
 
-use super::inbound::{Chunk, Event};
-use super::MAX_CHUNK_BYTES;
+use crate::kv::chunks::MAX_CHUNK_BYTES;
+use crate::kv::receive::assembler::Chunk;
+use crate::kv::receive::inbound::Event;
 use ferry_proto::v1::{kv_chunk, KvAckFrame, KvChunk};
 use prost::Message;
 
@@ -183,7 +184,7 @@ pub fn reply(h: &FrameHeader, body: &[u8]) -> std::result::Result<KvAckFrame, St
 /// The frames over a tokio stream (the TCP data path). A header that does not parse is an
 /// `InvalidData` error.
 pub mod tcp {
-    use super::{FrameHeader, HEADER_BYTES};
+    use crate::kv::frame::{FrameHeader, HEADER_BYTES};
     use std::io::{Error, ErrorKind, Result};
     use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 

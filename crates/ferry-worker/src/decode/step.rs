@@ -17,9 +17,9 @@
 use crate::fault::{panic_message, EngineFault, FaultInjection};
 use crate::isolate::{sequence_error, step_isolating, Outcome};
 use crate::load::{LoadGauge, Reservation};
-use crate::pick::Picker;
-use crate::prefill::ModelFacts;
-use crate::{Result, WorkerError};
+use crate::pick::{first_tokens, resume_pickers, Picker, Rules};
+use crate::facts::ModelFacts;
+use crate::error::{Result, WorkerError};
 use crate::logprobs;
 use ferry_core::logprobs::token_logprob;
 use ferry_core::schedule::{plan_step, PromptLeft, StepPolicy};
@@ -107,7 +107,7 @@ pub struct Admission {
     pub events: mpsc::UnboundedSender<DecodeEvent>,
     pub reservation: Reservation,
     /// The structured-output matcher, over the completion so far (not yet the first token).
-    pub rules: crate::pick::Rules,
+    pub rules: Rules,
 }
 
 /// How a worker schedules its steps.
@@ -147,7 +147,7 @@ struct Prefilling {
     prompt_logprobs: Vec<TokenLogprob>,
     events: mpsc::UnboundedSender<DecodeEvent>,
     reservation: Reservation,
-    rules: crate::pick::Rules,
+    rules: Rules,
 }
 
 #[derive(Clone)]
@@ -235,7 +235,7 @@ struct StepLoop {
     faults: FaultInjection,
     /// Steps run so far (for [`FaultInjection::before_step`]).
     steps: u64,
-    /// Seconds the loop was busy around its steps ([`crate::cache_log::publish`]).
+    /// Seconds the loop was busy around its steps ([`LoadGauge::publish`]).
     busy: f64,
 }
 
@@ -305,7 +305,7 @@ impl StepLoop {
     }
 
     fn publish(&mut self) {
-        crate::cache_log::publish(&mut self.engine, &self.load, self.role, self.busy);
+        self.load.publish(&mut self.engine, self.role, self.busy);
         self.load.blocks_free.store(self.engine.free_blocks() as u64, Relaxed);
         self.load.active_sequences.store((self.running.len() + self.prefilling.len()) as u64, Relaxed);
         let queued: usize = self.prefilling.iter().map(|p| p.prompt.len() - p.done).sum();
@@ -445,7 +445,7 @@ impl StepLoop {
                 }
             };
             let stop_ids = self.engine.stop_ids(&p.params);
-            let firsts = match crate::pick::first_tokens(&p.params, &p.rules, &logits, &stop_ids) {
+            let firsts = match first_tokens(&p.params, &p.rules, &logits, &stop_ids) {
                 Ok(f) => f,
                 Err((choice, e)) => {
                     let _ = self.engine.release(p.seq);
@@ -516,7 +516,7 @@ impl StepLoop {
                     let _ = a.events.send(DecodeEvent::Failed(WorkerError::SequenceFailed { request_id: a.request_id, what }));
                     return Ok(());
                 }
-                let pickers = match crate::pick::resume_pickers(&a.params, &a.rules, &firsts) {
+                let pickers = match resume_pickers(&a.params, &a.rules, &firsts) {
                     Ok(p) => p,
                     Err((choice, token, e)) => {
                         let _ = self.engine.release(seq);

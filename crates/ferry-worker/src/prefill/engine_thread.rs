@@ -8,28 +8,25 @@
 //! that prompt alone ([`crate::isolate`]); a panic or a device fault fails them all and takes the
 //! worker out ([`crate::fault`]).
 
+use crate::error::{Result, WorkerError};
+use crate::facts::ModelFacts;
 use crate::fault::{panic_message, EngineFault, FaultInjection};
 use crate::isolate::{sequence_error, step_isolating};
-use crate::kv::transport::{self, KvTransport};
-use crate::kv::Outbound;
+use crate::kv::send::Outbound;
 use crate::load::LoadGauge;
 use crate::logprobs;
-use ferry_grammar::LazyGrammars;
-use crate::{Result, Role, WorkerError};
+use crate::pick::{first_tokens, Rules};
+use crate::role::Role;
 use bytes::Bytes;
-use ferry_core::kv_payload::KvPayloadHeader;
-use ferry_core::KvSpan;
 use ferry_core::schedule::{admit_prompt, plan_prefill, Admit, PromptLeft};
 use ferry_core::{BlockTable, SamplingParams, TokenLogprob};
 use ferry_engine::{Engine, EngineError, SeqId, StepItem};
-use ferry_proto::v1::{KvBegin, KvTarget, KvTransport as KvTransportKind, PrefillRequest, PrefillResponse};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
-use tonic::{Request, Response, Status};
 
 pub struct PrefillJob {
     pub request_id: String,
@@ -49,7 +46,7 @@ pub struct PrefillJob {
     /// Set by the engine thread when the prompt starts: leading tokens served from the cache.
     pub cached: Arc<AtomicUsize>,
     /// The request's structured-output matcher (its first token is masked by it).
-    pub rules: crate::pick::Rules,
+    pub rules: Rules,
 }
 
 enum Cmd {
@@ -67,57 +64,6 @@ struct SeqLease {
 impl Drop for SeqLease {
     fn drop(&mut self) {
         let _ = self.tx.send(Cmd::Release(self.seq));
-    }
-}
-
-/// Model facts the services check requests against.
-#[derive(Clone, Debug)]
-pub struct ModelFacts {
-    pub fingerprint: String,
-    pub layout: ferry_core::KvLayout,
-    pub max_context: usize,
-    pub vocab_size: usize,
-    pub model: String,
-    /// The engine keeps a prefix cache (`EngineConfig::prefix_cache`).
-    pub prefix_cache: bool,
-    /// Structured outputs: the grammar engine for this model's vocabulary.
-    pub grammars: Arc<LazyGrammars>,
-    /// For the logits processors: bad words are tokenized with it.
-    pub tokenizer: Arc<ferry_tokenizer::Tokenizer>,
-    /// The model's end-of-sequence ids (`min_tokens` holds them back).
-    pub eos_ids: Vec<u32>,
-}
-
-impl ModelFacts {
-    pub fn of(engine: &Engine, model: String) -> Self {
-        Self {
-            fingerprint: engine.fingerprint.clone(),
-            layout: engine.kv_layout(),
-            max_context: engine.config().max_position,
-            vocab_size: engine.config().vocab_size,
-            model,
-            prefix_cache: engine.prefix_cache_enabled(),
-            grammars: Arc::new(LazyGrammars::new(engine.tokenizer.clone(), Some(engine.config().vocab_size))),
-            tokenizer: engine.tokenizer.clone(),
-            eos_ids: engine.eos_ids(),
-        }
-    }
-
-    pub fn check_prompt(&self, prompt: &[u32]) -> Result<()> {
-        if prompt.is_empty() {
-            return Err(WorkerError::InvalidRequest("empty prompt".into()));
-        }
-        if prompt.len() >= self.max_context {
-            return Err(WorkerError::InvalidRequest(format!(
-                "prompt of {} tokens does not fit the model's context of {}",
-                prompt.len(),
-                self.max_context
-            )));
-        }
-        if let Some(&id) = prompt.iter().find(|&&id| id as usize >= self.vocab_size) {
-            return Err(WorkerError::InvalidRequest(format!("token id {id} is outside the vocabulary of {}", self.vocab_size)));
-        }
-        Ok(())
     }
 }
 
@@ -221,7 +167,7 @@ struct State {
     load: Arc<LoadGauge>,
     faults: FaultInjection,
     steps: u64,
-    /// Seconds the loop was busy around its steps ([`crate::cache_log::publish`]).
+    /// Seconds the loop was busy around its steps ([`LoadGauge::publish`]).
     busy: f64,
 }
 
@@ -342,7 +288,7 @@ fn blocks(tokens: usize, bs: usize) -> usize {
 }
 
 fn publish(engine: &mut Engine, load: &LoadGauge, queue: &VecDeque<PrefillJob>, active: &[Active], busy: f64) {
-    crate::cache_log::publish(engine, load, Role::Prefill.as_str(), busy);
+    load.publish(engine, Role::Prefill.as_str(), busy);
     let queued: usize = queue.iter().map(|j| j.prompt.len()).sum::<usize>() + active.iter().map(|a| a.job.prompt.len() - a.done).sum::<usize>();
     load.blocks_free.store(engine.free_blocks() as u64, Relaxed);
     load.active_sequences.store(engine.active_sequences() as u64, Relaxed);
@@ -420,7 +366,7 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
         let logits = logprobs::take_chunk(&a.job.params, &a.job.prompt, r.clone(), logits, &mut a.prompt_logprobs);
         if a.done == a.job.prompt.len() {
             let stop_ids = engine.stop_ids(&a.job.params);
-            let firsts = match crate::pick::first_tokens(&a.job.params, &a.job.rules, &logits, &stop_ids) {
+            let firsts = match first_tokens(&a.job.params, &a.job.rules, &logits, &stop_ids) {
                 Ok(f) => f,
                 Err((choice, e)) => {
                     let _ = engine.release(a.seq);
@@ -462,137 +408,4 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
         active.remove(i);
     }
     Ok(())
-}
-
-/// The gRPC `Prefill` service.
-pub struct PrefillService {
-    pub engine: PrefillHandle,
-    pub tcp: Arc<dyn KvTransport>,
-    pub grpc: Arc<dyn KvTransport>,
-    /// Device-to-device pipes (NCCL or CUDA IPC), when this worker has them.
-    pub pipe: Option<Arc<dyn KvTransport>>,
-    /// This worker's own preference, for requests whose target names no transport.
-    pub prefer: crate::TransportChoice,
-    /// The plaintext TCP data path may be used (not with TLS).
-    pub allow_tcp: bool,
-    /// Longest a transfer step may make no progress (see [`crate::kv::DEFAULT_STALL`]).
-    pub stall: std::time::Duration,
-    pub name: String,
-    /// Held from the request's arrival until the decode worker acknowledged its KV.
-    pub drain: Arc<crate::drain::Drain>,
-}
-
-/// Sets the job's cancel flag when the RPC is dropped (client gone) before it finished.
-struct CancelOnDrop(Arc<AtomicBool>);
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        self.0.store(true, Relaxed);
-    }
-}
-
-impl PrefillService {
-    /// The transport for one transfer: the router's choice for the pair (the target's
-    /// `transport`), else this worker's preference; NCCL falls back to TCP or gRPC when it cannot
-    /// be set up, TCP to gRPC when the decode worker has no data address or TLS is on.
-    fn transport_for(&self, target: &KvTarget) -> Arc<dyn KvTransport> {
-        let wanted = match KvTransportKind::try_from(target.transport).unwrap_or(KvTransportKind::Unspecified) {
-            KvTransportKind::Unspecified => self.prefer.kind(),
-            k => k,
-        };
-        let tcp_ok = self.allow_tcp && !target.data_addr.is_empty();
-        // The host path: the TCP data path where it can be used, else gRPC.
-        let host = if tcp_ok { &self.tcp } else { &self.grpc };
-        match wanted {
-            KvTransportKind::Grpc => self.grpc.clone(),
-            KvTransportKind::Nccl | KvTransportKind::CudaIpc => match &self.pipe {
-                Some(pipe) if pipe.kind() == wanted => Arc::new(transport::Fallback { first: pipe.clone(), then: host.clone() }),
-                _ => {
-                    metrics::counter!("ferry_kv_transport_fallbacks_total", "from" => wanted.to_string(), "to" => host.kind().to_string()).increment(1);
-                    tracing::debug!("KV over {wanted} requested, but this worker has no such pipes: using {}", host.kind());
-                    host.clone()
-                }
-            },
-            _ => host.clone(),
-        }
-    }
-
-    async fn run(&self, req: PrefillRequest) -> Result<PrefillResponse> {
-        // Held until `push` returns, i.e. after the decode worker's acknowledgement: a draining
-        // prefill worker exits only when every KV it produced has been taken.
-        let _work = self.drain.begin()?;
-        let facts = &self.engine.facts;
-        facts.check_prompt(&req.prompt)?;
-        let params = ferry_proto::sampling_from_wire(req.sampling.as_ref(), req.stop.as_ref());
-        params.validate()?;
-        let rules = crate::pick::rules_for(facts, &params, &req.prompt).await?;
-        let target: KvTarget = req.target.clone().ok_or_else(|| WorkerError::InvalidRequest("no KV target".into()))?;
-        let transport = self.transport_for(&target);
-        let (out, mut rx) = mpsc::unbounded_channel();
-        let cancelled = Arc::new(AtomicBool::new(false));
-        let _cancel = CancelOnDrop(cancelled.clone());
-        let tokens = req.prompt.len();
-        // The decode worker holds the prompt's first `ship_from` tokens: ship the rest.
-        let ship_from = target.start_block as usize * facts.layout.block_size;
-        if ship_from >= tokens {
-            return Err(WorkerError::InvalidRequest(format!(
-                "the KV target starts at block {} (token {ship_from}) of a {tokens}-token prompt: nothing would be shipped",
-                target.start_block
-            )));
-        }
-        let buffers = matches!(transport.kind(), KvTransportKind::Nccl | KvTransportKind::CudaIpc);
-        let cached = Arc::new(AtomicUsize::new(0));
-        let salt = req.cache_salt.to_vec();
-        let job = PrefillJob { request_id: req.request_id.clone(), prompt: req.prompt, params, out, cancelled, enqueued: Instant::now(), buffers, salt, ship_from, cached: cached.clone(), rules };
-        self.engine.submit(job)?;
-        let span = KvSpan { header: KvPayloadHeader { layout: facts.layout, tokens: tokens - ship_from }, start: ship_from };
-        let begin = KvBegin {
-            transfer_token: target.transfer_token.clone(),
-            fingerprint: facts.fingerprint.clone(),
-            header: span.encode().into(),
-            request_id: req.request_id.clone(),
-        };
-        let pushed = transport::push(transport.as_ref(), &target, begin, &mut rx, self.stall).await?;
-        let kind = KvTransportKind::try_from(pushed.stats.transport).unwrap_or(KvTransportKind::Unspecified).to_string();
-        metrics::counter!("ferry_kv_transfers_total", "transport" => kind.clone()).increment(1);
-        metrics::counter!("ferry_kv_transfer_bytes_total", "transport" => kind.clone()).increment(pushed.stats.bytes);
-        metrics::histogram!("ferry_kv_transfer_seconds", "transport" => kind).record(pushed.stats.duration_ms / 1e3);
-        metrics::histogram!("ferry_worker_prefill_seconds").record(pushed.computed.as_secs_f64());
-        metrics::histogram!("ferry_worker_queue_seconds", "role" => "prefill").record(pushed.queued.as_secs_f64());
-        let cached = cached.load(Relaxed);
-        tracing::info!(
-            request_id = %req.request_id, tokens, cached, ship_from, kv_bytes = pushed.stats.bytes, transfer_ms = pushed.stats.duration_ms,
-            exposed_ms = pushed.stats.exposed_ms, decode = %target.decode_worker, "prefilled"
-        );
-        Ok(PrefillResponse {
-            first_token: pushed.first_token,
-            first_is_stop: pushed.first_is_stop,
-            queue_ms: pushed.queued.as_secs_f64() * 1e3,
-            prefill_ms: pushed.computed.as_secs_f64() * 1e3,
-            kv: Some(pushed.stats),
-            cached_tokens: cached as u32,
-            first_logprob: pushed.first_logprob.as_ref().map(ferry_proto::logprob_to_wire),
-            prompt_logprobs: pushed.prompt_logprobs.iter().map(ferry_proto::logprob_to_wire).collect(),
-            more_choices: pushed.more_choices,
-        })
-    }
-}
-
-#[tonic::async_trait]
-impl ferry_proto::v1::prefill_server::Prefill for PrefillService {
-    async fn prefill(&self, req: Request<PrefillRequest>) -> std::result::Result<Response<PrefillResponse>, Status> {
-        let req = req.into_inner();
-        let id = req.request_id.clone();
-        match self.run(req).await {
-            Ok(r) => {
-                metrics::counter!("ferry_worker_requests_total", "role" => "prefill", "outcome" => "ok").increment(1);
-                Ok(Response::new(r))
-            }
-            Err(e) => {
-                metrics::counter!("ferry_worker_requests_total", "role" => "prefill", "outcome" => "error").increment(1);
-                tracing::warn!(request_id = %id, worker = %self.name, "prefill failed: {e}");
-                Err(e.into())
-            }
-        }
-    }
 }
