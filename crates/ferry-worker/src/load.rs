@@ -167,6 +167,8 @@ impl LoadGauge {
     /// prefill, decode, colocated).
     pub fn publish(&self, engine: &mut Engine, role: &'static str, busy: f64) {
         let load = self;
+        // Dropped sequence handles give their blocks back before anything is counted.
+        engine.reclaim();
         load.record_clock(engine.clock(), busy);
         let enabled = engine.prefix_cache_enabled();
         load.prefix_cache.store(enabled, Relaxed);

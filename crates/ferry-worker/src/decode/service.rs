@@ -1,7 +1,7 @@
 //! The `Decode` service of decode and colocated workers: admits a request only if the KV cache
 //! can hold prompt + max_tokens, then either waits for its KV from a prefill worker (with a
 //! timeout) and imports it, or (colocated) hands the prompt to the engine loop to prefill; then
-//! streams the tokens the continuous-batching loop ([`super::step`]) produces.
+//! streams the tokens the continuous-batching loop ([`super::step`], through [`super::handle`]) produces.
 
 use crate::cluster::drain::Drain;
 use crate::kv::receive::{Delivery, KvReceiver, Ticket};
@@ -20,7 +20,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use super::step::{Admission, DecodeEvent, DecodeHandle, HeldPrefix, Source};
+use super::admission::{Admission, DecodeEvent, FirstToken, HeldPrefix, Source};
+use super::handle::DecodeHandle;
 
 /// The gRPC `Decode` service.
 pub struct DecodeService {
@@ -180,13 +181,18 @@ async fn receive_kv(
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
     let (imp_tx, imp_rx) = oneshot::channel();
     let Delivery { assembled, ack } = delivery;
-    admission.source = Source::Kv { payload: assembled.payload, device: assembled.device, end: assembled.end, onto, tokens, imported: imp_tx };
+    // The wire's end of the KV, as the engine thread takes it: each choice's first token.
+    let end = &assembled.end;
+    let first = FirstToken { token: end.first_token, is_stop: end.first_is_stop, sampler_state: end.sampler_state };
+    let more = end.more_choices.iter().map(|f| FirstToken { token: f.token, is_stop: f.is_stop, sampler_state: f.sampler_state });
+    let firsts = std::iter::once(first).chain(more).collect();
+    admission.source = Source::Kv { payload: assembled.payload, device: assembled.device, firsts, onto, tokens, imported: imp_tx };
     admission.events = ev_tx;
     let imported = match engine.admit(admission) {
         Ok(()) => match imp_rx.await {
             Ok((r, buf)) => {
                 receiver.buffers.give(buf);
-                r
+                r.map_err(Status::from)
             }
             Err(_) => Err(WorkerError::EngineFailed("the decode engine stopped before importing the KV".into()).status()),
         },

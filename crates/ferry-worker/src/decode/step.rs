@@ -1,145 +1,47 @@
-//! The continuous-batching engine loop of decode and colocated workers (Orca, OSDI '22): one
+//! The continuous-batching engine thread of decode and colocated workers (Orca, OSDI '22): one
 //! engine thread steps every running sequence each iteration, and sequences join and leave
 //! between steps.
 //!
-//! A decode worker's sequences arrive as imported KV. A colocated worker (the baseline that
-//! disaggregation is measured against) also takes prompts and prefills them in the same loop, in
-//! one of two ways:
+//! A decode worker's sequences arrive as imported KV ([`super::import`]). A colocated worker
+//! (the baseline that disaggregation is measured against) also takes prompts and prefills them
+//! in the same loop, in one of two ways:
 //! - **prefill first** (`chunk_tokens: None`, vLLM's classic scheduler): a step that has prompts
 //!   to prefill runs only them, whole (up to the step budget); running decodes wait that step;
 //! - **chunked prefill** (`chunk_tokens: Some(B)`, Sarathi-Serve, arXiv:2403.02310): every step
 //!   carries all running decodes plus prompt chunks filling the rest of a budget of B tokens, so
 //!   a long prompt never stalls decodes for more than one bounded step.
 //!
-//! A step that fails for one sequence ends that sequence only ([`crate::isolate`]); a panic or
-//! a device fault ends the engine thread, failing everything it holds ([`crate::fault`]).
+//! A request with its first tokens joins the batch by [`super::fork`]; a choice leaves it by
+//! [`super::finish`]. Every sequence is held as an `ferry_engine::Sequence`, so a request that
+//! leaves by any path gives its blocks back. A step that fails for one sequence ends that
+//! sequence only ([`crate::isolate`]); a panic or a device fault ends the engine thread, failing
+//! everything it holds ([`crate::fault`]).
 
-use crate::fault::{panic_message, EngineFault, FaultInjection};
+use super::admission::{Admission, Cmd, DecodeEvent, HeldPrefix, Scheduling, Source};
+use super::finish::{advance, leave, Running};
+use super::fork::{join, Joining, Start};
+use super::import::{import, Arrived, Request};
+use crate::error::WorkerError;
+use crate::fault::FaultInjection;
 use crate::isolate::{sequence_error, step_isolating, Outcome};
 use crate::load::{LoadGauge, Reservation};
-use crate::pick::{first_tokens, resume_pickers, Picker, Rules};
-use crate::facts::ModelFacts;
-use crate::error::{Result, WorkerError};
 use crate::logprobs;
+use crate::pick::{first_tokens, Rules};
 use ferry_core::logprobs::token_logprob;
 use ferry_core::schedule::{plan_step, PromptLeft, StepPolicy};
 use ferry_core::{SamplingParams, TokenLogprob};
-use ferry_core::finish::{After, Bounds};
-use ferry_engine::{Engine, EngineError, FinishReason, Logits, SeqId, StepItem};
-use ferry_proto::v1::KvEnd;
+use ferry_engine::{Engine, EngineError, FinishReason, Logits, Sequence, StepItem};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::{mpsc, oneshot};
-use tonic::Status;
+use tokio::sync::mpsc;
 
-pub enum DecodeEvent {
-    /// A generated token of choice `choice` (0 unless `SamplingParams::n` > 1), with its logprob
-    /// when asked for (`SamplingParams::logprobs`).
-    Token { choice: u32, token: u32, logprob: Option<TokenLogprob> },
-    /// The prompt's logprobs (`SamplingParams::prompt_logprobs`), before the first token, when
-    /// this worker computed the prompt.
-    PromptLogprobs(Vec<TokenLogprob>),
-    /// Choice `choice` ended; the request ends with its last choice.
-    Finished { choice: u32, reason: FinishReason, completion_tokens: u32 },
-    /// The request ended with this error (its sequence is freed).
-    Failed(WorkerError),
-}
-
-/// Where an admitted sequence's KV comes from.
-pub enum Source {
-    /// Shipped by a prefill worker: import it; `imported` gets the outcome and the buffer back.
-    /// `device`: the body, when it arrived device to device (`payload` is then the header alone).
-    /// `onto`: the sequence that holds the prompt's cached prefix, which the payload (a span from
-    /// its end) extends; `tokens`: the payload's token ids, so its full blocks are cached here.
-    Kv {
-        payload: Vec<u8>,
-        device: Option<ferry_engine::KvBuffer>,
-        end: KvEnd,
-        onto: Option<HeldPrefix>,
-        tokens: Option<Vec<u32>>,
-        imported: oneshot::Sender<(std::result::Result<(), Status>, Vec<u8>)>,
-    },
-    /// Compute the prompt here (colocated; or a decode worker's short suffix after a cached
-    /// prefix), starting on the prefix `held` holds when there is one.
-    Prompt { prompt: Vec<u32>, held: Option<HeldPrefix> },
-}
-
-/// What the engine thread is asked.
-enum Cmd {
-    Admit(Admission),
-    /// Start a sequence on the longest cached prefix of `tokens` (at most `max` tokens).
-    Attach { tokens: Vec<u32>, salt: Vec<u8>, max: usize, reply: oneshot::Sender<(SeqId, usize)> },
-    Release(SeqId),
-}
-
-/// A sequence started on a cached prefix, not yet running: its blocks are held (they cannot be
-/// evicted) until it runs, and freed if it is dropped first (the request failed or went away).
-pub struct HeldPrefix {
-    seq: Option<SeqId>,
-    /// Leading prompt tokens it holds (whole blocks; 0 when nothing was cached).
-    pub cached: usize,
-    tx: std_mpsc::Sender<Cmd>,
-}
-
-impl HeldPrefix {
-    fn take(mut self) -> Option<SeqId> {
-        self.seq.take()
-    }
-}
-
-impl Drop for HeldPrefix {
-    fn drop(&mut self) {
-        if let Some(seq) = self.seq.take() {
-            let _ = self.tx.send(Cmd::Release(seq));
-        }
-    }
-}
-
-/// A request handed to the engine thread.
-pub struct Admission {
-    pub request_id: String,
-    pub source: Source,
-    pub params: SamplingParams,
-    pub prompt_tokens: usize,
-    pub events: mpsc::UnboundedSender<DecodeEvent>,
-    pub reservation: Reservation,
-    /// The structured-output matcher, over the completion so far (not yet the first token).
-    pub rules: Rules,
-}
-
-/// How a worker schedules its steps.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Scheduling {
-    /// Takes prompts (a colocated worker).
-    pub accept_prompts: bool,
-    /// Chunked prefill with this token budget per step; None: prefill first, whole prompts.
-    pub chunk_tokens: Option<usize>,
-}
-
-struct Running {
-    request_id: String,
-    /// Which of the request's choices this sequence is (`SamplingParams::n`).
-    choice: u32,
-    seq: SeqId,
-    picker: Picker,
-    stop_ids: Vec<u32>,
-    count: usize,
-    last: u32,
-    prompt_tokens: usize,
-    max_tokens: usize,
-    /// Alternatives per token when logprobs are asked for.
-    logprobs: Option<u32>,
-    events: mpsc::UnboundedSender<DecodeEvent>,
-    /// The request's KV reservation, shared by its choices: released with the last.
-    _reservation: Arc<Reservation>,
-}
-
+/// A colocated prompt being prefilled.
 struct Prefilling {
     request_id: String,
-    seq: SeqId,
+    seq: Sequence,
     prompt: Vec<u32>,
     done: usize,
     params: SamplingParams,
@@ -150,82 +52,8 @@ struct Prefilling {
     rules: Rules,
 }
 
-#[derive(Clone)]
-pub struct DecodeHandle {
-    tx: std_mpsc::Sender<Cmd>,
-    pub load: Arc<LoadGauge>,
-    pub facts: ModelFacts,
-    pub scheduling: Scheduling,
-    /// Set when the engine thread failed (see [`crate::fault`]).
-    pub fault: Arc<EngineFault>,
-}
-
-impl DecodeHandle {
-    pub fn admit(&self, a: Admission) -> Result<()> {
-        self.tx.send(Cmd::Admit(a)).map_err(|_| WorkerError::ShuttingDown)
-    }
-
-    /// A new sequence on the longest prefix of `tokens` cached under `salt` (whole blocks, at most
-    /// `max` tokens; nothing with the cache off), held until an admission takes it.
-    pub async fn attach(&self, tokens: Vec<u32>, salt: Vec<u8>, max: usize) -> Result<HeldPrefix> {
-        let (reply, rx) = oneshot::channel();
-        self.tx.send(Cmd::Attach { tokens, salt, max, reply }).map_err(|_| WorkerError::ShuttingDown)?;
-        let (seq, cached) = rx.await.map_err(|_| WorkerError::ShuttingDown)?;
-        Ok(HeldPrefix { seq: Some(seq), cached, tx: self.tx.clone() })
-    }
-}
-
-pub fn spawn(engine: Engine, model: String, scheduling: Scheduling) -> DecodeHandle {
-    spawn_with(engine, model, scheduling, FaultInjection::default())
-}
-
-/// [`spawn`], with failures injected on purpose (tests).
-pub fn spawn_with(engine: Engine, model: String, scheduling: Scheduling, faults: FaultInjection) -> DecodeHandle {
-    let (tx, rx) = std_mpsc::channel();
-    let load = Arc::new(LoadGauge::default());
-    load.blocks_total.store(engine.total_blocks() as u64, Relaxed);
-    load.blocks_free.store(engine.free_blocks() as u64, Relaxed);
-    load.block_size.store(engine.kv_layout().block_size as u64, Relaxed);
-    let facts = ModelFacts::of(&engine, model);
-    let fault = EngineFault::new();
-    let handle = DecodeHandle { tx, load: load.clone(), facts, scheduling, fault: fault.clone() };
-    let role = if scheduling.accept_prompts { "colocated" } else { "decode" };
-    std::thread::Builder::new()
-        .name(format!("ferry-{role}"))
-        .spawn(move || {
-            let mut lp = StepLoop { engine, running: Vec::new(), prefilling: VecDeque::new(), load, scheduling, role, faults, steps: 0, busy: 0.0 };
-            let what = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lp.run(&rx))) {
-                Ok(Ok(())) => return,
-                Ok(Err(e)) => format!("a {role} step failed at the backend: {e}"),
-                Err(p) => format!("the {role} engine thread panicked: {}", panic_message(p.as_ref())),
-            };
-            tracing::error!("{what}: failing every request this worker holds and taking it out");
-            fault.report(what.clone());
-            lp.fail_all(&what);
-            while let Ok(cmd) = rx.try_recv() {
-                if let Cmd::Admit(a) = cmd {
-                    fail_admission(a, &what);
-                }
-            }
-        })
-        .expect("spawn the engine thread");
-    handle
-}
-
-/// An admission the failed engine never took: its request fails, tagged `engine`.
-fn fail_admission(a: Admission, what: &str) {
-    let e = WorkerError::EngineFailed(what.to_string());
-    match a.source {
-        Source::Kv { payload, imported, .. } => {
-            let _ = imported.send((Err(e.status()), payload));
-        }
-        Source::Prompt { .. } => {
-            let _ = a.events.send(DecodeEvent::Failed(e));
-        }
-    }
-}
-
-struct StepLoop {
+/// The decode engine thread's state.
+pub(super) struct DecodeThread {
     engine: Engine,
     running: Vec<Running>,
     prefilling: VecDeque<Prefilling>,
@@ -245,9 +73,13 @@ enum RowGroup {
     Prefill(usize, std::ops::Range<usize>),
 }
 
-impl StepLoop {
+impl DecodeThread {
+    pub(super) fn new(engine: Engine, load: Arc<LoadGauge>, scheduling: Scheduling, role: &'static str, faults: FaultInjection) -> Self {
+        DecodeThread { engine, running: Vec::new(), prefilling: VecDeque::new(), load, scheduling, role, faults, steps: 0, busy: 0.0 }
+    }
+
     /// Step until every handle is gone (Ok) or the backend fails (Err: the engine is broken).
-    fn run(&mut self, rx: &std_mpsc::Receiver<Cmd>) -> std::result::Result<(), EngineError> {
+    pub(super) fn run(&mut self, rx: &std_mpsc::Receiver<Cmd>) -> Result<(), EngineError> {
         let mut rotate = 0usize;
         loop {
             self.publish();
@@ -273,18 +105,18 @@ impl StepLoop {
         }
     }
 
-    fn handle(&mut self, cmd: Cmd) -> std::result::Result<(), EngineError> {
+    fn handle(&mut self, cmd: Cmd) -> Result<(), EngineError> {
         match cmd {
             Cmd::Admit(a) => return self.admit(a),
             Cmd::Attach { tokens, salt, max, reply } => {
                 let (seq, cached) = self.engine.new_sequence_with_prefix(&tokens, &salt, max.min(tokens.len()));
-                if reply.send((seq, cached)).is_err() {
-                    let _ = self.engine.release(seq);
-                }
+                // Nobody waits any more: the sequence drops with the reply, freeing its blocks.
+                let _ = reply.send((self.engine.own(seq), cached));
             }
             Cmd::Release(seq) => {
-                if let Err(e) = self.engine.release(seq) {
-                    tracing::error!("releasing held sequence {}: {e}", seq.0);
+                let id = seq.id();
+                if let Err(e) = self.engine.release_now(seq) {
+                    tracing::error!("releasing held sequence {}: {e}", id.0);
                 }
             }
         }
@@ -292,13 +124,11 @@ impl StepLoop {
     }
 
     /// The engine failed: every request held ends, tagged `engine` (the router moves them).
-    fn fail_all(&mut self, what: &str) {
+    pub(super) fn fail_all(&mut self, what: &str) {
         for r in self.running.drain(..) {
-            let _ = self.engine.release(r.seq);
-            let _ = r.events.send(DecodeEvent::Failed(WorkerError::EngineFailed(what.to_string())));
+            leave(r, Err(WorkerError::EngineFailed(what.to_string())));
         }
         for p in self.prefilling.drain(..) {
-            let _ = self.engine.release(p.seq);
             let _ = p.events.send(DecodeEvent::Failed(WorkerError::EngineFailed(what.to_string())));
         }
         self.publish();
@@ -314,23 +144,11 @@ impl StepLoop {
         self.load.export(self.role);
     }
 
-    /// Requests whose stream was dropped leave now, freeing their blocks.
+    /// Requests whose stream was dropped leave now (their sequences drop, freeing their blocks).
     fn drop_cancelled(&mut self) {
-        let engine = &mut self.engine;
-        self.running.retain(|r| {
-            let keep = !r.events.is_closed();
-            if !keep {
-                let _ = engine.release(r.seq);
-            }
-            keep
-        });
-        self.prefilling.retain(|p| {
-            let keep = !p.events.is_closed();
-            if !keep {
-                let _ = engine.release(p.seq);
-            }
-            keep
-        });
+        self.running.retain(|r| !r.events.is_closed());
+        self.prefilling.retain(|p| !p.events.is_closed());
+        self.engine.reclaim();
     }
 
     /// Which rows the next step carries (see the module doc): [`ferry_core::schedule::plan_step`].
@@ -346,10 +164,9 @@ impl StepLoop {
         let decodes = plan.decodes.into_iter().map(RowGroup::Decode);
         decodes.chain(plan.prefills.into_iter().map(|(j, n)| RowGroup::Prefill(j, self.prefilling[j].done..self.prefilling[j].done + n))).collect()
     }
-
     /// One step over `parts`. A part whose sequence fails ends that request alone; Err only
     /// when the backend failed.
-    fn step(&mut self, parts: Vec<RowGroup>) -> std::result::Result<(), EngineError> {
+    fn step(&mut self, parts: Vec<RowGroup>) -> Result<(), EngineError> {
         let toks: Vec<[u32; 1]> = parts
             .iter()
             .map(|p| match p {
@@ -363,11 +180,11 @@ impl StepLoop {
             .iter()
             .zip(&toks)
             .map(|(p, t)| match p {
-                RowGroup::Decode(i) => StepItem { seq: self.running[*i].seq, tokens: t, logits: Logits::Last },
+                RowGroup::Decode(i) => StepItem { seq: self.running[*i].seq.id(), tokens: t, logits: Logits::Last },
                 RowGroup::Prefill(j, r) => {
                     let p = &self.prefilling[*j];
                     let logits = logprobs::chunk_logits(&p.params, r, p.prompt.len());
-                    StepItem { seq: p.seq, tokens: &p.prompt[r.clone()], logits }
+                    StepItem { seq: p.seq.id(), tokens: &p.prompt[r.clone()], logits }
                 }
             })
             .collect();
@@ -382,8 +199,8 @@ impl StepLoop {
         let outcomes: Vec<Outcome> = outcomes?;
         let ctx = self.engine.config().max_position;
         // Requests that leave the batch: finished, or failed alone.
-        let mut leaving: Vec<(usize, std::result::Result<FinishReason, WorkerError>)> = Vec::new();
-        let mut prefilled: Vec<(usize, std::result::Result<Vec<f32>, WorkerError>)> = Vec::new();
+        let mut leaving: Vec<(usize, Result<FinishReason, WorkerError>)> = Vec::new();
+        let mut prefilled: Vec<(usize, Result<Vec<f32>, WorkerError>)> = Vec::new();
         for (part, outcome) in parts.iter().zip(outcomes) {
             match (part, outcome) {
                 (RowGroup::Decode(i), Ok(mut logits)) => {
@@ -425,12 +242,7 @@ impl StepLoop {
         }
         leaving.sort_by_key(|f| std::cmp::Reverse(f.0));
         for (i, end) in leaving {
-            let r = self.running.swap_remove(i);
-            let _ = self.engine.release(r.seq);
-            let _ = r.events.send(match end {
-                Ok(reason) => DecodeEvent::Finished { choice: r.choice, reason, completion_tokens: r.count as u32 },
-                Err(e) => DecodeEvent::Failed(e),
-            });
+            leave(self.running.swap_remove(i), end);
         }
         // Prompts done: sample their first token here and join the running batch.
         prefilled.sort_by_key(|f| std::cmp::Reverse(f.0));
@@ -439,7 +251,6 @@ impl StepLoop {
             let logits = match logits {
                 Ok(l) => l,
                 Err(e) => {
-                    let _ = self.engine.release(p.seq);
                     let _ = p.events.send(DecodeEvent::Failed(e));
                     continue;
                 }
@@ -448,7 +259,6 @@ impl StepLoop {
             let firsts = match first_tokens(&p.params, &p.rules, &logits, &stop_ids) {
                 Ok(f) => f,
                 Err((choice, e)) => {
-                    let _ = self.engine.release(p.seq);
                     let what = format!("sampling the first token of choice {choice}: {e}");
                     let _ = p.events.send(DecodeEvent::Failed(WorkerError::GrammarFailed { request_id: p.request_id, what }));
                     continue;
@@ -464,193 +274,53 @@ impl StepLoop {
                 }
                 choices.push(Start { token: f.token, is_stop: f.is_stop, picker: f.picker });
             }
-            let (seq, prompt_tokens) = (p.seq, p.prompt.len());
-            self.start(&p.request_id, seq, choices, &p.params, prompt_tokens, p.events, p.reservation);
+            let prompt_tokens = p.prompt.len();
+            let joining = Joining { request_id: &p.request_id, seq: p.seq, choices, params: &p.params, prompt_tokens, events: p.events, reservation: p.reservation };
+            let joined = join(&mut self.engine, joining);
+            self.running.extend(joined);
         }
         Ok(())
     }
 
     /// Take a request in. Err only when importing its KV failed at the backend (the engine is
     /// broken; the request has its failure already).
-    fn admit(&mut self, a: Admission) -> std::result::Result<(), EngineError> {
-        match a.source {
-            Source::Kv { payload, device, end, onto, tokens, imported } => {
-                let onto = onto.and_then(HeldPrefix::take);
-                let tokens = tokens.as_deref();
-                let seq = match (onto, &device) {
-                    (Some(seq), Some(body)) => self.engine.import_kv_buffer_onto(seq, &payload, body, tokens).map(|()| seq),
-                    (Some(seq), None) => self.engine.import_kv_onto(seq, &payload, tokens).map(|()| seq),
-                    (None, Some(body)) => self.engine.import_kv_buffer(&payload, body),
-                    (None, None) => self.engine.import_kv(&payload),
-                };
-                if seq.is_err()
-                    && let Some(held) = onto
-                {
-                    let _ = self.engine.release(held);
-                }
-                drop(device);
-                let seq = match seq {
-                    Ok(seq) => seq,
-                    Err(e) if e.is_device_fault() => {
-                        let what = format!("importing the KV of request {}: {e}", a.request_id);
-                        let _ = imported.send((Err(WorkerError::EngineFailed(what).status()), payload));
-                        return Err(e);
-                    }
-                    Err(e) => {
-                        let _ = imported.send((Err(Status::from(WorkerError::from(e))), payload));
-                        return Ok(());
-                    }
-                };
-                if imported.send((Ok(()), payload)).is_err() {
-                    let _ = self.engine.release(seq);
-                    return Ok(());
-                }
-                // The first tokens were sampled under the grammar on the prefill worker: each
-                // choice's matcher here takes its own before sampling the next.
-                let n = a.params.n.max(1) as usize;
-                let mut firsts = vec![(end.first_token, end.first_is_stop, end.sampler_state)];
-                firsts.extend(end.more_choices.iter().map(|f| (f.token, f.is_stop, f.sampler_state)));
-                if firsts.len() != n {
-                    let _ = self.engine.release(seq);
-                    let what = format!("the KV's end carries first tokens for {} choices; the request has {n}", firsts.len());
-                    let _ = a.events.send(DecodeEvent::Failed(WorkerError::SequenceFailed { request_id: a.request_id, what }));
-                    return Ok(());
-                }
-                let pickers = match resume_pickers(&a.params, &a.rules, &firsts) {
-                    Ok(p) => p,
-                    Err((choice, token, e)) => {
-                        let _ = self.engine.release(seq);
-                        let what = format!("on the first token {token} of choice {choice}: {e}");
-                        let _ = a.events.send(DecodeEvent::Failed(WorkerError::GrammarFailed { request_id: a.request_id, what }));
-                        return Ok(());
-                    }
-                };
-                let choices = firsts.iter().zip(pickers).map(|(&(token, is_stop, _), picker)| Start { token, is_stop, picker }).collect();
+    fn admit(&mut self, a: Admission) -> Result<(), EngineError> {
+        let Admission { request_id, source, params, prompt_tokens, events, reservation, rules } = a;
+        match source {
+            Source::Kv { payload, device, firsts, onto, tokens, imported } => {
+                let request = Request { request_id: &request_id, params: &params, rules: &rules, events: &events };
+                let arrived = Arrived { payload, device, firsts, onto, tokens, imported };
+                let Some((seq, choices)) = import(&mut self.engine, &request, arrived)? else { return Ok(()) };
                 // The router already streamed the first tokens (they came with prefill's answer).
-                self.start(&a.request_id, seq, choices, &a.params, a.prompt_tokens, a.events, a.reservation);
+                let joining = Joining { request_id: &request_id, seq, choices, params: &params, prompt_tokens, events, reservation };
+                let joined = join(&mut self.engine, joining);
+                self.running.extend(joined);
             }
             Source::Prompt { prompt, held } => {
                 // A prompt whose logprobs are asked for is computed whole (dropping a held
                 // prefix frees it).
-                let held = held.filter(|_| a.params.prompt_logprobs.is_none());
-                let (seq, done) = match held.as_ref().map(|h| h.cached) {
-                    Some(cached) => match held.and_then(HeldPrefix::take) {
-                        Some(seq) => (seq, cached),
-                        None => (self.engine.new_sequence(), 0),
-                    },
-                    None => (self.engine.new_sequence(), 0),
+                let held = held.filter(|_| params.prompt_logprobs.is_none());
+                let cached = held.as_ref().map_or(0, |h| h.cached);
+                let (seq, done) = match held.and_then(HeldPrefix::take) {
+                    Some(seq) => (seq, cached),
+                    None => {
+                        let id = self.engine.new_sequence();
+                        (self.engine.own(id), 0)
+                    }
                 };
                 self.prefilling.push_back(Prefilling {
-                    request_id: a.request_id,
+                    request_id,
                     seq,
                     prompt,
                     done,
-                    params: a.params,
+                    params,
                     prompt_logprobs: Vec::new(),
-                    events: a.events,
-                    reservation: a.reservation,
-                    rules: a.rules,
+                    events,
+                    reservation,
+                    rules,
                 });
             }
         }
         Ok(())
     }
-
-    /// A request whose first tokens are known joins the running batch, one sequence per choice
-    /// that its first token does not already finish: the first such choice runs on `seq`, each
-    /// other on a fork of it (sharing the prompt's full blocks, with its own copy of the last
-    /// partial one). `seq` is released if no choice needs it.
-    #[allow(clippy::too_many_arguments)]
-    fn start(
-        &mut self,
-        request_id: &str,
-        seq: SeqId,
-        choices: Vec<Start>,
-        params: &SamplingParams,
-        prompt_tokens: usize,
-        events: mpsc::UnboundedSender<DecodeEvent>,
-        reservation: Reservation,
-    ) {
-        let stop_ids = self.engine.stop_ids(params);
-        let reservation = Arc::new(reservation);
-        let mut seq = Some(seq);
-        let mut joined: Vec<Running> = Vec::new();
-        let mut ended = Vec::new();
-        for (i, Start { token: first, is_stop: first_is_stop, picker }) in choices.into_iter().enumerate() {
-            let choice = i as u32;
-            let count = usize::from(!first_is_stop);
-            let bounds = Bounds { stop_ids: &stop_ids, max_tokens: params.max_tokens, prompt_tokens, context: self.engine.config().max_position };
-            let finish = match first_is_stop {
-                true => Some(FinishReason::StopToken(first)),
-                false => bounds.after(After { token: first, count, grammar_done: picker.finished(), stop_string: false }),
-            };
-            if let Some(reason) = finish {
-                ended.push(DecodeEvent::Finished { choice, reason, completion_tokens: count as u32 });
-                continue;
-            }
-            // The first continuing choice takes `seq`; every other a fork of the prompt's KV.
-            let own = match joined.first() {
-                None => seq.take().ok_or(None),
-                Some(lead) => self.engine.fork(lead.seq).map_err(Some),
-            };
-            let own = match own {
-                Ok(s) => s,
-                Err(e) => {
-                    let what = format!("forking the prompt's KV for choice {choice}: {}", e.map_or_else(|| "no sequence".to_string(), |e| e.to_string()));
-                    for r in joined {
-                        let _ = self.engine.release(r.seq);
-                    }
-                    if let Some(s) = seq {
-                        let _ = self.engine.release(s);
-                    }
-                    let _ = events.send(DecodeEvent::Failed(WorkerError::SequenceFailed { request_id: request_id.to_string(), what }));
-                    return;
-                }
-            };
-            joined.push(Running {
-                request_id: request_id.to_string(),
-                choice,
-                seq: own,
-                picker,
-                stop_ids: stop_ids.clone(),
-                count,
-                last: first,
-                prompt_tokens,
-                max_tokens: params.max_tokens,
-                logprobs: params.logprobs,
-                events: events.clone(),
-                _reservation: reservation.clone(),
-            });
-        }
-        if let Some(s) = seq {
-            let _ = self.engine.release(s);
-        }
-        for e in ended {
-            let _ = events.send(e);
-        }
-        if !joined.is_empty() {
-            tracing::debug!(request_id, choices = joined.len(), "joined the running batch");
-        }
-        self.running.extend(joined);
-    }
-}
-
-/// One choice's first token and chooser, as a request joins the running batch.
-struct Start {
-    token: u32,
-    is_stop: bool,
-    picker: Picker,
-}
-
-/// Account for a newly sampled token (`lp`: its logprob, when asked for); Some(reason) when the
-/// sequence is finished.
-fn advance(r: &mut Running, tok: u32, lp: Option<TokenLogprob>, ctx: usize) -> Option<FinishReason> {
-    let bounds = Bounds { stop_ids: &r.stop_ids, max_tokens: r.max_tokens, prompt_tokens: r.prompt_tokens, context: ctx };
-    if let Some(f) = bounds.stops(tok) {
-        return Some(f);
-    }
-    r.count += 1;
-    r.last = tok;
-    let _ = r.events.send(DecodeEvent::Token { choice: r.choice, token: tok, logprob: lp });
-    bounds.after(After { token: tok, count: r.count, grammar_done: r.picker.finished(), stop_string: false })
 }

@@ -12,15 +12,15 @@ use crate::error::{Result, WorkerError};
 use crate::facts::ModelFacts;
 use crate::fault::{panic_message, EngineFault, FaultInjection};
 use crate::isolate::{sequence_error, step_isolating};
-use crate::kv::send::Outbound;
+use crate::kv::send::{FirstChoice, Outbound};
 use crate::load::LoadGauge;
 use crate::logprobs;
-use crate::pick::{first_tokens, Rules};
+use crate::pick::{first_tokens, First, Rules};
 use crate::role::Role;
 use bytes::Bytes;
 use ferry_core::schedule::{admit_prompt, plan_prefill, Admit, PromptLeft};
 use ferry_core::{BlockTable, SamplingParams, TokenLogprob};
-use ferry_engine::{Engine, EngineError, SeqId, StepItem};
+use ferry_engine::{Engine, EngineError, SeqId, Sequence, StepItem};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc as std_mpsc;
@@ -51,19 +51,23 @@ pub struct PrefillJob {
 
 enum Cmd {
     Job(PrefillJob),
-    Release(SeqId),
+    /// A lease came back: free its sequence now (prompts may wait for those blocks).
+    Release(Sequence),
 }
 
 /// Holds a finished prompt's KV blocks; dropping it (after the decode worker's acknowledgement,
-/// or on any failure) frees them on the engine thread.
+/// or on any failure) hands them to the engine thread, which wakes and frees them. If the thread
+/// is gone, the sequence drops here and its engine went with the thread.
 struct SeqLease {
-    seq: SeqId,
+    seq: Option<Sequence>,
     tx: std_mpsc::Sender<Cmd>,
 }
 
 impl Drop for SeqLease {
     fn drop(&mut self) {
-        let _ = self.tx.send(Cmd::Release(self.seq));
+        if let Some(seq) = self.seq.take() {
+            let _ = self.tx.send(Cmd::Release(seq));
+        }
     }
 }
 
@@ -113,7 +117,7 @@ impl PrefillHandle {
 
 struct Active {
     job: PrefillJob,
-    seq: SeqId,
+    seq: Sequence,
     done: usize,
     started: Instant,
     /// The prompt's logprobs so far, when asked for ([`crate::logprobs`]).
@@ -217,8 +221,9 @@ impl State {
         match cmd {
             Cmd::Job(j) => self.queue.push_back(j),
             Cmd::Release(seq) => {
-                if let Err(e) = self.engine.release(seq) {
-                    tracing::error!("releasing prefill sequence {}: {e}", seq.0);
+                let id = seq.id();
+                if let Err(e) = self.engine.release_now(seq) {
+                    tracing::error!("releasing prefill sequence {}: {e}", id.0);
                 }
             }
         }
@@ -233,13 +238,10 @@ impl State {
             self.left_queue();
         }
         let (engine, queue, active) = (&mut self.engine, &mut self.queue, &mut self.active);
-        active.retain(|a| {
-            let keep = !a.job.cancelled.load(Relaxed) && !a.job.out.is_closed();
-            if !keep {
-                let _ = engine.release(a.seq);
-            }
-            keep
-        });
+        // A cancelled prompt's sequence drops with it, freeing its blocks.
+        active.retain(|a| !a.job.cancelled.load(Relaxed) && !a.job.out.is_closed());
+        // Counted free below: what was dropped is given back first.
+        engine.reclaim();
         let mut need_more: usize = active.iter().map(|a| blocks(a.job.prompt.len(), bs) - blocks(a.done, bs)).sum();
         let mut left = 0usize;
         while let Some(j) = queue.front() {
@@ -271,6 +273,7 @@ impl State {
                     continue;
                 }
             };
+            let seq = engine.own(seq);
             j.cached.store(cached, Relaxed);
             if cached > 0 {
                 tracing::debug!(request_id = %j.request_id, cached, prompt = j.prompt.len(), "prompt prefix served from the cache");
@@ -299,6 +302,16 @@ fn publish(engine: &mut Engine, load: &LoadGauge, queue: &VecDeque<PrefillJob>, 
     load.export(Role::Prefill.as_str());
 }
 
+/// A prompt computed whole, its first tokens sampled: what its `Outbound::End` says.
+struct Done {
+    first: First,
+    more_choices: Vec<FirstChoice>,
+    prompt_logprobs: Vec<TokenLogprob>,
+    queued: std::time::Duration,
+    computed: std::time::Duration,
+    computed_at: Instant,
+}
+
 /// One forward pass over the active prompts' next chunks (FIFO, up to the token budget). A
 /// prompt whose chunk fails alone fails alone; Err only when the backend failed.
 fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_mpsc::Sender<Cmd>, load: &LoadGauge) -> std::result::Result<(), EngineError> {
@@ -312,7 +325,7 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
         .filter(|(_, (i, r))| r.end == active[*i].job.prompt.len())
         .map(|(k, (i, r))| {
             let j = &active[*i].job;
-            (k, active[*i].seq, j.ship_from, r.end - j.ship_from, j.buffers, j.out.clone())
+            (k, active[*i].seq.id(), j.ship_from, r.end - j.ship_from, j.buffers, j.out.clone())
         })
         .collect();
     let layout = engine.kv_layout();
@@ -321,7 +334,7 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
         .map(|(i, r)| {
             let a = &active[*i];
             let logits = logprobs::chunk_logits(&a.job.params, r, a.job.prompt.len());
-            StepItem { seq: a.seq, tokens: &a.job.prompt[r.clone()], logits }
+            StepItem { seq: a.seq.id(), tokens: &a.job.prompt[r.clone()], logits }
         })
         .collect();
     let t0 = Instant::now();
@@ -356,9 +369,8 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(request_id = %a.job.request_id, "prefill step failed for this prompt alone: {e}");
-                let _ = engine.release(a.seq);
                 let _ = a.job.out.send(Outbound::Failed(sequence_error(&a.job.request_id, "prefill step", e)));
-                leaving.push(*i);
+                leaving.push((*i, None));
                 continue;
             }
         };
@@ -369,43 +381,39 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
             let firsts = match first_tokens(&a.job.params, &a.job.rules, &logits, &stop_ids) {
                 Ok(f) => f,
                 Err((choice, e)) => {
-                    let _ = engine.release(a.seq);
                     let what = format!("sampling the first token of choice {choice}: {e}");
                     let _ = a.job.out.send(Outbound::Failed(WorkerError::GrammarFailed { request_id: a.job.request_id.clone(), what }));
-                    leaving.push(*i);
+                    leaving.push((*i, None));
                     continue;
                 }
             };
             let mut firsts = firsts.into_iter();
             let Some(first) = firsts.next() else { continue };
-            let more_choices = firsts
-                .map(|f| ferry_proto::v1::FirstToken {
-                    token: f.token,
-                    is_stop: f.is_stop,
-                    sampler_state: f.picker.rng_state(),
-                    logprob: f.logprob.as_ref().map(ferry_proto::logprob_to_wire),
-                })
-                .collect();
-            let lease = SeqLease { seq: a.seq, tx: tx.clone() };
-            let end = Outbound::End {
-                first_token: first.token,
-                first_is_stop: first.is_stop,
-                first_logprob: first.logprob,
-                prompt_logprobs: std::mem::take(&mut a.prompt_logprobs),
-                sampler_state: first.picker.rng_state(),
-                more_choices,
-                queued: a.started - a.job.enqueued,
-                computed: a.started.elapsed(),
-                computed_at: Instant::now(),
-                lease: Box::new(lease),
-            };
-            // If the transfer task is gone the message (and its lease) is dropped: blocks freed.
-            let _ = a.job.out.send(end);
-            leaving.push(*i);
+            let more_choices = firsts.map(|f| FirstChoice { token: f.token, is_stop: f.is_stop, sampler_state: f.picker.rng_state(), logprob: f.logprob }).collect();
+            let prompt_logprobs = std::mem::take(&mut a.prompt_logprobs);
+            let done = Done { first, more_choices, prompt_logprobs, queued: a.started - a.job.enqueued, computed: a.started.elapsed(), computed_at: Instant::now() };
+            leaving.push((*i, Some(done)));
         }
     }
-    for i in leaving.into_iter().rev() {
-        active.remove(i);
+    // Leaving the batch: a finished prompt's sequence goes under a lease with its end (if the
+    // transfer task is gone the message, and its lease, drop: blocks freed); a failed one's drops.
+    for (i, done) in leaving.into_iter().rev() {
+        let a = active.remove(i);
+        let Some(Done { first, more_choices, prompt_logprobs, queued, computed, computed_at }) = done else { continue };
+        let lease = SeqLease { seq: Some(a.seq), tx: tx.clone() };
+        let end = Outbound::End {
+            first_token: first.token,
+            first_is_stop: first.is_stop,
+            first_logprob: first.logprob,
+            prompt_logprobs,
+            sampler_state: first.picker.rng_state(),
+            more_choices,
+            queued,
+            computed,
+            computed_at,
+            lease: Box::new(lease),
+        };
+        let _ = a.job.out.send(end);
     }
     Ok(())
 }

@@ -6,6 +6,6 @@ pub mod outbound;
 pub mod pipe;
 pub mod transport;
 
-pub use outbound::Outbound;
+pub use outbound::{FirstChoice, Outbound};
 pub use pipe::PipeTransport;
 pub use transport::{push, Channels, Fallback, GrpcTransport, KvLink, KvTransport, Pushed, TcpTransport, H2_WINDOW, MAX_MESSAGE_BYTES};

@@ -24,7 +24,7 @@ pub enum Outbound {
         sampler_state: u64,
         /// With `SamplingParams::n` > 1: choices 1 to n - 1's first tokens (the fields above
         /// are choice 0's); they travel with the KV's end to the decode worker.
-        more_choices: Vec<ferry_proto::v1::FirstToken>,
+        more_choices: Vec<FirstChoice>,
         queued: Duration,
         computed: Duration,
         computed_at: Instant,
@@ -43,3 +43,19 @@ impl Outbound {
     }
 }
 
+/// One more choice's first token (`SamplingParams::n` > 1), as the engine thread sampled it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FirstChoice {
+    pub token: u32,
+    pub is_stop: bool,
+    /// The choice's sampler state after the token, so the decode worker continues it.
+    pub sampler_state: u64,
+    pub logprob: Option<ferry_core::TokenLogprob>,
+}
+
+impl FirstChoice {
+    /// As it travels, in the KV's end and prefill's answer.
+    pub fn to_wire(&self) -> ferry_proto::v1::FirstToken {
+        ferry_proto::v1::FirstToken { token: self.token, is_stop: self.is_stop, sampler_state: self.sampler_state, logprob: self.logprob.as_ref().map(ferry_proto::logprob_to_wire) }
+    }
+}

@@ -3,14 +3,14 @@
 //! the NCCL pipe shares). NCCL (device to device)
 //! comes with the CUDA backend. [`push`] drives any of them from a request's [`Outbound`] queue.
 
-use super::outbound::Outbound;
+use super::outbound::{FirstChoice, Outbound};
 use crate::kv::chunks::{chunk_ranges, MAX_CHUNK_BYTES};
 use crate::kv::frame;
 use crate::kv::replies::{ack_of, unavailable};
 use crate::error::{Result, WorkerError};
 use bytes::Bytes;
 use ferry_proto::v1::kv_transfer_client::KvTransferClient;
-use ferry_proto::v1::{kv_chunk, KvAck, KvBegin, KvChunk, KvData, KvEnd, KvTarget, KvTransferStats};
+use ferry_proto::v1::{kv_chunk, FirstToken, KvAck, KvBegin, KvChunk, KvData, KvEnd, KvTarget, KvTransferStats};
 use ferry_proto::v1::KvTransport as Kind;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -350,6 +350,7 @@ pub async fn push(transport: &dyn KvTransport, target: &KvTarget, begin: KvBegin
                     }
                 };
                 let kind = l.kind();
+                let more_choices: Vec<FirstToken> = more_choices.iter().map(FirstChoice::to_wire).collect();
                 let ack = within(stall, peer, "waiting for the acknowledgement", l.end(KvEnd { first_token, first_is_stop, sampler_state, chunks, more_choices: more_choices.clone() })).await?;
                 drop(lease);
                 let started = started.expect("set when the link opened");
