@@ -5,7 +5,7 @@
 //! The engine thread drains [`Engine::drain_cache_events`] at every publish and pushes them here
 //! ([`publish`]); the log numbers them from 1 for the life of the process (runs of one kind from
 //! one drain become one event), keeps a mirror of the hashes the cache holds now (for snapshots),
-//! and a bounded window of recent events. Each router link ([`crate::registration`]) keeps its
+//! and a bounded window of recent events. Each router link ([`crate::cluster::registration`]) keeps its
 //! own [`Cursor`]: the last event that router acknowledged (the last heartbeat it answered). A
 //! heartbeat carries the events after the cursor, at most [`LogConfig::batch_hashes`] hashes;
 //! one that failed is sent again with the same events (the router ignores numbers it has). A

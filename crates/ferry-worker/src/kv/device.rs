@@ -8,7 +8,7 @@
 //! it this module runs the same transfer as the other transports — `begin`, checksummed `data`
 //! chunks, `end`, then the decode worker's reply — in the TCP data path's [`frame`]s (the fixed
 //! header and the body as two messages). The decode side is the same receive loop and state
-//! machine as every transport ([`super::drive`], [`super::inbound`]), so a pipe changes how
+//! machine as every transport ([`crate::kv::receive::drive`], [`crate::kv::receive::inbound`]), so a pipe changes how
 //! bytes move and nothing about what is accepted.
 //!
 //! - **Layers as buffers.** A layer the engine exported as a [`KvBuffer`] goes as
@@ -22,9 +22,9 @@
 //!   joins as rank 1. Both give up after a timeout (NCCL's own init would wait forever).
 //! - **One transfer at a time per pipe.** Idle pipes are pooled per decode worker and reused; a
 //!   second concurrent transfer to the same worker sets up another pipe, up to
-//!   [`PipeTransport::MAX_PIPES_PER_PEER`]. A pipe whose operation fails or times out is dropped
+//!   [`crate::kv::send::PipeTransport::MAX_PIPES_PER_PEER`]. A pipe whose operation fails or times out is dropped
 //!   (the NCCL communicator is aborted), and the pair is not tried again for a back-off period:
-//!   meanwhile transfers fall back to gRPC (see [`Fallback`](super::transport::Fallback)).
+//!   meanwhile transfers fall back to gRPC (see [`Fallback`](crate::kv::send::Fallback)).
 //! - Every operation has a deadline. An idle pipe on the decode side closes after
 //!   [`IDLE_CLOSE`]; the prefill side retires its idle pipes well before that (sending `close`).
 //!

@@ -1,6 +1,6 @@
 //! The one frame format of the KV data path, shared by the TCP connection and the device pipe
 //! (NCCL). gRPC `PushKv` keeps protobuf messages as its framing; what a frame means is decided by
-//! the same [`super::inbound`] state machine either way.
+//! the same [`crate::kv::receive::inbound`] state machine either way.
 //!
 //! Every frame is a fixed [`HEADER_BYTES`]-byte header, then `len` bytes of body:
 //!

@@ -139,8 +139,8 @@ pub fn spawn_with(engine: Engine, model: String, opts: PrefillOptions) -> Prefil
     std::thread::Builder::new()
         .name("ferry-prefill".into())
         .spawn(move || {
-            let mut st = State { engine, queue: VecDeque::new(), active: Vec::new(), load, faults: opts.faults, steps: 0, busy: 0.0 };
-            let what = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| st.run(&rx, &tx))) {
+            let mut thread = PrefillThread { engine, queue: VecDeque::new(), active: Vec::new(), load, faults: opts.faults, steps: 0, busy: 0.0 };
+            let what = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| thread.run(&rx, &tx))) {
                 Ok(Ok(())) => return,
                 Ok(Err(e)) => format!("a prefill step failed at the backend: {e}"),
                 Err(p) => format!("the prefill engine thread panicked: {}", panic_message(p.as_ref())),
@@ -150,8 +150,8 @@ pub fn spawn_with(engine: Engine, model: String, opts: PrefillOptions) -> Prefil
             let fail = |j: PrefillJob| {
                 let _ = j.out.send(Outbound::Failed(WorkerError::EngineFailed(what.clone())));
             };
-            st.active.drain(..).for_each(|a| fail(a.job));
-            st.queue.drain(..).for_each(fail);
+            thread.active.drain(..).for_each(|a| fail(a.job));
+            thread.queue.drain(..).for_each(fail);
             while let Ok(cmd) = rx.try_recv() {
                 if let Cmd::Job(j) = cmd {
                     fail(j);
@@ -163,7 +163,7 @@ pub fn spawn_with(engine: Engine, model: String, opts: PrefillOptions) -> Prefil
 }
 
 /// The prefill engine thread's state.
-struct State {
+struct PrefillThread {
     engine: Engine,
     /// Prompts waiting to start (counted in `load.waiting_requests`).
     queue: VecDeque<PrefillJob>,
@@ -175,7 +175,7 @@ struct State {
     busy: f64,
 }
 
-impl State {
+impl PrefillThread {
     /// One prompt left the waiting queue.
     fn left_queue(&self) {
         let _ = self.load.waiting_requests.fetch_update(Relaxed, Relaxed, |w| Some(w.saturating_sub(1)));
