@@ -15,6 +15,7 @@ use ferry_proto::ClusterSecret;
 use ferry_proto::v1::{KvBegin, KvChunk, KvEnd, kv_chunk};
 use ferry_worker::kv::frame::{self, FrameHeader, Kind};
 use ferry_worker::kv::receive::{KvReceiver, serve_tcp};
+use ferry_worker::kv::receive::frame_event::FrameEvent;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -1,5 +1,5 @@
-//! How a transfer's bytes are cut: the largest chunk, the chunks of a layer, and how long a step
-//! of a transfer may make no progress. Shared by both sides.
+//! How a transfer's bytes are cut: the largest chunk, the chunks of a layer, a chunk as announced
+//! ([`Chunk`]), and how long a step of a transfer may make no progress. Shared by both sides.
 
 use std::ops::Range;
 use std::time::Duration;
@@ -18,6 +18,17 @@ pub const DEFAULT_STALL: Duration = Duration::from_secs(30);
 pub fn chunk_ranges(len: usize, max: usize) -> impl Iterator<Item = Range<usize>> {
     let max = max.max(1);
     (0..len.div_ceil(max)).map(move |i| i * max..((i + 1) * max).min(len))
+}
+
+/// A piece of the payload body as announced (its bytes are read once the machine takes it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Chunk {
+    pub offset: u64,
+    pub len: usize,
+    /// CRC-32 of a host chunk; the word checksum of a buffer frame.
+    pub crc: u32,
+    /// A buffer frame: its bytes go into the body buffer, where the pipe delivers.
+    pub buffer: bool,
 }
 
 #[cfg(test)]

@@ -5,22 +5,12 @@
 //! into [`KvAssembler::target`]).
 
 use crate::error::{Result, WorkerError};
+use crate::kv::chunks::Chunk;
 use ferry_core::kv_payload::{HEADER_BYTES, SPAN_HEADER_BYTES};
 use ferry_core::{KvLayout, KvSpan};
 use ferry_engine::KvBuffer;
 use ferry_proto::v1::{KvBegin, KvEnd};
 use std::ops::Range;
-
-/// A piece of the payload body as announced (its bytes are read once the machine takes it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Chunk {
-    pub offset: u64,
-    pub len: usize,
-    /// CRC-32 of a host chunk; the word checksum of a buffer frame.
-    pub crc: u32,
-    /// A buffer frame: its bytes go into the body buffer, where the pipe delivers.
-    pub buffer: bool,
-}
 
 /// What the receiving worker expects of a transfer it admitted.
 #[derive(Clone, Debug)]

@@ -7,11 +7,12 @@
 //! finished payload, acknowledged only once the request imported it (so the prefill side's
 //! lease covers the whole handoff).
 
-use super::assembler::{Chunk, Target};
+use super::assembler::Target;
 use super::inbound::{Action, After, Event, Inbound, Link};
 use super::transfers::{Delivery, KvReceiver, Waiter};
-use crate::kv::replies::kv_error;
 use crate::error::{Result, WorkerError};
+use crate::kv::chunks::Chunk;
+use crate::kv::replies::kv_error;
 use ferry_engine::KvBuffer;
 use ferry_proto::v1::{kv_ack_frame, KvAck, KvAckFrame};
 use tokio::sync::oneshot;

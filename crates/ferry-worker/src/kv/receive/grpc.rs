@@ -4,11 +4,11 @@
 
 use super::assembler::Target;
 use super::drive::{before_stall, drive, InboundLink, Session};
-use super::assembler::Chunk;
 use super::inbound::{Event, Link};
 use super::pipe::{accept, PipeSlots};
 use super::transfers::KvReceiver;
 use crate::error::{Result, WorkerError};
+use crate::kv::chunks::Chunk;
 use crate::kv::device::PipeConnector;
 use crate::kv::replies::status_of;
 use bytes::Bytes;

@@ -18,9 +18,10 @@
 //! agree on: a failure is told to the waiting request at once, but the pipe keeps reading (and
 //! dropping) the transfer's frames until its `end`, and replies then.
 
-use super::assembler::{self, Assembled, Chunk, Expectation, KvAssembler, Target};
-use crate::kv::replies::kv_error;
+use super::assembler::{self, Assembled, Expectation, KvAssembler, Target};
 use crate::error::WorkerError;
+use crate::kv::chunks::Chunk;
+use crate::kv::replies::kv_error;
 use ferry_core::KvSpan;
 use ferry_engine::KvBuffer;
 use ferry_proto::v1::{KvBegin, KvEnd, KvError};

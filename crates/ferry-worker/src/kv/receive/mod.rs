@@ -5,6 +5,7 @@
 
 pub mod assembler;
 mod drive;
+pub mod frame_event;
 pub mod grpc;
 pub mod inbound;
 pub mod pipe;

@@ -4,11 +4,11 @@
 
 use super::assembler::Target;
 use super::drive::{drive, InboundLink, Session};
-use super::assembler::Chunk;
+use super::frame_event::FrameEvent;
 use super::inbound::{Event, Link};
 use super::transfers::KvReceiver;
 use crate::error::{Result, WorkerError};
-use crate::kv::chunks::MAX_CHUNK_BYTES;
+use crate::kv::chunks::{Chunk, MAX_CHUNK_BYTES};
 use crate::kv::device::{recv_frame, send_message, BytePipe, PipeConnector, IDLE_CLOSE};
 use crate::kv::frame::Kind;
 use ferry_engine::KvBuffer;

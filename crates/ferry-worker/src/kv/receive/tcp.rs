@@ -3,13 +3,14 @@
 
 use super::assembler::Target;
 use super::drive::{before_stall, drive, InboundLink, Session};
-use super::assembler::Chunk;
+use super::frame_event::FrameEvent;
 use super::inbound::{Event, Link};
 use super::transfers::KvReceiver;
 use crate::error::{Result, WorkerError};
+use crate::kv::chunks::Chunk;
 use crate::kv::frame::{self, Kind};
-use ferry_proto::v1::{kv_ack_frame, KvAckFrame, KvError};
 use ferry_proto::ClusterSecret;
+use ferry_proto::v1::{kv_ack_frame, KvAckFrame, KvError};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
