@@ -26,6 +26,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub mod prefix;
+pub mod sequence;
+
+pub use sequence::Sequence;
 
 /// Steps priced against a profile's cost model ([`Engine::price`]): how many, how long they took,
 /// and how long the model says the same shapes take on the profiled device.
@@ -157,6 +160,8 @@ pub struct Engine<B: Backend = DeviceBackend> {
     layout: KvLayout,
     seqs: HashMap<SeqId, Seq>,
     next_seq: u64,
+    /// Where dropped [`Sequence`] handles send their ids ([`Engine::reclaim`]).
+    returns: sequence::Returns,
     prefix_cache: bool,
     max_batch_tokens: usize,
     pub tokenizer: Arc<Tokenizer>,
@@ -229,6 +234,7 @@ impl<B: Backend> Engine<B> {
             layout,
             seqs: HashMap::new(),
             next_seq: 0,
+            returns: Default::default(),
             prefix_cache: cfg.prefix_cache,
             max_batch_tokens: cfg.max_batch_tokens,
             tokenizer: Arc::new(m.tokenizer),
@@ -337,6 +343,7 @@ impl<B: Backend> Engine<B> {
     /// One forward pass over all items; returns each item's requested logits (`[rows, vocab]`
     /// flattened; empty for `Logits::None`). All-or-nothing: on error no sequence has advanced.
     pub fn step(&mut self, items: &[StepItem], on_layer: &mut (dyn FnMut(usize, &KvView<B>) + Send)) -> Result<Vec<Vec<f32>>> {
+        self.reclaim();
         let (pace, price) = (self.pace, self.price.or(self.pace));
         let Some(price) = price else { return self.compute_step(items, on_layer) };
         // The step's shape before it runs: one-token items on a sequence with KV are decode rows.

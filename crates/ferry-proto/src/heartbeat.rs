@@ -1,5 +1,5 @@
 //! The one loop that keeps a worker registered with a router, shared by the real worker
-//! (`ferry_worker::registration`) and `ferry-testkit`'s mock workers: register (retrying with a
+//! (`ferry_worker::cluster::registration`) and `ferry-testkit`'s mock workers: register (retrying with a
 //! backoff), renew the lease by heartbeat, and register again whenever the router answers
 //! NOT_FOUND (it restarted or dropped us). The lease is current once registered, and stops being
 //! current when no heartbeat has been answered for a whole lease. What goes in each request and

@@ -5,7 +5,7 @@
 //! The engine thread drains [`Engine::drain_cache_events`] at every publish and pushes them here
 //! ([`publish`]); the log numbers them from 1 for the life of the process (runs of one kind from
 //! one drain become one event), keeps a mirror of the hashes the cache holds now (for snapshots),
-//! and a bounded window of recent events. Each router link ([`crate::registration`]) keeps its
+//! and a bounded window of recent events. Each router link ([`crate::cluster::registration`]) keeps its
 //! own [`Cursor`]: the last event that router acknowledged (the last heartbeat it answered). A
 //! heartbeat carries the events after the cursor, at most [`LogConfig::batch_hashes`] hashes;
 //! one that failed is sent again with the same events (the router ignores numbers it has). A
@@ -16,12 +16,9 @@
 //! behind a mutex, because two kinds of owner touch it (the engine thread pushes, every router's
 //! heartbeat task reads), each for a moment, and an actor would only add a thread.
 
-use crate::load::LoadGauge;
 use ferry_core::{CacheEvent, CacheEventKind};
-use ferry_engine::Engine;
 use ferry_proto::v1::{KvCacheEvent, KvCacheEvents};
 use std::collections::{HashSet, VecDeque};
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Mutex, MutexGuard};
 
 /// Bounds of the log, in block hashes.
@@ -206,45 +203,6 @@ impl CacheLog {
     pub fn outgoing(&self, cursor: &Cursor) -> Outgoing {
         self.lock().outgoing(cursor)
     }
-}
-
-/// On the engine thread, at every publish: record the priced steps against the seconds the loop
-/// was busy around them, `busy` ([`LoadGauge::record_clock`]), move the cache's new events into
-/// the log, record how many blocks are cached, and set the prefix cache metrics (`role`:
-/// prefill, decode, colocated).
-pub fn publish(engine: &mut Engine, load: &LoadGauge, role: &'static str, busy: f64) {
-    load.record_clock(engine.clock(), busy);
-    let enabled = engine.prefix_cache_enabled();
-    load.prefix_cache.store(enabled, Relaxed);
-    if !enabled {
-        return;
-    }
-    let events = engine.drain_cache_events();
-    let (indexed, lost) = {
-        let mut log = load.cache_log.lock();
-        let lost = log.lost;
-        if !events.is_empty() {
-            log.push(&events);
-        }
-        (log.held(), log.lost - lost)
-    };
-    if lost > 0 {
-        tracing::warn!(lost, "prefix cache: the engine dropped events between drains; routers may route on stale entries until blocks turn over");
-        metrics::counter!("ferry_worker_prefix_cache_events_lost_total", "role" => role).increment(lost);
-    }
-    let cached = engine.cached_blocks();
-    load.blocks_cached.store(cached as u64, Relaxed);
-    let s = engine.cache_stats();
-    metrics::gauge!("ferry_worker_prefix_cache_blocks", "role" => role, "state" => "cached").set(cached as f64);
-    metrics::gauge!("ferry_worker_prefix_cache_blocks", "role" => role, "state" => "used").set(engine.used_blocks() as f64);
-    metrics::gauge!("ferry_worker_prefix_cache_blocks", "role" => role, "state" => "indexed").set(indexed as f64);
-    metrics::counter!("ferry_worker_prefix_cache_queries_total", "role" => role).absolute(s.queries);
-    metrics::counter!("ferry_worker_prefix_cache_hits_total", "role" => role).absolute(s.hits);
-    metrics::counter!("ferry_worker_prefix_cache_hit_blocks_total", "role" => role).absolute(s.hit_blocks);
-    metrics::counter!("ferry_worker_prefix_cache_hit_tokens_total", "role" => role).absolute(s.hit_tokens);
-    metrics::counter!("ferry_worker_prefix_cache_stored_total", "role" => role).absolute(s.stored);
-    metrics::counter!("ferry_worker_prefix_cache_evictions_total", "role" => role).absolute(s.evictions);
-    metrics::counter!("ferry_worker_prefix_cache_verify_misses_total", "role" => role).absolute(s.verify_misses);
 }
 
 #[cfg(test)]

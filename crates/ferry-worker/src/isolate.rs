@@ -5,7 +5,7 @@
 //! that fail alone are the culprits. Only a failure of the backend itself
 //! ([`EngineError::is_device_fault`]) fails the whole step: then the engine is broken.
 
-use crate::WorkerError;
+use crate::error::WorkerError;
 use ferry_engine::{DeviceBackend, Engine, EngineError, KvView, StepItem};
 
 /// A step's layer callback: (`None` for the whole batch or `Some(item)` alone, layer, the KV).

@@ -3,6 +3,7 @@
 //! ([`crate::cache_log`]), which the heartbeats carry to the routers.
 
 use crate::cache_log::CacheLog;
+use ferry_engine::Engine;
 use ferry_proto::v1::WorkerLoad;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
@@ -156,6 +157,50 @@ impl LoadGauge {
             metrics::gauge!("ferry_worker_priced_step_seconds", "role" => role, "clock" => "profile").set(s.step_model_seconds);
         }
         metrics::gauge!("ferry_worker_queue_oldest_seconds", "role" => role).set(self.oldest_queued_age(Instant::now()).as_secs_f64());
+    }
+}
+
+impl LoadGauge {
+    /// On the engine thread, at every publish: record the priced steps against the seconds the loop
+    /// was busy around them, `busy` ([`LoadGauge::record_clock`]), move the cache's new events into
+    /// the log, record how many blocks are cached, and set the prefix cache metrics (`role`:
+    /// prefill, decode, colocated).
+    pub fn publish(&self, engine: &mut Engine, role: &'static str, busy: f64) {
+        let load = self;
+        // Dropped sequence handles give their blocks back before anything is counted.
+        engine.reclaim();
+        load.record_clock(engine.clock(), busy);
+        let enabled = engine.prefix_cache_enabled();
+        load.prefix_cache.store(enabled, Relaxed);
+        if !enabled {
+            return;
+        }
+        let events = engine.drain_cache_events();
+        let (indexed, lost) = {
+            let mut log = load.cache_log.lock();
+            let lost = log.lost;
+            if !events.is_empty() {
+                log.push(&events);
+            }
+            (log.held(), log.lost - lost)
+        };
+        if lost > 0 {
+            tracing::warn!(lost, "prefix cache: the engine dropped events between drains; routers may route on stale entries until blocks turn over");
+            metrics::counter!("ferry_worker_prefix_cache_events_lost_total", "role" => role).increment(lost);
+        }
+        let cached = engine.cached_blocks();
+        load.blocks_cached.store(cached as u64, Relaxed);
+        let s = engine.cache_stats();
+        metrics::gauge!("ferry_worker_prefix_cache_blocks", "role" => role, "state" => "cached").set(cached as f64);
+        metrics::gauge!("ferry_worker_prefix_cache_blocks", "role" => role, "state" => "used").set(engine.used_blocks() as f64);
+        metrics::gauge!("ferry_worker_prefix_cache_blocks", "role" => role, "state" => "indexed").set(indexed as f64);
+        metrics::counter!("ferry_worker_prefix_cache_queries_total", "role" => role).absolute(s.queries);
+        metrics::counter!("ferry_worker_prefix_cache_hits_total", "role" => role).absolute(s.hits);
+        metrics::counter!("ferry_worker_prefix_cache_hit_blocks_total", "role" => role).absolute(s.hit_blocks);
+        metrics::counter!("ferry_worker_prefix_cache_hit_tokens_total", "role" => role).absolute(s.hit_tokens);
+        metrics::counter!("ferry_worker_prefix_cache_stored_total", "role" => role).absolute(s.stored);
+        metrics::counter!("ferry_worker_prefix_cache_evictions_total", "role" => role).absolute(s.evictions);
+        metrics::counter!("ferry_worker_prefix_cache_verify_misses_total", "role" => role).absolute(s.verify_misses);
     }
 }
 

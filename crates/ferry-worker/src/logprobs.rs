@@ -1,5 +1,5 @@
 //! Log-probabilities on the workers (the math is [`ferry_core::logprobs`]): which logits a
-//! prompt chunk needs, and what its rows give. Shared by the prefill worker and the batcher's
+//! prompt chunk needs, and what its rows give. Shared by the prefill worker and the decode engine thread's
 //! own prefills (colocated and local), so the three paths compute prompt logprobs one way.
 //!
 //! A prompt whose logprobs are asked for (`SamplingParams::prompt_logprobs`) is computed whole

@@ -17,8 +17,8 @@ use ferry_core::{Processors, SamplingParams, TokenLogprob};
 use ferry_engine::sampler::{processors_for, Sampler};
 use ferry_grammar::{Constraint, GrammarError, LazyGrammars};
 
-use crate::prefill::ModelFacts;
-use crate::{Result, WorkerError};
+use crate::facts::ModelFacts;
+use crate::error::{Result, WorkerError};
 
 /// What a request's choices choose their tokens by, besides their samplers: the grammar's
 /// matcher and the logits processors, each built once for the request (from its sequence so

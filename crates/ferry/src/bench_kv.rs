@@ -4,7 +4,7 @@
 //! The parent starts `ferry bench kv-sink` as a child process: a real KV receiver (the decode
 //! worker's assembler: CRC, order and size checks, copy into the payload) that discards each
 //! payload once validated, plus a raw TCP sink. The parent sends the same bytes through
-//! `ferry_worker::kv::transport::push` (exactly what a prefill worker runs) and as plain 4 MiB writes.
+//! `ferry_worker::kv::send::push` (exactly what a prefill worker runs) and as plain 4 MiB writes.
 //!
 //! With `--device cuda[:N]` the layers also start in device memory, as a GPU prefill worker
 //! exports them, and go over the CUDA IPC pipe (`--kv-transport cuda-ipc`: the sink exports its
@@ -16,8 +16,8 @@ use bytes::Bytes;
 use ferry_core::{KvDtype, KvLayout, KvPayloadHeader};
 use ferry_engine::bench::median;
 use ferry_proto::v1::{KvBegin, KvTarget};
-use ferry_worker::kv::receiver::{KvReceiver, KvTransferService};
-use ferry_worker::kv::transport::{self, GrpcTransport, KvTransport, TcpTransport, H2_WINDOW, MAX_MESSAGE_BYTES};
+use ferry_worker::kv::receive::{KvReceiver, KvTransferService};
+use ferry_worker::kv::send::{self as transport, GrpcTransport, KvTransport, TcpTransport, H2_WINDOW, MAX_MESSAGE_BYTES};
 use ferry_worker::kv::Outbound;
 use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
@@ -69,7 +69,7 @@ pub fn sink(a: KvSinkArgs) -> anyhow::Result<()> {
         let data = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let raw = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         println!("grpc={} data={} raw={}", grpc.local_addr()?, data.local_addr()?, raw.local_addr()?);
-        tokio::spawn(ferry_worker::kv::receiver::serve_tcp(receiver.clone(), data, ferry_worker::kv::DEFAULT_STALL, Default::default()));
+        tokio::spawn(ferry_worker::kv::receive::serve_tcp(receiver.clone(), data, ferry_worker::kv::DEFAULT_STALL, Default::default()));
         tokio::spawn(async move {
             while let Ok((mut s, _)) = raw.accept().await {
                 tokio::spawn(async move {
@@ -204,7 +204,7 @@ pub fn run(a: KvBenchArgs) -> anyhow::Result<()> {
         let mut dev = serde_json::Map::new();
         if let ferry_engine::Device::Cuda(_) = a.device {
             let pipes = crate::pipes::pipes(ferry_proto::v1::KvTransport::CudaIpc, a.device).context("no CUDA IPC pipes on this device")?;
-            let ipc = ferry_worker::kv::pipe::PipeTransport::new(pipes.0, ferry_worker::kv::transport::Channels::new(None, Default::default()), "bench".into(), FINGERPRINT.into());
+            let ipc = ferry_worker::kv::send::PipeTransport::new(pipes.0, ferry_worker::kv::send::Channels::new(None, Default::default()), "bench".into(), FINGERPRINT.into());
             let ipc_target = KvTarget { transport: ferry_proto::v1::KvTransport::CudaIpc as i32, ..target.clone() };
             device_transfer(&ipc, &ipc_target, lay, a.tokens, &layers, a.device).await?;
             let (mut i, mut tc, mut c) = (Vec::new(), Vec::new(), Vec::new());

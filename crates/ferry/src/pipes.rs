@@ -7,7 +7,7 @@
 //! [`IpcPipe`]: ferry_engine::backend::cuda::ipc::IpcPipe
 
 use ferry_proto::v1::KvTransport;
-use ferry_worker::kv::pipe::{PipeConnector, Pipes};
+use ferry_worker::kv::device::{PipeConnector, Pipes};
 use std::sync::Arc;
 
 /// The pipes of `kind` (`Nccl` or `CudaIpc`) a worker on `device` gets, or None with the reason
@@ -47,7 +47,7 @@ mod cuda {
     use ferry_engine::backend::cuda::{ipc::IpcPipe, nccl::NcclPipe};
     use ferry_engine::KvBuffer;
     use ferry_proto::v1::KvTransport;
-    use ferry_worker::kv::pipe::{BytePipe, PipeConnector};
+    use ferry_worker::kv::device::{BytePipe, PipeConnector};
     use std::ops::Range;
     use std::time::{Duration, Instant};
 

@@ -177,11 +177,11 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     // The probes answer from the start: live at once, ready once loaded and registered.
     let (ready, registered) = tokio::sync::watch::channel(false);
-    let health = ferry_worker::health::Health::new(args.router.clone(), registered);
+    let health = ferry_worker::cluster::health::Health::new(args.router.clone(), registered);
     let metrics = rt.block_on(bind(&args.metrics_listen))?;
     let metrics_addr = metrics.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or("-".into());
     if let Some(l) = metrics {
-        rt.spawn(ferry_worker::metrics::serve(l, health.clone()));
+        rt.spawn(ferry_worker::cluster::metrics::serve(l, health.clone()));
     }
     let emulated = args.emulate_profile.as_deref().map(|p| cost_model("--emulate-profile", p)).transpose()?;
     let priced = args.profile.as_deref().map(|p| cost_model("--profile", p)).transpose()?;
@@ -250,7 +250,7 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
             faults: ferry_worker::fault::FaultInjection::from_env(),
         };
         let engine = ferry_worker::EngineHandle::start_with(role, engine, &cfg.model, opts);
-        health.engine_started(ferry_worker::health::EngineView { load: engine.load(), role });
+        health.engine_started(ferry_worker::cluster::health::EngineView { load: engine.load(), role });
         match ferry_worker::serve(cfg, engine, Listeners { grpc, data, metrics: None, health: Some(health.clone()) }, shutdown_signal(), ready).await {
             Ok(()) => Ok(None),
             Err(ferry_worker::WorkerError::EngineFailed(what)) => Ok(Some(what)),

@@ -65,6 +65,7 @@ impl<B: Backend> Engine<B> {
     /// A new, empty sequence whose blocks are cached under `salt` (a tenant's, say: sequences
     /// share cached blocks only with the same salt).
     pub fn new_sequence_salted(&mut self, salt: &[u8]) -> SeqId {
+        self.reclaim();
         self.insert_seq(BlockTable::default(), salt, Some(Vec::new()))
     }
 
@@ -81,6 +82,7 @@ impl<B: Backend> Engine<B> {
     /// As [`Engine::new_sequence_from_cache`], attaching at most `max_tokens` cached tokens of
     /// `tokens` (a decode worker that takes the rest by [`Engine::import_kv_onto`] may take all).
     pub fn new_sequence_with_prefix(&mut self, tokens: &[u32], salt: &[u8], max_tokens: usize) -> (SeqId, usize) {
+        self.reclaim();
         let bs = self.layout.block_size;
         let blocks = match self.prefix_cache {
             true => self.pool.acquire_prefix(self.root(salt), tokens, bs, max_tokens / bs),
@@ -182,6 +184,7 @@ impl<B: Backend> Engine<B> {
         salt: &[u8],
         mut import: impl FnMut(&B, &mut B::Kv, usize, &[u32]) -> Result<()>,
     ) -> Result<SeqId> {
+        self.reclaim();
         let (n, bs, ctx) = (span.header.tokens, self.layout.block_size, self.model.config.max_position);
         if let Some(t) = tokens
             && t.len() != n
@@ -229,6 +232,7 @@ impl<B: Backend> Engine<B> {
     /// next, is copied into a block of the new sequence's own. The new sequence caches like
     /// `seq` (same salt and token ids). Nothing changes if no block is free for the copy.
     pub fn fork(&mut self, seq: SeqId) -> Result<SeqId> {
+        self.reclaim();
         let bs = self.layout.block_size;
         let s = self.seqs.get(&seq).ok_or(EngineError::UnknownSequence(seq.0))?;
         let (blocks, tokens) = (s.table.blocks.clone(), s.table.tokens);

@@ -1,6 +1,7 @@
 //! The one frame format of the KV data path, shared by the TCP connection and the device pipe
 //! (NCCL). gRPC `PushKv` keeps protobuf messages as its framing; what a frame means is decided by
-//! the same [`super::inbound`] state machine either way.
+//! the same [`crate::kv::receive::inbound`] state machine either way
+//! ([`crate::kv::receive::frame_event`] reads a frame as its event).
 //!
 //! Every frame is a fixed [`HEADER_BYTES`]-byte header, then `len` bytes of body:
 //!
@@ -17,9 +18,8 @@
 //! straight into the payload and a pipe moves it device to device. Only pure byte functions live
 //! here; [`tcp`] has the async reader and writer, the pipe its blocking ones.
 
-use super::inbound::{Chunk, Event};
-use super::MAX_CHUNK_BYTES;
-use ferry_proto::v1::{kv_chunk, KvAckFrame, KvChunk};
+use crate::kv::chunks::{Chunk, MAX_CHUNK_BYTES};
+use ferry_proto::v1::KvAckFrame;
 use prost::Message;
 
 /// Frame kinds.
@@ -140,27 +140,6 @@ impl FrameHeader {
     pub fn as_chunk(&self) -> Chunk {
         Chunk { offset: self.offset, len: self.len as usize, crc: self.crc, buffer: self.kind == Kind::Buffer }
     }
-
-    /// What this frame means to the receiving state machine; `body` is a control frame's body
-    /// (a data or buffer frame's body is read later, where the state machine says).
-    pub fn event(&self, body: &[u8]) -> Event {
-        let chunk = || KvChunk::decode(body).map(|c| (c.transfer_id, c.part));
-        match self.kind {
-            Kind::Data | Kind::Buffer => Event::Chunk(self.as_chunk()),
-            Kind::Begin => match chunk() {
-                Ok((id, Some(kv_chunk::Part::Begin(begin)))) => Event::Begin { id, begin },
-                _ => Event::Malformed("undecodable begin frame".into()),
-            },
-            Kind::End => match chunk() {
-                Ok((_, Some(kv_chunk::Part::End(end)))) => Event::End(end),
-                _ => Event::Malformed("undecodable end frame".into()),
-            },
-            Kind::Abort => Event::Abort,
-            Kind::Close => Event::Close,
-            Kind::Reply => Event::Malformed("a reply frame sent to the receiver".into()),
-            Kind::Hello => Event::Malformed("a hello frame after the connection's first".into()),
-        }
-    }
 }
 
 /// A control frame (header and body) carrying `msg`.
@@ -183,7 +162,7 @@ pub fn reply(h: &FrameHeader, body: &[u8]) -> std::result::Result<KvAckFrame, St
 /// The frames over a tokio stream (the TCP data path). A header that does not parse is an
 /// `InvalidData` error.
 pub mod tcp {
-    use super::{FrameHeader, HEADER_BYTES};
+    use crate::kv::frame::{FrameHeader, HEADER_BYTES};
     use std::io::{Error, ErrorKind, Result};
     use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -260,18 +239,8 @@ mod tests {
     }
 
     #[test]
-    fn frames_become_events() {
-        let begin = KvChunk { transfer_id: 7, part: Some(kv_chunk::Part::Begin(Default::default())) };
-        let f = message(Kind::Begin, &begin);
-        let h = FrameHeader::decode(f[..HEADER_BYTES].try_into().unwrap()).unwrap();
-        assert!(matches!(h.event(&f[HEADER_BYTES..]), Event::Begin { id: 7, .. }));
-        assert!(matches!(h.event(b"\xff\xff"), Event::Malformed(m) if m.contains("begin")));
-        let end = KvChunk { transfer_id: 7, part: Some(kv_chunk::Part::End(Default::default())) };
-        assert!(matches!(FrameHeader::control(Kind::End, 0).event(&end.encode_to_vec()), Event::End(_)));
-        assert!(matches!(FrameHeader::control(Kind::End, 0).event(&begin.encode_to_vec()), Event::Malformed(_)), "begin in an end frame");
+    fn a_reply_frame_is_a_reply() {
         let data = FrameHeader { kind: Kind::Buffer, len: 8, offset: 4, crc: 9 };
-        assert!(matches!(data.event(&[]), Event::Chunk(Chunk { offset: 4, len: 8, crc: 9, buffer: true })));
-        assert!(matches!(FrameHeader::control(Kind::Reply, 0).event(&[]), Event::Malformed(_)));
         assert!(reply(&data, &[]).unwrap_err().contains("expected a reply"));
     }
 }

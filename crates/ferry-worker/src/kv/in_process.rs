@@ -1,8 +1,8 @@
 //! Device pipes between workers of one process over in-memory queues: a fake of the NCCL pipe
 //! for tests (never a production transport). Built for this crate's tests and with the
-//! `testing` feature; re-exported as `kv::pipe::InProcessConnector`.
+//! `testing` feature; at `kv::in_process::InProcessConnector`.
 
-use super::pipe::{BytePipe, PipeConnector};
+use crate::kv::device::{BytePipe, PipeConnector};
 use ferry_engine::KvBuffer;
 use ferry_proto::v1::KvTransport as Transport;
 use std::collections::HashMap;

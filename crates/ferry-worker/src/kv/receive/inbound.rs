@@ -19,8 +19,9 @@
 //! dropping) the transfer's frames until its `end`, and replies then.
 
 use super::assembler::{self, Assembled, Expectation, KvAssembler, Target};
-use super::transport::kv_error;
-use crate::WorkerError;
+use crate::error::WorkerError;
+use crate::kv::chunks::Chunk;
+use crate::kv::replies::kv_error;
 use ferry_core::KvSpan;
 use ferry_engine::KvBuffer;
 use ferry_proto::v1::{KvBegin, KvEnd, KvError};
@@ -33,17 +34,6 @@ pub enum Link {
     Stream,
     /// Transfers one after another on a pipe that must stay in step (NCCL).
     Pipe,
-}
-
-/// A piece of the payload body as announced (its bytes are read once the machine takes it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Chunk {
-    pub offset: u64,
-    pub len: usize,
-    /// CRC-32 of a host chunk; the word checksum of a buffer frame.
-    pub crc: u32,
-    /// A buffer frame: its bytes go into the body buffer, where the pipe delivers.
-    pub buffer: bool,
 }
 
 /// What the driver read, or what stopped it reading.

@@ -1,7 +1,7 @@
 //! Prometheus `/metrics` for a worker process, on its own HTTP listener, with the `/livez` and
 //! `/readyz` probes beside it.
 
-use crate::health::Health;
+use super::health::Health;
 use axum::http::StatusCode;
 use axum::routing::get;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};

@@ -16,7 +16,7 @@
 //! ([`crate::cache_log`]); each link keeps its own cursor.
 
 use crate::cache_log::Cursor;
-use crate::kv::transport::Channels;
+use crate::kv::send::Channels;
 use crate::load::LoadGauge;
 use ferry_proto::heartbeat::{self, HeartbeatFloor, LinkEvent, Registrant};
 use ferry_proto::v1::registry_client::RegistryClient;

@@ -8,28 +8,25 @@
 //! that prompt alone ([`crate::isolate`]); a panic or a device fault fails them all and takes the
 //! worker out ([`crate::fault`]).
 
+use crate::error::{Result, WorkerError};
+use crate::facts::ModelFacts;
 use crate::fault::{panic_message, EngineFault, FaultInjection};
 use crate::isolate::{sequence_error, step_isolating};
-use crate::kv::transport::{self, KvTransport};
-use crate::kv::Outbound;
+use crate::kv::send::{FirstChoice, Outbound};
 use crate::load::LoadGauge;
 use crate::logprobs;
-use ferry_grammar::LazyGrammars;
-use crate::{Result, Role, WorkerError};
+use crate::pick::{first_tokens, First, Rules};
+use crate::role::Role;
 use bytes::Bytes;
-use ferry_core::kv_payload::KvPayloadHeader;
-use ferry_core::KvSpan;
 use ferry_core::schedule::{admit_prompt, plan_prefill, Admit, PromptLeft};
 use ferry_core::{BlockTable, SamplingParams, TokenLogprob};
-use ferry_engine::{Engine, EngineError, SeqId, StepItem};
-use ferry_proto::v1::{KvBegin, KvTarget, KvTransport as KvTransportKind, PrefillRequest, PrefillResponse};
+use ferry_engine::{Engine, EngineError, SeqId, Sequence, StepItem};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
-use tonic::{Request, Response, Status};
 
 pub struct PrefillJob {
     pub request_id: String,
@@ -49,75 +46,28 @@ pub struct PrefillJob {
     /// Set by the engine thread when the prompt starts: leading tokens served from the cache.
     pub cached: Arc<AtomicUsize>,
     /// The request's structured-output matcher (its first token is masked by it).
-    pub rules: crate::pick::Rules,
+    pub rules: Rules,
 }
 
 enum Cmd {
     Job(PrefillJob),
-    Release(SeqId),
+    /// A lease came back: free its sequence now (prompts may wait for those blocks).
+    Release(Sequence),
 }
 
 /// Holds a finished prompt's KV blocks; dropping it (after the decode worker's acknowledgement,
-/// or on any failure) frees them on the engine thread.
+/// or on any failure) hands them to the engine thread, which wakes and frees them. If the thread
+/// is gone, the sequence drops here and its engine went with the thread.
 struct SeqLease {
-    seq: SeqId,
+    seq: Option<Sequence>,
     tx: std_mpsc::Sender<Cmd>,
 }
 
 impl Drop for SeqLease {
     fn drop(&mut self) {
-        let _ = self.tx.send(Cmd::Release(self.seq));
-    }
-}
-
-/// Model facts the services check requests against.
-#[derive(Clone, Debug)]
-pub struct ModelFacts {
-    pub fingerprint: String,
-    pub layout: ferry_core::KvLayout,
-    pub max_context: usize,
-    pub vocab_size: usize,
-    pub model: String,
-    /// The engine keeps a prefix cache (`EngineConfig::prefix_cache`).
-    pub prefix_cache: bool,
-    /// Structured outputs: the grammar engine for this model's vocabulary.
-    pub grammars: Arc<LazyGrammars>,
-    /// For the logits processors: bad words are tokenized with it.
-    pub tokenizer: Arc<ferry_tokenizer::Tokenizer>,
-    /// The model's end-of-sequence ids (`min_tokens` holds them back).
-    pub eos_ids: Vec<u32>,
-}
-
-impl ModelFacts {
-    pub fn of(engine: &Engine, model: String) -> Self {
-        Self {
-            fingerprint: engine.fingerprint.clone(),
-            layout: engine.kv_layout(),
-            max_context: engine.config().max_position,
-            vocab_size: engine.config().vocab_size,
-            model,
-            prefix_cache: engine.prefix_cache_enabled(),
-            grammars: Arc::new(LazyGrammars::new(engine.tokenizer.clone(), Some(engine.config().vocab_size))),
-            tokenizer: engine.tokenizer.clone(),
-            eos_ids: engine.eos_ids(),
+        if let Some(seq) = self.seq.take() {
+            let _ = self.tx.send(Cmd::Release(seq));
         }
-    }
-
-    pub fn check_prompt(&self, prompt: &[u32]) -> Result<()> {
-        if prompt.is_empty() {
-            return Err(WorkerError::InvalidRequest("empty prompt".into()));
-        }
-        if prompt.len() >= self.max_context {
-            return Err(WorkerError::InvalidRequest(format!(
-                "prompt of {} tokens does not fit the model's context of {}",
-                prompt.len(),
-                self.max_context
-            )));
-        }
-        if let Some(&id) = prompt.iter().find(|&&id| id as usize >= self.vocab_size) {
-            return Err(WorkerError::InvalidRequest(format!("token id {id} is outside the vocabulary of {}", self.vocab_size)));
-        }
-        Ok(())
     }
 }
 
@@ -167,7 +117,7 @@ impl PrefillHandle {
 
 struct Active {
     job: PrefillJob,
-    seq: SeqId,
+    seq: Sequence,
     done: usize,
     started: Instant,
     /// The prompt's logprobs so far, when asked for ([`crate::logprobs`]).
@@ -189,8 +139,8 @@ pub fn spawn_with(engine: Engine, model: String, opts: PrefillOptions) -> Prefil
     std::thread::Builder::new()
         .name("ferry-prefill".into())
         .spawn(move || {
-            let mut st = State { engine, queue: VecDeque::new(), active: Vec::new(), load, faults: opts.faults, steps: 0, busy: 0.0 };
-            let what = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| st.run(&rx, &tx))) {
+            let mut thread = PrefillThread { engine, queue: VecDeque::new(), active: Vec::new(), load, faults: opts.faults, steps: 0, busy: 0.0 };
+            let what = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| thread.run(&rx, &tx))) {
                 Ok(Ok(())) => return,
                 Ok(Err(e)) => format!("a prefill step failed at the backend: {e}"),
                 Err(p) => format!("the prefill engine thread panicked: {}", panic_message(p.as_ref())),
@@ -200,8 +150,8 @@ pub fn spawn_with(engine: Engine, model: String, opts: PrefillOptions) -> Prefil
             let fail = |j: PrefillJob| {
                 let _ = j.out.send(Outbound::Failed(WorkerError::EngineFailed(what.clone())));
             };
-            st.active.drain(..).for_each(|a| fail(a.job));
-            st.queue.drain(..).for_each(fail);
+            thread.active.drain(..).for_each(|a| fail(a.job));
+            thread.queue.drain(..).for_each(fail);
             while let Ok(cmd) = rx.try_recv() {
                 if let Cmd::Job(j) = cmd {
                     fail(j);
@@ -213,7 +163,7 @@ pub fn spawn_with(engine: Engine, model: String, opts: PrefillOptions) -> Prefil
 }
 
 /// The prefill engine thread's state.
-struct State {
+struct PrefillThread {
     engine: Engine,
     /// Prompts waiting to start (counted in `load.waiting_requests`).
     queue: VecDeque<PrefillJob>,
@@ -221,11 +171,11 @@ struct State {
     load: Arc<LoadGauge>,
     faults: FaultInjection,
     steps: u64,
-    /// Seconds the loop was busy around its steps ([`crate::cache_log::publish`]).
+    /// Seconds the loop was busy around its steps ([`LoadGauge::publish`]).
     busy: f64,
 }
 
-impl State {
+impl PrefillThread {
     /// One prompt left the waiting queue.
     fn left_queue(&self) {
         let _ = self.load.waiting_requests.fetch_update(Relaxed, Relaxed, |w| Some(w.saturating_sub(1)));
@@ -271,8 +221,9 @@ impl State {
         match cmd {
             Cmd::Job(j) => self.queue.push_back(j),
             Cmd::Release(seq) => {
-                if let Err(e) = self.engine.release(seq) {
-                    tracing::error!("releasing prefill sequence {}: {e}", seq.0);
+                let id = seq.id();
+                if let Err(e) = self.engine.release_now(seq) {
+                    tracing::error!("releasing prefill sequence {}: {e}", id.0);
                 }
             }
         }
@@ -287,13 +238,10 @@ impl State {
             self.left_queue();
         }
         let (engine, queue, active) = (&mut self.engine, &mut self.queue, &mut self.active);
-        active.retain(|a| {
-            let keep = !a.job.cancelled.load(Relaxed) && !a.job.out.is_closed();
-            if !keep {
-                let _ = engine.release(a.seq);
-            }
-            keep
-        });
+        // A cancelled prompt's sequence drops with it, freeing its blocks.
+        active.retain(|a| !a.job.cancelled.load(Relaxed) && !a.job.out.is_closed());
+        // Counted free below: what was dropped is given back first.
+        engine.reclaim();
         let mut need_more: usize = active.iter().map(|a| blocks(a.job.prompt.len(), bs) - blocks(a.done, bs)).sum();
         let mut left = 0usize;
         while let Some(j) = queue.front() {
@@ -325,6 +273,7 @@ impl State {
                     continue;
                 }
             };
+            let seq = engine.own(seq);
             j.cached.store(cached, Relaxed);
             if cached > 0 {
                 tracing::debug!(request_id = %j.request_id, cached, prompt = j.prompt.len(), "prompt prefix served from the cache");
@@ -342,7 +291,7 @@ fn blocks(tokens: usize, bs: usize) -> usize {
 }
 
 fn publish(engine: &mut Engine, load: &LoadGauge, queue: &VecDeque<PrefillJob>, active: &[Active], busy: f64) {
-    crate::cache_log::publish(engine, load, Role::Prefill.as_str(), busy);
+    load.publish(engine, Role::Prefill.as_str(), busy);
     let queued: usize = queue.iter().map(|j| j.prompt.len()).sum::<usize>() + active.iter().map(|a| a.job.prompt.len() - a.done).sum::<usize>();
     load.blocks_free.store(engine.free_blocks() as u64, Relaxed);
     load.active_sequences.store(engine.active_sequences() as u64, Relaxed);
@@ -351,6 +300,16 @@ fn publish(engine: &mut Engine, load: &LoadGauge, queue: &VecDeque<PrefillJob>, 
     // The queue is FIFO: its front has waited longest (the gauge's age is taken at scrape time).
     load.set_oldest_queued(queue.front().map(|j| j.enqueued));
     load.export(Role::Prefill.as_str());
+}
+
+/// A prompt computed whole, its first tokens sampled: what its `Outbound::End` says.
+struct Done {
+    first: First,
+    more_choices: Vec<FirstChoice>,
+    prompt_logprobs: Vec<TokenLogprob>,
+    queued: std::time::Duration,
+    computed: std::time::Duration,
+    computed_at: Instant,
 }
 
 /// One forward pass over the active prompts' next chunks (FIFO, up to the token budget). A
@@ -366,7 +325,7 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
         .filter(|(_, (i, r))| r.end == active[*i].job.prompt.len())
         .map(|(k, (i, r))| {
             let j = &active[*i].job;
-            (k, active[*i].seq, j.ship_from, r.end - j.ship_from, j.buffers, j.out.clone())
+            (k, active[*i].seq.id(), j.ship_from, r.end - j.ship_from, j.buffers, j.out.clone())
         })
         .collect();
     let layout = engine.kv_layout();
@@ -375,7 +334,7 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
         .map(|(i, r)| {
             let a = &active[*i];
             let logits = logprobs::chunk_logits(&a.job.params, r, a.job.prompt.len());
-            StepItem { seq: a.seq, tokens: &a.job.prompt[r.clone()], logits }
+            StepItem { seq: a.seq.id(), tokens: &a.job.prompt[r.clone()], logits }
         })
         .collect();
     let t0 = Instant::now();
@@ -410,9 +369,8 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(request_id = %a.job.request_id, "prefill step failed for this prompt alone: {e}");
-                let _ = engine.release(a.seq);
                 let _ = a.job.out.send(Outbound::Failed(sequence_error(&a.job.request_id, "prefill step", e)));
-                leaving.push(*i);
+                leaving.push((*i, None));
                 continue;
             }
         };
@@ -420,179 +378,42 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
         let logits = logprobs::take_chunk(&a.job.params, &a.job.prompt, r.clone(), logits, &mut a.prompt_logprobs);
         if a.done == a.job.prompt.len() {
             let stop_ids = engine.stop_ids(&a.job.params);
-            let firsts = match crate::pick::first_tokens(&a.job.params, &a.job.rules, &logits, &stop_ids) {
+            let firsts = match first_tokens(&a.job.params, &a.job.rules, &logits, &stop_ids) {
                 Ok(f) => f,
                 Err((choice, e)) => {
-                    let _ = engine.release(a.seq);
                     let what = format!("sampling the first token of choice {choice}: {e}");
                     let _ = a.job.out.send(Outbound::Failed(WorkerError::GrammarFailed { request_id: a.job.request_id.clone(), what }));
-                    leaving.push(*i);
+                    leaving.push((*i, None));
                     continue;
                 }
             };
             let mut firsts = firsts.into_iter();
             let Some(first) = firsts.next() else { continue };
-            let more_choices = firsts
-                .map(|f| ferry_proto::v1::FirstToken {
-                    token: f.token,
-                    is_stop: f.is_stop,
-                    sampler_state: f.picker.rng_state(),
-                    logprob: f.logprob.as_ref().map(ferry_proto::logprob_to_wire),
-                })
-                .collect();
-            let lease = SeqLease { seq: a.seq, tx: tx.clone() };
-            let end = Outbound::End {
-                first_token: first.token,
-                first_is_stop: first.is_stop,
-                first_logprob: first.logprob,
-                prompt_logprobs: std::mem::take(&mut a.prompt_logprobs),
-                sampler_state: first.picker.rng_state(),
-                more_choices,
-                queued: a.started - a.job.enqueued,
-                computed: a.started.elapsed(),
-                computed_at: Instant::now(),
-                lease: Box::new(lease),
-            };
-            // If the transfer task is gone the message (and its lease) is dropped: blocks freed.
-            let _ = a.job.out.send(end);
-            leaving.push(*i);
+            let more_choices = firsts.map(|f| FirstChoice { token: f.token, is_stop: f.is_stop, sampler_state: f.picker.rng_state(), logprob: f.logprob }).collect();
+            let prompt_logprobs = std::mem::take(&mut a.prompt_logprobs);
+            let done = Done { first, more_choices, prompt_logprobs, queued: a.started - a.job.enqueued, computed: a.started.elapsed(), computed_at: Instant::now() };
+            leaving.push((*i, Some(done)));
         }
     }
-    for i in leaving.into_iter().rev() {
-        active.remove(i);
+    // Leaving the batch: a finished prompt's sequence goes under a lease with its end (if the
+    // transfer task is gone the message, and its lease, drop: blocks freed); a failed one's drops.
+    for (i, done) in leaving.into_iter().rev() {
+        let a = active.remove(i);
+        let Some(Done { first, more_choices, prompt_logprobs, queued, computed, computed_at }) = done else { continue };
+        let lease = SeqLease { seq: Some(a.seq), tx: tx.clone() };
+        let end = Outbound::End {
+            first_token: first.token,
+            first_is_stop: first.is_stop,
+            first_logprob: first.logprob,
+            prompt_logprobs,
+            sampler_state: first.picker.rng_state(),
+            more_choices,
+            queued,
+            computed,
+            computed_at,
+            lease: Box::new(lease),
+        };
+        let _ = a.job.out.send(end);
     }
     Ok(())
-}
-
-/// The gRPC `Prefill` service.
-pub struct PrefillService {
-    pub engine: PrefillHandle,
-    pub tcp: Arc<dyn KvTransport>,
-    pub grpc: Arc<dyn KvTransport>,
-    /// Device-to-device pipes (NCCL or CUDA IPC), when this worker has them.
-    pub pipe: Option<Arc<dyn KvTransport>>,
-    /// This worker's own preference, for requests whose target names no transport.
-    pub prefer: crate::TransportChoice,
-    /// The plaintext TCP data path may be used (not with TLS).
-    pub allow_tcp: bool,
-    /// Longest a transfer step may make no progress (see [`crate::kv::DEFAULT_STALL`]).
-    pub stall: std::time::Duration,
-    pub name: String,
-    /// Held from the request's arrival until the decode worker acknowledged its KV.
-    pub drain: Arc<crate::drain::Drain>,
-}
-
-/// Sets the job's cancel flag when the RPC is dropped (client gone) before it finished.
-struct CancelOnDrop(Arc<AtomicBool>);
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        self.0.store(true, Relaxed);
-    }
-}
-
-impl PrefillService {
-    /// The transport for one transfer: the router's choice for the pair (the target's
-    /// `transport`), else this worker's preference; NCCL falls back to TCP or gRPC when it cannot
-    /// be set up, TCP to gRPC when the decode worker has no data address or TLS is on.
-    fn transport_for(&self, target: &KvTarget) -> Arc<dyn KvTransport> {
-        let wanted = match KvTransportKind::try_from(target.transport).unwrap_or(KvTransportKind::Unspecified) {
-            KvTransportKind::Unspecified => self.prefer.kind(),
-            k => k,
-        };
-        let tcp_ok = self.allow_tcp && !target.data_addr.is_empty();
-        // The host path: the TCP data path where it can be used, else gRPC.
-        let host = if tcp_ok { &self.tcp } else { &self.grpc };
-        match wanted {
-            KvTransportKind::Grpc => self.grpc.clone(),
-            KvTransportKind::Nccl | KvTransportKind::CudaIpc => match &self.pipe {
-                Some(pipe) if pipe.kind() == wanted => Arc::new(transport::Fallback { first: pipe.clone(), then: host.clone() }),
-                _ => {
-                    metrics::counter!("ferry_kv_transport_fallbacks_total", "from" => wanted.to_string(), "to" => host.kind().to_string()).increment(1);
-                    tracing::debug!("KV over {wanted} requested, but this worker has no such pipes: using {}", host.kind());
-                    host.clone()
-                }
-            },
-            _ => host.clone(),
-        }
-    }
-
-    async fn run(&self, req: PrefillRequest) -> Result<PrefillResponse> {
-        // Held until `push` returns, i.e. after the decode worker's acknowledgement: a draining
-        // prefill worker exits only when every KV it produced has been taken.
-        let _work = self.drain.begin()?;
-        let facts = &self.engine.facts;
-        facts.check_prompt(&req.prompt)?;
-        let params = ferry_proto::sampling_from_wire(req.sampling.as_ref(), req.stop.as_ref());
-        params.validate()?;
-        let rules = crate::pick::rules_for(facts, &params, &req.prompt).await?;
-        let target: KvTarget = req.target.clone().ok_or_else(|| WorkerError::InvalidRequest("no KV target".into()))?;
-        let transport = self.transport_for(&target);
-        let (out, mut rx) = mpsc::unbounded_channel();
-        let cancelled = Arc::new(AtomicBool::new(false));
-        let _cancel = CancelOnDrop(cancelled.clone());
-        let tokens = req.prompt.len();
-        // The decode worker holds the prompt's first `ship_from` tokens: ship the rest.
-        let ship_from = target.start_block as usize * facts.layout.block_size;
-        if ship_from >= tokens {
-            return Err(WorkerError::InvalidRequest(format!(
-                "the KV target starts at block {} (token {ship_from}) of a {tokens}-token prompt: nothing would be shipped",
-                target.start_block
-            )));
-        }
-        let buffers = matches!(transport.kind(), KvTransportKind::Nccl | KvTransportKind::CudaIpc);
-        let cached = Arc::new(AtomicUsize::new(0));
-        let salt = req.cache_salt.to_vec();
-        let job = PrefillJob { request_id: req.request_id.clone(), prompt: req.prompt, params, out, cancelled, enqueued: Instant::now(), buffers, salt, ship_from, cached: cached.clone(), rules };
-        self.engine.submit(job)?;
-        let span = KvSpan { header: KvPayloadHeader { layout: facts.layout, tokens: tokens - ship_from }, start: ship_from };
-        let begin = KvBegin {
-            transfer_token: target.transfer_token.clone(),
-            fingerprint: facts.fingerprint.clone(),
-            header: span.encode().into(),
-            request_id: req.request_id.clone(),
-        };
-        let pushed = transport::push(transport.as_ref(), &target, begin, &mut rx, self.stall).await?;
-        let kind = KvTransportKind::try_from(pushed.stats.transport).unwrap_or(KvTransportKind::Unspecified).to_string();
-        metrics::counter!("ferry_kv_transfers_total", "transport" => kind.clone()).increment(1);
-        metrics::counter!("ferry_kv_transfer_bytes_total", "transport" => kind.clone()).increment(pushed.stats.bytes);
-        metrics::histogram!("ferry_kv_transfer_seconds", "transport" => kind).record(pushed.stats.duration_ms / 1e3);
-        metrics::histogram!("ferry_worker_prefill_seconds").record(pushed.computed.as_secs_f64());
-        metrics::histogram!("ferry_worker_queue_seconds", "role" => "prefill").record(pushed.queued.as_secs_f64());
-        let cached = cached.load(Relaxed);
-        tracing::info!(
-            request_id = %req.request_id, tokens, cached, ship_from, kv_bytes = pushed.stats.bytes, transfer_ms = pushed.stats.duration_ms,
-            exposed_ms = pushed.stats.exposed_ms, decode = %target.decode_worker, "prefilled"
-        );
-        Ok(PrefillResponse {
-            first_token: pushed.first_token,
-            first_is_stop: pushed.first_is_stop,
-            queue_ms: pushed.queued.as_secs_f64() * 1e3,
-            prefill_ms: pushed.computed.as_secs_f64() * 1e3,
-            kv: Some(pushed.stats),
-            cached_tokens: cached as u32,
-            first_logprob: pushed.first_logprob.as_ref().map(ferry_proto::logprob_to_wire),
-            prompt_logprobs: pushed.prompt_logprobs.iter().map(ferry_proto::logprob_to_wire).collect(),
-            more_choices: pushed.more_choices,
-        })
-    }
-}
-
-#[tonic::async_trait]
-impl ferry_proto::v1::prefill_server::Prefill for PrefillService {
-    async fn prefill(&self, req: Request<PrefillRequest>) -> std::result::Result<Response<PrefillResponse>, Status> {
-        let req = req.into_inner();
-        let id = req.request_id.clone();
-        match self.run(req).await {
-            Ok(r) => {
-                metrics::counter!("ferry_worker_requests_total", "role" => "prefill", "outcome" => "ok").increment(1);
-                Ok(Response::new(r))
-            }
-            Err(e) => {
-                metrics::counter!("ferry_worker_requests_total", "role" => "prefill", "outcome" => "error").increment(1);
-                tracing::warn!(request_id = %id, worker = %self.name, "prefill failed: {e}");
-                Err(e.into())
-            }
-        }
-    }
 }

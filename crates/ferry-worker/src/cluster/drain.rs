@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
 
-use crate::WorkerError;
+use crate::error::WorkerError;
 
 /// A worker's drain state: whether it still takes work, and the work it holds.
 pub struct Drain {

@@ -5,12 +5,12 @@
 //! lease is current (a heartbeat was acknowledged within the lease). A worker whose engine failed
 //! answers 503 naming the fault while it takes itself out ([`crate::fault`]). A draining worker answers 503 so that a Kubernetes Service or load balancer
 //! stops sending it work while it finishes what it holds.
-//! [`registration`](crate::registration) flips the registered flag both ways; the HTTP listener
+//! [`registration`](super::registration) flips the registered flag both ways; the HTTP listener
 //! may start before the model loads, so a probe sees "loading the model" rather than a refused
 //! connection.
 
 use crate::load::LoadGauge;
-use crate::Role;
+use crate::role::Role;
 use std::sync::{Arc, OnceLock};
 use tokio::sync::watch;
 
@@ -44,7 +44,7 @@ impl Health {
         let _ = self.fault.set(fault);
     }
 
-    /// Follow the worker's drain flag (see [`crate::drain::Drain::subscribe`]): not ready once it
+    /// Follow the worker's drain flag (see [`super::drain::Drain::subscribe`]): not ready once it
     /// turns true.
     pub fn follow_drain(&self, draining: watch::Receiver<bool>) {
         let _ = self.draining.set(draining);

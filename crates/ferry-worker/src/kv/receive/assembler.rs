@@ -4,13 +4,13 @@
 //! per-chunk checksum, in-order and in-bounds data. Pure: no I/O (the driver reads a chunk's bytes
 //! into [`KvAssembler::target`]).
 
-use crate::{Result, WorkerError};
+use crate::error::{Result, WorkerError};
+use crate::kv::chunks::Chunk;
 use ferry_core::kv_payload::{HEADER_BYTES, SPAN_HEADER_BYTES};
 use ferry_core::{KvLayout, KvSpan};
 use ferry_engine::KvBuffer;
 use ferry_proto::v1::{KvBegin, KvEnd};
 use std::ops::Range;
-use super::inbound::Chunk;
 
 /// What the receiving worker expects of a transfer it admitted.
 #[derive(Clone, Debug)]

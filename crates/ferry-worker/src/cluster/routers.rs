@@ -13,7 +13,7 @@
 //! `--tls-server-name` says.
 
 use crate::load::LoadGauge;
-use crate::registration::{self, keep_registered, LeaseFlag, RouterLink, WorkerId};
+use super::registration::{self, keep_registered, LeaseFlag, RouterLink, WorkerId};
 use ferry_proto::v1::RegisterRequest;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;

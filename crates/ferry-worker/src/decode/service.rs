@@ -1,11 +1,13 @@
 //! The `Decode` service of decode and colocated workers: admits a request only if the KV cache
 //! can hold prompt + max_tokens, then either waits for its KV from a prefill worker (with a
 //! timeout) and imports it, or (colocated) hands the prompt to the engine loop to prefill; then
-//! streams the tokens the continuous-batching loop ([`crate::batcher`]) produces.
+//! streams the tokens the continuous-batching loop ([`super::step`], through [`super::handle`]) produces.
 
-use crate::kv::receiver::{Delivery, KvReceiver};
+use crate::cluster::drain::Drain;
+use crate::kv::receive::{Delivery, KvReceiver, Ticket};
+use crate::pick::{rules_for, Rules};
 use crate::load::Reservation;
-use crate::{Result, WorkerError};
+use crate::error::{Result, WorkerError};
 use ferry_core::SamplingParams;
 use ferry_engine::FinishReason;
 use ferry_proto::v1::{decode_response, Admitted, DecodeFinal, DecodeRequest, DecodeResponse, DecodeTokens, PromptLogprobs};
@@ -18,7 +20,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-pub use crate::batcher::{spawn, spawn_with, Admission, DecodeEvent, DecodeHandle, HeldPrefix, Scheduling, Source};
+use super::admission::{Admission, DecodeEvent, FirstToken, HeldPrefix, Source};
+use super::handle::DecodeHandle;
 
 /// The gRPC `Decode` service.
 pub struct DecodeService {
@@ -29,7 +32,7 @@ pub struct DecodeService {
     pub kv_timeout: Duration,
     pub name: String,
     /// Held by every admitted request until its stream ends.
-    pub drain: Arc<crate::drain::Drain>,
+    pub drain: Arc<Drain>,
 }
 
 /// Where an admitted request's prompt KV comes from.
@@ -115,7 +118,7 @@ impl DecodeService {
                 ids.len()
             )));
         }
-        let rules = crate::pick::rules_for(facts, &params, ids).await?;
+        let rules = rules_for(facts, &params, ids).await?;
         let bs = facts.layout.block_size;
         // Every choice's tokens, the prompt's full blocks counted once (they are shared).
         let need = u64::from(ferry_core::routing::blocks_needed(prompt, params.max_tokens, params.n, facts.max_context, bs as u32));
@@ -138,7 +141,7 @@ struct Admit {
     params: SamplingParams,
     reservation: Reservation,
     timeout: Duration,
-    rules: crate::pick::Rules,
+    rules: Rules,
 }
 
 /// Wait for an admitted request's KV (or its timeout, or the router going away), import it, and
@@ -146,7 +149,7 @@ struct Admit {
 async fn receive_kv(
     engine: &DecodeHandle,
     receiver: &KvReceiver,
-    mut ticket: crate::kv::receiver::Ticket,
+    mut ticket: Ticket,
     timeout: Duration,
     tx: &mpsc::Sender<std::result::Result<DecodeResponse, Status>>,
     mut admission: Admission,
@@ -178,13 +181,18 @@ async fn receive_kv(
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
     let (imp_tx, imp_rx) = oneshot::channel();
     let Delivery { assembled, ack } = delivery;
-    admission.source = Source::Kv { payload: assembled.payload, device: assembled.device, end: assembled.end, onto, tokens, imported: imp_tx };
+    // The wire's end of the KV, as the engine thread takes it: each choice's first token.
+    let end = &assembled.end;
+    let first = FirstToken { token: end.first_token, is_stop: end.first_is_stop, sampler_state: end.sampler_state };
+    let more = end.more_choices.iter().map(|f| FirstToken { token: f.token, is_stop: f.is_stop, sampler_state: f.sampler_state });
+    let firsts = std::iter::once(first).chain(more).collect();
+    admission.source = Source::Kv { payload: assembled.payload, device: assembled.device, firsts, onto, tokens, imported: imp_tx };
     admission.events = ev_tx;
     let imported = match engine.admit(admission) {
         Ok(()) => match imp_rx.await {
             Ok((r, buf)) => {
                 receiver.buffers.give(buf);
-                r
+                r.map_err(Status::from)
             }
             Err(_) => Err(WorkerError::EngineFailed("the decode engine stopped before importing the KV".into()).status()),
         },

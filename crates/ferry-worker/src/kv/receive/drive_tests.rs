@@ -2,9 +2,12 @@
 //! (and the waiting request learns it), and a pipe drains a failed transfer to its `end`, answers
 //! it, and takes the next transfer in step.
 
-use super::super::frame::{self, FrameHeader, Kind, HEADER_BYTES};
-use super::super::pipe::{serve, BytePipe, InProcessConnector, PipeConnector};
-use super::super::receiver::{serve_tcp, KvReceiver, Ticket};
+use crate::kv::frame::{self, FrameHeader, Kind, HEADER_BYTES};
+use crate::kv::device::{BytePipe, PipeConnector};
+use crate::kv::in_process::InProcessConnector;
+use crate::kv::receive::pipe::serve;
+use crate::kv::receive::tcp::serve_tcp;
+use crate::kv::receive::transfers::{KvReceiver, Ticket};
 use ferry_core::{KvDtype, KvLayout, KvPayloadHeader};
 use ferry_proto::v1::{kv_ack_frame, kv_chunk, KvAckFrame, KvBegin, KvChunk, KvEnd};
 use std::time::{Duration, Instant};

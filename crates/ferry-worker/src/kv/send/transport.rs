@@ -3,11 +3,14 @@
 //! the NCCL pipe shares). NCCL (device to device)
 //! comes with the CUDA backend. [`push`] drives any of them from a request's [`Outbound`] queue.
 
-use super::{chunk_ranges, frame, Outbound, MAX_CHUNK_BYTES};
-use crate::{Result, WorkerError};
+use super::outbound::{FirstChoice, Outbound};
+use crate::kv::chunks::{chunk_ranges, MAX_CHUNK_BYTES};
+use crate::kv::frame;
+use crate::kv::replies::{ack_of, unavailable};
+use crate::error::{Result, WorkerError};
 use bytes::Bytes;
 use ferry_proto::v1::kv_transfer_client::KvTransferClient;
-use ferry_proto::v1::{kv_ack_frame, kv_chunk, KvAck, KvAckFrame, KvBegin, KvChunk, KvData, KvEnd, KvTarget, KvTransferStats};
+use ferry_proto::v1::{kv_chunk, FirstToken, KvAck, KvBegin, KvChunk, KvData, KvEnd, KvTarget, KvTransferStats};
 use ferry_proto::v1::KvTransport as Kind;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -44,33 +47,6 @@ pub trait KvTransport: Send + Sync {
     fn kind(&self) -> Kind;
     /// Open a transfer to `target` and send its `begin`.
     async fn open(&self, target: &KvTarget, begin: KvBegin) -> Result<Box<dyn KvLink>>;
-}
-
-/// A receiver's reply frame (TCP data path, NCCL pipes) as the transfer's result.
-pub(crate) fn ack_of(peer: &str, reply: KvAckFrame) -> Result<KvAck> {
-    match reply.result {
-        Some(kv_ack_frame::Result::Ack(a)) => Ok(a),
-        Some(kv_ack_frame::Result::Error(e)) => Err(WorkerError::PeerRefused { peer: peer.to_string(), status: status_of(&e) }),
-        None => Err(unavailable(peer, "empty reply")),
-    }
-}
-
-/// A reply frame's error as the status it stands for (code, message, fault tag).
-pub(crate) fn status_of(e: &ferry_proto::v1::KvError) -> tonic::Status {
-    let status = tonic::Status::new(tonic::Code::from_i32(e.code), e.message.clone());
-    match ferry_core::failure::WorkerFault::parse(&e.fault) {
-        Some(f) => crate::error::tagged(status, f),
-        None => status,
-    }
-}
-
-/// A receiver's error as a reply frame: its code, message and fault tag.
-pub(crate) fn kv_error(e: &WorkerError) -> ferry_proto::v1::KvError {
-    ferry_proto::v1::KvError { code: e.code() as i32, message: e.to_string(), fault: e.fault().as_str().to_string() }
-}
-
-fn unavailable(peer: &str, what: impl std::fmt::Display) -> WorkerError {
-    WorkerError::PeerUnavailable { peer: peer.to_string(), what: what.to_string() }
 }
 
 /// HTTP/2 windows large enough for bulk bytes (engineering notes: 32 MiB).
@@ -374,6 +350,7 @@ pub async fn push(transport: &dyn KvTransport, target: &KvTarget, begin: KvBegin
                     }
                 };
                 let kind = l.kind();
+                let more_choices: Vec<FirstToken> = more_choices.iter().map(FirstChoice::to_wire).collect();
                 let ack = within(stall, peer, "waiting for the acknowledgement", l.end(KvEnd { first_token, first_is_stop, sampler_state, chunks, more_choices: more_choices.clone() })).await?;
                 drop(lease);
                 let started = started.expect("set when the link opened");

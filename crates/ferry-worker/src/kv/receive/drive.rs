@@ -8,10 +8,11 @@
 //! lease covers the whole handoff).
 
 use super::assembler::Target;
-use super::inbound::{Action, After, Chunk, Event, Inbound, Link};
-use super::receiver::{Delivery, KvReceiver, Waiter};
-use super::transport::kv_error;
-use crate::{Result, WorkerError};
+use super::inbound::{Action, After, Event, Inbound, Link};
+use super::transfers::{Delivery, KvReceiver, Waiter};
+use crate::error::{Result, WorkerError};
+use crate::kv::chunks::Chunk;
+use crate::kv::replies::kv_error;
 use ferry_engine::KvBuffer;
 use ferry_proto::v1::{kv_ack_frame, KvAck, KvAckFrame};
 use tokio::sync::oneshot;

@@ -1,0 +1,326 @@
+//! The continuous-batching engine thread of decode and colocated workers (Orca, OSDI '22): one
+//! engine thread steps every running sequence each iteration, and sequences join and leave
+//! between steps.
+//!
+//! A decode worker's sequences arrive as imported KV ([`super::import`]). A colocated worker
+//! (the baseline that disaggregation is measured against) also takes prompts and prefills them
+//! in the same loop, in one of two ways:
+//! - **prefill first** (`chunk_tokens: None`, vLLM's classic scheduler): a step that has prompts
+//!   to prefill runs only them, whole (up to the step budget); running decodes wait that step;
+//! - **chunked prefill** (`chunk_tokens: Some(B)`, Sarathi-Serve, arXiv:2403.02310): every step
+//!   carries all running decodes plus prompt chunks filling the rest of a budget of B tokens, so
+//!   a long prompt never stalls decodes for more than one bounded step.
+//!
+//! A request with its first tokens joins the batch by [`super::fork`]; a choice leaves it by
+//! [`super::finish`]. Every sequence is held as an `ferry_engine::Sequence`, so a request that
+//! leaves by any path gives its blocks back. A step that fails for one sequence ends that
+//! sequence only ([`crate::isolate`]); a panic or a device fault ends the engine thread, failing
+//! everything it holds ([`crate::fault`]).
+
+use super::admission::{Admission, Cmd, DecodeEvent, HeldPrefix, Scheduling, Source};
+use super::finish::{advance, leave, Running};
+use super::fork::{join, Joining, Start};
+use super::import::{import, Arrived, Request};
+use crate::error::WorkerError;
+use crate::fault::FaultInjection;
+use crate::isolate::{sequence_error, step_isolating, Outcome};
+use crate::load::{LoadGauge, Reservation};
+use crate::logprobs;
+use crate::pick::{first_tokens, Rules};
+use ferry_core::logprobs::token_logprob;
+use ferry_core::schedule::{plan_step, PromptLeft, StepPolicy};
+use ferry_core::{SamplingParams, TokenLogprob};
+use ferry_engine::{Engine, EngineError, FinishReason, Logits, Sequence, StepItem};
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc;
+
+/// A colocated prompt being prefilled.
+struct Prefilling {
+    request_id: String,
+    seq: Sequence,
+    prompt: Vec<u32>,
+    done: usize,
+    params: SamplingParams,
+    /// The prompt's logprobs so far, when asked for ([`crate::logprobs`]).
+    prompt_logprobs: Vec<TokenLogprob>,
+    events: mpsc::UnboundedSender<DecodeEvent>,
+    reservation: Reservation,
+    rules: Rules,
+}
+
+/// The decode engine thread's state.
+pub(super) struct DecodeThread {
+    engine: Engine,
+    running: Vec<Running>,
+    prefilling: VecDeque<Prefilling>,
+    load: Arc<LoadGauge>,
+    scheduling: Scheduling,
+    role: &'static str,
+    faults: FaultInjection,
+    /// Steps run so far (for [`FaultInjection::before_step`]).
+    steps: u64,
+    /// Seconds the loop was busy around its steps ([`LoadGauge::publish`]).
+    busy: f64,
+}
+
+/// One row group of a step.
+enum RowGroup {
+    Decode(usize),
+    Prefill(usize, std::ops::Range<usize>),
+}
+
+impl DecodeThread {
+    pub(super) fn new(engine: Engine, load: Arc<LoadGauge>, scheduling: Scheduling, role: &'static str, faults: FaultInjection) -> Self {
+        DecodeThread { engine, running: Vec::new(), prefilling: VecDeque::new(), load, scheduling, role, faults, steps: 0, busy: 0.0 }
+    }
+
+    /// Step until every handle is gone (Ok) or the backend fails (Err: the engine is broken).
+    pub(super) fn run(&mut self, rx: &std_mpsc::Receiver<Cmd>) -> Result<(), EngineError> {
+        let mut rotate = 0usize;
+        loop {
+            self.publish();
+            if self.running.is_empty() && self.prefilling.is_empty() {
+                match rx.recv() {
+                    Ok(cmd) => self.handle(cmd)?,
+                    Err(_) => return Ok(()),
+                }
+            }
+            // Busy from here to the step's end: the admissions (a decode worker imports arriving
+            // KV here), the plan, the step, sampling and streaming the tokens.
+            let busy = Instant::now();
+            while let Ok(cmd) = rx.try_recv() {
+                self.handle(cmd)?;
+            }
+            self.drop_cancelled();
+            if self.running.is_empty() && self.prefilling.is_empty() {
+                continue;
+            }
+            let parts = self.plan(&mut rotate);
+            self.step(parts)?;
+            self.busy += busy.elapsed().as_secs_f64();
+        }
+    }
+
+    fn handle(&mut self, cmd: Cmd) -> Result<(), EngineError> {
+        match cmd {
+            Cmd::Admit(a) => return self.admit(a),
+            Cmd::Attach { tokens, salt, max, reply } => {
+                let (seq, cached) = self.engine.new_sequence_with_prefix(&tokens, &salt, max.min(tokens.len()));
+                // Nobody waits any more: the sequence drops with the reply, freeing its blocks.
+                let _ = reply.send((self.engine.own(seq), cached));
+            }
+            Cmd::Release(seq) => {
+                let id = seq.id();
+                if let Err(e) = self.engine.release_now(seq) {
+                    tracing::error!("releasing held sequence {}: {e}", id.0);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The engine failed: every request held ends, tagged `engine` (the router moves them).
+    pub(super) fn fail_all(&mut self, what: &str) {
+        for r in self.running.drain(..) {
+            leave(r, Err(WorkerError::EngineFailed(what.to_string())));
+        }
+        for p in self.prefilling.drain(..) {
+            let _ = p.events.send(DecodeEvent::Failed(WorkerError::EngineFailed(what.to_string())));
+        }
+        self.publish();
+    }
+
+    fn publish(&mut self) {
+        self.load.publish(&mut self.engine, self.role, self.busy);
+        self.load.blocks_free.store(self.engine.free_blocks() as u64, Relaxed);
+        self.load.active_sequences.store((self.running.len() + self.prefilling.len()) as u64, Relaxed);
+        let queued: usize = self.prefilling.iter().map(|p| p.prompt.len() - p.done).sum();
+        self.load.queued_prefill_tokens.store(queued as u64, Relaxed);
+        self.load.queued_requests.store(self.prefilling.len() as u64, Relaxed);
+        self.load.export(self.role);
+    }
+
+    /// Requests whose stream was dropped leave now (their sequences drop, freeing their blocks).
+    fn drop_cancelled(&mut self) {
+        self.running.retain(|r| !r.events.is_closed());
+        self.prefilling.retain(|p| !p.events.is_closed());
+        self.engine.reclaim();
+    }
+
+    /// Which rows the next step carries (see the module doc): [`ferry_core::schedule::plan_step`].
+    fn plan(&self, rotate: &mut usize) -> Vec<RowGroup> {
+        let policy = StepPolicy {
+            max_batch_tokens: self.engine.max_batch_tokens(),
+            accept_prompts: self.scheduling.accept_prompts,
+            chunk_tokens: self.scheduling.chunk_tokens,
+        };
+        let prompts: Vec<PromptLeft> =
+            self.prefilling.iter().map(|p| PromptLeft { left: p.prompt.len() - p.done, cap: logprobs::chunk_cap(&p.params) }).collect();
+        let plan = plan_step(&policy, self.running.len(), &prompts, rotate);
+        let decodes = plan.decodes.into_iter().map(RowGroup::Decode);
+        decodes.chain(plan.prefills.into_iter().map(|(j, n)| RowGroup::Prefill(j, self.prefilling[j].done..self.prefilling[j].done + n))).collect()
+    }
+    /// One step over `parts`. A part whose sequence fails ends that request alone; Err only
+    /// when the backend failed.
+    fn step(&mut self, parts: Vec<RowGroup>) -> Result<(), EngineError> {
+        let toks: Vec<[u32; 1]> = parts
+            .iter()
+            .map(|p| match p {
+                // The test hook: an id outside any vocabulary makes this one item fail.
+                RowGroup::Decode(i) if parts.len() > 1 && self.faults.fails(&self.running[*i].request_id, self.running[*i].count) => [u32::MAX],
+                RowGroup::Decode(i) => [self.running[*i].last],
+                RowGroup::Prefill(..) => [0],
+            })
+            .collect();
+        let items: Vec<StepItem> = parts
+            .iter()
+            .zip(&toks)
+            .map(|(p, t)| match p {
+                RowGroup::Decode(i) => StepItem { seq: self.running[*i].seq.id(), tokens: t, logits: Logits::Last },
+                RowGroup::Prefill(j, r) => {
+                    let p = &self.prefilling[*j];
+                    let logits = logprobs::chunk_logits(&p.params, r, p.prompt.len());
+                    StepItem { seq: p.seq.id(), tokens: &p.prompt[r.clone()], logits }
+                }
+            })
+            .collect();
+        self.faults.before_step(self.steps);
+        self.steps += 1;
+        let t0 = Instant::now();
+        let outcomes = step_isolating(&mut self.engine, &items, &mut |_, _, _| {});
+        drop(items);
+        metrics::histogram!("ferry_worker_step_seconds", "role" => self.role).record(t0.elapsed().as_secs_f64());
+        let decodes = parts.iter().filter(|p| matches!(p, RowGroup::Decode(_))).count();
+        metrics::histogram!("ferry_worker_decode_batch").record(decodes as f64);
+        let outcomes: Vec<Outcome> = outcomes?;
+        let ctx = self.engine.config().max_position;
+        // Requests that leave the batch: finished, or failed alone.
+        let mut leaving: Vec<(usize, Result<FinishReason, WorkerError>)> = Vec::new();
+        let mut prefilled: Vec<(usize, Result<Vec<f32>, WorkerError>)> = Vec::new();
+        for (part, outcome) in parts.iter().zip(outcomes) {
+            match (part, outcome) {
+                (RowGroup::Decode(i), Ok(mut logits)) => {
+                    let r = &mut self.running[*i];
+                    let raw = r.logprobs.filter(|_| r.picker.alters_logits()).map(|_| logits.clone());
+                    match r.picker.pick(&mut logits) {
+                        Ok(tok) => {
+                            // Logprobs are the model's, before the grammar's mask.
+                            let lp = r.logprobs.filter(|_| !r.stop_ids.contains(&tok)).map(|n| token_logprob(raw.as_deref().unwrap_or(&logits), tok, n as usize));
+                            if let Some(reason) = advance(r, tok, lp, ctx) {
+                                leaving.push((*i, Ok(reason)));
+                            }
+                        }
+                        Err(e) => {
+                            let what = format!("at generated token {} of choice {}: {e}", r.count, r.choice);
+                            leaving.push((*i, Err(WorkerError::GrammarFailed { request_id: r.request_id.clone(), what })));
+                        }
+                    }
+                }
+                (RowGroup::Decode(i), Err(e)) => {
+                    let r = &self.running[*i];
+                    tracing::warn!(request_id = %r.request_id, "decode step failed for this sequence alone: {e}");
+                    leaving.push((*i, Err(sequence_error(&r.request_id, "decode step", e))));
+                }
+                (RowGroup::Prefill(j, range), Ok(logits)) => {
+                    let p = &mut self.prefilling[*j];
+                    p.done = range.end;
+                    let logits = logprobs::take_chunk(&p.params, &p.prompt, range.clone(), logits, &mut p.prompt_logprobs);
+                    if p.done == p.prompt.len() {
+                        prefilled.push((*j, Ok(logits)));
+                    }
+                }
+                (RowGroup::Prefill(j, _), Err(e)) => {
+                    let p = &self.prefilling[*j];
+                    tracing::warn!(request_id = %p.request_id, "prefill step failed for this sequence alone: {e}");
+                    prefilled.push((*j, Err(sequence_error(&p.request_id, "prefill step", e))));
+                }
+            }
+        }
+        leaving.sort_by_key(|f| std::cmp::Reverse(f.0));
+        for (i, end) in leaving {
+            leave(self.running.swap_remove(i), end);
+        }
+        // Prompts done: sample their first token here and join the running batch.
+        prefilled.sort_by_key(|f| std::cmp::Reverse(f.0));
+        for (j, logits) in prefilled {
+            let Some(p) = self.prefilling.remove(j) else { continue };
+            let logits = match logits {
+                Ok(l) => l,
+                Err(e) => {
+                    let _ = p.events.send(DecodeEvent::Failed(e));
+                    continue;
+                }
+            };
+            let stop_ids = self.engine.stop_ids(&p.params);
+            let firsts = match first_tokens(&p.params, &p.rules, &logits, &stop_ids) {
+                Ok(f) => f,
+                Err((choice, e)) => {
+                    let what = format!("sampling the first token of choice {choice}: {e}");
+                    let _ = p.events.send(DecodeEvent::Failed(WorkerError::GrammarFailed { request_id: p.request_id, what }));
+                    continue;
+                }
+            };
+            if p.params.prompt_logprobs.is_some() {
+                let _ = p.events.send(DecodeEvent::PromptLogprobs(p.prompt_logprobs));
+            }
+            let mut choices = Vec::with_capacity(firsts.len());
+            for (i, f) in firsts.into_iter().enumerate() {
+                if !f.is_stop {
+                    let _ = p.events.send(DecodeEvent::Token { choice: i as u32, token: f.token, logprob: f.logprob });
+                }
+                choices.push(Start { token: f.token, is_stop: f.is_stop, picker: f.picker });
+            }
+            let prompt_tokens = p.prompt.len();
+            let joining = Joining { request_id: &p.request_id, seq: p.seq, choices, params: &p.params, prompt_tokens, events: p.events, reservation: p.reservation };
+            let joined = join(&mut self.engine, joining);
+            self.running.extend(joined);
+        }
+        Ok(())
+    }
+
+    /// Take a request in. Err only when importing its KV failed at the backend (the engine is
+    /// broken; the request has its failure already).
+    fn admit(&mut self, a: Admission) -> Result<(), EngineError> {
+        let Admission { request_id, source, params, prompt_tokens, events, reservation, rules } = a;
+        match source {
+            Source::Kv { payload, device, firsts, onto, tokens, imported } => {
+                let request = Request { request_id: &request_id, params: &params, rules: &rules, events: &events };
+                let arrived = Arrived { payload, device, firsts, onto, tokens, imported };
+                let Some((seq, choices)) = import(&mut self.engine, &request, arrived)? else { return Ok(()) };
+                // The router already streamed the first tokens (they came with prefill's answer).
+                let joining = Joining { request_id: &request_id, seq, choices, params: &params, prompt_tokens, events, reservation };
+                let joined = join(&mut self.engine, joining);
+                self.running.extend(joined);
+            }
+            Source::Prompt { prompt, held } => {
+                // A prompt whose logprobs are asked for is computed whole (dropping a held
+                // prefix frees it).
+                let held = held.filter(|_| params.prompt_logprobs.is_none());
+                let cached = held.as_ref().map_or(0, |h| h.cached);
+                let (seq, done) = match held.and_then(HeldPrefix::take) {
+                    Some(seq) => (seq, cached),
+                    None => {
+                        let id = self.engine.new_sequence();
+                        (self.engine.own(id), 0)
+                    }
+                };
+                self.prefilling.push_back(Prefilling {
+                    request_id,
+                    seq,
+                    prompt,
+                    done,
+                    params,
+                    prompt_logprobs: Vec::new(),
+                    events,
+                    reservation,
+                    rules,
+                });
+            }
+        }
+        Ok(())
+    }
+}
