@@ -3,6 +3,7 @@
 //! ([`super::service`]).
 
 use crate::error::WorkerError;
+use crate::role::Role;
 use crate::load::Reservation;
 use crate::pick::Rules;
 use ferry_core::{SamplingParams, TokenLogprob};
@@ -110,4 +111,11 @@ pub struct Scheduling {
     pub accept_prompts: bool,
     /// Chunked prefill with this token budget per step; None: prefill first, whole prompts.
     pub chunk_tokens: Option<usize>,
+}
+
+impl Scheduling {
+    /// The role a worker scheduling so plays: colocated when it takes prompts, else decode.
+    pub fn role(self) -> Role {
+        if self.accept_prompts { Role::Colocated } else { Role::Decode }
+    }
 }

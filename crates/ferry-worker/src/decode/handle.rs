@@ -51,7 +51,7 @@ pub fn spawn_with(engine: Engine, model: String, scheduling: Scheduling, faults:
     let facts = ModelFacts::of(&engine, model);
     let fault = EngineFault::new();
     let handle = DecodeHandle { tx, load: load.clone(), facts, scheduling, fault: fault.clone() };
-    let role = if scheduling.accept_prompts { "colocated" } else { "decode" };
+    let role = scheduling.role().as_str();
     std::thread::Builder::new()
         .name(format!("ferry-{role}"))
         .spawn(move || {

@@ -211,7 +211,7 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
 
     async fn decode(&self, req: Request<DecodeRequest>) -> std::result::Result<Response<EventStream>, Status> {
         let req = req.into_inner();
-        let role = if self.engine.scheduling.accept_prompts { "colocated" } else { "decode" };
+        let role = self.engine.scheduling.role().as_str();
         let admitted = match self.drain.begin() {
             Ok(w) => self.admit(&req).await.map(|a| (a, w)),
             Err(e) => Err(e),
