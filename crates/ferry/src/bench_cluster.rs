@@ -4,7 +4,10 @@
 //! - `disagg`: TTFT through a real `ferry up` cluster (router, prefill and decode processes on
 //!   loopback) against single-process prefill with the same threads, measured in the same run;
 //!   with how long the KV transfer ran and how much of it outlasted the prefill computation
-//!   (what layer-wise streaming did not hide).
+//!   (what layer-wise streaming did not hide). Every prompt is sent once, to the single process
+//!   and to the cluster: a repeated prompt would be served from the prefix cache (the single
+//!   process's, or the decode worker's, which then computes nothing and receives no KV), and the
+//!   figure would measure the cache. The output says how many prompt tokens a cache served.
 
 use crate::ModelArgs;
 use anyhow::Context;
@@ -60,12 +63,15 @@ pub fn disagg(a: DisaggBenchArgs) -> anyhow::Result<()> {
     // Single process, same threads as one worker.
     let mut engine = ModelArgs { threads, model: path.to_string_lossy().into_owned(), ..a.model.clone() }.load()?;
     let base = engine.encode(TEXT)?;
-    let prompt: Vec<u32> = base.iter().cycle().take(a.prompt_len).copied().collect();
+    // Prompt i starts i tokens into the text: from its first KV block on, no two share a prefix.
+    // Prompt 0 is the warm-up.
+    let prompts: Vec<Vec<u32>> = (0..=a.repeats).map(|i| base.iter().cycle().skip(i).take(a.prompt_len).copied().collect()).collect();
+    let warm_up = &prompts[0][..16.min(a.prompt_len)];
     let one = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(1) };
-    engine.generate(&prompt[..16.min(prompt.len())], &one, &mut |_| {})?; // warm-up
+    engine.generate(warm_up, &one, &mut |_| {})?;
     let mut single = Vec::new();
-    for _ in 0..a.repeats {
-        single.push(engine.generate(&prompt, &one, &mut |_| {})?.ttft.as_secs_f64() * 1e3);
+    for prompt in &prompts[1..] {
+        single.push(engine.generate(prompt, &one, &mut |_| {})?.ttft.as_secs_f64() * 1e3);
     }
     drop(engine);
 
@@ -94,8 +100,8 @@ pub fn disagg(a: DisaggBenchArgs) -> anyhow::Result<()> {
             ..Default::default()
         };
         let mut samples = Vec::new();
-        for i in 0..a.repeats + 1 {
-            let ids = if i == 0 { &prompt[..16.min(prompt.len())] } else { &prompt[..] };
+        for (i, prompt) in prompts.iter().enumerate() {
+            let ids = if i == 0 { warm_up } else { &prompt[..] };
             let t = Instant::now();
             let mut s = client.generate(req(ids)).await?.into_inner();
             let mut ttft = None;
@@ -105,7 +111,7 @@ pub fn disagg(a: DisaggBenchArgs) -> anyhow::Result<()> {
                     Some(generate_response::Event::Final(f)) => {
                         if i > 0 {
                             let kv = f.kv.unwrap_or_default();
-                            samples.push((ttft.unwrap_or(f.ttft_ms), kv.bytes, kv.duration_ms, kv.exposed_ms));
+                            samples.push((ttft.unwrap_or(f.ttft_ms), kv.bytes, kv.duration_ms, kv.exposed_ms, f.cached_tokens));
                         }
                     }
                     _ => {}
@@ -124,7 +130,7 @@ pub fn disagg(a: DisaggBenchArgs) -> anyhow::Result<()> {
     let single = median(single);
     let out = serde_json::json!({
         "bench": "disagg",
-        "prompt_tokens": prompt.len(),
+        "prompt_tokens": a.prompt_len,
         "threads_per_worker": threads,
         "kv_transport": transport,
         "ttft_single_process_ms": single,
@@ -133,6 +139,7 @@ pub fn disagg(a: DisaggBenchArgs) -> anyhow::Result<()> {
         "kv_bytes": samples.first().map(|s| s.1).unwrap_or(0),
         "kv_transfer_ms": median(samples.iter().map(|s| s.2).collect()),
         "kv_exposed_ms": median(samples.iter().map(|s| s.3).collect()),
+        "cluster_cached_tokens": samples.iter().map(|s| u64::from(s.4)).sum::<u64>(),
     });
     println!("{out}");
     Ok(())
