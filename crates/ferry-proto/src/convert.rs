@@ -7,7 +7,16 @@ use ferry_core::{SamplingParams, TokenLogprob};
 /// The token budget when a request leaves `max_tokens` at 0.
 pub const DEFAULT_MAX_TOKENS: usize = 128;
 
-/// Sampling and stop conditions from the wire into one [`SamplingParams`] (not yet validated).
+/// Sampling and stop conditions from the wire, converted and validated: what every edge that
+/// takes them (the router's gRPC and HTTP APIs, the prefill and decode services) runs, once.
+pub fn checked_sampling(s: Option<&v1::SamplingParams>, stop: Option<&v1::StopConditions>) -> Result<SamplingParams, ferry_core::sampling::SamplingError> {
+    let params = sampling_from_wire(s, stop);
+    params.validate()?;
+    Ok(params)
+}
+
+/// Sampling and stop conditions from the wire into one [`SamplingParams`] (not yet validated;
+/// the edges use [`checked_sampling`]).
 pub fn sampling_from_wire(s: Option<&v1::SamplingParams>, stop: Option<&v1::StopConditions>) -> SamplingParams {
     let d = SamplingParams::default();
     let s = s.cloned().unwrap_or_default();

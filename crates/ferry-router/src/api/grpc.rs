@@ -90,16 +90,14 @@ pub fn prepare(
             "sampling.token_offset is set by the router when it moves a request between workers; clients leave it 0".into(),
         ));
     }
-    let mut params = ferry_proto::sampling_from_wire(req.sampling.as_ref(), req.stop.as_ref());
+    let mut params = ferry_proto::checked_sampling(req.sampling.as_ref(), req.stop.as_ref()).map_err(|e| RouterError::InvalidRequest(e.to_string()))?;
+    // The tools' grammar is Ferry's own (checked by compiling it, as every grammar is).
     if let Some(lark) = tool_grammar {
         if params.grammar.is_some() {
             return Err(RouterError::InvalidRequest("tool_choice REQUIRED or a named function and sampling.structured both constrain the answer; send one".into()));
         }
         params.grammar = Some(ferry_core::sampling::OutputGrammar::Lark(lark));
     }
-    params
-        .validate()
-        .map_err(|e| RouterError::InvalidRequest(e.to_string()))?;
     Ok((ids, params, calls))
 }
 

@@ -109,8 +109,7 @@ impl DecodeService {
                 facts.max_context - 1
             )));
         }
-        let params = ferry_proto::sampling_from_wire(req.sampling.as_ref(), req.stop.as_ref());
-        params.validate()?;
+        let params = ferry_proto::checked_sampling(req.sampling.as_ref(), req.stop.as_ref())?;
         let ids = if req.prompt.is_empty() { &req.prompt_ids } else { &req.prompt };
         if params.processes_logits() && ids.len() != prompt {
             return Err(WorkerError::InvalidRequest(format!(

@@ -79,8 +79,7 @@ impl PrefillService {
         let _work = self.drain.begin()?;
         let facts = &self.engine.facts;
         facts.check_prompt(&req.prompt)?;
-        let params = ferry_proto::sampling_from_wire(req.sampling.as_ref(), req.stop.as_ref());
-        params.validate()?;
+        let params = ferry_proto::checked_sampling(req.sampling.as_ref(), req.stop.as_ref())?;
         let rules = rules_for(facts, &params, &req.prompt).await?;
         let target: KvTarget = req.target.clone().ok_or_else(|| WorkerError::InvalidRequest("no KV target".into()))?;
         let transport = self.transport_for(&target);

@@ -125,8 +125,7 @@ pub fn parse(kind: Kind, body: &[u8]) -> Result<Parsed, ApiError> {
     };
     // Converted and checked here, once (the same conversion as the gRPC API's), so a bad value
     // is a 400 naming its field.
-    let params = ferry_proto::sampling_from_wire(Some(&sampling), Some(&stop));
-    params.validate().map_err(|e| ApiError::invalid(e.to_string(), Some(e.field())))?;
+    let params = ferry_proto::checked_sampling(Some(&sampling), Some(&stop)).map_err(|e| ApiError::invalid(e.to_string(), Some(e.field())))?;
     // vLLM's field: requests share cached prompt KV only with requests of the same salt.
     let cache_salt = field::<String>(&obj, "cache_salt")?.unwrap_or_default();
     if cache_salt.len() > MAX_CACHE_SALT {
