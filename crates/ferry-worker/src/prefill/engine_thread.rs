@@ -2,118 +2,32 @@
 //! streams each finished layer's KV to the request's transfer task, samples the first token, and
 //! keeps the sequence's blocks under a lease until the decode worker has acknowledged them.
 //!
-//! The queue of prompts waiting to start is bounded ([`PrefillOptions::queue_max`]): beyond it a
+//! The queue of prompts waiting to start is bounded ([`crate::prefill::PrefillOptions::queue_max`]): beyond it a
 //! request is refused at once, RESOURCE_EXHAUSTED tagged `overloaded`, so the router tries
 //! another worker or waits instead of piling prompts here. A step that fails for one prompt fails
 //! that prompt alone ([`crate::isolate`]); a panic or a device fault fails them all and takes the
 //! worker out ([`crate::fault`]).
 
-use crate::error::{Result, WorkerError};
-use crate::facts::ModelFacts;
-use crate::fault::{panic_message, EngineFault, FaultInjection};
+
+use crate::error::WorkerError;
+use crate::prefill::admission::{Cmd, PrefillJob, SeqLease};
+use crate::fault::FaultInjection;
 use crate::isolate::{sequence_error, step_isolating};
 use crate::kv::send::{FirstChoice, Outbound};
 use crate::load::LoadGauge;
 use crate::logprobs;
-use crate::pick::{first_tokens, First, Rules};
+use crate::pick::{first_tokens, First};
 use crate::role::Role;
 use bytes::Bytes;
 use ferry_core::schedule::{admit_prompt, plan_prefill, Admit, PromptLeft};
-use ferry_core::{BlockTable, SamplingParams, TokenLogprob};
+use ferry_core::{BlockTable, TokenLogprob};
 use ferry_engine::{Engine, EngineError, SeqId, Sequence, StepItem};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
-
-pub struct PrefillJob {
-    pub request_id: String,
-    pub prompt: Vec<u32>,
-    pub params: SamplingParams,
-    pub out: mpsc::UnboundedSender<Outbound>,
-    pub cancelled: Arc<AtomicBool>,
-    pub enqueued: Instant,
-    /// Export each layer as a [`ferry_engine::KvBuffer`] (kept on the GPU for a device pipe)
-    /// rather than as host bytes.
-    pub buffers: bool,
-    /// The prefix cache's salt (the tenant's): only blocks cached under it are attached.
-    pub salt: Vec<u8>,
-    /// Ship the KV of the tokens from here on (a block boundary): the decode worker holds the
-    /// ones before.
-    pub ship_from: usize,
-    /// Set by the engine thread when the prompt starts: leading tokens served from the cache.
-    pub cached: Arc<AtomicUsize>,
-    /// The request's structured-output matcher (its first token is masked by it).
-    pub rules: Rules,
-}
-
-enum Cmd {
-    Job(PrefillJob),
-    /// A lease came back: free its sequence now (prompts may wait for those blocks).
-    Release(Sequence),
-}
-
-/// Holds a finished prompt's KV blocks; dropping it (after the decode worker's acknowledgement,
-/// or on any failure) hands them to the engine thread, which wakes and frees them. If the thread
-/// is gone, the sequence drops here and its engine went with the thread.
-struct SeqLease {
-    seq: Option<Sequence>,
-    tx: std_mpsc::Sender<Cmd>,
-}
-
-impl Drop for SeqLease {
-    fn drop(&mut self) {
-        if let Some(seq) = self.seq.take() {
-            let _ = self.tx.send(Cmd::Release(seq));
-        }
-    }
-}
-
-/// The default bound of a prefill worker's queue of waiting prompts (`ferry prefill --queue-max`).
-pub const DEFAULT_QUEUE_MAX: usize = 64;
-
-/// How a prefill engine thread runs.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PrefillOptions {
-    /// Most prompts waiting to start (submitted, not yet being computed); more are refused.
-    pub queue_max: usize,
-    pub faults: FaultInjection,
-}
-
-impl Default for PrefillOptions {
-    fn default() -> Self {
-        PrefillOptions { queue_max: DEFAULT_QUEUE_MAX, faults: FaultInjection::default() }
-    }
-}
-
-#[derive(Clone)]
-pub struct PrefillHandle {
-    tx: std_mpsc::Sender<Cmd>,
-    pub load: Arc<LoadGauge>,
-    pub facts: ModelFacts,
-    queue_max: usize,
-    /// Set when the engine thread failed (see [`crate::fault`]).
-    pub fault: Arc<EngineFault>,
-}
-
-impl PrefillHandle {
-    /// Queue a prompt, or refuse it (tagged `overloaded`) when `queue_max` prompts already wait.
-    pub fn submit(&self, job: PrefillJob) -> Result<()> {
-        let max = self.queue_max as u64;
-        if self.load.waiting_requests.fetch_update(Relaxed, Relaxed, |w| (w < max).then_some(w + 1)).is_err() {
-            metrics::counter!("ferry_worker_refusals_total", "role" => "prefill", "reason" => "queue_full").increment(1);
-            return Err(WorkerError::Exhausted(format!("the prefill queue is full: {max} prompts wait to start (--queue-max {max})")));
-        }
-        self.load.queued_prefill_tokens.fetch_add(job.prompt.len() as u64, Relaxed);
-        self.load.queued_requests.fetch_add(1, Relaxed);
-        self.tx.send(Cmd::Job(job)).map_err(|_| {
-            self.load.waiting_requests.fetch_sub(1, Relaxed);
-            WorkerError::ShuttingDown
-        })
-    }
-}
 
 struct Active {
     job: PrefillJob,
@@ -124,46 +38,8 @@ struct Active {
     prompt_logprobs: Vec<TokenLogprob>,
 }
 
-/// Start the engine thread.
-pub fn spawn(engine: Engine, model: String) -> PrefillHandle {
-    spawn_with(engine, model, PrefillOptions::default())
-}
-
-/// [`spawn`] with these options.
-pub fn spawn_with(engine: Engine, model: String, opts: PrefillOptions) -> PrefillHandle {
-    let (tx, rx) = std_mpsc::channel();
-    let load = Arc::new(LoadGauge::default());
-    let facts = ModelFacts::of(&engine, model);
-    let fault = EngineFault::new();
-    let handle = PrefillHandle { tx: tx.clone(), load: load.clone(), facts, queue_max: opts.queue_max.max(1), fault: fault.clone() };
-    std::thread::Builder::new()
-        .name("ferry-prefill".into())
-        .spawn(move || {
-            let mut thread = PrefillThread { engine, queue: VecDeque::new(), active: Vec::new(), load, faults: opts.faults, steps: 0, busy: 0.0 };
-            let what = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| thread.run(&rx, &tx))) {
-                Ok(Ok(())) => return,
-                Ok(Err(e)) => format!("a prefill step failed at the backend: {e}"),
-                Err(p) => format!("the prefill engine thread panicked: {}", panic_message(p.as_ref())),
-            };
-            tracing::error!("{what}: failing every request this worker holds and taking it out");
-            fault.report(what.clone());
-            let fail = |j: PrefillJob| {
-                let _ = j.out.send(Outbound::Failed(WorkerError::EngineFailed(what.clone())));
-            };
-            thread.active.drain(..).for_each(|a| fail(a.job));
-            thread.queue.drain(..).for_each(fail);
-            while let Ok(cmd) = rx.try_recv() {
-                if let Cmd::Job(j) = cmd {
-                    fail(j);
-                }
-            }
-        })
-        .expect("spawn the prefill engine thread");
-    handle
-}
-
 /// The prefill engine thread's state.
-struct PrefillThread {
+pub(crate) struct PrefillThread {
     engine: Engine,
     /// Prompts waiting to start (counted in `load.waiting_requests`).
     queue: VecDeque<PrefillJob>,
@@ -176,13 +52,22 @@ struct PrefillThread {
 }
 
 impl PrefillThread {
+    pub(crate) fn new(engine: Engine, load: Arc<LoadGauge>, faults: FaultInjection) -> Self {
+        PrefillThread { engine, queue: VecDeque::new(), active: Vec::new(), load, faults, steps: 0, busy: 0.0 }
+    }
+
+    /// Every job the thread holds, being computed or waiting (to fail them after a fault).
+    pub(crate) fn take_jobs(&mut self) -> Vec<PrefillJob> {
+        self.active.drain(..).map(|a| a.job).chain(self.queue.drain(..)).collect()
+    }
+
     /// One prompt left the waiting queue.
     fn left_queue(&self) {
         let _ = self.load.waiting_requests.fetch_update(Relaxed, Relaxed, |w| Some(w.saturating_sub(1)));
     }
 
     /// Run until every handle is gone (Ok) or the backend fails (Err: the engine is broken).
-    fn run(&mut self, rx: &std_mpsc::Receiver<Cmd>, tx: &std_mpsc::Sender<Cmd>) -> std::result::Result<(), EngineError> {
+    pub(crate) fn run(&mut self, rx: &std_mpsc::Receiver<Cmd>, tx: &std_mpsc::Sender<Cmd>) -> std::result::Result<(), EngineError> {
         let bs = self.engine.kv_layout().block_size;
         let budget = self.engine.max_batch_tokens();
         self.load.blocks_total.store(self.engine.total_blocks() as u64, Relaxed);

@@ -2,7 +2,8 @@
 //! ([`super::engine_thread`]), and pushes its KV to the decode worker over the transport
 //! [`choose`] picks, answering once the decode worker acknowledged it.
 
-use super::engine_thread::{PrefillHandle, PrefillJob};
+use super::admission::PrefillJob;
+use super::handle::PrefillHandle;
 use super::transport_choice::{choose, Choice, Host, Situation};
 use crate::cluster::drain::Drain;
 use crate::error::{Result, WorkerError};
