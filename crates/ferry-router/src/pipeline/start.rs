@@ -62,7 +62,6 @@ pub async fn check_grammar(shared: &Shared, grammar: &ferry_core::sampling::Outp
 /// A request that passed validation and now runs in its own task.
 pub struct Started {
     pub request_id: String,
-    pub prompt_tokens: usize,
     /// The prompt's token ids (an `echo` answer names them).
     pub prompt: Vec<u32>,
     /// Deltas, then one final message or one error status. Dropping it cancels the request.
@@ -102,5 +101,5 @@ pub async fn start(shared: &Arc<Shared>, intake: Intake, tenant: Option<&ferry_c
         start: arrived,
     };
     tokio::spawn(run(shared.clone(), job, tx).instrument(span));
-    Ok(Started { request_id, prompt_tokens: prompt.len(), prompt, events })
+    Ok(Started { request_id, prompt, events })
 }
