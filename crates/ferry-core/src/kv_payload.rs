@@ -1,5 +1,5 @@
 //! The exported KV of one sequence: a fixed little-endian header that describes the layout, then,
-//! for each layer, K then V as `[tokens, kv_heads, head_dim]` in the header's dtype.
+//! for each layer, K then V as `[tokens, kv_heads]` rows in the header's dtype (see [`crate::kv_dtype`]).
 //!
 //! Token-contiguous (not block-shaped) so a receiver with another block size or another device can
 //! scatter it into its own pages; per-layer sections so a sender can stream layer by layer while
@@ -11,6 +11,7 @@
 //! A span starting at 0 is encoded as v1, so every payload that existed before v2 is unchanged;
 //! [`KvPayloadHeader::decode`] refuses a v2 header rather than read it as starting at 0.
 
+pub use crate::kv_dtype::KvDtype;
 use thiserror::Error;
 
 const MAGIC: &[u8; 8] = b"FERRYKV\x01";
@@ -19,37 +20,6 @@ const MAGIC_V2: &[u8; 8] = b"FERRYKV\x02";
 pub const HEADER_BYTES: usize = 8 + 4 * 6;
 /// A v2 (span) header: the v1 fields, then the first token's position.
 pub const SPAN_HEADER_BYTES: usize = HEADER_BYTES + 4;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum KvDtype {
-    F32,
-    F16,
-    BF16,
-}
-
-impl KvDtype {
-    pub fn size(self) -> usize {
-        match self {
-            KvDtype::F32 => 4,
-            KvDtype::F16 | KvDtype::BF16 => 2,
-        }
-    }
-    fn code(self) -> u32 {
-        match self {
-            KvDtype::F32 => 0,
-            KvDtype::F16 => 1,
-            KvDtype::BF16 => 2,
-        }
-    }
-    fn from_code(c: u32) -> Option<Self> {
-        Some(match c {
-            0 => KvDtype::F32,
-            1 => KvDtype::F16,
-            2 => KvDtype::BF16,
-            _ => return None,
-        })
-    }
-}
 
 /// The shape of a KV cache: what two engines must agree on to exchange KV.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -62,19 +32,27 @@ pub struct KvLayout {
 }
 
 impl KvLayout {
+    /// Bytes of one stored (token, KV head) row of K or V.
+    pub fn row_bytes(&self) -> usize {
+        self.dtype.row_bytes(self.head_dim)
+    }
     /// Bytes of K (or V) for one token in one layer.
     pub fn token_bytes(&self) -> usize {
-        self.n_kv_heads * self.head_dim * self.dtype.size()
+        self.n_kv_heads * self.row_bytes()
+    }
+    /// Bytes of K and V of one token in all layers: what a cache holds, and a payload ships, per token.
+    pub fn bytes_per_token(&self) -> usize {
+        self.n_layers * self.layer_bytes(1)
     }
     /// Bytes of one layer's K and V for `tokens` tokens.
     pub fn layer_bytes(&self, tokens: usize) -> usize {
         2 * tokens * self.token_bytes()
     }
     /// Whether KV exported under `self` can be imported into a cache laid out as `other`
-    /// (block size may differ: the payload is token-contiguous).
+    /// (block size may differ: the payload is token-contiguous; so may the dtype: the receiver
+    /// converts on import).
     pub fn compatible(&self, other: &KvLayout) -> bool {
-        self.dtype == other.dtype
-            && self.n_layers == other.n_layers
+        self.n_layers == other.n_layers
             && self.n_kv_heads == other.n_kv_heads
             && self.head_dim == other.head_dim
     }
@@ -118,7 +96,7 @@ impl KvPayloadHeader {
     /// header cannot overflow it, and no real body is that large).
     pub fn body_bytes(&self) -> usize {
         let l = &self.layout;
-        [l.n_layers, 2, self.tokens, l.n_kv_heads, l.head_dim, l.dtype.size()].iter().fold(1usize, |a, &b| a.saturating_mul(b))
+        [l.n_layers, 2, self.tokens, l.n_kv_heads, l.row_bytes()].iter().fold(1usize, |a, &b| a.saturating_mul(b))
     }
 
     pub fn encode(&self) -> [u8; HEADER_BYTES] {

@@ -37,6 +37,7 @@ pub mod profile;
 #[cfg(test)]
 mod prefix_cache_props;
 pub mod routing;
+pub mod kv_dtype;
 pub mod sampling;
 pub mod schedule;
 pub mod sim;

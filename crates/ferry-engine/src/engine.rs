@@ -45,8 +45,14 @@ pub struct EngineConfig {
     pub threads: usize,
     /// Tokens per KV block.
     pub block_size: usize,
-    /// KV cache capacity in tokens (None = 4 contexts, at most 2 GiB of KV).
+    /// KV cache capacity in tokens (wins over `kv_memory`).
     pub kv_tokens: Option<usize>,
+    /// KV cache capacity in bytes: blocks of the stored dtype that fit (so an int8 cache holds
+    /// about 4x the tokens of an f32 one). None, with `kv_tokens` unset: on a GPU a fraction of
+    /// its free memory (`kv_memory_fraction`), on the CPU 4 contexts, at most 2 GiB.
+    pub kv_memory: Option<usize>,
+    /// What the KV cache stores (see [`ferry_core::kv_dtype`]).
+    pub kv_dtype: KvDtype,
     /// Most tokens one forward step processes (long prompts are prefilled in chunks of this).
     pub max_batch_tokens: usize,
     /// CPU matmul precision for quantized weights (exact f32 by default).
@@ -67,6 +73,8 @@ impl Default for EngineConfig {
             threads: 0,
             block_size: 16,
             kv_tokens: None,
+            kv_memory: None,
+            kv_dtype: KvDtype::F32,
             max_batch_tokens: 2048,
             activations: Default::default(),
             device: Device::Cpu,
@@ -152,6 +160,17 @@ impl<B: Backend> KvView<'_, B> {
     }
 }
 
+/// One layer's section of a payload laid out as `got`, in the stored type of a cache laid out as
+/// `want`: borrowed when the types agree, else converted row by row (one pass, through f32).
+fn as_stored<'a>(got: &KvLayout, want: &KvLayout, section: &'a [u8]) -> Result<std::borrow::Cow<'a, [u8]>> {
+    if got.dtype == want.dtype {
+        return Ok(std::borrow::Cow::Borrowed(section));
+    }
+    ferry_core::kv_dtype::convert_rows(got.dtype, want.dtype, want.head_dim, section)
+        .map(std::borrow::Cow::Owned)
+        .map_err(|e| EngineError::Config(format!("KV payload in {} for a {} cache: {e}", got.dtype, want.dtype)))
+}
+
 pub struct Engine<B: Backend = DeviceBackend> {
     be: B,
     model: Model<B>,
@@ -211,14 +230,21 @@ impl<B: Backend> Engine<B> {
             return Err(EngineError::Config("block_size and max_batch_tokens must be positive".into()));
         }
         let c = &m.config;
-        let layout = KvLayout { dtype: KvDtype::F32, block_size: cfg.block_size, n_layers: c.n_layers, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim };
-        let per_token = layout.n_layers * layout.layer_bytes(1);
+        let layout = KvLayout { dtype: cfg.kv_dtype, block_size: cfg.block_size, n_layers: c.n_layers, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim };
+        let per_token = layout.bytes_per_token();
         // Weights first: on a GPU the KV cache takes a fraction of what they leave free.
         let model = Model::new(&be, m.config, m.weights)?;
         let c = &model.config;
-        let kv_tokens = match cfg.kv_tokens {
-            Some(t) => t,
-            None => match be.kv_budget_bytes(cfg.kv_memory_fraction)? {
+        let kv_tokens = match (cfg.kv_tokens, cfg.kv_memory) {
+            (Some(t), _) => t,
+            (None, Some(bytes)) => {
+                let block = per_token * cfg.block_size;
+                if bytes < block {
+                    return Err(EngineError::Config(format!("a KV memory of {bytes} bytes holds no block of {} tokens ({block} bytes as {})", cfg.block_size, layout.dtype)));
+                }
+                bytes / block * cfg.block_size
+            }
+            (None, None) => match be.kv_budget_bytes(cfg.kv_memory_fraction)? {
                 Some(bytes) => (bytes / per_token).min(16 * c.max_position),
                 None => (4 * c.max_position).min((2usize << 30) / per_token),
             }
@@ -515,12 +541,14 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Scatter a checked payload's body (after its header) into a new sequence or onto `onto`.
+    /// A payload in another KV dtype than this cache's is converted layer by layer on the host.
     fn import_payload(&mut self, onto: Option<SeqId>, payload: &[u8], span: KvSpan, tokens: Option<&[u32]>, salt: &[u8]) -> Result<SeqId> {
         let (h, at) = (span.header, span.header_bytes());
-        let per_layer = self.layout.layer_bytes(h.tokens);
+        let per_layer = h.layout.layer_bytes(h.tokens);
+        let want = self.layout;
         self.import_span(onto, &span, tokens, salt, |be, kv, l, blocks| {
             let section = &payload[at + l * per_layer..at + (l + 1) * per_layer];
-            be.kv_import_layer(kv, l, blocks, h.tokens, section)
+            be.kv_import_layer(kv, l, blocks, h.tokens, &as_stored(&h.layout, &want, section)?)
         })
     }
 
@@ -541,8 +569,17 @@ impl<B: Backend> Engine<B> {
         if body.len() != h.body_bytes() {
             return Err(ferry_core::KvPayloadError::SizeMismatch { got: body.len(), want: h.body_bytes() }.into());
         }
-        let per_layer = self.layout.layer_bytes(h.tokens);
-        self.import_span(onto, &span, tokens, salt, |be, kv, l, blocks| be.kv_import_layer_buffer(kv, l, blocks, h.tokens, body, l * per_layer..(l + 1) * per_layer))
+        let per_layer = h.layout.layer_bytes(h.tokens);
+        let want = self.layout;
+        self.import_span(onto, &span, tokens, salt, |be, kv, l, blocks| {
+            let section = l * per_layer..(l + 1) * per_layer;
+            if h.layout.dtype == want.dtype {
+                return be.kv_import_layer_buffer(kv, l, blocks, h.tokens, body, section);
+            }
+            // Another dtype: through the host, converted (a device buffer is copied out first).
+            let host = body.to_host(section)?;
+            be.kv_import_layer(kv, l, blocks, h.tokens, &as_stored(&h.layout, &want, &host)?)
+        })
     }
 
     /// Generate from `prompt` for one sequence, calling `on_text` with each piece of text as it

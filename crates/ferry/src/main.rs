@@ -95,6 +95,64 @@ pub struct ModelArgs {
     /// evicted first, and later prompts that start with them skip their computation).
     #[arg(long)]
     pub no_prefix_cache: bool,
+    #[command(flatten)]
+    pub kv: KvArgs,
+}
+
+/// What the KV cache stores and how much of it there is (every command that loads a model, and
+/// `ferry up` for its workers).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct KvArgs {
+    /// What the KV cache stores: f32 (exact), bf16, f16, or int8 (a scale per token, KV head and
+    /// K/V). Attention reads the stored type; KV ships as stored, and a receiver with another
+    /// type converts on import.
+    #[arg(long, default_value = "f32", value_parser = parse_kv_dtype)]
+    pub kv_dtype: ferry_core::KvDtype,
+    /// KV cache capacity in bytes (e.g. `512MiB`, `2G`): as many blocks of the stored type as fit,
+    /// so an int8 cache holds about 4x the tokens of an f32 one. `--kv-tokens`, where a command
+    /// has it, wins.
+    #[arg(long, value_parser = parse_bytes)]
+    pub kv_memory: Option<usize>,
+}
+
+impl KvArgs {
+    /// The flags again, for a child process.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut out = vec!["--kv-dtype".to_string(), self.kv_dtype.to_string()];
+        if let Some(m) = self.kv_memory {
+            out.extend(["--kv-memory".into(), m.to_string()]);
+        }
+        out
+    }
+}
+
+pub(crate) fn parse_kv_dtype(s: &str) -> Result<ferry_core::KvDtype, String> {
+    s.parse()
+}
+
+/// `1234`, `64K`/`64KB` (10³), `64KiB` (2¹⁰), likewise M, G, T.
+pub(crate) fn parse_bytes(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("{s:?} is not a size in bytes (e.g. 512MiB, 2G, 1000000)"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1024.0 * 1024.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tb" => 1e12,
+        "tib" => 1024f64.powi(4),
+        u => return Err(format!("unknown unit {u:?} in {s:?}: use B, K, KiB, M, MiB, G, GiB, T or TiB")),
+    };
+    let bytes = n * mult;
+    if !(bytes >= 1.0 && bytes < usize::MAX as f64) {
+        return Err(format!("{s:?} is not a positive size in bytes"));
+    }
+    Ok(bytes as usize)
 }
 
 pub(crate) fn parse_device(s: &str) -> Result<ferry_engine::Device, String> {
@@ -120,6 +178,8 @@ impl ModelArgs {
             device: self.device,
             kv_memory_fraction: self.kv_memory_fraction,
             prefix_cache: !self.no_prefix_cache,
+            kv_dtype: self.kv.kv_dtype,
+            kv_memory: self.kv.kv_memory,
             ..Default::default()
         };
         tune(&mut cfg);

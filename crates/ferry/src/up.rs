@@ -64,6 +64,9 @@ pub struct UpArgs {
     /// KV cache capacity per worker, in tokens.
     #[arg(long)]
     pub kv_tokens: Option<usize>,
+    /// The workers' KV cache: stored type and capacity in bytes.
+    #[command(flatten)]
+    pub kv: crate::KvArgs,
     /// Every worker emulates the device of this `ferry profile` file (the workers'
     /// `--emulate-profile`): steps paced to its cost model. Use a small model.
     #[arg(long)]
@@ -220,6 +223,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         if let Some(k) = a.kv_tokens {
             common.extend(["--kv-tokens".into(), k.to_string()]);
         }
+        common.extend(a.kv.to_args());
         if a.q8_activations {
             common.push("--q8-activations".into());
         }

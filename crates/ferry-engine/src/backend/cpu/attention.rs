@@ -1,11 +1,13 @@
 //! Causal attention over the paged KV cache for a mixed batch (prefill chunks and decode tokens),
-//! with grouped-query heads (GQA/MQA). Exact softmax in f32.
+//! with grouped-query heads (GQA/MQA). Exact softmax in f32; keys and values are read in the
+//! cache's stored type and widened in registers (`kv_rows`).
 //!
 //! Decode rows (few per sequence) take a direct path: dot each cached key, softmax, accumulate
 //! values. Prefill chunks gather a tile's keys and values from their pages into contiguous
-//! scratch and use two f32 GEMMs per head (S = Q·Kᵀ, O = P·V), the causal mask applied between.
+//! f32 scratch (widened as they are copied) and use two f32 GEMMs per head (S = Q·Kᵀ, O = P·V), the causal mask applied between.
 
-use super::simd::{accumulate, dots, softmax_scaled};
+use super::kv_rows::{accumulate, dots, widen};
+use super::simd::softmax_scaled;
 use super::{CpuBackend, CpuKv, CpuTensor, SyncPtr};
 use crate::backend::BatchPlan;
 use rayon::prelude::*;
@@ -47,11 +49,12 @@ fn attention_tile(q: &CpuTensor, kv: &CpuKv, layer: usize, plan: &BatchPlan, t: 
     let m = t.r1 - t.r0;
     scr.k.resize(n_ctx * hd, 0.0);
     scr.v.resize(n_ctx * hd, 0.0);
+    let (dt, rb) = (l.dtype, l.row_bytes());
     for (b, &block) in sp.blocks.iter().enumerate().take(n_ctx.div_ceil(bs)) {
         let n = bs.min(n_ctx - b * bs);
         let o = kv.offset(block, t.kv_head, 0);
-        scr.k[b * bs * hd..(b * bs + n) * hd].copy_from_slice(&kv.k[layer][o..o + n * hd]);
-        scr.v[b * bs * hd..(b * bs + n) * hd].copy_from_slice(&kv.v[layer][o..o + n * hd]);
+        widen(dt, hd, &kv.k(layer)[o..o + n * rb], &mut scr.k[b * bs * hd..(b * bs + n) * hd]);
+        widen(dt, hd, &kv.v(layer)[o..o + n * rb], &mut scr.v[b * bs * hd..(b * bs + n) * hd]);
     }
     // All query heads of the group as one matrix: rows (head, row) of head_dim, so each tile
     // costs two GEMMs of group·m rows instead of 2·group small ones.
@@ -101,7 +104,8 @@ pub(crate) fn attention(be: &CpuBackend, q: &CpuTensor, kv: &CpuKv, layer: usize
     let n_heads = q.cols / hd;
     let group = n_heads / l.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
-    let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
+    let (kc, vc) = (kv.k(layer), kv.v(layer));
+    let (dt, rb) = (l.dtype, l.row_bytes());
     // (sequence, head, first row) work items for the direct path; tiles for the GEMM path.
     let mut items = Vec::new();
     let mut tiles = Vec::new();
@@ -138,7 +142,7 @@ pub(crate) fn attention(be: &CpuBackend, q: &CpuTensor, kv: &CpuKv, layer: usize
                 // Each KV block holds this head's keys (and values) of `bs` positions contiguously.
                 for (b, sc) in scores.chunks_mut(bs).enumerate() {
                     let o = kv.offset(sp.blocks[b], g, 0);
-                    dots(qv, &kc[o..o + sc.len() * hd], sc);
+                    dots(dt, qv, &kc[o..o + sc.len() * rb], sc);
                 }
                 softmax_scaled(scores, scale);
                 // SAFETY: each (row, head) pair belongs to exactly one work item, so this
@@ -147,7 +151,7 @@ pub(crate) fn attention(be: &CpuBackend, q: &CpuTensor, kv: &CpuKv, layer: usize
                 dst.fill(0.0);
                 for (b, p) in scores.chunks(bs).enumerate() {
                     let o = kv.offset(sp.blocks[b], g, 0);
-                    accumulate(dst, p, &vc[o..o + p.len() * hd]);
+                    accumulate(dt, dst, p, &vc[o..o + p.len() * rb]);
                 }
             }
         });

@@ -2,6 +2,7 @@
 //! stay in their file's storage type and are dequantized inside the kernels.
 
 mod attention;
+mod kv_rows;
 mod matmul;
 /// The matmul switch: steps of at most this many rows take the row-dot path (and, with 8-bit
 /// activations, quantize them), longer ones the GEMM path. Public so tests read it.
@@ -11,7 +12,8 @@ pub(crate) mod simd;
 use super::{Backend, BatchPlan, RopeTable};
 use crate::error::{EngineError, Result};
 use crate::weights::{HostWeight, Storage};
-use ferry_core::{KvDtype, KvLayout};
+use ferry_core::KvLayout;
+use ferry_core::kv_dtype::encode_row;
 use ferry_quant::WeightType;
 use rayon::prelude::*;
 
@@ -79,19 +81,33 @@ impl CpuWeight {
     }
 }
 
-/// Paged K/V: per layer, `[num_blocks, kv_heads, block_size, head_dim]` f32.
+/// Paged K/V: per layer, `[num_blocks, kv_heads, block_size]` rows of `head_dim` values stored
+/// as the layout's dtype (see [`ferry_core::kv_dtype`]), in word-aligned buffers (f32 rows are
+/// read as f32 slices).
 pub struct CpuKv {
     pub(crate) layout: KvLayout,
-    pub(crate) k: Vec<Vec<f32>>,
-    pub(crate) v: Vec<Vec<f32>>,
+    k: Vec<Vec<u32>>,
+    v: Vec<Vec<u32>>,
 }
 
 impl CpuKv {
-    /// Offset of (block, kv head, offset in block) in a layer's array.
+    /// Byte offset of row (block, kv head, offset in block) in a layer's K or V bytes.
     #[inline]
     pub(crate) fn offset(&self, block: u32, head: usize, within: usize) -> usize {
         let l = &self.layout;
-        ((block as usize * l.n_kv_heads + head) * l.block_size + within) * l.head_dim
+        ((block as usize * l.n_kv_heads + head) * l.block_size + within) * l.row_bytes()
+    }
+    /// Layer `layer`'s K bytes.
+    pub(crate) fn k(&self, layer: usize) -> &[u8] {
+        bytemuck::cast_slice(&self.k[layer])
+    }
+    /// Layer `layer`'s V bytes.
+    pub(crate) fn v(&self, layer: usize) -> &[u8] {
+        bytemuck::cast_slice(&self.v[layer])
+    }
+    /// Layer `layer`'s K and V bytes, writable.
+    fn kv_mut(&mut self, layer: usize) -> (&mut [u8], &mut [u8]) {
+        (bytemuck::cast_slice_mut(&mut self.k[layer]), bytemuck::cast_slice_mut(&mut self.v[layer]))
     }
 }
 
@@ -262,15 +278,14 @@ impl Backend for CpuBackend {
     }
 
     fn kv_write(&self, kv: &mut CpuKv, layer: usize, k: &CpuTensor, v: &CpuTensor, batch: &CpuBatch) {
-        let (hd, heads, bs) = (kv.layout.head_dim, kv.layout.n_kv_heads, kv.layout.block_size);
-        for (r, &slot) in batch.plan.slots.iter().enumerate() {
-            let (block, within) = (slot / bs as u32, slot as usize % bs);
-            for h in 0..heads {
-                let dst = kv.offset(block, h, within);
-                let src = r * k.cols + h * hd;
-                kv.k[layer][dst..dst + hd].copy_from_slice(&k.data[src..src + hd]);
-                kv.v[layer][dst..dst + hd].copy_from_slice(&v.data[src..src + hd]);
-            }
+        let l = kv.layout;
+        let (hd, rb, bs) = (l.head_dim, l.row_bytes(), l.block_size);
+        let offsets: Vec<usize> = batch.plan.slots.iter().flat_map(|&slot| (0..l.n_kv_heads).map(move |h| (slot, h))).map(|(slot, h)| kv.offset(slot / bs as u32, h, slot as usize % bs)).collect();
+        let (kb, vb) = kv.kv_mut(layer);
+        for (i, &dst) in offsets.iter().enumerate() {
+            let src = (i / l.n_kv_heads) * k.cols + (i % l.n_kv_heads) * hd;
+            encode_row(l.dtype, &k.data[src..src + hd], &mut kb[dst..dst + rb]);
+            encode_row(l.dtype, &v.data[src..src + hd], &mut vb[dst..dst + rb]);
         }
     }
 
@@ -295,37 +310,38 @@ impl Backend for CpuBackend {
     }
 
     fn kv_alloc(&self, layout: &KvLayout, num_blocks: usize) -> Result<CpuKv> {
-        if layout.dtype != KvDtype::F32 {
-            return Err(EngineError::Config(format!("the CPU backend stores KV as f32, not {:?}", layout.dtype)));
-        }
-        let n = num_blocks * layout.n_kv_heads * layout.block_size * layout.head_dim;
-        // vec![0.0; n] maps zeroed pages lazily: untouched blocks cost no memory.
-        Ok(CpuKv { layout: *layout, k: (0..layout.n_layers).map(|_| vec![0.0; n]).collect(), v: (0..layout.n_layers).map(|_| vec![0.0; n]).collect() })
+        let words = (num_blocks * layout.n_kv_heads * layout.block_size * layout.row_bytes()).div_ceil(4);
+        // vec![0; n] maps zeroed pages lazily: untouched blocks cost no memory.
+        let layer = || vec![0u32; words];
+        Ok(CpuKv { layout: *layout, k: (0..layout.n_layers).map(|_| layer()).collect(), v: (0..layout.n_layers).map(|_| layer()).collect() })
     }
 
     fn kv_export_layer(&self, kv: &CpuKv, layer: usize, blocks: &[u32], tokens: usize, out: &mut Vec<u8>) -> Result<()> {
-        let (hd, heads, bs) = (kv.layout.head_dim, kv.layout.n_kv_heads, kv.layout.block_size);
-        for store in [&kv.k[layer], &kv.v[layer]] {
+        let (heads, bs, rb) = (kv.layout.n_kv_heads, kv.layout.block_size, kv.layout.row_bytes());
+        for store in [kv.k(layer), kv.v(layer)] {
             for t in 0..tokens {
                 for h in 0..heads {
                     let o = kv.offset(blocks[t / bs], h, t % bs);
-                    out.extend_from_slice(bytemuck::cast_slice(&store[o..o + hd]));
+                    out.extend_from_slice(&store[o..o + rb]);
                 }
             }
         }
         Ok(())
     }
 
+    /// `section` is in this cache's dtype (the engine converts a payload of another type first).
     fn kv_import_layer(&self, kv: &mut CpuKv, layer: usize, blocks: &[u32], tokens: usize, section: &[u8]) -> Result<()> {
-        let (hd, heads, bs) = (kv.layout.head_dim, kv.layout.n_kv_heads, kv.layout.block_size);
-        let half = section.len() / 2;
+        let (heads, bs, rb) = (kv.layout.n_kv_heads, kv.layout.block_size, kv.layout.row_bytes());
+        let want = kv.layout.layer_bytes(tokens);
+        if section.len() != want {
+            return Err(EngineError::Config(format!("a KV section of {} bytes for {tokens} tokens (expected {want})", section.len())));
+        }
         let offsets: Vec<usize> = (0..tokens).flat_map(|t| (0..heads).map(move |h| (t, h))).map(|(t, h)| kv.offset(blocks[t / bs], h, t % bs)).collect();
-        for (store, bytes) in [(&mut kv.k[layer], &section[..half]), (&mut kv.v[layer], &section[half..])] {
-            for (i, chunk) in bytes.chunks_exact(hd * 4).enumerate() {
-                let o = offsets[i];
-                for (d, b) in store[o..o + hd].iter_mut().zip(chunk.chunks_exact(4)) {
-                    *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                }
+        let (kb, vb) = kv.kv_mut(layer);
+        let (ks, vs) = section.split_at(want / 2);
+        for (store, bytes) in [(kb, ks), (vb, vs)] {
+            for (row, &o) in bytes.chunks_exact(rb).zip(&offsets) {
+                store[o..o + rb].copy_from_slice(row);
             }
         }
         Ok(())
