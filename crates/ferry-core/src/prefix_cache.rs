@@ -49,6 +49,16 @@ impl BlockHash {
         Self::from_digest(h)
     }
 
+    /// The root of a cache that stores its KV as `dtype`: the dtype is part of what a block is, so
+    /// the same tokens cached as int8 and as f32 are different blocks. An f32 cache's root is
+    /// [`BlockHash::root`] of the fingerprint alone (the addresses every earlier worker used).
+    pub fn cache_root(fingerprint: &[u8], dtype: crate::KvDtype, salt: &[u8]) -> Self {
+        match dtype {
+            crate::KvDtype::F32 => Self::root(fingerprint, salt),
+            d => Self::root(&[fingerprint, b"\0kv-dtype=", d.name().as_bytes()].concat(), salt),
+        }
+    }
+
     /// The hash of a block holding `tokens` whose parent (the previous block, or the root) is `self`.
     pub fn child(self, tokens: &[u32]) -> Self {
         let mut bytes = Vec::with_capacity(8 + 8 + 4 * tokens.len());

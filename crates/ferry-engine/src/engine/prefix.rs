@@ -50,7 +50,7 @@ pub(crate) fn span_start_block(t: &BlockTable, start: usize, block_size: usize) 
 
 impl<B: Backend> Engine<B> {
     fn root(&self, salt: &[u8]) -> BlockHash {
-        BlockHash::root(self.fingerprint.as_bytes(), salt)
+        BlockHash::cache_root(self.fingerprint.as_bytes(), self.layout.dtype, salt)
     }
 
     fn insert_seq(&mut self, table: BlockTable, salt: &[u8], tokens: Option<Vec<u32>>) -> SeqId {

@@ -39,16 +39,16 @@ pub async fn prefill(
     let bs = adm.block_size as usize;
     let chain = match shared.cfg.prefix_routing {
         PrefixRouting::KvAware => reg.prefix_chain(&job.cache_salt, prompt, bs),
-        PrefixRouting::LoadOnly => Vec::new(),
+        PrefixRouting::LoadOnly => Default::default(),
     };
     // At least the last token is computed (its logits give the first token).
-    let usable = (prompt.len().saturating_sub(1) / bs.max(1)).min(chain.len());
+    let usable = prompt.len().saturating_sub(1) / bs.max(1);
     loop {
         let mut cands = reg.prefill_candidates();
         for c in cands.iter_mut().filter(|c| prog.avoid.contains(&c.id) || full.contains(&c.id)) {
             c.state = WorkerState::Dead;
         }
-        let held: Vec<usize> = cands.iter().map(|c| if chain.is_empty() { 0 } else { reg.prefix_held(&c.id, &chain[..usable]) * bs }).collect();
+        let held: Vec<usize> = cands.iter().map(|c| if chain.is_empty() { 0 } else { reg.prefix_held(&c.id, &chain, usable) * bs }).collect();
         let Some(pw) = pick_prefill_for(&cands, &|i| prompt.len() - held[i]).and_then(|i| reg.get(&cands[i].id)) else {
             let error = RouterError::NoWorker { role: WorkerRole::Prefill };
             return Err(match full.is_empty() {

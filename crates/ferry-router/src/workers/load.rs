@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use ferry_core::prefix_cache::{BlockHash, block_hashes};
 use ferry_core::routing::{DecodeCandidate, PrefillCandidate};
-use ferry_core::{WorkerRole, WorkerState};
+use ferry_core::{KvDtype, WorkerRole, WorkerState};
 
 use crate::workers::registry::Registry;
 
@@ -161,12 +161,36 @@ impl Drop for InflightGuard {
     }
 }
 
+/// A request's block chains, one per KV dtype the live workers store (the dtype is part of a
+/// block's hash, so an int8 worker and an f32 one hash the same prompt differently).
+#[derive(Clone, Debug, Default)]
+pub struct PrefixChains(Vec<(KvDtype, Vec<u64>)>);
+
+impl PrefixChains {
+    /// One chain, for workers storing `dtype`.
+    pub fn single(dtype: KvDtype, chain: Vec<u64>) -> Self {
+        Self(vec![(dtype, chain)])
+    }
+    /// The chain as workers storing `dtype` hash it (empty if none does).
+    pub fn of(&self, dtype: KvDtype) -> &[u64] {
+        self.0.iter().find(|(d, _)| *d == dtype).map(|(_, c)| c.as_slice()).unwrap_or_default()
+    }
+    /// No chain at all (no worker registered, or no full block).
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(|(_, c)| c.is_empty())
+    }
+}
+
 /// The prefix index ([`kv`]) as the pipeline asks it.
 impl Registry {
-    /// How many of `chain`'s leading blocks worker `worker_id` holds, as its events tell (0 for a
-    /// worker the index does not know or does not trust until its snapshot comes).
-    pub fn prefix_held(&self, worker_id: &str, chain: &[u64]) -> usize {
-        self.lock().kv.overlap(worker_id, chain)
+    /// How many of its chain's leading blocks (at most `max_blocks`) worker `worker_id` holds, as
+    /// its events tell (0 for a worker the index does not know or does not trust until its
+    /// snapshot comes).
+    pub fn prefix_held(&self, worker_id: &str, chains: &PrefixChains, max_blocks: usize) -> usize {
+        let inner = self.lock();
+        let Some(w) = inner.workers.get(worker_id) else { return 0 };
+        let chain = chains.of(w.kv_dtype);
+        inner.kv.overlap(worker_id, &chain[..chain.len().min(max_blocks)])
     }
 
     /// For every worker holding at least `chain`'s first block: how many leading blocks it holds.
@@ -179,16 +203,25 @@ impl Registry {
         self.lock().kv.blocks_of(worker_id)
     }
 
-    /// A request's block chain as the workers hash it: the full blocks of `tokens` (of
-    /// `block_size` tokens) under the pool's model fingerprint and the request's cache `salt`
-    /// (empty: shared by all). Empty before any worker registered (no fingerprint yet).
-    pub fn prefix_chain(&self, salt: &[u8], tokens: &[u32], block_size: usize) -> Vec<u64> {
-        let Some(fp) = self.fingerprint() else { return Vec::new() };
+    /// A request's block chains as the workers hash them: the full blocks of `tokens` (of
+    /// `block_size` tokens) under the pool's model fingerprint, each live worker's KV dtype and
+    /// the request's cache `salt` (empty: shared by all). Empty before any worker registered.
+    pub fn prefix_chain(&self, salt: &[u8], tokens: &[u32], block_size: usize) -> PrefixChains {
+        let (fp, mut dtypes) = {
+            let inner = self.lock();
+            let Some(fp) = inner.fingerprint.clone() else { return PrefixChains::default() };
+            (fp, inner.workers.values().filter(|w| w.state != WorkerState::Dead).map(|w| w.kv_dtype).collect::<Vec<_>>())
+        };
         if block_size == 0 {
-            return Vec::new();
+            return PrefixChains::default();
         }
-        block_hashes(BlockHash::root(fp.as_bytes(), salt), tokens, block_size).into_iter().map(|h| h.0).collect()
+        dtypes.sort_by_key(|d| d.name());
+        dtypes.dedup();
+        PrefixChains(
+            dtypes
+                .into_iter()
+                .map(|d| (d, block_hashes(BlockHash::cache_root(fp.as_bytes(), d, salt), tokens, block_size).into_iter().map(|h| h.0).collect()))
+                .collect(),
+        )
     }
 }
-
-

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_core::WorkerState;
+use ferry_core::{KvDtype, WorkerState};
 use ferry_proto::v1;
 
 use crate::workers::dial::DialOptions;
@@ -48,9 +48,9 @@ async fn heartbeat_events_fill_the_index() {
     assert!(!beat(&r, &p, "127.0.0.1:1", Some(snapshot(0, &[]))));
     assert!(!beat(&r, &p, "127.0.0.1:1", Some(events(1, &[&[10, 11, 12], &[13]]))));
     assert!(!beat(&r, &d, "127.0.0.1:2", Some(events(1, &[&[10, 11], &[-11], &[20]]))));
-    assert_eq!(r.prefix_held(&p, &[10, 11, 12, 13, 14]), 4);
-    assert_eq!(r.prefix_held(&d, &[10, 11, 12]), 1);
-    assert_eq!(r.prefix_held("nobody", &[10]), 0);
+    assert_eq!(r.prefix_held(&p, &f32_chain(&[10, 11, 12, 13, 14]), usize::MAX), 4);
+    assert_eq!(r.prefix_held(&d, &f32_chain(&[10, 11, 12]), usize::MAX), 1);
+    assert_eq!(r.prefix_held("nobody", &f32_chain(&[10]), usize::MAX), 0);
     let o = r.prefix_overlaps(&[10, 11, 12]);
     assert_eq!((o[&p], o[&d], o.len()), (3, 1, 2));
     assert!(r.prefix_overlaps(&[99]).is_empty());
@@ -58,7 +58,7 @@ async fn heartbeat_events_fill_the_index() {
     // A heartbeat sent again (its answer was lost) changes nothing; one without events neither.
     assert!(!beat(&r, &d, "127.0.0.1:2", Some(events(1, &[&[10, 11], &[-11], &[20]]))));
     assert!(!beat(&r, &d, "127.0.0.1:2", None));
-    assert_eq!(r.prefix_held(&d, &[10, 11]), 1);
+    assert_eq!(r.prefix_held(&d, &f32_chain(&[10, 11]), usize::MAX), 1);
 }
 
 #[tokio::test]
@@ -68,7 +68,7 @@ async fn a_gap_asks_for_a_snapshot_and_the_snapshot_restores() {
     assert!(!beat(&r, &p, "127.0.0.1:1", Some(events(1, &[&[1, 2]]))));
     // Event 2 never arrived.
     assert!(beat(&r, &p, "127.0.0.1:1", Some(events(3, &[&[3]]))), "a gap asks for a snapshot");
-    assert_eq!(r.prefix_held(&p, &[1, 2]), 0, "an untrusted worker holds nothing");
+    assert_eq!(r.prefix_held(&p, &f32_chain(&[1, 2]), usize::MAX), 0, "an untrusted worker holds nothing");
     // Until the snapshot comes, every answer asks again (the first answer may have been lost).
     assert!(beat(&r, &p, "127.0.0.1:1", Some(events(4, &[&[4]]))));
     assert!(beat(&r, &p, "127.0.0.1:1", None));
@@ -76,8 +76,8 @@ async fn a_gap_asks_for_a_snapshot_and_the_snapshot_restores() {
     let mut s = snapshot(4, &[1, 2, 3, 4]);
     s.events = events(4, &[&[4], &[-4], &[5]]).events;
     assert!(!beat(&r, &p, "127.0.0.1:1", Some(s)));
-    assert_eq!(r.prefix_held(&p, &[1, 2, 3, 4]), 3);
-    assert_eq!(r.prefix_held(&p, &[1, 2, 3, 5]), 4);
+    assert_eq!(r.prefix_held(&p, &f32_chain(&[1, 2, 3, 4]), usize::MAX), 3);
+    assert_eq!(r.prefix_held(&p, &f32_chain(&[1, 2, 3, 5]), usize::MAX), 4);
     assert!(!beat(&r, &p, "127.0.0.1:1", Some(events(7, &[&[6]]))));
     assert_eq!(r.prefix_blocks(&p), 5);
 }
@@ -99,7 +99,7 @@ async fn workers_that_go_leave_the_index() {
     // The lease runs out for the last one.
     r.sweep(Instant::now() + Duration::from_secs(10));
     assert!(r.prefix_overlaps(&[7]).is_empty());
-    assert_eq!(r.prefix_held(&ids[3], &[7]), 0);
+    assert_eq!(r.prefix_held(&ids[3], &f32_chain(&[7]), usize::MAX), 0);
 }
 
 #[tokio::test]
@@ -114,18 +114,18 @@ async fn a_registration_starts_clean_and_a_snapshot_fills_it() {
     assert!(r.heartbeat(&req, Instant::now()).is_err());
     let again = register(&r, v1::WorkerRole::Prefill, addr);
     assert_ne!(first, again);
-    assert_eq!(r.prefix_held(&again, &[1]), 0, "nothing carried over");
+    assert_eq!(r.prefix_held(&again, &f32_chain(&[1]), usize::MAX), 0, "nothing carried over");
     // Events mid-stream (say the worker missed the registration's snapshot): resync.
     assert!(beat(&r, &again, addr, Some(events(2, &[&[4]]))));
     assert!(!beat(&r, &again, addr, Some(snapshot(2, &[1, 2, 3, 4]))));
-    assert_eq!(r.prefix_held(&again, &[1, 2, 3, 4]), 4);
+    assert_eq!(r.prefix_held(&again, &f32_chain(&[1, 2, 3, 4]), usize::MAX), 4);
 
     // A restarted router (a fresh registry) hears a worker mid-stream: it asks for a snapshot.
     let restarted = registry();
     let id = register(&restarted, v1::WorkerRole::Prefill, addr);
     assert!(beat(&restarted, &id, addr, Some(events(9, &[&[5]]))));
     assert!(!beat(&restarted, &id, addr, Some(snapshot(9, &[1, 5]))));
-    assert_eq!(restarted.prefix_held(&id, &[1, 5]), 2);
+    assert_eq!(restarted.prefix_held(&id, &f32_chain(&[1, 5]), usize::MAX), 2);
 }
 
 #[tokio::test]
@@ -137,7 +137,36 @@ async fn the_chain_is_the_workers_chain() {
     let root = ferry_core::BlockHash::root(b"fp", b"tenant");
     let want: Vec<u64> = ferry_core::prefix_cache::block_hashes(root, &tokens, 16).into_iter().map(|h| h.0).collect();
     assert_eq!(want.len(), 2);
-    assert_eq!(r.prefix_chain(b"tenant", &tokens, 16), want);
-    assert_ne!(r.prefix_chain(b"", &tokens, 16), want, "the salt separates chains");
+    assert_eq!(r.prefix_chain(b"tenant", &tokens, 16).of(KvDtype::F32), want);
+    assert_ne!(r.prefix_chain(b"", &tokens, 16).of(KvDtype::F32), want, "the salt separates chains");
     assert!(r.prefix_chain(b"", &tokens, 0).is_empty());
+}
+
+/// An int8 worker hashes the same prompt under another root, and the router asks each worker
+/// with the chain of its own dtype; an unknown dtype name is refused at registration.
+#[tokio::test]
+async fn each_worker_is_asked_with_the_chain_of_its_kv_dtype() {
+    let r = registry();
+    let f = register(&r, v1::WorkerRole::Decode, "127.0.0.1:1");
+    let req = v1::RegisterRequest { role: v1::WorkerRole::Decode as i32, grpc_addr: "127.0.0.1:2".into(), fingerprint: "fp".into(), prefix_cache: true, kv_dtype: "int8".into(), ..Default::default() };
+    let i = r.register(&req).expect("register").worker_id;
+    let tokens: Vec<u32> = (0..32).collect();
+    let chains = r.prefix_chain(b"", &tokens, 16);
+    let (cf, ci) = (chains.of(KvDtype::F32).to_vec(), chains.of(KvDtype::Int8).to_vec());
+    assert_eq!((cf.len(), ci.len()), (2, 2));
+    assert_ne!(cf, ci, "the dtype is part of a block's hash");
+    let root = ferry_core::BlockHash::cache_root(b"fp", KvDtype::Int8, b"");
+    assert_eq!(ci, ferry_core::prefix_cache::block_hashes(root, &tokens, 16).into_iter().map(|h| h.0).collect::<Vec<_>>());
+    assert!(!beat(&r, &f, "127.0.0.1:1", Some(snapshot(0, &cf))));
+    assert!(!beat(&r, &i, "127.0.0.1:2", Some(snapshot(0, &ci))));
+    assert_eq!((r.prefix_held(&f, &chains, usize::MAX), r.prefix_held(&i, &chains, usize::MAX)), (2, 2));
+    assert_eq!(r.prefix_held(&i, &chains, 1), 1, "at most max_blocks");
+    assert_eq!(r.prefix_held(&i, &f32_chain(&cf), usize::MAX), 0, "an int8 worker holds no f32 block");
+    let bad = v1::RegisterRequest { kv_dtype: "fp4".into(), grpc_addr: "127.0.0.1:3".into(), ..req };
+    let e = r.register(&bad).unwrap_err().to_string();
+    assert!(e.contains("kv_dtype") && e.contains("fp4"), "{e}");
+}
+
+fn f32_chain(chain: &[u64]) -> crate::workers::load::PrefixChains {
+    crate::workers::load::PrefixChains::single(KvDtype::F32, chain.to_vec())
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use ferry_core::kv_index::KvIndex;
 use ferry_core::routing::lease_expired;
-use ferry_core::{WorkerRole, WorkerState};
+use ferry_core::{KvDtype, WorkerRole, WorkerState};
 use ferry_proto::v1;
 use tokio::sync::{Notify, watch};
 
@@ -45,6 +45,10 @@ pub struct Worker {
     pub kv_transports: Vec<v1::KvTransport>,
     /// It keeps a prefix cache and sends its cache events with its heartbeats.
     pub prefix_cache: bool,
+    /// What its KV cache stores (its cache blocks' hashes depend on it).
+    pub kv_dtype: KvDtype,
+    /// Bytes of K and V one token takes in its cache (0: the worker did not say).
+    pub kv_bytes_per_token: u64,
     /// Lazily connected, carrying the cluster secret; cached for the worker's life.
     pub channel: WorkerChannel,
     /// Turns true when the worker is marked dead (lease expired, a call found it gone) or
@@ -77,6 +81,8 @@ impl Worker {
             promised_kv_blocks: self.promised_blocks,
             shutting_down: self.shutting_down,
             kv_transports: self.kv_transports.iter().map(|&k| k as i32).collect(),
+            kv_dtype: self.kv_dtype.to_string(),
+            kv_bytes_per_token: self.kv_bytes_per_token,
             since_heartbeat_ms: now
                 .saturating_duration_since(self.last_heartbeat)
                 .as_secs_f64()
@@ -135,6 +141,10 @@ impl Registry {
         if req.grpc_addr.is_empty() {
             return Err(RouterError::BadRegistration("grpc_addr is empty".into()));
         }
+        let kv_dtype = match req.kv_dtype.as_str() {
+            "" => KvDtype::F32,
+            name => name.parse().map_err(|e: String| RouterError::BadRegistration(format!("kv_dtype: {e}")))?,
+        };
         let channel = dial::channel(&req.grpc_addr, &self.dial)?;
         let mut inner = self.lock();
         match &inner.fingerprint {
@@ -186,6 +196,8 @@ impl Registry {
             shutting_down: req.draining,
             kv_transports: crate::workers::transport::registered(&req.kv_transports, role == WorkerRole::Prefill, &req.data_addr),
             prefix_cache: req.prefix_cache,
+            kv_dtype,
+            kv_bytes_per_token: req.kv_bytes_per_token,
             channel,
             gone: Arc::new(watch::channel(false).0),
         };
