@@ -159,6 +159,8 @@ __device__ __forceinline__ void att_decode(const float* q, const unsigned char* 
                 blocks + block_start[s], (int)ctx_len[s], head / (n_heads / kv_heads), kv_heads, head_dim, block_size, scale);
 }
 
+// The kernels, one per cache dtype, written out rather than made by a macro: kernels.rs's test
+// reads each name from its `extern "C"` definition.
 extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
 paged_attention_prefill_f32(const float* q, const unsigned char* k_cache, const unsigned char* v_cache, float* out,
                                const unsigned int* row_seq, const unsigned int* q_start, const unsigned int* q_len,

@@ -40,48 +40,45 @@ __device__ __forceinline__ float kv_f16_to_f32(unsigned short h) {
     return f;
 }
 
-// k, v: [rows, kv_heads * head_dim]; slots: [rows].
+// Store value x at index i of a row buffer of DT (0 f32, 1 bf16, 2 f16) values.
+template <int DT>
+__device__ __forceinline__ void kv_store(unsigned char* cache, size_t i, float x) {
+    if (DT == 0) ((float*)cache)[i] = x;
+    else ((unsigned short*)cache)[i] = DT == 2 ? kv_f32_to_f16(x) : kv_f32_to_bf16(x);
+}
+
+// k, v: [rows, kv_heads * head_dim]; slots: [rows]. One thread per value.
+template <int DT>
+__device__ void kv_write_values(const float* k, const float* v, unsigned char* k_cache, unsigned char* v_cache,
+                                const unsigned int* slots, int rows, int kv_heads, int head_dim, int block_size) {
+    const size_t row_elems = (size_t)kv_heads * head_dim;
+    const size_t total = (size_t)rows * row_elems;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = i / row_elems;
+        const int h = (int)((i % row_elems) / head_dim), d = (int)(i % head_dim);
+        const unsigned int slot = slots[r];
+        const size_t dst = kv_row(slot / block_size, h, slot % block_size, kv_heads, block_size) * head_dim + d;
+        kv_store<DT>(k_cache, dst, k[i]);
+        kv_store<DT>(v_cache, dst, v[i]);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(256)
-kv_write_f32(const float* k, const float* v, float* k_cache, float* v_cache, const unsigned int* slots,
+kv_write_f32(const float* k, const float* v, unsigned char* k_cache, unsigned char* v_cache, const unsigned int* slots,
              int rows, int kv_heads, int head_dim, int block_size) {
-    const size_t row_elems = (size_t)kv_heads * head_dim;
-    const size_t total = (size_t)rows * row_elems;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        const size_t r = i / row_elems;
-        const int h = (int)((i % row_elems) / head_dim), d = (int)(i % head_dim);
-        const unsigned int slot = slots[r];
-        const size_t dst = kv_row(slot / block_size, h, slot % block_size, kv_heads, block_size) * head_dim + d;
-        k_cache[dst] = k[i];
-        v_cache[dst] = v[i];
-    }
-}
-
-// As kv_write_f32, into 16-bit rows (IS_F16: IEEE half, else bf16).
-template <bool IS_F16>
-__device__ void kv_write_16(const float* k, const float* v, unsigned short* k_cache, unsigned short* v_cache,
-                            const unsigned int* slots, int rows, int kv_heads, int head_dim, int block_size) {
-    const size_t row_elems = (size_t)kv_heads * head_dim;
-    const size_t total = (size_t)rows * row_elems;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        const size_t r = i / row_elems;
-        const int h = (int)((i % row_elems) / head_dim), d = (int)(i % head_dim);
-        const unsigned int slot = slots[r];
-        const size_t dst = kv_row(slot / block_size, h, slot % block_size, kv_heads, block_size) * head_dim + d;
-        k_cache[dst] = IS_F16 ? kv_f32_to_f16(k[i]) : kv_f32_to_bf16(k[i]);
-        v_cache[dst] = IS_F16 ? kv_f32_to_f16(v[i]) : kv_f32_to_bf16(v[i]);
-    }
+    kv_write_values<0>(k, v, k_cache, v_cache, slots, rows, kv_heads, head_dim, block_size);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
-kv_write_bf16(const float* k, const float* v, unsigned short* k_cache, unsigned short* v_cache, const unsigned int* slots,
+kv_write_bf16(const float* k, const float* v, unsigned char* k_cache, unsigned char* v_cache, const unsigned int* slots,
               int rows, int kv_heads, int head_dim, int block_size) {
-    kv_write_16<false>(k, v, k_cache, v_cache, slots, rows, kv_heads, head_dim, block_size);
+    kv_write_values<1>(k, v, k_cache, v_cache, slots, rows, kv_heads, head_dim, block_size);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
-kv_write_f16(const float* k, const float* v, unsigned short* k_cache, unsigned short* v_cache, const unsigned int* slots,
+kv_write_f16(const float* k, const float* v, unsigned char* k_cache, unsigned char* v_cache, const unsigned int* slots,
              int rows, int kv_heads, int head_dim, int block_size) {
-    kv_write_16<true>(k, v, k_cache, v_cache, slots, rows, kv_heads, head_dim, block_size);
+    kv_write_values<2>(k, v, k_cache, v_cache, slots, rows, kv_heads, head_dim, block_size);
 }
 
 // Quantize one row of head_dim values (x) into dst (head_dim bytes, then the f32 scale at byte
