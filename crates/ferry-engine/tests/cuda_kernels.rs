@@ -243,7 +243,7 @@ fn assert_rows_match(dtype: KvDtype, head_dim: usize, gpu: &[u8], cpu: &[u8], wh
     }
 }
 
-/// For every KV dtype (f32 and f16 at head_dim 64 and 96, bf16 at 64, int8 at 128): a cache
+/// For every KV dtype (f32 at head_dim 64 and 96, bf16 at 64, f16 at 96, int8 at 128): a cache
 /// with three sequences, blocks out of order, GQA (8 query heads over 2 KV heads); kv_write's rows
 /// against the CPU's (`encode_row`), then, the CPU's rows imported into the GPU cache (so both
 /// hold the same bytes), attention against the CPU's over the same dtype within 1e-4 (f32 math
