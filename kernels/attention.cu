@@ -7,10 +7,15 @@
 // warp keeps its own running max, denominator and weighted sum of values; the warps' partial
 // results are merged through shared memory at the end. head_dim ≤ 32·ATT_DIMS_PER_LANE (256).
 //
-// - paged_attention_prefill_f32: a mixed batch; row r belongs to sequence row_seq[r] and is its
+// K and V are read as the cache stores them (ferry_core::kv_dtype rows): f32, bf16 and f16 values
+// are widened to f32 in registers; an int8 row's bytes are products with the row's f32 scale (a
+// key's scale multiplies its reduced score, a value's scale its softmax weight). One kernel per
+// cache dtype, `<op>_<dtype>`, from one template (DT: 0 f32, 1 bf16, 2 f16, 3 int8).
+//
+// - paged_attention_prefill_<dtype>: a mixed batch; row r belongs to sequence row_seq[r] and is its
 //   (r - q_start)-th new token, so it sees ctx_len - q_len + (r - q_start) + 1 keys (the cached
 //   prefix and the chunk up to itself).
-// - paged_attention_decode_f32: one new token per sequence (a decode batch with variable lengths):
+// - paged_attention_decode_<dtype>: one new token per sequence (a decode batch with variable lengths):
 //   grid.x is the sequence, which sees all ctx_len keys.
 //
 // Batch arrays (per sequence): q_start, q_len, ctx_len, and block_start into `blocks`, the
@@ -29,14 +34,46 @@ __device__ __forceinline__ float att_warp_sum(float v) {
     return v;
 }
 
+#define KV_F32 0
+#define KV_BF16 1
+#define KV_F16 2
+#define KV_INT8 3
+
+// Bytes of one stored row of head_dim values (ferry_core::KvDtype::row_bytes).
+template <int DT>
+__device__ __forceinline__ size_t att_row_bytes(int head_dim) {
+    return DT == KV_F32 ? 4 * (size_t)head_dim : DT == KV_INT8 ? (size_t)head_dim + 4 : 2 * (size_t)head_dim;
+}
+
+// Value d of a stored row, widened (an int8 row's value before its scale).
+template <int DT>
+__device__ __forceinline__ float att_load(const unsigned char* row, int d) {
+    if (DT == KV_F32) return ((const float*)row)[d];
+    if (DT == KV_BF16) return __uint_as_float((unsigned int)((const unsigned short*)row)[d] << 16);
+    if (DT == KV_F16) {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(((const unsigned short*)row)[d]));
+        return f;
+    }
+    return (float)((const signed char*)row)[d];
+}
+
+// The factor of a stored row's values: an int8 row's scale (after its head_dim bytes), else 1.
+template <int DT>
+__device__ __forceinline__ float att_row_scale(const unsigned char* row, int head_dim) {
+    return DT == KV_INT8 ? *(const float*)(row + head_dim) : 1.0f;
+}
+
 // Attention of one query row (q: head_dim values) over `visible` keys of one KV head.
-__device__ void att_row(const float* q, float* out, const float* k_cache, const float* v_cache,
+template <int DT>
+__device__ void att_row(const float* q, float* out, const unsigned char* k_cache, const unsigned char* v_cache,
                         const unsigned int* blocks, int visible, int kv_head, int kv_heads, int head_dim,
                         int block_size, float scale) {
     __shared__ float sm_max[ATT_WARPS];
     __shared__ float sm_den[ATT_WARPS];
     __shared__ float sm_acc[ATT_WARPS][32 * ATT_DIMS_PER_LANE];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const size_t row_bytes = att_row_bytes<DT>(head_dim);
     float qv[ATT_DIMS_PER_LANE], acc[ATT_DIMS_PER_LANE];
 #pragma unroll
     for (int j = 0; j < ATT_DIMS_PER_LANE; j++) {
@@ -46,23 +83,26 @@ __device__ void att_row(const float* q, float* out, const float* k_cache, const 
     }
     float run_max = ATT_NEG_INF, den = 0.0f;
     for (int t = warp; t < visible; t += ATT_WARPS) {
-        const size_t base = (((size_t)blocks[t / block_size] * kv_heads + kv_head) * block_size + t % block_size) * head_dim;
+        const size_t base = (((size_t)blocks[t / block_size] * kv_heads + kv_head) * block_size + t % block_size) * row_bytes;
+        const unsigned char* krow = k_cache + base;
+        const unsigned char* vrow = v_cache + base;
         float s = 0.0f;
 #pragma unroll
         for (int j = 0; j < ATT_DIMS_PER_LANE; j++) {
             const int d = lane + 32 * j;
-            if (d < head_dim) s += qv[j] * k_cache[base + d];
+            if (d < head_dim) s += qv[j] * att_load<DT>(krow, d);
         }
-        s = att_warp_sum(s);
+        s = att_warp_sum(s) * att_row_scale<DT>(krow, head_dim);
         const float new_max = fmaxf(run_max, s);
         const float corr = expf(run_max - new_max);
         const float p = expf(s - new_max);
         den = den * corr + p;
+        const float pv = p * att_row_scale<DT>(vrow, head_dim);
 #pragma unroll
         for (int j = 0; j < ATT_DIMS_PER_LANE; j++) {
             const int d = lane + 32 * j;
-            const float v = d < head_dim ? v_cache[base + d] : 0.0f;
-            acc[j] = acc[j] * corr + p * v;
+            const float v = d < head_dim ? att_load<DT>(vrow, d) : 0.0f;
+            acc[j] = acc[j] * corr + pv * v;
         }
         run_max = new_max;
     }
@@ -90,33 +130,111 @@ __device__ void att_row(const float* q, float* out, const float* k_cache, const 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
-paged_attention_prefill_f32(const float* q, const float* k_cache, const float* v_cache, float* out,
-                            const unsigned int* row_seq, const unsigned int* q_start, const unsigned int* q_len,
-                            const unsigned int* ctx_len, const unsigned int* block_start, const unsigned int* blocks,
-                            const unsigned int* skip, int rows, int n_heads, int kv_heads, int head_dim, int block_size,
-                            float scale) {
+template <int DT>
+__device__ __forceinline__ void att_prefill(const float* q, const unsigned char* k_cache, const unsigned char* v_cache, float* out,
+                                            const unsigned int* row_seq, const unsigned int* q_start, const unsigned int* q_len,
+                                            const unsigned int* ctx_len, const unsigned int* block_start, const unsigned int* blocks,
+                                            const unsigned int* skip, int rows, int n_heads, int kv_heads, int head_dim,
+                                            int block_size, float scale) {
     const int row = blockIdx.x, head = blockIdx.y;
     if (row >= rows || head >= n_heads || head_dim > 32 * ATT_DIMS_PER_LANE) return;
     const unsigned int s = row_seq[row];
     if (skip[s]) return; // a long chunk: attended with GEMMs (causal_softmax_f32 below)
     const int visible = (int)(ctx_len[s] - q_len[s]) + (row - (int)q_start[s]) + 1;
     const size_t cols = (size_t)n_heads * head_dim;
-    att_row(q + row * cols + (size_t)head * head_dim, out + row * cols + (size_t)head * head_dim, k_cache, v_cache,
-            blocks + block_start[s], visible, head / (n_heads / kv_heads), kv_heads, head_dim, block_size, scale);
+    att_row<DT>(q + row * cols + (size_t)head * head_dim, out + row * cols + (size_t)head * head_dim, k_cache, v_cache,
+                blocks + block_start[s], visible, head / (n_heads / kv_heads), kv_heads, head_dim, block_size, scale);
 }
 
-extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
-paged_attention_decode_f32(const float* q, const float* k_cache, const float* v_cache, float* out,
-                           const unsigned int* q_start, const unsigned int* ctx_len, const unsigned int* block_start,
-                           const unsigned int* blocks, int seqs, int n_heads, int kv_heads, int head_dim, int block_size,
-                           float scale) {
+template <int DT>
+__device__ __forceinline__ void att_decode(const float* q, const unsigned char* k_cache, const unsigned char* v_cache, float* out,
+                                           const unsigned int* q_start, const unsigned int* ctx_len, const unsigned int* block_start,
+                                           const unsigned int* blocks, int seqs, int n_heads, int kv_heads, int head_dim,
+                                           int block_size, float scale) {
     const int s = blockIdx.x, head = blockIdx.y;
     if (s >= seqs || head >= n_heads || head_dim > 32 * ATT_DIMS_PER_LANE) return;
     const size_t row = q_start[s];
     const size_t cols = (size_t)n_heads * head_dim;
-    att_row(q + row * cols + (size_t)head * head_dim, out + row * cols + (size_t)head * head_dim, k_cache, v_cache,
-            blocks + block_start[s], (int)ctx_len[s], head / (n_heads / kv_heads), kv_heads, head_dim, block_size, scale);
+    att_row<DT>(q + row * cols + (size_t)head * head_dim, out + row * cols + (size_t)head * head_dim, k_cache, v_cache,
+                blocks + block_start[s], (int)ctx_len[s], head / (n_heads / kv_heads), kv_heads, head_dim, block_size, scale);
+}
+
+// The kernels, one per cache dtype, written out rather than made by a macro: kernels.rs's test
+// reads each name from its `extern "C"` definition.
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
+paged_attention_prefill_f32(const float* q, const unsigned char* k_cache, const unsigned char* v_cache, float* out,
+                               const unsigned int* row_seq, const unsigned int* q_start, const unsigned int* q_len,
+                               const unsigned int* ctx_len, const unsigned int* block_start, const unsigned int* blocks,
+                               const unsigned int* skip, int rows, int n_heads, int kv_heads, int head_dim, int block_size,
+                               float scale) {
+    att_prefill<KV_F32>(q, k_cache, v_cache, out, row_seq, q_start, q_len, ctx_len, block_start, blocks, skip, rows, n_heads,
+                   kv_heads, head_dim, block_size, scale);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
+paged_attention_decode_f32(const float* q, const unsigned char* k_cache, const unsigned char* v_cache, float* out,
+                              const unsigned int* q_start, const unsigned int* ctx_len, const unsigned int* block_start,
+                              const unsigned int* blocks, int seqs, int n_heads, int kv_heads, int head_dim, int block_size,
+                              float scale) {
+    att_decode<KV_F32>(q, k_cache, v_cache, out, q_start, ctx_len, block_start, blocks, seqs, n_heads, kv_heads, head_dim,
+                  block_size, scale);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
+paged_attention_prefill_bf16(const float* q, const unsigned char* k_cache, const unsigned char* v_cache, float* out,
+                                const unsigned int* row_seq, const unsigned int* q_start, const unsigned int* q_len,
+                                const unsigned int* ctx_len, const unsigned int* block_start, const unsigned int* blocks,
+                                const unsigned int* skip, int rows, int n_heads, int kv_heads, int head_dim, int block_size,
+                                float scale) {
+    att_prefill<KV_BF16>(q, k_cache, v_cache, out, row_seq, q_start, q_len, ctx_len, block_start, blocks, skip, rows, n_heads,
+                    kv_heads, head_dim, block_size, scale);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
+paged_attention_decode_bf16(const float* q, const unsigned char* k_cache, const unsigned char* v_cache, float* out,
+                               const unsigned int* q_start, const unsigned int* ctx_len, const unsigned int* block_start,
+                               const unsigned int* blocks, int seqs, int n_heads, int kv_heads, int head_dim, int block_size,
+                               float scale) {
+    att_decode<KV_BF16>(q, k_cache, v_cache, out, q_start, ctx_len, block_start, blocks, seqs, n_heads, kv_heads, head_dim,
+                   block_size, scale);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
+paged_attention_prefill_f16(const float* q, const unsigned char* k_cache, const unsigned char* v_cache, float* out,
+                               const unsigned int* row_seq, const unsigned int* q_start, const unsigned int* q_len,
+                               const unsigned int* ctx_len, const unsigned int* block_start, const unsigned int* blocks,
+                               const unsigned int* skip, int rows, int n_heads, int kv_heads, int head_dim, int block_size,
+                               float scale) {
+    att_prefill<KV_F16>(q, k_cache, v_cache, out, row_seq, q_start, q_len, ctx_len, block_start, blocks, skip, rows, n_heads,
+                   kv_heads, head_dim, block_size, scale);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
+paged_attention_decode_f16(const float* q, const unsigned char* k_cache, const unsigned char* v_cache, float* out,
+                              const unsigned int* q_start, const unsigned int* ctx_len, const unsigned int* block_start,
+                              const unsigned int* blocks, int seqs, int n_heads, int kv_heads, int head_dim, int block_size,
+                              float scale) {
+    att_decode<KV_F16>(q, k_cache, v_cache, out, q_start, ctx_len, block_start, blocks, seqs, n_heads, kv_heads, head_dim,
+                  block_size, scale);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
+paged_attention_prefill_int8(const float* q, const unsigned char* k_cache, const unsigned char* v_cache, float* out,
+                                const unsigned int* row_seq, const unsigned int* q_start, const unsigned int* q_len,
+                                const unsigned int* ctx_len, const unsigned int* block_start, const unsigned int* blocks,
+                                const unsigned int* skip, int rows, int n_heads, int kv_heads, int head_dim, int block_size,
+                                float scale) {
+    att_prefill<KV_INT8>(q, k_cache, v_cache, out, row_seq, q_start, q_len, ctx_len, block_start, blocks, skip, rows, n_heads,
+                    kv_heads, head_dim, block_size, scale);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
+paged_attention_decode_int8(const float* q, const unsigned char* k_cache, const unsigned char* v_cache, float* out,
+                               const unsigned int* q_start, const unsigned int* ctx_len, const unsigned int* block_start,
+                               const unsigned int* blocks, int seqs, int n_heads, int kv_heads, int head_dim, int block_size,
+                               float scale) {
+    att_decode<KV_INT8>(q, k_cache, v_cache, out, q_start, ctx_len, block_start, blocks, seqs, n_heads, kv_heads, head_dim,
+                   block_size, scale);
 }
 
 // s: `rows` rows of `ctx` scores (row r is chunk row r % q_len of its head); in place: the

@@ -224,16 +224,51 @@ fn random_weights_on_the_device_match_the_host() {
     .unwrap();
 }
 
-/// A cache with two sequences: one decoding with a long prefix, one prefilling a chunk after a
-/// cached prefix; GQA (8 query heads over 2 KV heads); blocks out of order.
+/// Exported rows of `dtype` from the GPU against the CPU's: float types bit for bit; int8 rows'
+/// scales within 1 ulp and their values within ±1 (the kernel's division and rounding may land
+/// on the other side of a tie).
+fn assert_rows_match(dtype: KvDtype, head_dim: usize, gpu: &[u8], cpu: &[u8], what: &str) {
+    assert_eq!(gpu.len(), cpu.len(), "{what}: payload lengths");
+    if dtype != KvDtype::Int8 {
+        assert!(gpu == cpu, "{what}: {dtype} rows differ from the CPU's (encode_row)");
+        return;
+    }
+    let rb = dtype.row_bytes(head_dim);
+    for (i, (g, c)) in gpu.chunks_exact(rb).zip(cpu.chunks_exact(rb)).enumerate() {
+        let (gs, cs) = (ferry_core::kv_dtype::int8_row_scale(g), ferry_core::kv_dtype::int8_row_scale(c));
+        assert!((gs.to_bits() as i64 - cs.to_bits() as i64).abs() <= 1, "{what}: row {i} scale {gs} vs the CPU's {cs}");
+        for (d, (&a, &b)) in g[..head_dim].iter().zip(&c[..head_dim]).enumerate() {
+            assert!((a as i8 as i32 - b as i8 as i32).abs() <= 1, "{what}: row {i} value {d}: {} vs the CPU's {}", a as i8, b as i8);
+        }
+    }
+}
+
+/// For every KV dtype (f32 at head_dim 64 and 96, bf16 at 64, f16 at 96, int8 at 128): a cache
+/// with three sequences, blocks out of order, GQA (8 query heads over 2 KV heads); kv_write's rows
+/// against the CPU's (`encode_row`), then, the CPU's rows imported into the GPU cache (so both
+/// hold the same bytes), attention against the CPU's over the same dtype within 1e-4 (f32 math
+/// on both sides, summed in another order): whole prompts, a chunk after a cached prefix (one
+/// long enough for the GEMM path, which widens K/V when it gathers them), a decode batch. Then
+/// export/import round trips, through the host and through a device buffer.
 #[test]
 #[ignore = "needs a GPU: run with --include-ignored (scripts/gpu_check.sh does)"]
 fn paged_attention_and_kv_transfer_match_the_cpu() {
     let Some(g) = gpu("paged_attention_and_kv_transfer_match_the_cpu") else { return };
+    for (dtype, hd) in [(KvDtype::F32, 64), (KvDtype::BF16, 64), (KvDtype::F16, 96), (KvDtype::Int8, 128), (KvDtype::F32, 96)] {
+        attention_and_transfer(&g, dtype, hd);
+    }
+    // A large buffer, so the checksum runs many blocks and the atomics meet.
+    let big: Vec<u8> = (0..(3usize << 20) + 4).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let mut dev = ferry_engine::KvBuffer::Cuda(ferry_engine::backend::cuda::DeviceBytes::alloc(0, big.len()).unwrap());
+    dev.write(0, &big).unwrap();
+    assert_eq!(dev.checksum(0..big.len()).unwrap(), ferry_core::kv_payload::word_checksum(&big), "kv_checksum_f32 over 3 MiB");
+}
+
+fn attention_and_transfer(g: &CudaBackend, dtype: KvDtype, hd: usize) {
     let c = cpu();
     let mut rng = Rng::new(3);
-    let (hd, kvh, nh, bs) = (64, 2, 8, 16);
-    let layout = KvLayout { dtype: KvDtype::F32, block_size: bs, n_layers: 2, n_kv_heads: kvh, head_dim: hd };
+    let (kvh, nh, bs) = (2, 8, 16);
+    let layout = KvLayout { dtype, block_size: bs, n_layers: 2, n_kv_heads: kvh, head_dim: hd };
     let (mut gkv, mut ckv) = (g.kv_alloc(&layout, 32).unwrap(), c.kv_alloc(&layout, 32).unwrap());
     let rope = RopeTable::new(&RopeConfig { theta: 10000.0, llama3: None, freq_factors: None, freq_dtype: FreqDtype::F32 }, hd);
     // Sequence A: 40 tokens, blocks [7, 2, 19]; sequence B: 21 tokens, blocks [4, 30]; sequence
@@ -249,8 +284,11 @@ fn paged_attention_and_kv_transfer_match_the_cpu() {
     }
     let rows = plan.positions.len();
     let q = random(&mut rng, rows * nh * hd, 1.0);
-    let k = random(&mut rng, rows * kvh * hd, 1.0);
+    let mut k = random(&mut rng, rows * kvh * hd, 1.0);
     let v = random(&mut rng, rows * kvh * hd, 1.0);
+    // A row of zeros (int8: scale 0) and one with a large value (int8: the rest rounds to 0 or ±1).
+    k[..hd].fill(0.0);
+    k[hd * 3] = 300.0;
     let check = |plan: &BatchPlan, q: &[f32], gkv: &ferry_engine::backend::cuda::CudaKv, ckv: &ferry_engine::backend::cpu::CpuKv, what: &str| {
         let rows = plan.positions.len();
         let (gb, cb) = (g.prepare(plan, &rope), c.prepare(plan, &rope));
@@ -260,8 +298,8 @@ fn paged_attention_and_kv_transfer_match_the_cpu() {
             g.attention(&gq, gkv, 1, &gb, &mut go);
             c.attention(&cq, ckv, 1, &cb, &mut co);
             let d = max_diff(&g.to_host(&go), &c.to_host(&co));
-            println!("{what}: max |Δ| {d:.2e}");
-            assert!(d < 1e-4, "{what}: {d}");
+            println!("{what} ({dtype}, head_dim {hd}): max |Δ| {d:.2e}");
+            assert!(d < 1e-4, "{what} ({dtype}, head_dim {hd}): {d}");
         })
         .unwrap();
     };
@@ -275,7 +313,17 @@ fn paged_attention_and_kv_transfer_match_the_cpu() {
         })
         .unwrap();
     }
-    check(&plan, &q, &gkv, &ckv, "paged_attention_prefill_f32 (whole prompts)");
+    // kv_write: the stored rows (read back through export) are the CPU's; then the CPU's rows go
+    // into the GPU cache, so attention compares the kernels over the same bytes.
+    for (len, blocks) in &seqs {
+        let (mut gp, mut cp) = (Vec::new(), Vec::new());
+        g.kv_export_layer(&gkv, 1, blocks, *len, &mut gp).unwrap();
+        c.kv_export_layer(&ckv, 1, blocks, *len, &mut cp).unwrap();
+        assert_rows_match(dtype, hd, &gp, &cp, &format!("kv_write_{dtype} of {len} tokens"));
+        g.kv_import_layer(&mut gkv, 1, blocks, *len, &cp).unwrap();
+    }
+    let w = dtype.name();
+    check(&plan, &q, &gkv, &ckv, &format!("paged_attention_prefill_{w} (whole prompts)"));
     // A chunk after a cached prefix: the last 5 tokens of A, the last 9 of B, the last 70 of C.
     let mut chunk = BatchPlan::default();
     let mut qc = Vec::new();
@@ -287,7 +335,7 @@ fn paged_attention_and_kv_transfer_match_the_cpu() {
         chunk.seqs.push(SeqPlan { q_start, q_len: n, ctx_len: *len, blocks: blocks.clone() });
         qc.extend(random(&mut rng, n * nh * hd, 1.0));
     }
-    check(&chunk, &qc, &gkv, &ckv, "paged_attention_prefill_f32 (cached prefix)");
+    check(&chunk, &qc, &gkv, &ckv, &format!("paged_attention_prefill_{w} and kv_widen (cached prefix)"));
     // A decode batch: one token per sequence at different lengths.
     let mut dec = BatchPlan::default();
     for (i, (len, blocks)) in seqs.iter().enumerate() {
@@ -296,25 +344,25 @@ fn paged_attention_and_kv_transfer_match_the_cpu() {
         dec.seqs.push(SeqPlan { q_start: i, q_len: 1, ctx_len: *len, blocks: blocks.clone() });
     }
     let qd = random(&mut rng, seqs.len() * nh * hd, 1.0);
-    check(&dec, &qd, &gkv, &ckv, "paged_attention_decode_f32");
+    check(&dec, &qd, &gkv, &ckv, &format!("paged_attention_decode_{w}"));
     // Export: the same payload bytes; import into other blocks and export again.
     let (len, blocks) = &seqs[0];
     let (mut gp, mut cp) = (Vec::new(), Vec::new());
     g.kv_export_layer(&gkv, 1, blocks, *len, &mut gp).unwrap();
     c.kv_export_layer(&ckv, 1, blocks, *len, &mut cp).unwrap();
-    assert_eq!(gp, cp, "kv_gather_f32: export payload differs from the CPU's");
+    assert_eq!(gp, cp, "kv_gather_u32 ({dtype}): export payload differs from the CPU's");
     let other = [11u32, 25, 0];
     g.kv_import_layer(&mut gkv, 0, &other, *len, &gp).unwrap();
     let mut again = Vec::new();
     g.kv_export_layer(&gkv, 0, &other, *len, &mut again).unwrap();
-    assert_eq!(again, cp, "kv_scatter_f32 then kv_gather_f32 round trip");
+    assert_eq!(again, cp, "kv_scatter_u32 then kv_gather_u32 round trip ({dtype})");
     assert!(g.kv_import_layer(&mut gkv, 0, &other, *len, &gp[1..]).is_err(), "a short section is refused");
 
     // The device-to-device path: the export stays on the GPU, its word checksum (kv_checksum_f32)
     // matches the host oracle, and importing from it (no host copy) gives the same cache.
     let buf = g.kv_export_layer_buffer(&gkv, 1, blocks, *len).unwrap();
     assert!(buf.as_host().is_none(), "the export buffer is on the device");
-    assert_eq!(buf.to_host(0..buf.len()).unwrap(), cp, "kv_gather_f32 into a device buffer");
+    assert_eq!(buf.to_host(0..buf.len()).unwrap(), cp, "kv_gather_u32 into a device buffer ({dtype})");
     for r in [0..buf.len(), 4..buf.len() - 8, 0..4, 0..0] {
         assert_eq!(buf.checksum(r.clone()).unwrap(), ferry_core::kv_payload::word_checksum(&cp[r.clone()]), "kv_checksum_f32 over {r:?}");
     }
@@ -322,13 +370,14 @@ fn paged_attention_and_kv_transfer_match_the_cpu() {
     g.kv_import_layer_buffer(&mut gkv, 0, &other2, *len, &buf, 0..buf.len()).unwrap();
     let mut again = Vec::new();
     g.kv_export_layer(&gkv, 0, &other2, *len, &mut again).unwrap();
-    assert_eq!(again, cp, "kv_scatter_f32 from a device buffer");
+    assert_eq!(again, cp, "kv_scatter_u32 from a device buffer ({dtype})");
     assert!(g.kv_import_layer_buffer(&mut gkv, 0, &other2, *len, &buf, 4..buf.len()).is_err(), "a short section is refused");
-    // A large buffer, so the checksum runs many blocks and the atomics meet.
-    let big: Vec<u8> = (0..(3usize << 20) + 4).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-    let mut dev = ferry_engine::KvBuffer::Cuda(ferry_engine::backend::cuda::DeviceBytes::alloc(0, big.len()).unwrap());
-    dev.write(0, &big).unwrap();
-    assert_eq!(dev.checksum(0..big.len()).unwrap(), ferry_core::kv_payload::word_checksum(&big), "kv_checksum_f32 over 3 MiB");
+    // A layout whose rows are not whole words is refused with the reason.
+    let odd = KvLayout { head_dim: 6, ..layout };
+    if dtype == KvDtype::Int8 {
+        let e = g.kv_alloc(&odd, 4).err().expect("int8 rows of head_dim 6 are refused").to_string();
+        assert!(e.contains("32-bit words"), "{e}");
+    }
 }
 
 /// Host reference of sample_top_p_f32 (same threshold rule, same index-order walk), in f64.

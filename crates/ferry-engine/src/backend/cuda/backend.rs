@@ -4,6 +4,7 @@
 //! reports it and later operations of the step do nothing).
 
 use super::driver::{self, describe};
+use super::kv_kernels::KvKernels;
 use super::nvrtc;
 use crate::error::{EngineError, Result};
 use crate::weights::HostWeight;
@@ -41,12 +42,16 @@ pub struct CudaWeight {
     pub(crate) cols: usize,
 }
 
-/// Paged K/V: per layer, `[num_blocks, kv_heads, block_size, head_dim]` f32 (as the CPU backend).
+/// Paged K/V: per layer, `[num_blocks, kv_heads, block_size]` rows of the layout's dtype (as the
+/// CPU backend), held as 32-bit words (`row_bytes` is a whole number of them: see
+/// [`KvKernels::for_layout`]); the kernels read them as the stored type.
 pub struct CudaKv {
     pub(crate) layout: KvLayout,
     pub(crate) num_blocks: usize,
-    pub(crate) k: Vec<CudaSlice<f32>>,
-    pub(crate) v: Vec<CudaSlice<f32>>,
+    /// The kernels of this cache's dtype.
+    pub(crate) kernels: KvKernels,
+    pub(crate) k: Vec<CudaSlice<u32>>,
+    pub(crate) v: Vec<CudaSlice<u32>>,
 }
 
 /// A [`BatchPlan`](crate::backend::BatchPlan) on the device (`None` if its upload failed).
@@ -270,16 +275,14 @@ impl CudaBackend {
         Ok(CudaWeight { data, rows, cols })
     }
 
-    /// The KV cache: `num_blocks` blocks per layer for K and for V.
+    /// The KV cache: `num_blocks` blocks per layer for K and for V, in the layout's dtype.
     pub(crate) fn alloc_kv(&self, layout: &KvLayout, num_blocks: usize) -> Result<CudaKv> {
-        if layout.dtype != ferry_core::KvDtype::F32 {
-            return Err(EngineError::Config(format!("the CUDA backend stores KV as f32, not {:?}", layout.dtype)));
-        }
-        let n = num_blocks * layout.n_kv_heads * layout.block_size * layout.head_dim;
+        let kernels = KvKernels::for_layout(layout).map_err(EngineError::Config)?;
+        let n = num_blocks * layout.n_kv_heads * layout.block_size * kernels.row_words;
         let alloc = || {
-            self.stream.alloc_zeros::<f32>(n).map_err(|e| EngineError::Cuda {
+            self.stream.alloc_zeros::<u32>(n).map_err(|e| EngineError::Cuda {
                 op: "kv_alloc".into(),
-                reason: format!("cannot allocate {} bytes for {num_blocks} KV blocks of a layer: {}", n * 4, describe(&e)),
+                reason: format!("cannot allocate {} bytes for {num_blocks} {} KV blocks of a layer: {}", n * 4, layout.dtype, describe(&e)),
             })
         };
         let (mut k, mut v) = (Vec::with_capacity(layout.n_layers), Vec::with_capacity(layout.n_layers));
@@ -287,7 +290,7 @@ impl CudaBackend {
             k.push(alloc()?);
             v.push(alloc()?);
         }
-        Ok(CudaKv { layout: *layout, num_blocks, k, v })
+        Ok(CudaKv { layout: *layout, num_blocks, kernels, k, v })
     }
 
     /// Free device memory × `fraction`.

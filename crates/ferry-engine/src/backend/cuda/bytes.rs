@@ -58,12 +58,13 @@ impl Kit {
     }
 }
 
-/// Little-endian bytes as f32 words (KV as the payload carries it; a short tail is dropped).
+/// Little-endian bytes as 32-bit words held as f32 (KV rows of any dtype: only their bits are
+/// copied; a short tail is dropped).
 pub(crate) fn f32s_of(bytes: &[u8]) -> Vec<f32> {
     bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
 }
 
-/// Bytes in device memory (a whole number of 32-bit words: KV is f32).
+/// Bytes in device memory (a whole number of 32-bit words: every KV row is, held as f32 words).
 pub struct DeviceBytes {
     /// At least one word (CUDA has no empty allocations); `len` says how many bytes count.
     /// Freed by `Drop` (by cudarc, or by `cuMemFree` for an exported buffer).

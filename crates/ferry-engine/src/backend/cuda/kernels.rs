@@ -24,8 +24,21 @@ pub const KERNELS: &[KernelSource] = &[
     kernel!("rope.cu", ["rope_f32"]),
     kernel!("elementwise.cu", ["silu_mul_f32", "add_f32", "add_bias_f32", "to_bf16_f32", "to_f16_f32", "gather_rows_f32", "fill_random_bf16"]),
     kernel!("embedding.cu", ["embedding_f32", "embedding_bf16", "embedding_f16"]),
-    kernel!("kv_cache.cu", ["kv_write_f32", "kv_gather_f32", "kv_scatter_f32"]),
-    kernel!("attention.cu", ["paged_attention_prefill_f32", "paged_attention_decode_f32", "causal_softmax_f32"]),
+    kernel!("kv_cache.cu", ["kv_write_f32", "kv_write_bf16", "kv_write_f16", "kv_write_int8", "kv_gather_u32", "kv_scatter_u32", "kv_widen_bf16", "kv_widen_f16", "kv_widen_int8"]),
+    kernel!(
+        "attention.cu",
+        [
+            "paged_attention_prefill_f32",
+            "paged_attention_prefill_bf16",
+            "paged_attention_prefill_f16",
+            "paged_attention_prefill_int8",
+            "paged_attention_decode_f32",
+            "paged_attention_decode_bf16",
+            "paged_attention_decode_f16",
+            "paged_attention_decode_int8",
+            "causal_softmax_f32",
+        ]
+    ),
     kernel!("dequant.cu", ["dequant_q8_0_bf16", "dequant_q4_0_bf16", "dequant_q4_1_bf16"]),
     kernel!("sampling.cu", ["argmax_f32", "sample_top_p_f32"]),
     kernel!("kv_checksum.cu", ["kv_checksum_f32"]),
@@ -68,7 +81,8 @@ mod tests {
             assert_eq!(listed, found, "{}: listed kernels vs extern \"C\" __global__ definitions", k.file);
             for f in k.functions {
                 let dtype = f.rsplit('_').next().unwrap_or("");
-                assert!(["f32", "bf16", "f16"].contains(&dtype), "{f}: name must end in its dtype");
+                // u32: 32-bit words of any type (the KV row copies).
+                assert!(["f32", "bf16", "f16", "int8", "u32"].contains(&dtype), "{f}: name must end in its dtype");
             }
         }
     }

@@ -6,8 +6,10 @@
 //! - Activations are dense f32 matrices; weights are f32 (kept exact, so the golden fixtures hold
 //!   to 1e-3) or bf16 (bf16/f16 files, and quantized GGUF types dequantized at load); GEMMs go
 //!   through cuBLAS with f32 accumulation.
-//! - The paged KV cache is f32, `[blocks, kv_heads, block_size, head_dim]` per layer like the CPU
-//!   backend's, sized from free device memory; export/import gather/scatter through a contiguous
+//! - The paged KV cache stores rows of its dtype (f32, bf16, f16 or int8 with a scale per row,
+//!   `ferry_core::kv_dtype`), `[blocks, kv_heads, block_size]` rows per layer like the CPU
+//!   backend's, sized from free device memory; attention reads them as stored ([`kv_kernels`]
+//!   picks the kernels); export/import gather/scatter through a contiguous
 //!   device buffer in the payload layout; [`DeviceBytes`] hands such a buffer to a device-to-device
 //!   transport (NCCL) without a copy to the host.
 //!
@@ -16,6 +18,7 @@
 
 pub mod dense;
 pub mod kernels;
+pub mod kv_kernels;
 
 #[cfg(feature = "cuda")]
 mod backend;

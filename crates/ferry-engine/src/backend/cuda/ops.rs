@@ -5,6 +5,7 @@
 use super::backend::{BLOCK, BatchBufs, CudaBackend, CudaBatch, CudaKv, CudaTensor, CudaWeight, DenseSeq, WeightData};
 use super::bytes::{f32s_of, DeviceBytes};
 use super::dense::{Chunk, Gemm};
+use super::kv_kernels::{GATHER, SCATTER};
 use super::driver::describe;
 use crate::backend::{Backend, BatchPlan, KvBuffer, RopeTable};
 use crate::error::{EngineError, Result};
@@ -81,44 +82,46 @@ impl CudaBackend {
         self.check("rms_norm_f32", unsafe { b.launch(cfg) }).map(drop)
     }
 
-    /// Gather a layer of a sequence into a new device buffer, K then V (queued on the stream).
+    /// Gather a layer of a sequence into a new device buffer, K then V (queued on the stream):
+    /// whole rows of the cache's dtype, as 32-bit words (held as f32 words, as [`DeviceBytes`]
+    /// keeps them; only bits are copied).
     fn export(&self, kv: &CudaKv, layer: usize, blocks: &[u32], tokens: usize) -> Option<CudaSlice<f32>> {
         let l = kv.layout;
-        let per = tokens * l.n_kv_heads * l.head_dim;
+        let per = tokens * l.n_kv_heads * kv.kernels.row_words;
         let op = "kv_export_layer";
         let table = self.upload_slice(op, blocks)?;
         let mut out = self.zeros::<f32>(op, 2 * per)?;
-        let ints = [tokens, l.n_kv_heads, l.head_dim, l.block_size].map(|v| i32_of(op, self, v));
+        let ints = [tokens, l.n_kv_heads, kv.kernels.row_words, l.block_size].map(|v| i32_of(op, self, v));
         let [t, h, d, bs] = [ints[0]?, ints[1]?, ints[2]?, ints[3]?];
-        let f = self.func("kv_gather_f32")?;
+        let f = self.func(GATHER)?;
         for (i, cache) in [&kv.k[layer], &kv.v[layer]].into_iter().enumerate() {
             let mut dst = out.slice_mut(i * per..(i + 1) * per);
             let mut b = self.stream.launch_builder(f);
             b.arg(cache).arg(&table).arg(&mut dst).arg(&t).arg(&h).arg(&d).arg(&bs);
-            // SAFETY: the caller checked that blocks cover `tokens` and are < num_blocks; dst holds
-            // tokens*kv_heads*head_dim f32.
-            self.check("kv_gather_f32", unsafe { b.launch(Self::grid(per)) })?;
+            // SAFETY: the caller checked that blocks cover `tokens` and are < num_blocks; the cache
+            // holds num_blocks*kv_heads*block_size rows of row_words words, dst tokens*kv_heads.
+            self.check(GATHER, unsafe { b.launch(Self::grid(per)) })?;
         }
         Some(out)
     }
 
-    /// Scatter a layer section (K then V, `2 * tokens * kv_heads * head_dim` f32 on this device)
-    /// into the sequence's blocks.
+    /// Scatter a layer section (K then V, `2 * tokens * kv_heads` rows of the cache's dtype, as
+    /// 32-bit words on this device) into the sequence's blocks.
     fn import(&self, kv: &mut CudaKv, layer: usize, blocks: &[u32], tokens: usize, src: &CudaView<'_, f32>) -> Option<()> {
         let l = kv.layout;
-        let per = tokens * l.n_kv_heads * l.head_dim;
+        let per = tokens * l.n_kv_heads * kv.kernels.row_words;
         let op = "kv_import_layer";
         let table = self.upload_slice(op, blocks)?;
-        let ints = [tokens, l.n_kv_heads, l.head_dim, l.block_size].map(|v| i32_of(op, self, v));
+        let ints = [tokens, l.n_kv_heads, kv.kernels.row_words, l.block_size].map(|v| i32_of(op, self, v));
         let [t, h, d, bs] = [ints[0]?, ints[1]?, ints[2]?, ints[3]?];
-        let f = self.func("kv_scatter_f32")?;
+        let f = self.func(SCATTER)?;
         let (k, v) = (&mut kv.k[layer], &mut kv.v[layer]);
         for (i, cache) in [k, v].into_iter().enumerate() {
             let part = src.slice(i * per..(i + 1) * per);
             let mut b = self.stream.launch_builder(f);
             b.arg(&part).arg(&table).arg(cache).arg(&t).arg(&h).arg(&d).arg(&bs);
-            // SAFETY: as in export: blocks are checked, part holds tokens*kv_heads*head_dim f32.
-            self.check("kv_scatter_f32", unsafe { b.launch(Self::grid(per)) })?;
+            // SAFETY: as in export: blocks are checked, part holds tokens*kv_heads rows of words.
+            self.check(SCATTER, unsafe { b.launch(Self::grid(per)) })?;
         }
         Some(())
     }
@@ -134,7 +137,7 @@ impl CudaBackend {
     }
 
     /// Attention of one long chunk with GEMMs, as HF's eager attention: gather the sequence's
-    /// K and V from the paged cache, then per KV head `S = scale·Q·Kᵀ` for its query heads (one
+    /// K and V from the paged cache (widened to f32 from the cache's dtype), then per KV head `S = scale·Q·Kᵀ` for its query heads (one
     /// strided-batched GEMM), the causal softmax, and `O = P·V` written into the chunk's rows of
     /// `out` (the GEMMs as [`super::dense::Chunk`] describes them; a CPU test runs the same
     /// descriptions). Half-precision models run the GEMMs on TF32 tensor cores, f32 models in
@@ -146,18 +149,20 @@ impl CudaBackend {
         let op = "dense attention";
         let ints = [d.ctx_len, l.n_kv_heads, l.head_dim, l.block_size, c.group() * d.q_len, d.q_len, d.ctx_len - d.q_len].map(|v| i32_of(op, self, v));
         let [Some(ctx), Some(kvh), Some(hd), Some(bs), Some(rows), Some(q_len), Some(offset)] = ints else { return None };
-        // The context's K and V, token-contiguous: [ctx, kv_heads·head_dim] each.
+        // The context's K and V, token-contiguous f32: [ctx, kv_heads·head_dim] each (f32 rows
+        // copied as words, others widened: the kernel takes head_dim either way).
         let table = blocks.slice(d.block_start..d.block_start + d.n_blocks);
         let per = d.ctx_len * l.n_kv_heads * l.head_dim;
         // Every element of these is written (the gathers, the QKᵀ GEMM) before it is read.
         let (mut kbuf, mut vbuf) = (self.uninit::<f32>(op, per)?, self.uninit::<f32>(op, per)?);
-        let gather = self.func("kv_gather_f32")?;
+        let gather = self.func(kv.kernels.widen)?;
         for (cache, dst) in [(&kv.k[layer], &mut kbuf), (&kv.v[layer], &mut vbuf)] {
             let mut b = self.stream.launch_builder(gather);
             b.arg(cache).arg(&table).arg(dst).arg(&ctx).arg(&kvh).arg(&hd).arg(&bs);
             // SAFETY: the block table covers ctx_len tokens (the engine reserved them) and every
-            // block is below num_blocks (checked by the caller); dst holds ctx·kv_heads·head_dim.
-            self.check("kv_gather_f32", unsafe { b.launch(Self::grid(per)) })?;
+            // block is below num_blocks (checked by the caller); dst holds ctx·kv_heads·head_dim
+            // f32; the kernel reads rows of the cache's dtype (f32 rows: head_dim words).
+            self.check(kv.kernels.widen, unsafe { b.launch(Self::grid(per)) })?;
         }
         // Scores of one KV head's query heads: [group, q_len, ctx], reused across KV heads.
         let mut scores = self.uninit::<f32>(op, c.group() * d.q_len * d.ctx_len)?;
@@ -480,12 +485,16 @@ impl Backend for CudaBackend {
         let (Some(bb), Some(kb), Some(vb)) = (batch.bufs.as_ref(), k.buf.as_ref(), v.buf.as_ref()) else { return };
         let ints = [k.rows, l.n_kv_heads, l.head_dim, l.block_size].map(|x| i32_of("kv_write", self, x));
         let (Some(r), Some(h), Some(d), Some(bs)) = (ints[0], ints[1], ints[2], ints[3]) else { return };
-        let Some(f) = self.func("kv_write_f32") else { return };
+        let name = kv.kernels.write;
+        let Some(f) = self.func(name) else { return };
+        // int8: a warp per (token, KV head) row; the others: a thread per value.
+        let threads = if kv.kernels.write_per_row() { k.rows * l.n_kv_heads * 32 } else { k.rows * row };
         let (kc, vc) = (&mut kv.k[layer], &mut kv.v[layer]);
         let mut b = self.stream.launch_builder(f);
         b.arg(kb).arg(vb).arg(kc).arg(vc).arg(&bb.slots).arg(&r).arg(&h).arg(&d).arg(&bs);
-        // SAFETY: every slot is below the cache's capacity (checked), k/v are rows×kv_heads·head_dim.
-        self.check("kv_write_f32", unsafe { b.launch(Self::grid(k.rows * row)) });
+        // SAFETY: every slot is below the cache's capacity (checked), k/v are rows×kv_heads·head_dim;
+        // the cache holds rows of the layout's dtype (alloc_kv sized it from the same layout).
+        self.check(name, unsafe { b.launch(Self::grid(threads)) });
     }
 
     fn attention(&self, q: &CudaTensor, kv: &CudaKv, layer: usize, batch: &CudaBatch, out: &mut CudaTensor) {
@@ -507,24 +516,24 @@ impl Backend for CudaBackend {
         let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
         let block = (ATT_THREADS, 1, 1);
         if batch.decode_only {
-            let Some(f) = self.func("paged_attention_decode_f32") else { return };
+            let Some(f) = self.func(kv.kernels.decode) else { return };
             let mut b = self.stream.launch_builder(f);
             b.arg(qb).arg(kc).arg(vc).arg(ob).arg(&bb.q_start).arg(&bb.ctx_len).arg(&bb.block_start).arg(&bb.blocks);
             b.arg(&seqs).arg(&nh).arg(&kvh).arg(&hd).arg(&bs).arg(&scale);
             let cfg = LaunchConfig { grid_dim: (batch.seqs as u32, n_heads as u32, 1), block_dim: block, shared_mem_bytes: 0 };
             // SAFETY: the plan's block tables cover each sequence's ctx_len tokens (the engine
             // reserves them before the step) and every block is below num_blocks (checked).
-            self.check("paged_attention_decode_f32", unsafe { b.launch(cfg) });
+            self.check(kv.kernels.decode, unsafe { b.launch(cfg) });
         } else {
             let dense_rows: usize = batch.dense.iter().map(|d| d.q_len).sum();
             if dense_rows < q.rows {
-                let Some(f) = self.func("paged_attention_prefill_f32") else { return };
+                let Some(f) = self.func(kv.kernels.prefill) else { return };
                 let mut b = self.stream.launch_builder(f);
                 b.arg(qb).arg(kc).arg(vc).arg(&mut *ob).arg(&bb.row_seq).arg(&bb.q_start).arg(&bb.q_len).arg(&bb.ctx_len).arg(&bb.block_start).arg(&bb.blocks);
                 b.arg(&bb.skip).arg(&rows).arg(&nh).arg(&kvh).arg(&hd).arg(&bs).arg(&scale);
                 let cfg = LaunchConfig { grid_dim: (q.rows as u32, n_heads as u32, 1), block_dim: block, shared_mem_bytes: 0 };
                 // SAFETY: as for decode; every row maps to its sequence through row_seq.
-                self.check("paged_attention_prefill_f32", unsafe { b.launch(cfg) });
+                self.check(kv.kernels.prefill, unsafe { b.launch(cfg) });
             }
             for d in &batch.dense {
                 if self.dense_attention(qb, kv, layer, &bb.blocks, d, n_heads, ob).is_none() {
