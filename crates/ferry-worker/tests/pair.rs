@@ -50,6 +50,11 @@ async fn start_with(role: Role, path: &Path, kv_tokens: Option<usize>, transport
 
 /// A worker with its config edited by `edit`.
 async fn start_custom(role: Role, path: &Path, kv_tokens: Option<usize>, edit: impl FnOnce(&mut WorkerConfig)) -> Worker {
+    start_engine(role, engine(path, kv_tokens), edit).await
+}
+
+/// A worker serving `engine`.
+async fn start_engine(role: Role, engine: Engine, edit: impl FnOnce(&mut WorkerConfig)) -> Worker {
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let data = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = grpc.local_addr().unwrap().to_string();
@@ -61,7 +66,7 @@ async fn start_custom(role: Role, path: &Path, kv_tokens: Option<usize>, edit: i
         ..WorkerConfig::new(role, format!("{role:?}"))
     };
     edit(&mut cfg);
-    let engine = ferry_worker::EngineHandle::start(role, engine(path, kv_tokens), "test", None);
+    let engine = ferry_worker::EngineHandle::start(role, engine, "test", None);
     let load = engine.load();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let (ready, _) = tokio::sync::watch::channel(false);
@@ -153,6 +158,42 @@ async fn disaggregated_output_equals_single_process_over_both_transports() {
             assert_eq!(got, want, "{transport:?}, prompt of {len}");
         }
         // Every block came back on both workers.
+        p.assert_pool_whole().await;
+        d.assert_pool_whole().await;
+    }
+}
+
+/// Workers whose KV caches store other types pair: the payload ships as the prefill worker
+/// stores it and the decode worker converts on import. The output is, token for token, what one
+/// process computes the same way (prefill on a cache of the first type, KV exported, imported
+/// into a cache of the second, greedy decoding there); with one type on both sides, what a
+/// single engine of that type generates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workers_with_different_kv_dtypes_pair_and_convert_on_import() {
+    use ferry_core::KvDtype;
+    use ferry_engine::sampler::argmax;
+    let path = golden("llama-gqa");
+    let with = |dtype| Engine::load(&path, &EngineConfig { threads: 1, kv_dtype: dtype, ..Default::default() }).expect("load model");
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(10) };
+    let prompt = prompt_ids(37);
+    for (pd, dd) in [(KvDtype::Int8, KvDtype::Int8), (KvDtype::Int8, KvDtype::F32), (KvDtype::F32, KvDtype::BF16)] {
+        let want = if pd == dd {
+            with(pd).generate(&prompt, &params, &mut |_| {}).unwrap().tokens
+        } else {
+            let (mut pe, mut de) = (with(pd), with(dd));
+            let seq = pe.new_sequence();
+            let mut ids = vec![argmax(&pe.prefill(seq, &prompt).unwrap())];
+            let s = de.import_kv(&pe.export_kv(seq).unwrap()).unwrap();
+            while ids.len() < 10 {
+                ids.push(argmax(&de.prefill(s, &ids[ids.len() - 1..]).unwrap()));
+            }
+            ids
+        };
+        let p = start_engine(Role::Prefill, with(pd), |c| c.transport = TransportChoice::Tcp).await;
+        let d = start_engine(Role::Decode, with(dd), |c| c.transport = TransportChoice::Tcp).await;
+        let got = generate(&p, &d, &prompt, &params).await.unwrap();
+        println!("prefill {pd} -> decode {dd}: {got:?}");
+        assert_eq!(got, want, "prefill {pd} -> decode {dd}");
         p.assert_pool_whole().await;
         d.assert_pool_whole().await;
     }

@@ -39,10 +39,16 @@ pub struct KvBenchArgs {
     /// `cuda[:N]`: also measure the CUDA IPC pipe from device memory (needs a GPU build).
     #[arg(long, default_value = "cpu", value_parser = crate::parse_device)]
     pub device: ferry_engine::Device,
+    /// The stored KV type the payload carries (its rows: f32 256 bytes per 64 values, bf16/f16
+    /// 128, int8 68 with its scale); `bytes_per_token` reports what ships.
+    #[arg(long, default_value = "f32", value_parser = crate::parse_kv_dtype)]
+    pub kv_dtype: KvDtype,
 }
 
 #[derive(clap::Args, Debug)]
 pub struct KvSinkArgs {
+    #[arg(long, default_value = "f32", value_parser = crate::parse_kv_dtype)]
+    pub kv_dtype: KvDtype,
     /// `cuda[:N]`: also accept CUDA IPC pipes, receiving into this device's memory.
     #[arg(long, default_value = "cpu", value_parser = crate::parse_device)]
     pub device: ferry_engine::Device,
@@ -54,8 +60,8 @@ pub struct KvSinkArgs {
     pub head_dim: usize,
 }
 
-fn layout(layers: usize, kv_heads: usize, head_dim: usize) -> KvLayout {
-    KvLayout { dtype: KvDtype::F32, block_size: 16, n_layers: layers, n_kv_heads: kv_heads, head_dim }
+fn layout(dtype: KvDtype, layers: usize, kv_heads: usize, head_dim: usize) -> KvLayout {
+    KvLayout { dtype, block_size: 16, n_layers: layers, n_kv_heads: kv_heads, head_dim }
 }
 
 const FINGERPRINT: &str = "ferry-bench-kv";
@@ -64,7 +70,7 @@ const FINGERPRINT: &str = "ferry-bench-kv";
 pub fn sink(a: KvSinkArgs) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
-        let receiver = KvReceiver::sink(FINGERPRINT.into(), layout(a.layers, a.kv_heads, a.head_dim));
+        let receiver = KvReceiver::sink(FINGERPRINT.into(), layout(a.kv_dtype, a.layers, a.kv_heads, a.head_dim));
         let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let data = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let raw = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -174,7 +180,7 @@ pub fn run(a: KvBenchArgs) -> anyhow::Result<()> {
         ferry_engine::Device::Cpu => "cpu".into(),
     };
     let mut child = std::process::Command::new(exe)
-        .args(["bench", "kv-sink", "--layers", &a.layers.to_string(), "--kv-heads", &a.kv_heads.to_string(), "--head-dim", &a.head_dim.to_string(), "--device", &device])
+        .args(["bench", "kv-sink", "--kv-dtype", a.kv_dtype.name(), "--layers", &a.layers.to_string(), "--kv-heads", &a.kv_heads.to_string(), "--head-dim", &a.head_dim.to_string(), "--device", &device])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .context("starting the sink process")?;
@@ -182,7 +188,7 @@ pub fn run(a: KvBenchArgs) -> anyhow::Result<()> {
     BufReader::new(child.stdout.take().context("sink stdout")?).read_line(&mut line)?;
     let addr = |k: &str| line.split_whitespace().find_map(|f| f.strip_prefix(k)).map(str::to_string).context("sink did not print its addresses");
     let (grpc, data, raw) = (addr("grpc=")?, addr("data=")?, addr("raw=")?);
-    let lay = layout(a.layers, a.kv_heads, a.head_dim);
+    let lay = layout(a.kv_dtype, a.layers, a.kv_heads, a.head_dim);
     let layers: Vec<Bytes> = (0..a.layers).map(|l| Bytes::from(vec![l as u8; lay.layer_bytes(a.tokens)])).collect();
     let bytes = KvPayloadHeader { layout: lay, tokens: a.tokens }.body_bytes();
     let target = KvTarget { decode_worker: "sink".into(), grpc_addr: grpc, data_addr: data, transfer_id: 1, transport: 0, transfer_token: "bench".into(), ..Default::default() };
@@ -231,7 +237,11 @@ pub fn run(a: KvBenchArgs) -> anyhow::Result<()> {
     let mut out = serde_json::json!({
         "bench": "kv",
         "tokens": a.tokens,
+        "kv_dtype": a.kv_dtype.name(),
         "bytes": bytes,
+        "bytes_per_token": bytes / a.tokens,
+        "bytes_per_token_vs_f32": lay.bytes_per_token() as f64 / KvLayout { dtype: KvDtype::F32, ..lay }.bytes_per_token() as f64,
+        "ferry_tcp_ms_per_transfer": bytes as f64 / tcp_gbps / 1e6,
         "repeats": a.repeats,
         "raw_tcp_gb_per_s": raw_gbps,
         "ferry_tcp_gb_per_s": tcp_gbps,
