@@ -21,6 +21,10 @@ pub enum BenchCommand {
     Chaos(crate::bench_chaos::ChaosBenchArgs),
     /// What structured outputs cost a decode batch: TPOT free vs under a JSON schema's mask.
     Grammar(crate::bench_grammar::GrammarBenchArgs),
+    /// Every KV dtype against f32 on one model: perplexity, greedy continuations, log-probabilities.
+    KvFidelity(crate::bench_kv_dtype::FidelityArgs),
+    /// Decode step time of a batch at long contexts per KV dtype (interleaved), and capacity at a fixed --kv-memory.
+    KvDecode(crate::bench_kv_dtype::DecodeArgs),
     /// Draw `bench serve` results (JSON from --out) in one SVG: p99 TTFT and TPOT against the rate.
     Plot(PlotArgs),
     /// The receiving process of `bench kv` (started by it).
@@ -83,6 +87,8 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Router(a) => crate::bench_cluster::router(a),
         BenchCommand::Disagg(a) => crate::bench_cluster::disagg(a),
         BenchCommand::KvSink(a) => crate::bench_kv::sink(a),
+        BenchCommand::KvFidelity(a) => crate::bench_kv_dtype::fidelity(a),
+        BenchCommand::KvDecode(a) => crate::bench_kv_dtype::decode(a),
     }
 }
 

@@ -6,6 +6,7 @@ mod bench_chaos;
 mod bench_cluster;
 mod bench_grammar;
 mod bench_kv;
+mod bench_kv_dtype;
 mod bench_multiturn;
 mod bench_serve;
 mod cluster_args;
