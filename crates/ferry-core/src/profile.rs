@@ -46,6 +46,9 @@ pub struct Profile {
     pub max_context: usize,
     /// Bytes of KV one token takes (all layers, K and V): what a transfer ships per token.
     pub kv_bytes_per_token: usize,
+    /// What the measured engine's KV cache stored (profiles from before the field: f32).
+    #[serde(default)]
+    pub kv_dtype: crate::KvDtype,
     pub prefill: Vec<PrefillPoint>,
     pub decode: Vec<DecodePoint>,
 }
@@ -289,6 +292,7 @@ mod tests {
             max_batch_tokens: 2048,
             max_context: 8192,
             kv_bytes_per_token: 1000,
+            kv_dtype: Default::default(),
             prefill,
             decode,
         }

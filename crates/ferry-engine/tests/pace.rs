@@ -30,6 +30,7 @@ fn model() -> CostModel {
         max_batch_tokens: 2048,
         max_context: 512,
         kv_bytes_per_token: 1024,
+        kv_dtype: Default::default(),
         prefill: prefill.to_vec(),
         decode: decode.to_vec(),
     };

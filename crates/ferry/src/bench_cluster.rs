@@ -80,6 +80,7 @@ pub fn disagg(a: DisaggBenchArgs) -> anyhow::Result<()> {
     let mut child = std::process::Command::new(std::env::current_exe()?)
         .args(["up", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", &threads.to_string(), "--kv-transport", &transport, "--model"])
         .arg(&path)
+        .args(a.model.kv.to_args())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .context("starting ferry up")?;
@@ -133,6 +134,7 @@ pub fn disagg(a: DisaggBenchArgs) -> anyhow::Result<()> {
         "prompt_tokens": a.prompt_len,
         "threads_per_worker": threads,
         "kv_transport": transport,
+        "kv_dtype": a.model.kv.kv_dtype.name(),
         "ttft_single_process_ms": single,
         "ttft_cluster_ms": cluster,
         "ttft_ratio": cluster / single,

@@ -213,6 +213,8 @@ pub fn to_json(w: &v1::WorkerInfo) -> serde_json::Value {
         "shutting_down": w.shutting_down,
         "since_heartbeat_ms": w.since_heartbeat_ms,
         "kv_transports": kv_transports(w),
+        "kv_dtype": kv_dtype(w),
+        "kv_bytes_per_token": w.kv_bytes_per_token,
         "load": {
             "kv_blocks_total": load.kv_blocks_total, "kv_blocks_free": load.kv_blocks_free,
             "kv_blocks_reserved": load.kv_blocks_reserved, "active_sequences": load.active_sequences,
@@ -227,6 +229,11 @@ fn kv_transports(w: &v1::WorkerInfo) -> Vec<String> {
     w.kv_transports.iter().map(|&k| v1::KvTransport::try_from(k).unwrap_or(v1::KvTransport::Unspecified).to_string()).collect()
 }
 
+/// What the worker's KV cache stores (f32 for a router that does not say).
+fn kv_dtype(w: &v1::WorkerInfo) -> &str {
+    if w.kv_dtype.is_empty() { "f32" } else { &w.kv_dtype }
+}
+
 /// How long the worker's steps took against its profile since it started (`1.12x`: 12% slower
 /// than profiled); `-` when it prices no steps (no `--profile`).
 fn step_time(load: &v1::WorkerLoad) -> String {
@@ -238,7 +245,7 @@ fn step_time(load: &v1::WorkerLoad) -> String {
 }
 
 pub fn table(workers: &[v1::WorkerInfo]) -> String {
-    let mut rows = vec![["ID", "NAME", "ROLE", "STATE", "ADDR", "INFLIGHT", "PREFILL_TOK", "KV_FREE/TOTAL", "CACHED", "ACTIVE", "STEP_TIME", "KV_VIA", "HEARTBEAT"].map(String::from).to_vec()];
+    let mut rows = vec![["ID", "NAME", "ROLE", "STATE", "ADDR", "INFLIGHT", "PREFILL_TOK", "KV_FREE/TOTAL", "KV_DTYPE", "CACHED", "ACTIVE", "STEP_TIME", "KV_VIA", "HEARTBEAT"].map(String::from).to_vec()];
     for w in workers {
         let load = w.load.unwrap_or_default();
         rows.push(vec![
@@ -250,6 +257,7 @@ pub fn table(workers: &[v1::WorkerInfo]) -> String {
             w.inflight.to_string(),
             (w.outstanding_prefill_tokens + load.queued_prefill_tokens).to_string(),
             format!("{}/{}", load.kv_blocks_free, load.kv_blocks_total),
+            kv_dtype(w).to_string(),
             load.kv_blocks_cached.to_string(),
             load.active_sequences.to_string(),
             step_time(&load),

@@ -324,7 +324,8 @@ pub fn profile(engine: &Engine, model: String, threads: usize, (prefill, decode)
         kv_blocks: engine.total_blocks(),
         max_batch_tokens: engine.max_batch_tokens(),
         max_context: engine.config().max_position,
-        kv_bytes_per_token: layout.n_layers * layout.layer_bytes(1),
+        kv_bytes_per_token: layout.bytes_per_token(),
+        kv_dtype: layout.dtype,
         prefill,
         decode,
     }
