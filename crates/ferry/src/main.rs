@@ -85,15 +85,15 @@ pub struct ModelArgs {
     /// CPU threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
-    /// How decode matmuls multiply activations with quantized weights. q8: the activation row
-    /// is quantized to 8 bits per block of 32 and meets Q4_0/Q4_1/Q8_0 weights in integer dot
-    /// products (llama.cpp's method), over a row-interleaved copy of those weights: faster decode
-    /// (about 2x for SmolLM2 on AVX-512), twice those weights' memory, not the exact f32 math. exact: f32 activations
-    /// against exactly dequantized weights, the math the tests hold against HF transformers.
-    /// Other weight types, steps of over 12 rows (prompts) and GPUs take the exact path either way. Default: q8
-    /// where speed is the point (the workers, `ferry up`, `generate`, `profile`, which measures
-    /// what the workers run); exact for `score` (a fidelity tool, compared with references);
-    /// `bench engine` measures both unless given one.
+    /// How decode matmuls (steps of up to 12 rows) treat activations on the CPU. q8: the
+    /// activation rows are quantized to 8 bits per block of 32 and meet Q4_0/Q4_1/Q8_0 weights in
+    /// integer dot products (llama.cpp's method), over a row-interleaved copy of those weights:
+    /// faster decode (about 2x for SmolLM2 on AVX-512), twice those weights' memory, not the
+    /// exact f32 math. exact: f32 activations against exactly dequantized weights, the math the
+    /// tests hold against HF transformers. Other weight types and GPUs compute exactly either
+    /// way. Default: q8 where speed is the point (the workers, `ferry up`, `generate`, `bench
+    /// disagg|grammar`, and `profile`, which measures what the workers run); exact for `score`
+    /// (a fidelity tool, its logits compared with references); `bench engine` measures both.
     #[arg(long, value_enum)]
     pub activations: Option<ActivationsArg>,
     /// The old spelling of `--activations q8`.
@@ -264,5 +264,45 @@ fn main() -> std::process::ExitCode {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Command, clap::Error> {
+        Cli::try_parse_from(std::iter::once("ferry").chain(args.iter().copied())).map(|c| c.command)
+    }
+
+    /// `--activations` as each command resolves it: given, the old `--q8-activations`, or the
+    /// command's default (q8 for generating and serving, exact for scoring).
+    #[test]
+    fn activations_resolve_per_command() {
+        use ActivationsArg::{Exact, Q8};
+        let generate = |args: &[&str]| match parse(&[&["generate"], args, &["hi"]].concat()) {
+            Ok(Command::Generate(a)) => a.model.activations_or(Q8),
+            other => panic!("{:?}", other.err()),
+        };
+        assert_eq!(generate(&[]), Q8);
+        assert_eq!(generate(&["--activations", "exact"]), Exact);
+        assert_eq!(generate(&["--activations", "q8"]), Q8);
+        assert_eq!(generate(&["--q8-activations"]), Q8);
+        let score = |args: &[&str]| match parse(&[&["score", "--tokens", "t", "--out", "o"], args].concat()) {
+            Ok(Command::Score(a)) => a.model.activations_or(Exact),
+            other => panic!("{:?}", other.err()),
+        };
+        assert_eq!(score(&[]), Exact);
+        assert_eq!(score(&["--q8-activations"]), Q8);
+        assert!(parse(&["generate", "--activations", "exact", "--q8-activations", "hi"]).is_err(), "the two spellings conflict");
+        assert!(parse(&["generate", "--activations", "q4", "hi"]).is_err());
+        let up = |args: &[&str]| match parse(&[&["up"], args].concat()) {
+            Ok(Command::Up(a)) => (a.activations, a.q8_activations),
+            other => panic!("{:?}", other.err()),
+        };
+        assert_eq!(up(&[]), (Q8, false));
+        assert_eq!(up(&["--activations", "exact"]), (Exact, false));
+        assert_eq!(up(&["--q8-activations"]), (Q8, true));
+        assert!(parse(&["up", "--activations", "exact", "--q8-activations"]).is_err(), "the two spellings conflict");
     }
 }
