@@ -51,6 +51,7 @@ pub fn perplexity(logits: &[f32], ids: &[u32], vocab: usize) -> f64 {
 
 pub fn run(a: ScoreArgs) -> anyhow::Result<()> {
     let ids = read_ids(&a.tokens)?;
+    // A fidelity tool: its logits are compared with references, so the exact math by default.
     let mut engine = a.model.load(crate::ActivationsArg::Exact)?;
     let vocab = engine.config().vocab_size;
     let logits = engine.score(&ids)?;
