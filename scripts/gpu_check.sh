@@ -141,7 +141,7 @@ if [ -f "$MODEL" ]; then
     prompt="Write one sentence about ferries."
     for run in cpu:0 cuda:1 cuda:0; do
         dev=${run%:*}; f32=${run#*:}; name="$dev$([ "$f32" = 1 ] && echo -f32)"
-        FERRY_CUDA_F32_WEIGHTS=$f32 timeout 90 "$FERRY_BIN" generate --device "$dev" -m "$MODEL" --max-tokens 48 --temperature 0 "$prompt" >"$OUT/smollm2-$name.txt" 2>"$OUT/smollm2-$name.log" \
+        FERRY_CUDA_F32_WEIGHTS=$f32 timeout 90 "$FERRY_BIN" generate --device "$dev" --activations exact -m "$MODEL" --max-tokens 48 --temperature 0 "$prompt" >"$OUT/smollm2-$name.txt" 2>"$OUT/smollm2-$name.log" \
             || { fail "generate on $name"; cat "$OUT/smollm2-$name.log" >&2; }
         echo "--- $name:"; cat "$OUT/smollm2-$name.txt"; tail -1 "$OUT/smollm2-$name.log"
     done
@@ -156,7 +156,7 @@ fi
 # returns 1) if the cluster does not come up. The workers inherit FERRY_CUDA_F32_WEIGHTS.
 cluster_up() {
     local name="$1"; shift
-    timeout 240 "$FERRY_BIN" up --device cuda -m "$CLUSTER_MODEL" --listen 127.0.0.1:0 --http 127.0.0.1:0 "$@" >"$OUT/up-$name.log" 2>&1 &
+    timeout 240 "$FERRY_BIN" up --device cuda --activations exact -m "$CLUSTER_MODEL" --listen 127.0.0.1:0 --http 127.0.0.1:0 "$@" >"$OUT/up-$name.log" 2>&1 &
     up_pid=$!
     http=""; router=""
     for _ in $(seq 1 600); do
@@ -183,11 +183,12 @@ kv_metrics() {
     done | tee "$OUT/$1-metrics.txt"
 }
 
-# The same greedy generation through the cluster as on the CPU engine (f32 weights on the GPU).
+# The same greedy generation through the cluster as on the CPU engine (f32 weights on the GPU;
+# exact activations on the CPU, whose default for `generate` is q8).
 same_as_cpu() {
     local name="$1" prompt="Write one sentence about ferries."
     timeout 60 "$FERRY_BIN" generate --router "$router" --max-tokens 48 --temperature 0 "$prompt" >"$OUT/$name.txt" 2>"$OUT/$name.err" || fail "$name: generate through the cluster"
-    timeout 90 "$FERRY_BIN" generate --device cpu -m "$CLUSTER_MODEL" --max-tokens 48 --temperature 0 "$prompt" >"$OUT/$name-cpu.txt" 2>/dev/null
+    timeout 90 "$FERRY_BIN" generate --device cpu --activations exact -m "$CLUSTER_MODEL" --max-tokens 48 --temperature 0 "$prompt" >"$OUT/$name-cpu.txt" 2>/dev/null
     echo "--- $name:"; cat "$OUT/$name.txt"
     if cmp -s "$OUT/$name.txt" "$OUT/$name-cpu.txt"; then echo "$name: same text as the CPU engine"; else fail "$name: the text differs from the CPU engine's"; cat "$OUT/$name-cpu.txt"; fi
 }

@@ -276,6 +276,8 @@ async fn proxied_decode_worker(chaos: &Chaos, router: &str, cut: usize, after: u
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
             .env("FERRY_CLUSTER_SECRET", &chaos.cluster.cluster_secret)
             .args(["decode", "--router", router, "--threads", "1", "--name", "decode-proxied", "--advertise-host", "127.0.0.2"])
+            // As the cluster's workers: its streams are held against the exact references.
+            .args(["--activations", "exact"])
             .args(["--listen", &format!("127.0.0.1:{g}"), "--data-listen", &format!("127.0.0.1:{d}"), "--model"])
             .arg(&chaos.model)
             .stdout(std::process::Stdio::piped())

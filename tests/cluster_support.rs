@@ -189,7 +189,9 @@ pub fn signal(pid: u32, sig: i32) {
 
 impl Cluster {
     /// `ferry up --prefill P --decode D EXTRA…` on free loopback ports (`--routers N` in `extra`
-    /// starts several routers), once it printed `ready`.
+    /// starts several routers), once it printed `ready`. The workers compute with exact
+    /// activations (`--activations exact`, not the serving default q8): the tests hold their
+    /// output against [`engine`] and the HF references.
     pub fn up(model: &std::path::Path, prefill: usize, decode: usize, extra: &[&str]) -> Cluster {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
         let cluster_secret = format!("test-cluster-secret-{}-{nanos:x}", std::process::id());
@@ -197,6 +199,7 @@ impl Cluster {
             .env("FERRY_CLUSTER_SECRET", &cluster_secret)
             .env_remove("FERRY_CLUSTER_SECRET_FILE")
             .args(["up", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", "1", "--ready-timeout", "240"])
+            .args(["--activations", "exact"])
             .args(["--prefill", &prefill.to_string(), "--decode", &decode.to_string(), "--model"])
             .arg(model)
             .args(extra)
@@ -470,6 +473,8 @@ pub fn reference(engine: &mut ferry_engine::Engine, ids: &[u32], max_tokens: usi
     engine.generate(ids, &p, &mut |_| {}).expect("reference generate").tokens
 }
 
+/// The single-process engine, with exact activations as [`Cluster::up`]'s workers.
 pub fn engine(path: &std::path::Path) -> ferry_engine::Engine {
-    ferry_engine::Engine::load(path, &ferry_engine::EngineConfig { threads: 2, ..Default::default() }).expect("load the model")
+    let cfg = ferry_engine::EngineConfig { threads: 2, activations: ferry_engine::Activations::Exact, ..Default::default() };
+    ferry_engine::Engine::load(path, &cfg).expect("load the model")
 }

@@ -1,13 +1,14 @@
 //! `ferry bench …`: benchmarks that print figures as JSON lines.
 
-use crate::ModelArgs;
+use crate::{ActivationsArg, ModelArgs};
 use ferry_core::SamplingParams;
 use ferry_engine::bench::{median, memory_read_bandwidth};
 use std::time::Instant;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum BenchCommand {
-    /// Prefill and decode speed of the engine, with the memory roofline measured in the same run.
+    /// Prefill and decode speed of the engine, with the memory roofline measured in the same run;
+    /// on the CPU both activations paths (q8 and exact) in turn, unless `--activations` names one.
     Engine(EngineBenchArgs),
     /// KV transfer throughput between two processes (TCP data path and gRPC) vs raw loopback TCP.
     Kv(crate::bench_kv::KvBenchArgs),
@@ -94,85 +95,131 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
 
 const TEXT: &str = "The history of the printing press begins with the first movable type, invented in China, and continues through Gutenberg's workshop in Mainz, where metal type, oil-based ink and a wooden screw press came together. ";
 
+/// One activations path of `bench engine`: its engine and what it measured.
+struct Path {
+    activations: ActivationsArg,
+    engine: ferry_engine::Engine,
+    prefill: Vec<f64>,
+    decode: Vec<f64>,
+    batch_decode: Vec<f64>,
+}
+
+/// The paths `bench engine` measures: the one asked for; else, on the CPU, both, the workers'
+/// default (q8) first, as its figures keep the JSON's top-level fields; on a GPU, which has only
+/// the exact one, that one.
+fn paths(model: &ModelArgs) -> Vec<ActivationsArg> {
+    match (model.activations_asked(), model.device) {
+        (Some(a), _) => vec![a],
+        (None, ferry_engine::Device::Cpu) => vec![ActivationsArg::Q8, ActivationsArg::Exact],
+        (None, _) => vec![ActivationsArg::Exact],
+    }
+}
+
 fn engine(a: EngineBenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.prompt_len >= 1, "--prompt-len must be at least 1");
     anyhow::ensure!(a.gen_tokens >= 2, "--gen must be at least 2 (decode speed is measured after the first token)");
     anyhow::ensure!(a.repeats >= 1, "--repeats must be at least 1");
-    let mut engine = a.model.load()?;
+    let mut paths: Vec<Path> = paths(&a.model)
+        .into_iter()
+        .map(|act| {
+            let engine = ModelArgs { activations: Some(act), q8_activations: false, ..a.model.clone() }.load(act)?;
+            anyhow::Ok(Path { activations: act, engine, prefill: Vec::new(), decode: Vec::new(), batch_decode: Vec::new() })
+        })
+        .collect::<anyhow::Result<_>>()?;
     let threads = match a.model.threads {
         0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         n => n,
     };
-    let base = engine.encode(TEXT)?;
+    let base = paths[0].engine.encode(TEXT)?;
     anyhow::ensure!(!base.is_empty(), "benchmark text encodes to no tokens");
     let prompt: Vec<u32> = base.iter().cycle().take(a.prompt_len).copied().collect();
-    // Warm-up: page in the weights.
-    engine.score(&prompt[..prompt.len().min(16)])?;
-    let mut prefill = Vec::new();
-    for _ in 0..a.repeats {
-        let seq = engine.new_sequence();
-        let t = Instant::now();
-        engine.prefill(seq, &prompt)?;
-        prefill.push(prompt.len() as f64 / t.elapsed().as_secs_f64());
-        engine.release(seq)?;
-    }
-    let mut decode = Vec::new();
     let short = &prompt[..prompt.len().min(16)];
+    // Warm-up: page in the weights.
+    for p in &mut paths {
+        p.engine.score(short)?;
+    }
+    // The paths take turns within each repeat, so a slow or fast spell of a shared machine
+    // falls on both.
     let params = SamplingParams { max_tokens: a.gen_tokens, ignore_eos: true, ..SamplingParams::greedy(a.gen_tokens) };
     for _ in 0..a.repeats {
-        let g = engine.generate(short, &params, &mut |_| {})?;
-        decode.push((g.tokens.len() - 1) as f64 / g.decode_time.as_secs_f64());
-    }
-    let batch_decode = if a.batch > 1 {
-        let mut runs = Vec::new();
-        for _ in 0..a.repeats {
-            runs.push(batched_decode(&mut engine, short, a.batch, a.gen_tokens)?);
+        for p in &mut paths {
+            let seq = p.engine.new_sequence();
+            let t = Instant::now();
+            p.engine.prefill(seq, &prompt)?;
+            p.prefill.push(prompt.len() as f64 / t.elapsed().as_secs_f64());
+            p.engine.release(seq)?;
         }
-        Some(median(runs))
-    } else {
-        None
-    };
+        for p in &mut paths {
+            let g = p.engine.generate(short, &params, &mut |_| {})?;
+            p.decode.push((g.tokens.len() - 1) as f64 / g.decode_time.as_secs_f64());
+        }
+        if a.batch > 1 {
+            for p in &mut paths {
+                p.batch_decode.push(batched_decode(&mut p.engine, short, a.batch, a.gen_tokens)?);
+            }
+        }
+    }
     // The limits, measured now: on a GPU its memory bandwidth (a device copy) and bf16 GEMM
     // throughput; on the CPU the memory read bandwidth of this many threads.
-    let limits = device_limits(&engine)?;
+    let limits = device_limits(&paths[0].engine)?;
     let bw = match limits {
         Some((bw, _)) => bw,
         None => memory_read_bandwidth(threads, 512 << 20, 5),
     };
-    let bytes = engine.decode_weight_bytes();
+    let bytes = paths[0].engine.decode_weight_bytes();
     let roofline = bw / bytes as f64;
-    let decode_med = median(decode);
-    let prefill_med = median(prefill);
     let mut json = serde_json::json!({
         "bench": "engine",
         "model": a.model.model,
-        "backend": ferry_engine::backend::Backend::describe(engine.backend()),
         "threads": threads,
         "prompt_len": a.prompt_len,
         "gen": a.gen_tokens,
         "repeats": a.repeats,
-        "prefill_tok_s": (prefill_med * 10.0).round() / 10.0,
-        "decode_tok_s": (decode_med * 10.0).round() / 10.0,
         "weight_bytes_per_decode_step": bytes,
         "memory_read_gb_s": (bw / 1e8).round() / 10.0,
         "decode_roofline_tok_s": (roofline * 10.0).round() / 10.0,
-        "roofline_fraction": (decode_med / roofline * 1000.0).round() / 1000.0,
     });
-    if let Some(b) = batch_decode {
-        json["batch"] = a.batch.into();
-        json["batch_decode_tok_s"] = ((b * 10.0).round() / 10.0).into();
-        // Each step still streams every weight once: the roofline of `batch` tokens per step
-        // (the KV reads, small at these contexts, left out).
-        json["batch_roofline_fraction"] = ((b / (roofline * a.batch as f64) * 1000.0).round() / 1000.0).into();
-    }
-    if let Some((_, peak)) = limits {
-        let achieved = prefill_flops(engine.config(), a.prompt_len) * prefill_med / a.prompt_len as f64;
-        json["prefill_tflop_s"] = ((achieved / 1e11).round() / 10.0).into();
-        json["bf16_gemm_peak_tflop_s"] = ((peak / 1e11).round() / 10.0).into();
-        json["prefill_peak_fraction"] = ((achieved / peak * 1000.0).round() / 1000.0).into();
+    // The first path's figures at the top level (the fields this benchmark always had), each
+    // other path's under its name (`"exact": {…}`).
+    for (i, p) in paths.into_iter().enumerate() {
+        let name = p.activations.flag_value();
+        let figures = figures(p, &a, roofline, limits.map(|(_, peak)| peak));
+        match (i, &mut json) {
+            (0, serde_json::Value::Object(top)) => top.extend(figures),
+            (_, json) => json[name] = serde_json::Value::Object(figures),
+        }
     }
     println!("{json}");
     Ok(())
+}
+
+/// One path's figures: its backend, prefill and decode tokens/s (medians), the decode roofline
+/// fractions, and on a GPU the prefill's FLOP/s against the bf16 GEMM peak.
+fn figures(p: Path, a: &EngineBenchArgs, roofline: f64, gemm_peak: Option<f64>) -> serde_json::Map<String, serde_json::Value> {
+    let round = |x: f64, places: i32| (x * 10f64.powi(places)).round() / 10f64.powi(places);
+    let decode = median(p.decode);
+    let prefill = median(p.prefill);
+    let mut out = serde_json::Map::new();
+    out.insert("activations".into(), p.activations.flag_value().into());
+    out.insert("backend".into(), ferry_engine::backend::Backend::describe(p.engine.backend()).into());
+    out.insert("prefill_tok_s".into(), round(prefill, 1).into());
+    out.insert("decode_tok_s".into(), round(decode, 1).into());
+    out.insert("roofline_fraction".into(), round(decode / roofline, 3).into());
+    if a.batch > 1 {
+        let b = median(p.batch_decode);
+        out.insert("batch".into(), a.batch.into());
+        out.insert("batch_decode_tok_s".into(), round(b, 1).into());
+        // Each step still streams every weight once: the roofline of `batch` tokens per step
+        // (the KV reads, small at these contexts, left out).
+        out.insert("batch_roofline_fraction".into(), round(b / (roofline * a.batch as f64), 3).into());
+    }
+    if let Some(peak) = gemm_peak {
+        let achieved = prefill_flops(p.engine.config(), a.prompt_len) * prefill / a.prompt_len as f64;
+        out.insert("prefill_tflop_s".into(), round(achieved / 1e12, 1).into());
+        out.insert("bf16_gemm_peak_tflop_s".into(), round(peak / 1e12, 1).into());
+        out.insert("prefill_peak_fraction".into(), round(achieved / peak, 3).into());
+    }
+    out
 }
 
 /// On a GPU: (memory bandwidth in bytes/s from a 4 GiB device copy, bf16 GEMM FLOP/s at

@@ -61,7 +61,9 @@ pub fn disagg(a: DisaggBenchArgs) -> anyhow::Result<()> {
     let threads = if a.model.threads == 0 { 1 } else { a.model.threads };
     let path = ferry_engine::fetch::resolve_model(Some(&a.model.model))?;
     // Single process, same threads as one worker.
-    let mut engine = ModelArgs { threads, model: path.to_string_lossy().into_owned(), ..a.model.clone() }.load()?;
+    // Both sides decode as the workers do by default (or as asked).
+    let activations = a.model.activations_or(crate::ActivationsArg::Q8);
+    let mut engine = ModelArgs { threads, model: path.to_string_lossy().into_owned(), ..a.model.clone() }.load(activations)?;
     let base = engine.encode(TEXT)?;
     // Prompt i starts i tokens into the text: from its first KV block on, no two share a prefix.
     // Prompt 0 is the warm-up.
@@ -78,7 +80,8 @@ pub fn disagg(a: DisaggBenchArgs) -> anyhow::Result<()> {
     // The cluster: one prefill and one decode worker, `threads` each.
     let transport = a.kv_transport.flag_value();
     let mut child = std::process::Command::new(std::env::current_exe()?)
-        .args(["up", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", &threads.to_string(), "--kv-transport", &transport, "--model"])
+        .args(["up", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--threads", &threads.to_string(), "--kv-transport", &transport])
+        .args(["--activations", activations.flag_value(), "--model"])
         .arg(&path)
         .args(a.model.kv.to_args())
         .stdout(std::process::Stdio::piped())

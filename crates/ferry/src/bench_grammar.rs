@@ -86,7 +86,7 @@ pub fn run(a: GrammarBenchArgs) -> anyhow::Result<()> {
         Some(p) => std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
         None => SCHEMA.to_string(),
     };
-    let mut engine = a.model.load()?;
+    let mut engine = a.model.load(crate::ActivationsArg::Q8)?;
     let grammars = Grammars::new(&engine.tokenizer, Some(engine.config().vocab_size))?;
     let grammar = OutputGrammar::JsonSchema(schema);
     grammars.check(&grammar)?;

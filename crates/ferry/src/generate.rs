@@ -123,7 +123,8 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
         });
     }
     params.validate()?;
-    let mut engine = a.model.load()?;
+    // As a worker would serve it (fast decode); `--activations exact` for the reference math.
+    let mut engine = a.model.load(crate::ActivationsArg::Q8)?;
     let ids = if a.chat {
         let tpl = engine.chat_template.as_ref().ok_or_else(|| anyhow::anyhow!("--chat: the model has no chat template"))?;
         let mut msgs = Vec::new();

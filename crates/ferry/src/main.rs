@@ -86,10 +86,19 @@ pub struct ModelArgs {
     /// CPU threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
-    /// Quantize decode activations to 8 bits for integer dot products with Q4_0/Q4_1/Q8_0
-    /// weights (as llama.cpp does), over a row-interleaved copy of those weights: faster decode,
-    /// no longer the exact f32 reference math, and twice the weights' memory.
-    #[arg(long)]
+    /// How decode matmuls (steps of up to 12 rows) treat activations on the CPU. q8: the
+    /// activation rows are quantized to 8 bits per block of 32 and meet Q4_0/Q4_1/Q8_0 weights in
+    /// integer dot products (llama.cpp's method), over a row-interleaved copy of those weights:
+    /// faster decode (about 2x for SmolLM2 on AVX-512), twice those weights' memory, not the
+    /// exact f32 math. exact: f32 activations against exactly dequantized weights, the math the
+    /// tests hold against HF transformers. Other weight types and GPUs compute exactly either
+    /// way. Default: q8 where speed is the point (the workers, `ferry up`, `generate`, `bench
+    /// disagg|grammar`, and `profile`, which measures what the workers run); exact for `score`
+    /// (a fidelity tool, its logits compared with references); `bench engine` measures both.
+    #[arg(long, value_enum)]
+    pub activations: Option<ActivationsArg>,
+    /// The old spelling of `--activations q8`.
+    #[arg(long, hide = true, conflicts_with = "activations")]
     pub q8_activations: bool,
     /// Turn the prefix cache off: every prompt is computed whole and nothing is kept after a
     /// request (the cache is on by default: full KV blocks stay cached, least recently used
@@ -98,6 +107,31 @@ pub struct ModelArgs {
     pub no_prefix_cache: bool,
     #[command(flatten)]
     pub kv: KvArgs,
+}
+
+/// `--activations`: how decode matmuls treat activations (see [`ModelArgs::activations`]).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActivationsArg {
+    /// f32 activations against exactly dequantized weights: the reference's math.
+    Exact,
+    /// 8-bit activations and integer dot products in decode (llama.cpp's method): faster.
+    Q8,
+}
+
+impl ActivationsArg {
+    pub fn engine(self) -> ferry_engine::Activations {
+        match self {
+            ActivationsArg::Exact => ferry_engine::Activations::Exact,
+            ActivationsArg::Q8 => ferry_engine::Activations::Q8,
+        }
+    }
+    /// The flag's value, for a child process.
+    pub fn flag_value(self) -> &'static str {
+        match self {
+            ActivationsArg::Exact => "exact",
+            ActivationsArg::Q8 => "q8",
+        }
+    }
 }
 
 /// What the KV cache stores and how much of it there is (every command that loads a model, and
@@ -161,18 +195,31 @@ pub(crate) fn parse_device(s: &str) -> Result<ferry_engine::Device, String> {
 }
 
 impl ModelArgs {
-    pub fn load(&self) -> anyhow::Result<ferry_engine::Engine> {
-        self.load_with(|_| {})
+    /// The activations asked for (`--activations`, or the hidden `--q8-activations`), else the
+    /// command's `default`.
+    pub fn activations_or(&self, default: ActivationsArg) -> ActivationsArg {
+        self.activations_asked().unwrap_or(default)
     }
 
-    /// Load with engine settings adjusted by `tune`.
-    pub fn load_with(&self, tune: impl FnOnce(&mut ferry_engine::EngineConfig)) -> anyhow::Result<ferry_engine::Engine> {
+    /// The activations the command line names, if it does.
+    pub fn activations_asked(&self) -> Option<ActivationsArg> {
+        self.activations.or(self.q8_activations.then_some(ActivationsArg::Q8))
+    }
+
+    /// Load with the activations asked for, else the command's `default`.
+    pub fn load(&self, default: ActivationsArg) -> anyhow::Result<ferry_engine::Engine> {
+        self.load_with(default, |_| {})
+    }
+
+    /// Load with the activations asked for (else the command's `default`) and engine settings
+    /// adjusted by `tune`.
+    pub fn load_with(&self, default: ActivationsArg, tune: impl FnOnce(&mut ferry_engine::EngineConfig)) -> anyhow::Result<ferry_engine::Engine> {
         // A device this build or machine cannot use fails here, before the model is fetched.
         if let ferry_engine::Device::Cuda(n) = self.device {
             ferry_engine::backend::cuda::CudaBackend::new(n)?;
         }
         let path = ferry_engine::fetch::resolve_model(Some(&self.model))?;
-        let activations = if self.q8_activations { ferry_engine::Activations::Q8 } else { ferry_engine::Activations::Exact };
+        let activations = self.activations_or(default).engine();
         let mut cfg = ferry_engine::EngineConfig {
             threads: self.threads,
             activations,
@@ -218,5 +265,45 @@ fn main() -> std::process::ExitCode {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Command, clap::Error> {
+        Cli::try_parse_from(std::iter::once("ferry").chain(args.iter().copied())).map(|c| c.command)
+    }
+
+    /// `--activations` as each command resolves it: given, the old `--q8-activations`, or the
+    /// command's default (q8 for generating and serving, exact for scoring).
+    #[test]
+    fn activations_resolve_per_command() {
+        use ActivationsArg::{Exact, Q8};
+        let generate = |args: &[&str]| match parse(&[&["generate"], args, &["hi"]].concat()) {
+            Ok(Command::Generate(a)) => a.model.activations_or(Q8),
+            other => panic!("{:?}", other.err()),
+        };
+        assert_eq!(generate(&[]), Q8);
+        assert_eq!(generate(&["--activations", "exact"]), Exact);
+        assert_eq!(generate(&["--activations", "q8"]), Q8);
+        assert_eq!(generate(&["--q8-activations"]), Q8);
+        let score = |args: &[&str]| match parse(&[&["score", "--tokens", "t", "--out", "o"], args].concat()) {
+            Ok(Command::Score(a)) => a.model.activations_or(Exact),
+            other => panic!("{:?}", other.err()),
+        };
+        assert_eq!(score(&[]), Exact);
+        assert_eq!(score(&["--q8-activations"]), Q8);
+        assert!(parse(&["generate", "--activations", "exact", "--q8-activations", "hi"]).is_err(), "the two spellings conflict");
+        assert!(parse(&["generate", "--activations", "q4", "hi"]).is_err());
+        let up = |args: &[&str]| match parse(&[&["up"], args].concat()) {
+            Ok(Command::Up(a)) => (a.activations, a.q8_activations),
+            other => panic!("{:?}", other.err()),
+        };
+        assert_eq!(up(&[]), (Q8, false));
+        assert_eq!(up(&["--activations", "exact"]), (Exact, false));
+        assert_eq!(up(&["--q8-activations"]), (Q8, true));
+        assert!(parse(&["up", "--activations", "exact", "--q8-activations"]).is_err(), "the two spellings conflict");
     }
 }

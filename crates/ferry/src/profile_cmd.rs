@@ -3,7 +3,7 @@
 //! ([`CostModel::fit`]).
 //!
 //! Measured, one [`Engine::step`] at a time, with the engine configured as a worker started with
-//! the same flags (model, `--threads`, `--kv-tokens`, `--max-batch-tokens`):
+//! the same flags (model, `--threads`, `--activations`, `--kv-tokens`, `--max-batch-tokens`):
 //! - prefill steps: `prompts` fresh sequences computing a whole prompt of `len` random tokens each
 //!   (the last row's logits only, as a prefill worker asks), `--repeats` steps per pass after one
 //!   warm-up;
@@ -24,6 +24,10 @@ use ferry_engine::bench::median;
 use ferry_engine::{Engine, Logits, SeqId, StepItem};
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime};
+
+/// The workers' default (`ferry decode|prefill|colocated`), so a profile taken without
+/// `--activations` prices the steps the workers of a plan will run.
+const DEFAULT_ACTIVATIONS: crate::ActivationsArg = crate::ActivationsArg::Q8;
 
 #[derive(clap::Args, Debug)]
 pub struct ProfileArgs {
@@ -418,7 +422,7 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
     let grid = Grid::new(&a)?;
     let out = OutFile::probe(&a.out)?;
     let start = Instant::now();
-    let mut engine = a.model.load_with(|c| {
+    let mut engine = a.model.load_with(DEFAULT_ACTIVATIONS, |c| {
         c.kv_tokens = a.kv_tokens;
         c.max_batch_tokens = a.max_batch_tokens;
     })?;
@@ -464,7 +468,7 @@ mod tests {
         let rest = ["--model", "synthetic:tiny", "--threads", "1", "--repeats", "1", "--steps", "2", "--max-batch-tokens", "32"];
         let a = args(&[&grid[..], &rest[..]].concat()).unwrap();
         let grid = Grid::new(&a).unwrap();
-        let mut engine = a.model.load_with(|c| c.max_batch_tokens = a.max_batch_tokens).unwrap();
+        let mut engine = a.model.load_with(DEFAULT_ACTIVATIONS, |c| c.max_batch_tokens = a.max_batch_tokens).unwrap();
         let points = measure(&mut engine, &grid, &indicatif::ProgressBar::hidden()).unwrap();
         assert_eq!(engine.active_sequences(), 0, "every sequence released");
         let p = profile(&engine, "tiny".into(), threads(&engine, 1), points);
@@ -508,7 +512,7 @@ mod tests {
     #[test]
     fn grids_the_engine_cannot_run_are_refused() {
         let a = args(&["--model", "synthetic:tiny", "--threads", "1", "--kv-tokens", "64", "--batches", "4,8", "--contexts", "50,100"]).unwrap();
-        let mut engine = a.model.load_with(|c| c.kv_tokens = a.kv_tokens).unwrap();
+        let mut engine = a.model.load_with(DEFAULT_ACTIVATIONS, |c| c.kv_tokens = a.kv_tokens).unwrap();
         let e = measure(&mut engine, &Grid::new(&a).unwrap(), &indicatif::ProgressBar::hidden()).unwrap_err().to_string();
         assert!(e.contains("--kv-tokens"), "{e}");
         let a = args(&["--model", "synthetic:tiny", "--contexts", "64,510"]).unwrap();

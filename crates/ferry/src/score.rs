@@ -51,7 +51,8 @@ pub fn perplexity(logits: &[f32], ids: &[u32], vocab: usize) -> f64 {
 
 pub fn run(a: ScoreArgs) -> anyhow::Result<()> {
     let ids = read_ids(&a.tokens)?;
-    let mut engine = a.model.load()?;
+    // A fidelity tool: its logits are compared with references, so the exact math by default.
+    let mut engine = a.model.load(crate::ActivationsArg::Exact)?;
     let vocab = engine.config().vocab_size;
     let logits = engine.score(&ids)?;
     let shape = vec![ids.len(), vocab];

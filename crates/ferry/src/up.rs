@@ -76,10 +76,13 @@ pub struct UpArgs {
     /// serve` records it). Default: `--autoscale-profile` when autoscaling.
     #[arg(long)]
     pub profile: Option<std::path::PathBuf>,
-    /// Every worker decodes with 8-bit activations (`--q8-activations` of the workers: faster
-    /// CPU decode, llama.cpp's math instead of the exact f32 reference; prompts over 8 tokens stay
-    /// exact).
-    #[arg(long)]
+    /// How every worker's decode treats activations (the workers' `--activations`). Default q8,
+    /// as the workers': 8-bit activations and integer dot products (llama.cpp's math), faster
+    /// CPU decode; exact: the f32 reference math the tests hold against HF transformers.
+    #[arg(long, value_enum, default_value_t = crate::ActivationsArg::Q8)]
+    pub activations: crate::ActivationsArg,
+    /// The old spelling of `--activations q8`.
+    #[arg(long, hide = true, conflicts_with = "activations")]
     pub q8_activations: bool,
     /// Workers keep no prefix cache (`--no-prefix-cache` of the workers).
     #[arg(long)]
@@ -224,9 +227,9 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             common.extend(["--kv-tokens".into(), k.to_string()]);
         }
         common.extend(a.kv.to_args());
-        if a.q8_activations {
-            common.push("--q8-activations".into());
-        }
+        // Always said, so a worker's own default cannot differ from ours.
+        let activations = if a.q8_activations { crate::ActivationsArg::Q8 } else { a.activations };
+        common.extend(["--activations".into(), activations.flag_value().into()]);
         // Workers may start in another directory: absolute paths.
         let absolute = |p: &std::path::PathBuf| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()).display().to_string();
         if let Some(p) = &a.emulate_profile {

@@ -185,7 +185,9 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
     }
     let emulated = args.emulate_profile.as_deref().map(|p| cost_model("--emulate-profile", p)).transpose()?;
     let priced = args.profile.as_deref().map(|p| cost_model("--profile", p)).transpose()?;
-    let mut engine = args.model.load_with(|c| {
+    // Serving defaults to the fast decode path, as llama.cpp does; `--activations exact` for the
+    // reference math.
+    let mut engine = args.model.load_with(crate::ActivationsArg::Q8, |c| {
         c.kv_tokens = args.kv_tokens.or(emulated.as_ref().map(|(p, _)| p.kv_blocks * p.block_size));
         c.max_batch_tokens = args.max_batch_tokens;
     })?;

@@ -59,8 +59,12 @@ fn bench_engine_runs_on_a_synthetic_model() {
     let o = ferry().args(["bench", "engine", "--model", "synthetic:tiny", "--prompt-len", "32", "--gen", "4", "--repeats", "1", "--batch", "3"]).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON line");
+    // The serving default (q8) at the top level, the exact path beside it, measured in turns.
+    assert_eq!(v["activations"], "q8", "{v}");
+    assert_eq!(v["exact"]["activations"], "exact", "{v}");
     for key in ["prefill_tok_s", "decode_tok_s", "batch_decode_tok_s", "roofline_fraction", "batch_roofline_fraction"] {
         assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {v}");
+        assert!(v["exact"][key].as_f64().is_some_and(|x| x > 0.0), "exact {key}: {v}");
     }
     // tiny: 2 layers of 64×64 (q, o), 2×32×64 (k, v), 3×128×64 (MLP), and a 256×64 output head, bf16.
     assert_eq!(v["weight_bytes_per_decode_step"], 2 * (2 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 128 * 64) + 256 * 64));
