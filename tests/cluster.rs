@@ -476,6 +476,7 @@ async fn autoscale_under_ferry_up_follows_a_load_step() {
         max_batch_tokens: 2048,
         max_context: 512,
         kv_bytes_per_token: 4096,
+        kv_dtype: Default::default(),
         prefill: prefill.to_vec(),
         decode: decode.to_vec(),
     };

@@ -111,30 +111,31 @@ async fn the_index_holds_what_a_prefill_worker_served(path: &Path) {
 
     let prompt: Vec<u32> = (0..(3 * bs + 5) as u32).map(|i| (i * 7 + 3) % 200 + 1).collect();
     // The router's chain is the engine's: the model fingerprint and the (empty) salt as root.
-    let chain = registry.prefix_chain(b"", &prompt, bs);
+    let chains = registry.prefix_chain(b"", &prompt, bs);
+    let chain = chains.of(ferry_core::KvDtype::F32).to_vec();
     let engine_chain: Vec<u64> = block_hashes(BlockHash::root(fingerprint.as_bytes(), b""), &prompt, bs).into_iter().map(|h| h.0).collect();
     assert_eq!((chain.len(), &chain), (3, &engine_chain));
     assert!(registry.prefix_overlaps(&chain).is_empty());
 
     serve_prompt(&p_addr, &d_addr, &prompt).await;
-    until("the index to hold the prompt's chain on the prefill worker", || registry.prefix_held(&p, &chain) == chain.len()).await;
+    until("the index to hold the prompt's chain on the prefill worker", || registry.prefix_held(&p, &chains, usize::MAX) == chain.len()).await;
     assert_eq!(registry.prefix_overlaps(&chain).get(&p), Some(&3));
     // Released after the decode worker took the KV, the blocks stay cached; the load says so.
     until("the heartbeat to report cached blocks", || registry.get(&p).is_some_and(|w| w.load.kv_blocks_cached as usize >= chain.len())).await;
     // Another prompt sharing the first two blocks overlaps by two.
     let mut other = prompt.clone();
     other[2 * bs] += 1;
-    assert_eq!(registry.prefix_held(&p, &registry.prefix_chain(b"", &other, bs)), 2);
+    assert_eq!(registry.prefix_held(&p, &registry.prefix_chain(b"", &other, bs), usize::MAX), 2);
     // Another salt's chain is not there.
-    assert_eq!(registry.prefix_held(&p, &registry.prefix_chain(b"tenant", &prompt, bs)), 0);
+    assert_eq!(registry.prefix_held(&p, &registry.prefix_chain(b"tenant", &prompt, bs), usize::MAX), 0);
 
     // The router forgets the worker: it registers again (a new id, a clean entry) and its first
     // heartbeat's snapshot puts the chain back.
     registry.remove(&p).expect("remove");
     until("the prefill worker to register again", || id_of(&registry, WorkerRole::Prefill).is_some_and(|id| id != p)).await;
     let again = id_of(&registry, WorkerRole::Prefill).expect("registered again");
-    until("the snapshot to refill the index", || registry.prefix_held(&again, &chain) == chain.len()).await;
-    assert_eq!(registry.prefix_held(&p, &chain), 0, "the old id holds nothing");
+    until("the snapshot to refill the index", || registry.prefix_held(&again, &chains, usize::MAX) == chain.len()).await;
+    assert_eq!(registry.prefix_held(&p, &chains, usize::MAX), 0, "the old id holds nothing");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

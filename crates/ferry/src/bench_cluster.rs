@@ -137,7 +137,7 @@ pub fn disagg(a: DisaggBenchArgs) -> anyhow::Result<()> {
         "prompt_tokens": a.prompt_len,
         "threads_per_worker": threads,
         "kv_transport": transport,
-        "kv_dtype": a.model.kv.kv_dtype.name(),
+        "kv_dtype": a.model.kv.kv_dtype_for(activations).name(),
         "ttft_single_process_ms": single,
         "ttft_cluster_ms": cluster,
         "ttft_ratio": cluster / single,

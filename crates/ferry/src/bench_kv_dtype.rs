@@ -61,8 +61,9 @@ fn forced_logprobs(e: &mut Engine, prompt: &[u32], cont: &[u32]) -> anyhow::Resu
 
 fn load(model: &ModelArgs, dtype: KvDtype) -> anyhow::Result<Engine> {
     let mut m = model.clone();
-    m.kv.kv_dtype = dtype;
-    m.load()
+    m.kv.kv_dtype = Some(dtype);
+    // The activations the fidelity tools default to: exact, so only the KV type differs.
+    m.load(crate::ActivationsArg::Exact)
 }
 
 pub fn fidelity(a: FidelityArgs) -> anyhow::Result<()> {
@@ -201,8 +202,9 @@ pub fn decode(a: DecodeArgs) -> anyhow::Result<()> {
     let mut engines = Vec::new();
     for &d in &a.dtypes {
         let mut m = a.model.clone();
-        m.kv.kv_dtype = d;
-        engines.push(m.load_with(|c| c.kv_tokens = Some(room))?);
+        m.kv.kv_dtype = Some(d);
+        // The serving path's activations by default: the step a decode worker runs.
+        engines.push(m.load_with(crate::ActivationsArg::Q8, |c| c.kv_tokens = Some(room))?);
     }
     anyhow::ensure!(max_ctx + a.steps * a.rounds < engines[0].config().max_position, "the longest context plus the steps exceeds the model's {} tokens", engines[0].config().max_position);
     let bw = memory_read_bandwidth(threads, 512 << 20, 5);

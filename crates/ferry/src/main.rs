@@ -140,20 +140,36 @@ impl ActivationsArg {
 pub struct KvArgs {
     /// What the KV cache stores: f32 (exact), bf16, f16, or int8 (a scale per token, KV head and
     /// K/V). Attention reads the stored type; KV ships as stored, and a receiver with another
-    /// type converts on import.
-    #[arg(long, default_value = "f32", value_parser = parse_kv_dtype)]
-    pub kv_dtype: ferry_core::KvDtype,
+    /// type converts on import. Default: int8 on the fast path (`--activations q8`, what serving
+    /// runs), f32 on the exact one (`--activations exact`), so one flag gives the whole exact path.
+    #[arg(long, value_parser = parse_kv_dtype)]
+    pub kv_dtype: Option<ferry_core::KvDtype>,
     /// KV cache capacity in bytes (e.g. `512MiB`, `2G`): as many blocks of the stored type as fit,
-    /// so an int8 cache holds about 4x the tokens of an f32 one. `--kv-tokens`, where a command
+    /// so an int8 cache holds about 3.8x the tokens of an f32 one. `--kv-tokens`, where a command
     /// has it, wins.
     #[arg(long, value_parser = parse_bytes)]
     pub kv_memory: Option<usize>,
 }
 
+/// The KV dtype of the fast path (measured in docs/benchmarks.md: within the fidelity targets, and
+/// faster decode at long contexts).
+pub const FAST_KV_DTYPE: ferry_core::KvDtype = ferry_core::KvDtype::Int8;
+
 impl KvArgs {
-    /// The flags again, for a child process.
+    /// The KV dtype asked for, else the default of the activations path in use.
+    pub fn kv_dtype_for(&self, activations: ActivationsArg) -> ferry_core::KvDtype {
+        self.kv_dtype.unwrap_or(match activations {
+            ActivationsArg::Q8 => FAST_KV_DTYPE,
+            ActivationsArg::Exact => ferry_core::KvDtype::F32,
+        })
+    }
+
+    /// The flags given, again, for a child process.
     pub fn to_args(&self) -> Vec<String> {
-        let mut out = vec!["--kv-dtype".to_string(), self.kv_dtype.to_string()];
+        let mut out = Vec::new();
+        if let Some(d) = self.kv_dtype {
+            out.extend(["--kv-dtype".to_string(), d.to_string()]);
+        }
         if let Some(m) = self.kv_memory {
             out.extend(["--kv-memory".into(), m.to_string()]);
         }
@@ -219,14 +235,14 @@ impl ModelArgs {
             ferry_engine::backend::cuda::CudaBackend::new(n)?;
         }
         let path = ferry_engine::fetch::resolve_model(Some(&self.model))?;
-        let activations = self.activations_or(default).engine();
+        let activations = self.activations_or(default);
         let mut cfg = ferry_engine::EngineConfig {
             threads: self.threads,
-            activations,
+            activations: activations.engine(),
             device: self.device,
             kv_memory_fraction: self.kv_memory_fraction,
             prefix_cache: !self.no_prefix_cache,
-            kv_dtype: self.kv.kv_dtype,
+            kv_dtype: self.kv.kv_dtype_for(activations),
             kv_memory: self.kv.kv_memory,
             ..Default::default()
         };
