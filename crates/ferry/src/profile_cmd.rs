@@ -478,7 +478,9 @@ mod tests {
         assert_eq!(p.decode.len(), 6);
         assert!(p.prefill.iter().all(|q| q.seconds > 0.0) && p.decode.iter().all(|q| q.seconds > 0.0), "{p:?}");
         assert_eq!((p.threads, p.max_batch_tokens, p.max_context, p.block_size), (1, 32, 512, 16));
-        assert_eq!(p.kv_bytes_per_token, 2 * 2 * 2 * 16 * 4, "2 layers × K and V × 2 heads × 16 dims × f32");
+        // The profile prices the serving path: q8 activations, int8 KV.
+        assert_eq!(p.kv_dtype, crate::FAST_KV_DTYPE);
+        assert_eq!(p.kv_bytes_per_token, 2 * 2 * 2 * (16 + 4), "2 layers × K and V × 2 heads × (16 int8 values + an f32 scale)");
         let back: Profile = serde_json::from_str(&serde_json::to_string_pretty(&p).unwrap()).unwrap();
         assert_eq!(back, p);
         CostModel::fit(&p).unwrap();

@@ -220,13 +220,7 @@ mod x256 {
         }
     }
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn hsum(v: __m256) -> f32 {
-        let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)))
-    }
+    use super::super::simd::hsum_avx2 as hsum;
 }
 
 #[cfg(test)]

@@ -319,7 +319,7 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn hsum_avx2(v: __m256) -> f32 {
+pub(crate) fn hsum_avx2(v: __m256) -> f32 {
     let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
     _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)))
