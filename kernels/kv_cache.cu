@@ -27,8 +27,10 @@ __device__ __forceinline__ unsigned short kv_f32_to_bf16(float f) {
     return (unsigned short)(u >> 16);
 }
 
-// f32 → IEEE half bits, round to nearest even (as half::f16::from_f32).
+// f32 → IEEE half bits, round to nearest even, saturating at ±65504 (as ferry_core's
+// encode_row: a KV value past f16's range is stored as its largest finite value, never inf).
 __device__ __forceinline__ unsigned short kv_f32_to_f16(float f) {
+    f = fminf(fmaxf(f, -65504.0f), 65504.0f);
     unsigned short h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;

@@ -98,7 +98,8 @@ pub fn encode_row(dtype: KvDtype, x: &[f32], out: &mut [u8]) {
     assert_eq!(out.len(), dtype.row_bytes(hd), "encode_row: {} bytes for a {dtype} row of {hd}", out.len());
     match dtype {
         KvDtype::F32 => out.chunks_exact_mut(4).zip(x).for_each(|(o, v)| o.copy_from_slice(&v.to_le_bytes())),
-        KvDtype::F16 => out.chunks_exact_mut(2).zip(x).for_each(|(o, v)| o.copy_from_slice(&f16::from_f32(*v).to_le_bytes())),
+        // Saturated: a value past f16's range is stored as its largest finite value, never inf.
+        KvDtype::F16 => out.chunks_exact_mut(2).zip(x).for_each(|(o, v)| o.copy_from_slice(&f16::from_f32(v.clamp(-65504.0, 65504.0)).to_le_bytes())),
         KvDtype::BF16 => out.chunks_exact_mut(2).zip(x).for_each(|(o, v)| o.copy_from_slice(&bf16::from_f32(*v).to_le_bytes())),
         KvDtype::Int8 => {
             let (scale, inv) = int8_scale(x);
@@ -188,6 +189,15 @@ mod tests {
             let err = x.iter().zip(&back).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             assert!(err <= bound, "{d}: max error {err} > {bound}");
         }
+    }
+
+    #[test]
+    fn f16_rows_saturate_instead_of_overflowing() {
+        let mut bytes = vec![0u8; KvDtype::F16.row_bytes(2)];
+        encode_row(KvDtype::F16, &[1e6, -1e6], &mut bytes);
+        let mut back = [0f32; 2];
+        decode_row(KvDtype::F16, &bytes, &mut back);
+        assert_eq!(back, [65504.0, -65504.0]);
     }
 
     #[test]
