@@ -478,9 +478,9 @@ mod tests {
         assert_eq!(p.decode.len(), 6);
         assert!(p.prefill.iter().all(|q| q.seconds > 0.0) && p.decode.iter().all(|q| q.seconds > 0.0), "{p:?}");
         assert_eq!((p.threads, p.max_batch_tokens, p.max_context, p.block_size), (1, 32, 512, 16));
-        // The profile prices the serving path: q8 activations, int8 KV.
+        // The profile prices the serving path: q8 activations, its KV dtype.
         assert_eq!(p.kv_dtype, crate::FAST_KV_DTYPE);
-        assert_eq!(p.kv_bytes_per_token, 2 * 2 * 2 * (16 + 4), "2 layers × K and V × 2 heads × (16 int8 values + an f32 scale)");
+        assert_eq!(p.kv_bytes_per_token, 2 * 2 * 2 * crate::FAST_KV_DTYPE.row_bytes(16), "2 layers × K and V × 2 heads × a row of 16 values");
         let back: Profile = serde_json::from_str(&serde_json::to_string_pretty(&p).unwrap()).unwrap();
         assert_eq!(back, p);
         CostModel::fit(&p).unwrap();
