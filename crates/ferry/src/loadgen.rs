@@ -56,15 +56,20 @@ pub struct RandomRequest {
 /// The `random` workload of `ferry bench serve`: `count` requests at Poisson arrivals of `rate`,
 /// prompt and output lengths drawn from `prompt` and `output`, ids below `vocab`. `ferry plan`
 /// simulates the same requests (same seed, same lengths) that `bench serve` sends. The lengths do
-/// not depend on the rate: only the arrival times scale with it.
+/// not depend on the rate: only the arrival times scale with it. The ids do: every id is shifted
+/// by an offset drawn from the rate, so a sweep's later rates share no prefix with its earlier ones
+/// (the same prompts again would be served from the workers' prefix caches, and the sweep would
+/// measure the cache).
 pub fn random_requests(seed: u64, rate: f64, count: usize, prompt: LenDist, output: LenDist, vocab: u32) -> Vec<RandomRequest> {
     let mut u = uniforms(seed);
     let arrivals = poisson_arrivals(rate, count, &mut u);
+    let span = vocab.saturating_sub(256).max(1);
+    let shift = (uniforms(seed ^ rate.to_bits().rotate_left(29))() * span as f64) as u32;
     arrivals
         .into_iter()
         .map(|at| {
             let n = prompt.sample(&mut u);
-            let ids = (0..n).map(|_| 256 + (u() * (vocab.saturating_sub(256).max(1)) as f64) as u32).collect();
+            let ids = (0..n).map(|_| 256 + ((u() * span as f64) as u32 + shift) % span).collect();
             RandomRequest { at, ids, output: output.sample(&mut u) }
         })
         .collect()
@@ -87,6 +92,8 @@ mod tests {
             assert!(s.ids.iter().all(|&id| (256..49_152).contains(&id)));
         }
         assert_ne!(slow, random_requests(8, 0.5, 40, pl, ol, 49_152));
+        // Another rate's prompts share no first token (so no cached prefix) with this one's.
+        assert!(slow.iter().zip(&fast).all(|(s, f)| s.ids[0] != f.ids[0]), "a later rate replays the prompts into the prefix cache");
     }
 
     #[test]
