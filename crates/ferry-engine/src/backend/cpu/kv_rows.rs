@@ -79,6 +79,10 @@ fn row_scale(dtype: KvDtype, row: &[u8]) -> f32 {
 /// Widen consecutive rows of `hd` values to f32 (`out.len()` = rows · `hd`): the GEMM path's
 /// tile gather.
 pub(crate) fn widen(dtype: KvDtype, hd: usize, rows: &[u8], out: &mut [f32]) {
+    if dtype == KvDtype::F32 {
+        // The cache's f32 rows are word-aligned: a plain copy.
+        return out.copy_from_slice(bytemuck::cast_slice(rows));
+    }
     for (r, o) in rows.chunks_exact(dtype.row_bytes(hd)).zip(out.chunks_exact_mut(hd)) {
         decode_row(dtype, r, o);
     }
