@@ -7,6 +7,7 @@
 # Usage: scripts/bench_kv_capacity.sh [OUT_DIR]   (build first: cargo build --release -p ferry)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+. scripts/lib/up.sh
 out="${1:-target/kv-capacity}"
 mkdir -p "$out"
 ferry=./target/release/ferry
@@ -15,17 +16,9 @@ load=(--requests "${REQUESTS:-10}" --prompt-len "${PROMPT_LEN:-1024}" --output-l
 
 run() {
     local dtype="$1"; shift
-    "$ferry" up --listen 127.0.0.1:0 --http 127.0.0.1:0 --threads 1 --pin --kv-memory "${KV_MEMORY:-128MiB}" --kv-dtype "$dtype" "$@" > "$out/$dtype.up.log" 2>&1 &
-    local up=$!
-    local router=""
-    for _ in $(seq 1 600); do
-        router="$(grep -o 'ready router=[0-9.:]*' "$out/$dtype.up.log" | cut -d= -f2 || true)"
-        [ -n "$router" ] && break
-        sleep 0.2
-    done
-    [ -n "$router" ] || { echo "$dtype: cluster did not start" >&2; kill "$up"; exit 1; }
-    "$ferry" bench serve --router "$router" "${load[@]}" --label "kv $dtype" --out "$out/$dtype.json"
-    kill -TERM "$up"; wait "$up" || true
+    up_cluster "$ferry" "$out/$dtype.up.log" --threads 1 --pin --kv-memory "${KV_MEMORY:-128MiB}" --kv-dtype "$dtype" "$@"
+    "$ferry" bench serve --router "$ROUTER" "${load[@]}" --label "kv $dtype" --out "$out/$dtype.json"
+    down_cluster
 }
 
 for dtype in ${DTYPES:-f32 int8 f16}; do

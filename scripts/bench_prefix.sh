@@ -17,6 +17,7 @@
 # PROMPT_LEN change the workloads.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+. scripts/lib/up.sh
 out="${1:-target/bench-prefix}"
 mkdir -p "$out"
 ferry=./target/release/ferry
@@ -30,19 +31,11 @@ runs="${RUNS:-off load kv-remote kv random-off random-on}"
 run() {
     local label="$1" load_args="$2"; shift 2
     case " $runs " in *" $label "*) ;; *) return 0 ;; esac
-    "$ferry" up --listen 127.0.0.1:0 --http 127.0.0.1:0 --prefill 1 --decode 2 --threads 1 "$@" > "$out/$label.up.log" 2>&1 &
-    local up=$!
-    local router=""
-    for _ in $(seq 1 600); do
-        router="$(grep -o 'ready router=[0-9.:]*' "$out/$label.up.log" | cut -d= -f2 || true)"
-        [ -n "$router" ] && break
-        sleep 0.2
-    done
-    [ -n "$router" ] || { echo "$label: cluster did not start" >&2; kill "$up"; exit 1; }
+    up_cluster "$ferry" "$out/$label.up.log" --prefill 1 --decode 2 --threads 1 "$@"
     echo "== $label ($*)"
     # shellcheck disable=SC2086
-    "$ferry" bench serve --router "$router" $load_args --label "$label" --out "$out/$label.json"
-    kill -TERM "$up"; wait "$up" || true
+    "$ferry" bench serve --router "$ROUTER" $load_args --label "$label" --out "$out/$label.json"
+    down_cluster
 }
 
 mt="${multiturn[*]}"

@@ -5,6 +5,7 @@
 # Usage: scripts/experiment_disagg.sh [OUT_DIR]   (build first: cargo build --release -p ferry)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+. scripts/lib/up.sh
 out="${1:-target/experiment}"
 mkdir -p "$out"
 ferry=./target/release/ferry
@@ -13,17 +14,9 @@ load=(--requests "${REQUESTS:-12}" --prompt-len "${PROMPT_LEN:-32..512}" --outpu
 
 run() {
     local label="$1"; shift
-    "$ferry" up --listen 127.0.0.1:0 --http 127.0.0.1:0 --threads 1 --pin "$@" > "$out/$label.up.log" 2>&1 &
-    local up=$!
-    local router=""
-    for _ in $(seq 1 600); do
-        router="$(grep -o 'ready router=[0-9.:]*' "$out/$label.up.log" | cut -d= -f2 || true)"
-        [ -n "$router" ] && break
-        sleep 0.2
-    done
-    [ -n "$router" ] || { echo "$label: cluster did not start" >&2; kill "$up"; exit 1; }
-    "$ferry" bench serve --router "$router" "${load[@]}" --label "$label" --out "$out/$label.json"
-    kill -TERM "$up"; wait "$up" || true
+    up_cluster "$ferry" "$out/$label.up.log" --threads 1 --pin "$@"
+    "$ferry" bench serve --router "$ROUTER" "${load[@]}" --label "$label" --out "$out/$label.json"
+    down_cluster
 }
 
 run disaggregated --prefill 1 --decode 1

@@ -1,0 +1,24 @@
+# Sourced by the experiment scripts: start `ferry up` on loopback ports with the given flags, its
+# output in LOG, and wait (up to 2 minutes) for it to print `ready router=ADDR`.
+# Sets UP_PID and ROUTER; exits the script if the cluster does not come up.
+# Usage: up_cluster FERRY LOG [ferry up flags...]; later: down_cluster
+up_cluster() {
+    local ferry="$1" log="$2"; shift 2
+    "$ferry" up --listen 127.0.0.1:0 --http 127.0.0.1:0 "$@" > "$log" 2>&1 &
+    UP_PID=$!
+    ROUTER=""
+    for _ in $(seq 1 600); do
+        ROUTER="$(grep -o 'ready router=[0-9.:]*' "$log" | cut -d= -f2 || true)"
+        [ -n "$ROUTER" ] && return 0
+        sleep 0.2
+    done
+    echo "the cluster did not start (see $log)" >&2
+    kill "$UP_PID"
+    exit 1
+}
+
+# Stop the cluster up_cluster started (SIGTERM: its workers drain and exit).
+down_cluster() {
+    kill -TERM "$UP_PID"
+    wait "$UP_PID" || true
+}
