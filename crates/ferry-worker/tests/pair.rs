@@ -192,7 +192,6 @@ async fn workers_with_different_kv_dtypes_pair_and_convert_on_import() {
         let p = start_engine(Role::Prefill, with(pd), |c| c.transport = TransportChoice::Tcp).await;
         let d = start_engine(Role::Decode, with(dd), |c| c.transport = TransportChoice::Tcp).await;
         let got = generate(&p, &d, &prompt, &params).await.unwrap();
-        println!("prefill {pd} -> decode {dd}: {got:?}");
         assert_eq!(got, want, "prefill {pd} -> decode {dd}");
         p.assert_pool_whole().await;
         d.assert_pool_whole().await;
