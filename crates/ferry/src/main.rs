@@ -295,6 +295,18 @@ mod tests {
         Cli::try_parse_from(std::iter::once("ferry").chain(args.iter().copied())).map(|c| c.command)
     }
 
+    #[test]
+    fn byte_sizes_parse_in_both_unit_systems_and_bad_ones_are_named() {
+        assert_eq!(parse_bytes("1234"), Ok(1234));
+        assert_eq!(parse_bytes("64K"), Ok(64_000));
+        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1.5 GiB"), Ok(3 << 29));
+        assert_eq!(parse_bytes("2g"), Ok(2_000_000_000));
+        assert!(parse_bytes("12 parsecs").unwrap_err().contains("parsecs"));
+        assert!(parse_bytes("MiB").unwrap_err().contains("not a size"));
+        assert!(parse_bytes("0").unwrap_err().contains("positive"));
+    }
+
     /// `--activations` as each command resolves it: given, the old `--q8-activations`, or the
     /// command's default (q8 for generating and serving, exact for scoring).
     #[test]

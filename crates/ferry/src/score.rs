@@ -42,9 +42,7 @@ pub fn perplexity(logits: &[f32], ids: &[u32], vocab: usize) -> f64 {
     let mut nll = 0f64;
     for t in 0..ids.len() - 1 {
         let row = &logits[t * vocab..(t + 1) * vocab];
-        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let lse = row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln() + max;
-        nll += lse - row[ids[t + 1] as usize] as f64;
+        nll += ferry_core::logprobs::log_sum_exp(row) - row[ids[t + 1] as usize] as f64;
     }
     (nll / (ids.len() - 1) as f64).exp()
 }

@@ -91,7 +91,7 @@ pub(crate) fn widen(dtype: KvDtype, hd: usize, rows: &[u8], out: &mut [f32]) {
 /// The AVX-512 and AVX2 kernels: one body, generated per width. `T` is the stored type
 /// (`F16`, `BF16`, `I8` below), resolved at compile time.
 macro_rules! row_kernels {
-    ($features:literal, $V:ty, $lanes:literal, $zero:ident, $fmadd:ident, $set1:ident, $loadu:ident, $storeu:ident, $add:ident) => {
+    ($features:literal, $lanes:literal, $zero:ident, $fmadd:ident, $set1:ident, $loadu:ident, $storeu:ident, $add:ident) => {
         use super::row_scale;
         use ferry_core::KvDtype;
 
@@ -175,7 +175,7 @@ macro_rules! row_kernels {
 mod x512 {
     use core::arch::x86_64::*;
 
-    row_kernels!("avx512f,avx512bw,avx512vl,avx2,fma,f16c", __m512, 16, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_add_ps);
+    row_kernels!("avx512f,avx512bw,avx512vl,avx2,fma,f16c", 16, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_add_ps);
 
     /// 16 values of `T` at `p`, widened to f32.
     ///
@@ -205,7 +205,7 @@ mod x512 {
 mod x256 {
     use core::arch::x86_64::*;
 
-    row_kernels!("avx2,fma,f16c", __m256, 8, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_add_ps);
+    row_kernels!("avx2,fma,f16c", 8, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_add_ps);
 
     /// 8 values of `T` at `p`, widened to f32.
     ///

@@ -90,12 +90,18 @@ pub struct CpuKv {
     v: Vec<Vec<u32>>,
 }
 
+/// Byte offset of row (block, kv head, offset in block) in a layer's K or V bytes of a cache laid
+/// out as `l`.
+#[inline]
+fn row_offset(l: &KvLayout, block: u32, head: usize, within: usize) -> usize {
+    ((block as usize * l.n_kv_heads + head) * l.block_size + within) * l.row_bytes()
+}
+
 impl CpuKv {
     /// Byte offset of row (block, kv head, offset in block) in a layer's K or V bytes.
     #[inline]
     pub(crate) fn offset(&self, block: u32, head: usize, within: usize) -> usize {
-        let l = &self.layout;
-        ((block as usize * l.n_kv_heads + head) * l.block_size + within) * l.row_bytes()
+        row_offset(&self.layout, block, head, within)
     }
     /// Layer `layer`'s K bytes.
     pub(crate) fn k(&self, layer: usize) -> &[u8] {
@@ -280,12 +286,14 @@ impl Backend for CpuBackend {
     fn kv_write(&self, kv: &mut CpuKv, layer: usize, k: &CpuTensor, v: &CpuTensor, batch: &CpuBatch) {
         let l = kv.layout;
         let (hd, rb, bs) = (l.head_dim, l.row_bytes(), l.block_size);
-        let offsets: Vec<usize> = batch.plan.slots.iter().flat_map(|&slot| (0..l.n_kv_heads).map(move |h| (slot, h))).map(|(slot, h)| kv.offset(slot / bs as u32, h, slot as usize % bs)).collect();
         let (kb, vb) = kv.kv_mut(layer);
-        for (i, &dst) in offsets.iter().enumerate() {
-            let src = (i / l.n_kv_heads) * k.cols + (i % l.n_kv_heads) * hd;
-            encode_row(l.dtype, &k.data[src..src + hd], &mut kb[dst..dst + rb]);
-            encode_row(l.dtype, &v.data[src..src + hd], &mut vb[dst..dst + rb]);
+        for (r, &slot) in batch.plan.slots.iter().enumerate() {
+            for h in 0..l.n_kv_heads {
+                let dst = row_offset(&l, slot / bs as u32, h, slot as usize % bs);
+                let src = r * k.cols + h * hd;
+                encode_row(l.dtype, &k.data[src..src + hd], &mut kb[dst..dst + rb]);
+                encode_row(l.dtype, &v.data[src..src + hd], &mut vb[dst..dst + rb]);
+            }
         }
     }
 
@@ -331,16 +339,19 @@ impl Backend for CpuBackend {
 
     /// `section` is in this cache's dtype (the engine converts a payload of another type first).
     fn kv_import_layer(&self, kv: &mut CpuKv, layer: usize, blocks: &[u32], tokens: usize, section: &[u8]) -> Result<()> {
-        let (heads, bs, rb) = (kv.layout.n_kv_heads, kv.layout.block_size, kv.layout.row_bytes());
-        let want = kv.layout.layer_bytes(tokens);
+        let l = kv.layout;
+        let (heads, bs, rb) = (l.n_kv_heads, l.block_size, l.row_bytes());
+        let want = l.layer_bytes(tokens);
         if section.len() != want {
             return Err(EngineError::Config(format!("a KV section of {} bytes for {tokens} tokens (expected {want})", section.len())));
         }
-        let offsets: Vec<usize> = (0..tokens).flat_map(|t| (0..heads).map(move |h| (t, h))).map(|(t, h)| kv.offset(blocks[t / bs], h, t % bs)).collect();
         let (kb, vb) = kv.kv_mut(layer);
         let (ks, vs) = section.split_at(want / 2);
         for (store, bytes) in [(kb, ks), (vb, vs)] {
-            for (row, &o) in bytes.chunks_exact(rb).zip(&offsets) {
+            // Rows in payload order: token by token, KV head by KV head.
+            for (i, row) in bytes.chunks_exact(rb).enumerate() {
+                let (t, h) = (i / heads, i % heads);
+                let o = row_offset(&l, blocks[t / bs], h, t % bs);
                 store[o..o + rb].copy_from_slice(row);
             }
         }
