@@ -21,6 +21,7 @@
 //! - [`arrivals`], [`slo`]: seeded Poisson arrivals and the latency/SLO arithmetic the simulator and
 //!   the autoscaler use (the benchmarks' load generator itself lives in the `ferry` crate).
 //! - [`schedule`]: what goes into an engine step (decode batch, prompt chunks, prompt admission).
+//! - [`spec`]: speculative decoding's proposers without a draft model (prompt lookup, suffix index).
 
 pub mod arrivals;
 pub mod autoscale;
@@ -42,6 +43,7 @@ pub mod sampling;
 pub mod schedule;
 pub mod sim;
 pub mod slo;
+pub mod spec;
 pub mod stop;
 pub mod text;
 
