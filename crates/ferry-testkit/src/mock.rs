@@ -384,6 +384,7 @@ impl v1::decode_server::Decode for MockService {
                 kv_wait_ms: 0.0,
                 decode_ms: 0.0,
                 choice: 0,
+                ..Default::default()
             };
             if tx.send(msg(Event::Final(fin))).await.is_err() {
                 stats.decode_cancelled.fetch_add(1, Ordering::Relaxed);

@@ -1,6 +1,6 @@
 //! A worker's engine thread, prefill or decode, started before its services ([`EngineHandle`]).
 
-use crate::decode::{self, Scheduling};
+use crate::decode::{self, Scheduling, SpecConfig};
 use crate::fault::{EngineFault, FaultInjection};
 use crate::load::LoadGauge;
 use crate::prefill;
@@ -24,11 +24,13 @@ pub struct EngineOptions {
     pub queue_max: usize,
     /// Failures injected on purpose (tests; see [`crate::fault::FaultInjection`]).
     pub faults: FaultInjection,
+    /// Speculative decoding on decode and colocated workers (`--speculate`, `--spec-tokens`).
+    pub spec: SpecConfig,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { chunk_tokens: None, queue_max: prefill::DEFAULT_QUEUE_MAX, faults: FaultInjection::default() }
+        EngineOptions { chunk_tokens: None, queue_max: prefill::DEFAULT_QUEUE_MAX, faults: FaultInjection::default(), spec: SpecConfig::default() }
     }
 }
 
@@ -41,13 +43,13 @@ impl EngineHandle {
 
     pub fn start_with(role: Role, engine: Engine, model: &str, opts: EngineOptions) -> Self {
         let model = model.to_string();
-        let EngineOptions { chunk_tokens, queue_max, faults } = opts;
+        let EngineOptions { chunk_tokens, queue_max, faults, spec } = opts;
         let prefix_cache = engine.prefix_cache_enabled();
         let handle = match role {
             Role::Prefill => EngineHandle::Prefill(prefill::spawn_with(engine, model, prefill::PrefillOptions { queue_max, faults })),
-            Role::Decode => EngineHandle::Decode(decode::spawn_with(engine, model, Scheduling::default(), faults)),
+            Role::Decode => EngineHandle::Decode(decode::spawn_with(engine, model, Scheduling { spec, ..Default::default() }, faults)),
             Role::Colocated => {
-                EngineHandle::Decode(decode::spawn_with(engine, model, Scheduling { accept_prompts: true, chunk_tokens }, faults))
+                EngineHandle::Decode(decode::spawn_with(engine, model, Scheduling { accept_prompts: true, chunk_tokens, spec }, faults))
             }
         };
         // Known before the first registration (the engine thread also sets it at every publish).

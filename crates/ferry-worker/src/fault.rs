@@ -75,27 +75,32 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// - `FERRY_FAULT_FAIL_REQUEST=ID`: the request with this id fails in its first decode step
 ///   shared with other sequences once it has two tokens (its step item carries a token id
 ///   outside the vocabulary, so the batched step fails and the culprit is isolated), while the
-///   rest of its batch goes on.
+///   rest of its batch goes on;
+/// - `FERRY_FAULT_SPEC_GARBAGE=1`: with speculation on, every sequence proposes as many tokens as
+///   a step may carry, and they are garbage (the output must not change).
 #[cfg(feature = "testing")]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FaultInjection {
     pub panic_after_steps: Option<u64>,
     pub fail_request: Option<String>,
+    pub spec_garbage: bool,
 }
 
 #[cfg(feature = "testing")]
 impl FaultInjection {
     pub const PANIC_AFTER_STEPS: &'static str = "FERRY_FAULT_PANIC_AFTER_STEPS";
     pub const FAIL_REQUEST: &'static str = "FERRY_FAULT_FAIL_REQUEST";
+    pub const SPEC_GARBAGE: &'static str = "FERRY_FAULT_SPEC_GARBAGE";
 
     /// The hooks set in this process's environment (read once, at worker start).
     pub fn from_env() -> FaultInjection {
         let panic_after_steps = std::env::var(Self::PANIC_AFTER_STEPS).ok().and_then(|v| v.trim().parse().ok());
         let fail_request = std::env::var(Self::FAIL_REQUEST).ok().filter(|v| !v.is_empty());
-        if panic_after_steps.is_some() || fail_request.is_some() {
-            tracing::warn!(?panic_after_steps, ?fail_request, "fault injection is on (test hooks)");
+        let spec_garbage = std::env::var(Self::SPEC_GARBAGE).is_ok_and(|v| v.trim() == "1");
+        if panic_after_steps.is_some() || fail_request.is_some() || spec_garbage {
+            tracing::warn!(?panic_after_steps, ?fail_request, spec_garbage, "fault injection is on (test hooks)");
         }
-        FaultInjection { panic_after_steps, fail_request }
+        FaultInjection { panic_after_steps, fail_request, spec_garbage }
     }
 
     /// Panics when `steps` (counted before this step) reaches the configured count.
@@ -108,6 +113,23 @@ impl FaultInjection {
     /// Whether this decode step of `request_id` (with `count` tokens generated) is made to fail.
     pub fn fails(&self, request_id: &str, count: usize) -> bool {
         count >= 2 && self.fail_request.as_deref() == Some(request_id)
+    }
+
+    /// With `spec_garbage`: replace `drafts` with `n` ids that no proposer would make (drawn from
+    /// `seed`, below `vocab`) and return true; false: proposals stay as they are.
+    pub fn garble(&self, drafts: &mut Vec<u32>, n: usize, vocab: u32, seed: u64) -> bool {
+        if !self.spec_garbage {
+            return false;
+        }
+        drafts.clear();
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        for _ in 0..n {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            drafts.push((x % u64::from(vocab)) as u32);
+        }
+        true
     }
 }
 
@@ -130,6 +152,11 @@ impl FaultInjection {
 
     #[inline(always)]
     pub fn fails(&self, _request_id: &str, _count: usize) -> bool {
+        false
+    }
+
+    #[inline(always)]
+    pub fn garble(&self, _drafts: &mut Vec<u32>, _n: usize, _vocab: u32, _seed: u64) -> bool {
         false
     }
 }

@@ -34,6 +34,7 @@ pub mod prefill;
 pub mod role;
 
 pub use config::WorkerConfig;
+pub use decode::SpecConfig;
 pub use engine_handle::{EngineHandle, EngineOptions};
 pub use error::{Result, WorkerError};
 pub use role::{Role, TransportChoice};

@@ -28,6 +28,8 @@ use std::time::{Duration, Instant};
 pub struct WorkerTemplate {
     /// Arguments every worker gets (routers, model, threads, transport, …).
     pub common: Vec<String>,
+    /// Arguments decode and colocated workers get besides (speculation).
+    pub decoding: Vec<String>,
     pub chunked_prefill: Option<usize>,
     pub pin: bool,
     pub threads: usize,
@@ -161,6 +163,9 @@ impl Supervisor {
         let mut args = vec![role.to_string(), "--name".into(), name.clone()];
         args.extend(t.common.iter().cloned());
         args.extend(["--drain-timeout".into(), t.drain_timeout.to_string()]);
+        if role != WorkerRole::Prefill {
+            args.extend(t.decoding.iter().cloned());
+        }
         if let Some(c) = t.chunked_prefill {
             match role {
                 WorkerRole::Colocated => args.extend(["--chunked-prefill".into(), c.to_string()]),

@@ -67,6 +67,9 @@ pub struct UpArgs {
     /// The workers' KV cache: stored type and capacity in bytes.
     #[command(flatten)]
     pub kv: crate::KvArgs,
+    /// Speculative decoding on the decode and colocated workers.
+    #[command(flatten)]
+    pub spec: crate::worker_cmd::SpecArgs,
     /// Every worker emulates the device of this `ferry profile` file (the workers'
     /// `--emulate-profile`): steps paced to its cost model. Use a small model.
     #[arg(long)]
@@ -164,6 +167,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     let scaler_addr = scaler_listener.local_addr()?.to_string();
     let template = WorkerTemplate {
         common: Vec::new(),
+        decoding: a.spec.to_args(),
         chunked_prefill: a.chunked_prefill,
         pin: a.pin,
         threads,

@@ -95,6 +95,54 @@ pub struct WorkerArgs {
     pub dial_tls: crate::tls_args::DialTlsArgs,
     #[command(flatten)]
     pub connections: crate::conn_args::ConnArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
+}
+
+/// Speculative decoding (decode and colocated workers, and `ferry up` for its workers).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct SpecArgs {
+    /// Speculative decoding, with no second model: `ngram` proposes the continuation of the
+    /// latest earlier match of the sequence's last tokens in its own prompt and output (prompt
+    /// lookup); `suffix` also draws on an index of this worker's earlier prompts and outputs
+    /// (SuffixDecoding); `off`. A step verifies the proposals beside the rest of the batch and
+    /// keeps those the sampler chooses anyway: the output is the output without it. Decode and
+    /// colocated workers only. [default: off]
+    #[arg(long, value_parser = parse_spec_mode)]
+    pub speculate: Option<ferry_core::spec::SpecMode>,
+    /// Most tokens proposed per sequence per step (1-7); each sequence proposes fewer, or none,
+    /// as its measured acceptance says pays. [default: 5]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=ferry_worker::decode::speculate::MAX_SPEC_TOKENS as u64))]
+    pub spec_tokens: Option<u64>,
+}
+
+fn parse_spec_mode(s: &str) -> Result<ferry_core::spec::SpecMode, String> {
+    s.parse().map_err(|e| format!("{e}"))
+}
+
+impl SpecArgs {
+    /// The settings for a worker of `role`: refused where they cannot apply (a prefill worker
+    /// never decodes; K without a proposer).
+    pub fn config(&self, role: Role) -> anyhow::Result<ferry_worker::SpecConfig> {
+        let mode = self.speculate.unwrap_or_default();
+        let on = mode != ferry_core::spec::SpecMode::Off;
+        anyhow::ensure!(!(on && role == Role::Prefill), "--speculate {mode}: a prefill worker does not decode (give it to decode or colocated workers)");
+        anyhow::ensure!(on || self.spec_tokens.is_none(), "--spec-tokens needs --speculate ngram or suffix");
+        let max_tokens = self.spec_tokens.map_or(ferry_worker::decode::speculate::DEFAULT_SPEC_TOKENS, |k| k as usize);
+        Ok(ferry_worker::SpecConfig { mode, max_tokens })
+    }
+
+    /// The flags given, again, for a child process.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(m) = self.speculate {
+            out.extend(["--speculate".to_string(), m.to_string()]);
+        }
+        if let Some(k) = self.spec_tokens {
+            out.extend(["--spec-tokens".into(), k.to_string()]);
+        }
+        out
+    }
 }
 
 /// The profile at `path` (given as `flag`) and its cost model.
@@ -169,6 +217,7 @@ async fn bind(addr: &str) -> anyhow::Result<Option<tokio::net::TcpListener>> {
 }
 
 pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
+    let spec = args.spec.config(role)?;
     if let Some(cpus) = &args.cpus {
         pin(cpus)?;
     }
@@ -250,6 +299,7 @@ pub fn run(role: Role, args: WorkerArgs) -> anyhow::Result<()> {
             chunk_tokens: args.chunked_prefill,
             queue_max: usize::try_from(args.queue_max).unwrap_or(usize::MAX),
             faults: ferry_worker::fault::FaultInjection::from_env(),
+            spec,
         };
         let engine = ferry_worker::EngineHandle::start_with(role, engine, &cfg.model, opts);
         health.engine_started(ferry_worker::cluster::health::EngineView { load: engine.load(), role });

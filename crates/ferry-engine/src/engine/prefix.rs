@@ -240,24 +240,9 @@ impl<B: Backend> Engine<B> {
         let full = tokens / bs;
         let partial = tokens % bs;
         let mut table = BlockTable { blocks: Vec::with_capacity(blocks.len()), tokens };
+        table.blocks.extend(&blocks[..full]);
         if partial > 0 {
-            let copy = self.pool.allocate(1)?;
-            let mut section = Vec::new();
-            for l in 0..self.layout.n_layers {
-                section.clear();
-                let copied = self
-                    .be
-                    .kv_export_layer(&self.kv, l, &blocks[full..full + 1], partial, &mut section)
-                    .and_then(|()| self.be.kv_import_layer(&mut self.kv, l, &copy, partial, &section));
-                if let Err(e) = copied {
-                    self.pool.release(copy[0])?;
-                    return Err(e);
-                }
-            }
-            table.blocks.extend(&blocks[..full]);
-            table.blocks.extend(copy);
-        } else {
-            table.blocks.extend(&blocks[..full]);
+            table.blocks.push(self.copy_block(blocks[full], partial)?);
         }
         for &b in &blocks[..full] {
             self.pool.retain(b)?;
@@ -266,5 +251,62 @@ impl<B: Backend> Engine<B> {
         self.next_seq += 1;
         self.seqs.insert(id, Seq { table, root, tokens: ids, sealed });
         Ok(id)
+    }
+
+    /// A fresh block holding the first `rows` token rows of `block` (every layer, K and V).
+    /// Nothing is taken if the copy fails.
+    fn copy_block(&mut self, block: u32, rows: usize) -> Result<u32> {
+        let copy = self.pool.allocate(1)?;
+        let mut section = Vec::new();
+        for l in 0..self.layout.n_layers {
+            section.clear();
+            let copied = self
+                .be
+                .kv_export_layer(&self.kv, l, &[block], rows, &mut section)
+                .and_then(|()| self.be.kv_import_layer(&mut self.kv, l, &copy, rows, &section));
+            if let Err(e) = copied {
+                self.pool.release(copy[0])?;
+                return Err(e);
+            }
+        }
+        Ok(copy[0])
+    }
+
+    /// Cut `seq` back to its first `tokens` tokens (speculative decoding rolls back the proposed
+    /// tokens it did not accept): the blocks past them go back to the pool, and the block the
+    /// cut falls in, when it was sealed (drafts filled it) or is shared, is replaced by a private
+    /// copy of its kept rows, since the sequence writes there next. A released sealed block
+    /// stays cached: its KV is exactly that of the tokens it was sealed with. Nothing changes if
+    /// that copy finds no free block.
+    pub fn truncate(&mut self, seq: SeqId, tokens: usize) -> Result<()> {
+        self.reclaim();
+        let bs = self.layout.block_size;
+        let s = self.seqs.get(&seq).ok_or(EngineError::UnknownSequence(seq.0))?;
+        let held = s.table.tokens;
+        if tokens > held {
+            return Err(EngineError::Config(format!("cannot truncate sequence {} of {held} tokens to {tokens}", seq.0)));
+        }
+        if tokens == held {
+            return Ok(());
+        }
+        let (keep, partial) = (tokens.div_ceil(bs), tokens % bs);
+        let cut = (partial > 0).then(|| s.table.blocks[keep - 1]).filter(|&b| self.pool.is_sealed(b) || self.pool.ref_count(b) > 1);
+        let copy = match cut {
+            Some(b) => Some(self.copy_block(b, partial)?),
+            None => None,
+        };
+        let s = self.seqs.get_mut(&seq).expect("checked above");
+        let mut dropped: Vec<u32> = copy.map(|c| std::mem::replace(&mut s.table.blocks[keep - 1], c)).into_iter().collect();
+        dropped.extend(s.table.blocks.drain(keep..));
+        s.table.tokens = tokens;
+        s.sealed = s.sealed.min(tokens / bs);
+        if let Some(ids) = s.tokens.as_mut() {
+            ids.truncate(tokens);
+        }
+        // Last block first, as `release_table` does (cached parents outlive their children).
+        for b in dropped.into_iter().rev() {
+            self.pool.release(b)?;
+        }
+        Ok(())
     }
 }

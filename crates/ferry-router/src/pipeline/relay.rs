@@ -127,6 +127,8 @@ pub async fn relay(
                 }
                 ended[c] = true;
                 let prog = &mut choices[c];
+                prog.spec.0 += f.spec_proposed_tokens;
+                prog.spec.1 += f.spec_accepted_tokens;
                 if !prog.done {
                     let reason = v1::FinishReason::try_from(f.finish_reason).unwrap_or(v1::FinishReason::Unspecified);
                     finish(job, prog, tx, reason, Some(params.token_offset + f.completion_tokens)).await?;
@@ -180,6 +182,8 @@ pub async fn finish(
         index: prog.choice,
         // Counted where calls are scanned out of the text (the gRPC API's tool relay).
         tool_calls: 0,
+        spec_proposed_tokens: prog.spec.0,
+        spec_accepted_tokens: prog.spec.1,
     };
     prog.done = true;
     let msg = v1::GenerateResponse { request_id: job.request_id.clone(), event: Some(Event::Final(fin)) };

@@ -80,6 +80,8 @@ pub struct Progress<'a> {
     pub kv: v1::KvTransferStats,
     /// Prompt tokens of the last attempt that a prefix cache served.
     pub cached_tokens: u32,
+    /// Speculative decoding across its decode attempts: tokens proposed, and accepted.
+    pub spec: (u32, u32),
     /// The prompt's logprobs reached the client: later attempts do not ask for them again.
     pub prompt_logprobs_sent: bool,
 }
@@ -103,6 +105,7 @@ impl<'a> Progress<'a> {
             decode_worker: String::new(),
             kv: v1::KvTransferStats::default(),
             cached_tokens: 0,
+            spec: (0, 0),
             prompt_logprobs_sent: false,
         }
     }

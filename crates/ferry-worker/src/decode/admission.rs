@@ -19,7 +19,8 @@ pub enum DecodeEvent {
     /// this worker computed the prompt.
     PromptLogprobs(Vec<TokenLogprob>),
     /// Choice `choice` ended; the request ends with its last choice.
-    Finished { choice: u32, reason: FinishReason, completion_tokens: u32 },
+    /// `spec`: tokens proposed for the choice and verified, and those accepted.
+    Finished { choice: u32, reason: FinishReason, completion_tokens: u32, spec: (u32, u32) },
     /// The request ended with this error (its sequence is freed).
     Failed(WorkerError),
 }
@@ -40,13 +41,15 @@ pub enum Source {
     /// `device`: the body, when it arrived device to device (`payload` is then the header alone).
     /// `firsts`: each choice's first token (choice 0 first). `onto`: the sequence that holds the
     /// prompt's cached prefix, which the payload (a span from its end) extends; `tokens`: the
-    /// payload's token ids, so its full blocks are cached here.
+    /// payload's token ids, so its full blocks are cached here; `context`: the whole prompt's
+    /// ids when the router sent them (empty otherwise), for speculation's proposers.
     Kv {
         payload: Vec<u8>,
         device: Option<ferry_engine::KvBuffer>,
         firsts: Vec<FirstToken>,
         onto: Option<HeldPrefix>,
         tokens: Option<Vec<u32>>,
+        context: Vec<u32>,
         imported: oneshot::Sender<(Result<(), WorkerError>, Vec<u8>)>,
     },
     /// Compute the prompt here (colocated; or a decode worker's short suffix after a cached
@@ -111,6 +114,8 @@ pub struct Scheduling {
     pub accept_prompts: bool,
     /// Chunked prefill with this token budget per step; None: prefill first, whole prompts.
     pub chunk_tokens: Option<usize>,
+    /// Speculative decoding ([`super::speculate`]).
+    pub spec: super::speculate::SpecConfig,
 }
 
 impl Scheduling {

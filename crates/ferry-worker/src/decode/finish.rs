@@ -3,6 +3,7 @@
 //! batch with its sequence, whose blocks its handle gives back.
 
 use super::admission::DecodeEvent;
+use super::speculate::SeqSpec;
 use crate::error::WorkerError;
 use crate::load::Reservation;
 use crate::pick::Picker;
@@ -29,6 +30,8 @@ pub(super) struct Running {
     pub events: mpsc::UnboundedSender<DecodeEvent>,
     /// The request's KV reservation, shared by its choices: released with the last.
     pub _reservation: Arc<Reservation>,
+    /// Its speculation state (None with speculation off).
+    pub spec: Option<SeqSpec>,
 }
 
 /// Account for a newly sampled token (`lp`: its logprob, when asked for); Some(reason) when the
@@ -57,7 +60,10 @@ pub(super) fn finished_by_first(bounds: &Bounds, first: u32, is_stop: bool, coun
 /// back as `r` drops.
 pub(super) fn leave(r: Running, end: Result<FinishReason, WorkerError>) {
     let _ = r.events.send(match end {
-        Ok(reason) => DecodeEvent::Finished { choice: r.choice, reason, completion_tokens: r.count as u32 },
+        Ok(reason) => {
+            let spec = r.spec.as_ref().map_or((0, 0), |s| (s.proposed as u32, s.accepted as u32));
+            DecodeEvent::Finished { choice: r.choice, reason, completion_tokens: r.count as u32, spec }
+        }
         Err(e) => DecodeEvent::Failed(e),
     });
 }

@@ -5,6 +5,7 @@
 
 use super::admission::DecodeEvent;
 use super::finish::{finished_by_first, Running};
+use super::speculate::Speculator;
 use crate::error::WorkerError;
 use crate::load::Reservation;
 use crate::pick::Picker;
@@ -30,13 +31,15 @@ pub(super) struct Joining<'a> {
     pub prompt_tokens: usize,
     pub events: mpsc::UnboundedSender<DecodeEvent>,
     pub reservation: Reservation,
+    /// The prompt's ids, as far as this worker knows them (for speculation's proposers).
+    pub context: &'a [u32],
 }
 
 /// The request's running choices (none when every choice finished on its first token, or a
 /// fork failed: the request has its events already). Sequences no choice needs drop here,
 /// which frees their blocks.
-pub(super) fn join(engine: &mut Engine, j: Joining) -> Vec<Running> {
-    let Joining { request_id, seq, choices, params, prompt_tokens, events, reservation } = j;
+pub(super) fn join(engine: &mut Engine, speculator: &mut Speculator, j: Joining) -> Vec<Running> {
+    let Joining { request_id, seq, choices, params, prompt_tokens, events, reservation, context: prompt } = j;
     let stop_ids = engine.stop_ids(params);
     let reservation = Arc::new(reservation);
     let context = engine.config().max_position;
@@ -48,7 +51,7 @@ pub(super) fn join(engine: &mut Engine, j: Joining) -> Vec<Running> {
         let count = usize::from(!is_stop);
         let bounds = Bounds { stop_ids: &stop_ids, max_tokens: params.max_tokens, prompt_tokens, context };
         if let Some(reason) = finished_by_first(&bounds, first, is_stop, count, &picker) {
-            ended.push(DecodeEvent::Finished { choice, reason, completion_tokens: count as u32 });
+            ended.push(DecodeEvent::Finished { choice, reason, completion_tokens: count as u32, spec: (0, 0) });
             continue;
         }
         // The first continuing choice takes `seq`; every other a fork of the prompt's KV.
@@ -78,6 +81,7 @@ pub(super) fn join(engine: &mut Engine, j: Joining) -> Vec<Running> {
             logprobs: params.logprobs,
             events: events.clone(),
             _reservation: reservation.clone(),
+            spec: speculator.start(&[prompt, std::slice::from_ref(&first)].concat()),
         });
     }
     // `seq`, when no choice took it, drops here.

@@ -12,8 +12,10 @@ mod fork;
 pub mod handle;
 mod import;
 pub mod service;
+pub mod speculate;
 mod step;
 
 pub use admission::{Admission, DecodeEvent, FirstToken, HeldPrefix, Scheduling, Source};
 pub use handle::{spawn, spawn_with, DecodeHandle};
+pub use speculate::SpecConfig;
 pub use service::{finish_to_wire, DecodeService};

@@ -153,7 +153,7 @@ async fn receive_kv(
     tx: &mpsc::Sender<std::result::Result<DecodeResponse, Status>>,
     mut admission: Admission,
     onto: Option<HeldPrefix>,
-    tokens: Option<Vec<u32>>,
+    ids: Vec<u32>,
 ) -> Option<mpsc::UnboundedReceiver<DecodeEvent>> {
     let delivery = tokio::select! {
         r = tokio::time::timeout(timeout, &mut ticket.rx) => r,
@@ -185,7 +185,10 @@ async fn receive_kv(
     let first = FirstToken { token: end.first_token, is_stop: end.first_is_stop, sampler_state: end.sampler_state };
     let more = end.more_choices.iter().map(|f| FirstToken { token: f.token, is_stop: f.is_stop, sampler_state: f.sampler_state });
     let firsts = std::iter::once(first).chain(more).collect();
-    admission.source = Source::Kv { payload: assembled.payload, device: assembled.device, firsts, onto, tokens, imported: imp_tx };
+    // The payload's token ids (after the prefix held here), when the router sent the prompt's.
+    let cached = onto.as_ref().map_or(0, |h| h.cached);
+    let tokens = (!ids.is_empty()).then(|| ids[cached..].to_vec());
+    admission.source = Source::Kv { payload: assembled.payload, device: assembled.device, firsts, onto, tokens, context: ids, imported: imp_tx };
     admission.events = ev_tx;
     let imported = match engine.admit(admission) {
         Ok(()) => match imp_rx.await {
@@ -280,8 +283,7 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
             let t0 = Instant::now();
             let mut ev_rx = match ticket {
                 Some(ticket) => {
-                    let tokens = (!ids.is_empty()).then(|| ids[cached..].to_vec());
-                    match receive_kv(&engine, &receiver, ticket, timeout, &tx, admission, held, tokens).await {
+                    match receive_kv(&engine, &receiver, ticket, timeout, &tx, admission, held, ids).await {
                         Some(rx) => rx,
                         None => return,
                     }
@@ -314,13 +316,15 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
                                 return;
                             }
                         }
-                        Some(DecodeEvent::Finished { choice, reason, completion_tokens }) => {
+                        Some(DecodeEvent::Finished { choice, reason, completion_tokens, spec: (proposed, accepted) }) => {
                             let fin = DecodeFinal {
                                 finish_reason: finish_to_wire(reason) as i32,
                                 completion_tokens,
                                 kv_wait_ms: kv_wait.as_secs_f64() * 1e3,
                                 decode_ms: t1.elapsed().as_secs_f64() * 1e3,
                                 choice,
+                                spec_proposed_tokens: proposed,
+                                spec_accepted_tokens: accepted,
                             };
                             ended += 1;
                             if ended < choices {
@@ -332,7 +336,8 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
                             metrics::counter!("ferry_worker_requests_total", "role" => role, "outcome" => "ok").increment(1);
                             tracing::info!(
                                 request_id = %request_id, choices, completion_tokens, finish = ?reason,
-                                kv_wait_ms = fin.kv_wait_ms, decode_ms = fin.decode_ms, "decoded"
+                                kv_wait_ms = fin.kv_wait_ms, decode_ms = fin.decode_ms,
+                                spec_proposed = proposed, spec_accepted = accepted, "decoded"
                             );
                             let _ = tx.send(Ok(event(decode_response::Event::Final(fin)))).await;
                             return;

@@ -20,6 +20,7 @@
 use super::admission::{Admission, Cmd, DecodeEvent, HeldPrefix, Scheduling, Source};
 use super::finish::{advance, leave, Running};
 use super::fork::{join, Joining, Start};
+use super::speculate::Speculator;
 use super::import::{import, Arrived, Request};
 use crate::error::WorkerError;
 use crate::fault::FaultInjection;
@@ -65,6 +66,7 @@ pub(super) struct DecodeThread {
     steps: u64,
     /// Seconds the loop was busy around its steps ([`LoadGauge::publish`]).
     busy: f64,
+    speculator: Speculator,
 }
 
 /// One row group of a step.
@@ -75,7 +77,8 @@ enum RowGroup {
 
 impl DecodeThread {
     pub(super) fn new(engine: Engine, load: Arc<LoadGauge>, scheduling: Scheduling, role: &'static str, faults: FaultInjection) -> Self {
-        DecodeThread { engine, running: Vec::new(), prefilling: VecDeque::new(), load, scheduling, role, faults, steps: 0, busy: 0.0 }
+        let speculator = Speculator::for_engine(scheduling.spec, &engine);
+        DecodeThread { engine, running: Vec::new(), prefilling: VecDeque::new(), load, scheduling, role, faults, steps: 0, busy: 0.0, speculator }
     }
 
     /// Step until every handle is gone (Ok) or the backend fails (Err: the engine is broken).
@@ -165,22 +168,34 @@ impl DecodeThread {
         decodes.chain(plan.prefills.into_iter().map(|(j, n)| RowGroup::Prefill(j, self.prefilling[j].done..self.prefilling[j].done + n))).collect()
     }
     /// One step over `parts`. A part whose sequence fails ends that request alone; Err only
-    /// when the backend failed.
+    /// when the backend failed. A decode part carries its last token and the tokens proposed
+    /// for it ([`super::speculate`]), and takes as many tokens as its picker accepts.
     fn step(&mut self, parts: Vec<RowGroup>) -> Result<(), EngineError> {
-        let toks: Vec<[u32; 1]> = parts
+        let drafts = self.propose(&parts);
+        // Each speculating sequence's length before the step, to roll back to.
+        let held: Vec<usize> = parts
             .iter()
-            .map(|p| match p {
+            .zip(&drafts)
+            .map(|(p, d)| match p {
+                RowGroup::Decode(i) if !d.is_empty() => self.engine.seq_len(self.running[*i].seq.id()).unwrap_or(0),
+                _ => 0,
+            })
+            .collect();
+        let toks: Vec<Vec<u32>> = parts
+            .iter()
+            .zip(&drafts)
+            .map(|(p, d)| match p {
                 // The test hook: an id outside any vocabulary makes this one item fail.
-                RowGroup::Decode(i) if parts.len() > 1 && self.faults.fails(&self.running[*i].request_id, self.running[*i].count) => [u32::MAX],
-                RowGroup::Decode(i) => [self.running[*i].last],
-                RowGroup::Prefill(..) => [0],
+                RowGroup::Decode(i) if parts.len() > 1 && self.faults.fails(&self.running[*i].request_id, self.running[*i].count) => vec![u32::MAX],
+                RowGroup::Decode(i) => std::iter::once(self.running[*i].last).chain(d.iter().copied()).collect(),
+                RowGroup::Prefill(..) => Vec::new(),
             })
             .collect();
         let items: Vec<StepItem> = parts
             .iter()
             .zip(&toks)
             .map(|(p, t)| match p {
-                RowGroup::Decode(i) => StepItem { seq: self.running[*i].seq.id(), tokens: t, logits: Logits::Last },
+                RowGroup::Decode(i) => StepItem { seq: self.running[*i].seq.id(), tokens: t, logits: if t.len() > 1 { Logits::All } else { Logits::Last } },
                 RowGroup::Prefill(j, r) => {
                     let p = &self.prefilling[*j];
                     let logits = logprobs::chunk_logits(&p.params, r, p.prompt.len());
@@ -197,27 +212,14 @@ impl DecodeThread {
         let decodes = parts.iter().filter(|p| matches!(p, RowGroup::Decode(_))).count();
         metrics::histogram!("ferry_worker_decode_batch").record(decodes as f64);
         let outcomes: Vec<Outcome> = outcomes?;
-        let ctx = self.engine.config().max_position;
         // Requests that leave the batch: finished, or failed alone.
         let mut leaving: Vec<(usize, Result<FinishReason, WorkerError>)> = Vec::new();
         let mut prefilled: Vec<(usize, Result<Vec<f32>, WorkerError>)> = Vec::new();
-        for (part, outcome) in parts.iter().zip(outcomes) {
+        for (((part, outcome), d), &held) in parts.iter().zip(outcomes).zip(&drafts).zip(&held) {
             match (part, outcome) {
-                (RowGroup::Decode(i), Ok(mut logits)) => {
-                    let r = &mut self.running[*i];
-                    let raw = r.logprobs.filter(|_| r.picker.alters_logits()).map(|_| logits.clone());
-                    match r.picker.pick(&mut logits) {
-                        Ok(tok) => {
-                            // Logprobs are the model's, before the grammar's mask.
-                            let lp = r.logprobs.filter(|_| !r.stop_ids.contains(&tok)).map(|n| token_logprob(raw.as_deref().unwrap_or(&logits), tok, n as usize));
-                            if let Some(reason) = advance(r, tok, lp, ctx) {
-                                leaving.push((*i, Ok(reason)));
-                            }
-                        }
-                        Err(e) => {
-                            let what = format!("at generated token {} of choice {}: {e}", r.count, r.choice);
-                            leaving.push((*i, Err(WorkerError::GrammarFailed { request_id: r.request_id.clone(), what })));
-                        }
+                (RowGroup::Decode(i), Ok(logits)) => {
+                    if let Some(end) = self.take_tokens(*i, logits, d, held) {
+                        leaving.push((*i, end));
                     }
                 }
                 (RowGroup::Decode(i), Err(e)) => {
@@ -275,11 +277,116 @@ impl DecodeThread {
                 choices.push(Start { token: f.token, is_stop: f.is_stop, picker: f.picker });
             }
             let prompt_tokens = p.prompt.len();
-            let joining = Joining { request_id: &p.request_id, seq: p.seq, choices, params: &p.params, prompt_tokens, events: p.events, reservation: p.reservation };
-            let joined = join(&mut self.engine, joining);
+            let joining =
+                Joining { request_id: &p.request_id, seq: p.seq, choices, params: &p.params, prompt_tokens, events: p.events, reservation: p.reservation, context: &p.prompt };
+            let joined = join(&mut self.engine, &mut self.speculator, joining);
             self.running.extend(joined);
         }
         Ok(())
+    }
+
+    /// The tokens proposed for each decode part of this step (empty: none, and always for a
+    /// prefill part). Proposals stay within the rows the backend computes as decode rows
+    /// ([`Speculator::row_budget`]), within each request's `max_tokens` and the context, and
+    /// within the free KV blocks (with one block more per speculating sequence, for the copy a
+    /// rollback may need), so a proposal never makes a step fail that would not fail without it.
+    fn propose(&mut self, parts: &[RowGroup]) -> Vec<Vec<u32>> {
+        let mut drafts = vec![Vec::new(); parts.len()];
+        if !self.speculator.enabled() {
+            return drafts;
+        }
+        let (bs, ctx) = (self.engine.kv_layout().block_size, self.engine.config().max_position);
+        let blocks = |tokens: usize| tokens.div_ceil(bs);
+        let len_of = |e: &ferry_engine::Engine, seq: &Sequence| e.seq_len(seq.id()).unwrap_or(0);
+        // What the step takes without proposals: its rows, and the blocks they fill.
+        let (mut rows, mut need) = (0, 0);
+        for p in parts {
+            let (len, n) = match p {
+                RowGroup::Decode(i) => (len_of(&self.engine, &self.running[*i].seq), 1),
+                RowGroup::Prefill(j, r) => (len_of(&self.engine, &self.prefilling[*j].seq), r.len()),
+            };
+            rows += n;
+            need += blocks(len + n) - blocks(len);
+        }
+        let mut room = self.speculator.row_budget().saturating_sub(rows);
+        let mut free = self.engine.free_blocks().saturating_sub(need);
+        // The sequences most likely to accept go first.
+        let mut order: Vec<(usize, usize)> = parts.iter().enumerate().filter_map(|(k, p)| if let RowGroup::Decode(i) = p { Some((k, *i)) } else { None }).collect();
+        order.sort_by(|a, b| self.speculator.accept_of(&self.running[b.1]).total_cmp(&self.speculator.accept_of(&self.running[a.1])));
+        for (k, i) in order {
+            let len = len_of(&self.engine, &self.running[i].seq);
+            let r = &mut self.running[i];
+            let Some(s) = r.spec.as_mut() else { continue };
+            let limit = room.min(r.max_tokens.saturating_sub(r.count + 1)).min(ctx.saturating_sub(len + 1));
+            let want = self.speculator.wanted(s, limit);
+            self.speculator.propose(s, want, &mut drafts[k]);
+            // The test hook: garbage, as many as may go.
+            self.faults.garble(&mut drafts[k], limit.min(self.speculator.max_tokens()), self.engine.config().vocab_size as u32, self.steps ^ k as u64);
+            let n = drafts[k].len();
+            if n == 0 {
+                continue;
+            }
+            let extra = blocks(len + 1 + n) - blocks(len + 1) + 1;
+            if extra > free {
+                drafts[k].clear();
+                continue;
+            }
+            free -= extra;
+            room -= n;
+        }
+        drafts
+    }
+
+    /// Choose running choice `i`'s tokens from its rows of a step's logits: its last token's
+    /// row, then one row per token proposed for it (`drafts`; the sequence held `held` tokens
+    /// before the step). Tokens are chosen in order as plain decoding would choose them; a
+    /// proposed token is kept when it is the one chosen at its position, and the first that is
+    /// not ends the run: the KV of the proposals after it is rolled back. Some(end) when the
+    /// choice leaves the batch.
+    fn take_tokens(&mut self, i: usize, mut logits: Vec<f32>, drafts: &[u32], held: usize) -> Option<Result<FinishReason, WorkerError>> {
+        let (vocab, ctx) = (self.engine.config().vocab_size, self.engine.config().max_position);
+        let r = &mut self.running[i];
+        let (mut accepted, mut emitted) = (0, 0);
+        let mut end = None;
+        for (j, row) in logits.chunks_exact_mut(vocab).enumerate() {
+            let raw = r.logprobs.filter(|_| r.picker.alters_logits()).map(|_| row.to_vec());
+            let tok = match r.picker.pick(row) {
+                Ok(tok) => tok,
+                Err(e) => {
+                    let what = format!("at generated token {} of choice {}: {e}", r.count, r.choice);
+                    end = Some(Err(WorkerError::GrammarFailed { request_id: r.request_id.clone(), what }));
+                    break;
+                }
+            };
+            // Logprobs are the model's, before the grammar's mask.
+            let lp = r.logprobs.filter(|_| !r.stop_ids.contains(&tok)).map(|n| token_logprob(raw.as_deref().unwrap_or(row), tok, n as usize));
+            if let Some(s) = r.spec.as_mut() {
+                self.speculator.emitted(s, tok);
+            }
+            emitted += usize::from(!r.stop_ids.contains(&tok));
+            if let Some(reason) = advance(r, tok, lp, ctx) {
+                end = Some(Ok(reason));
+                break;
+            }
+            if drafts.get(j) != Some(&tok) {
+                break;
+            }
+            accepted += 1;
+        }
+        if drafts.is_empty() {
+            return end;
+        }
+        if let Some(s) = r.spec.as_mut() {
+            self.speculator.verified(s, drafts.len(), accepted, emitted);
+        }
+        if end.is_none() && accepted < drafts.len() {
+            // The cache holds the last token and the accepted proposals; the rest goes.
+            if let Err(e) = self.engine.truncate(r.seq.id(), held + 1 + accepted) {
+                tracing::warn!(request_id = %r.request_id, "rolling back rejected proposals failed for this sequence alone: {e}");
+                end = Some(Err(sequence_error(&r.request_id, "rolling back rejected proposals", e)));
+            }
+        }
+        end
     }
 
     /// Take a request in. Err only when importing its KV failed at the backend (the engine is
@@ -287,13 +394,13 @@ impl DecodeThread {
     fn admit(&mut self, a: Admission) -> Result<(), EngineError> {
         let Admission { request_id, source, params, prompt_tokens, events, reservation, rules } = a;
         match source {
-            Source::Kv { payload, device, firsts, onto, tokens, imported } => {
+            Source::Kv { payload, device, firsts, onto, tokens, context, imported } => {
                 let request = Request { request_id: &request_id, params: &params, rules: &rules, events: &events };
                 let arrived = Arrived { payload, device, firsts, onto, tokens, imported };
                 let Some((seq, choices)) = import(&mut self.engine, &request, arrived)? else { return Ok(()) };
                 // The router already streamed the first tokens (they came with prefill's answer).
-                let joining = Joining { request_id: &request_id, seq, choices, params: &params, prompt_tokens, events, reservation };
-                let joined = join(&mut self.engine, joining);
+                let joining = Joining { request_id: &request_id, seq, choices, params: &params, prompt_tokens, events, reservation, context: &context };
+                let joined = join(&mut self.engine, &mut self.speculator, joining);
                 self.running.extend(joined);
             }
             Source::Prompt { prompt, held } => {

@@ -1,0 +1,275 @@
+//! Speculative decoding without a second model, on decode and colocated workers.
+//!
+//! Each step, a running sequence may carry, after its last token, up to K tokens a proposer
+//! guessed ([`ferry_core::spec`]: prompt lookup over the sequence's own tokens, or a worker-wide
+//! suffix index over earlier prompts and outputs). The step computes logits at every one of those
+//! positions in the same forward pass as the rest of the batch; the sequence's picker then chooses
+//! its tokens from them in order, exactly as it would one step at a time, and a proposed token is
+//! kept only when it is the token chosen at its position. The first mismatch ends the run: the
+//! chosen token is emitted (it is what plain decoding gives there), and the KV of the proposals
+//! after it is rolled back (`Engine::truncate`).
+//!
+//! So the output is the output without speculation, by construction: greedy and seeded sampling
+//! draw the same token at each position (the draw for completion token i depends on the seed and
+//! i alone), an unseeded sampler keeps its distribution, a grammar masks and commits exactly the
+//! chosen tokens, logprobs are those of the chosen tokens' rows. What can differ is only the
+//! numerics of a step: on the CPU a verified row is computed bit for bit as the decode row it
+//! replaces as long as the step stays within the backend's few-row regime ([`Speculator::new`]'s
+//! `row_budget`), which is why the proposals of a step never take it past that budget.
+//!
+//! How many tokens to propose adapts per sequence: an estimate `a` of the chance that a proposed
+//! token is accepted (an exponential average over verified proposals, and over the first
+//! proposal of steps that verify none, which costs nothing to check) picks the K that maximizes
+//! tokens per unit of step time, `(1 + a + a^2 + ... + a^K) / (1 + c·K)`, where `c` is what one
+//! more row costs relative to a decode step. A sequence with nothing to copy proposes nothing
+//! (no match) or soon K = 0.
+
+use ferry_core::spec::{ngram_propose, DocId, SpecMode, SuffixIndex};
+
+/// Speculation settings of a worker (`--speculate`, `--spec-tokens`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpecConfig {
+    pub mode: SpecMode,
+    /// Most tokens proposed per sequence per step (K).
+    pub max_tokens: usize,
+}
+
+impl Default for SpecConfig {
+    fn default() -> Self {
+        SpecConfig { mode: SpecMode::Off, max_tokens: DEFAULT_SPEC_TOKENS }
+    }
+}
+
+/// The default K.
+pub const DEFAULT_SPEC_TOKENS: usize = 5;
+/// The largest K a worker takes: a verified run is K + 1 rows of one sequence, and the CPU
+/// attention computes a sequence's rows as decode rows up to 8 of them.
+pub const MAX_SPEC_TOKENS: usize = 7;
+
+/// Prompt lookup: the shortest and longest suffix of a sequence matched against its own earlier
+/// tokens.
+const NGRAM_MIN: usize = 2;
+const NGRAM_MAX: usize = 6;
+/// The suffix index: tokens kept (earlier prompts and outputs; about 50 bytes each), the
+/// longest context it counts, the shortest it proposes from, and the least probability a
+/// proposed run may have.
+const SUFFIX_TOKENS: usize = 1 << 20;
+const SUFFIX_ORDER: usize = 6;
+const SUFFIX_MIN_ORDER: usize = 2;
+const SUFFIX_MIN_PROB: f32 = 0.1;
+/// One more row's cost relative to a decode step: measured on the CPU (SmolLM2, q8), estimated
+/// on a GPU, where up to `GPU_ROW_BUDGET` rows cost about what one does.
+const CPU_ROW_COST: f32 = 0.1;
+const GPU_ROW_COST: f32 = 0.02;
+const GPU_ROW_BUDGET: usize = 64;
+/// The weight of the latest observation in a sequence's acceptance estimate, and where the
+/// estimate starts.
+const ACCEPT_WEIGHT: f32 = 0.2;
+const ACCEPT_START: f32 = 0.5;
+
+/// One running choice's speculation state.
+pub(super) struct SeqSpec {
+    /// The sequence's tokens: its prompt (as far as this worker was sent it) and its output so
+    /// far, the last one included.
+    history: Vec<u32>,
+    doc: Option<DocId>,
+    /// The estimated chance that a proposed token is accepted.
+    accept: f32,
+    /// The first token proposed in a step that verified none: checked against the token chosen.
+    shadow: Option<u32>,
+    pub proposed: u64,
+    pub accepted: u64,
+}
+
+/// The worker's speculation: its settings, the suffix index, and what a row costs here.
+pub(super) struct Speculator {
+    cfg: SpecConfig,
+    index: Option<SuffixIndex>,
+    /// Most rows a step may carry with proposals in it.
+    row_budget: usize,
+    /// One more row's cost, relative to a decode step.
+    row_cost: f32,
+}
+
+impl Speculator {
+    /// `row_budget`: rows a step may reach with proposals; `row_cost`: one more row's cost
+    /// relative to a decode step (both the backend's).
+    pub(super) fn new(cfg: SpecConfig, row_budget: usize, row_cost: f32) -> Self {
+        let index = (cfg.mode == SpecMode::Suffix).then(|| SuffixIndex::new(SUFFIX_TOKENS, SUFFIX_ORDER));
+        Speculator { cfg: SpecConfig { max_tokens: cfg.max_tokens.min(MAX_SPEC_TOKENS), ..cfg }, index, row_budget, row_cost }
+    }
+
+    /// The speculation of a worker serving `engine`: the budget and row cost of its backend. On
+    /// the CPU, steps of up to `GEMV_MAX_ROWS` rows take the row-dot matmul, which computes each
+    /// row as it would alone; one more row there costs about `CPU_ROW_COST` of a decode step
+    /// (docs/benchmarks.md, issue #36). On a GPU a decode step is bound by reading the weights
+    /// far beyond a few rows (the values are estimates: untested on a GPU).
+    pub(super) fn for_engine(cfg: SpecConfig, engine: &ferry_engine::Engine) -> Self {
+        let (budget, cost) = match engine.backend() {
+            ferry_engine::DeviceBackend::Cpu(_) => (ferry_engine::backend::cpu::GEMV_MAX_ROWS, CPU_ROW_COST),
+            // A GPU (the variant exists when the engine is built with CUDA).
+            #[allow(unreachable_patterns)]
+            _ => (GPU_ROW_BUDGET, GPU_ROW_COST),
+        };
+        Self::new(cfg, budget, cost)
+    }
+
+    /// The acceptance estimate of a running choice (0 without speculation).
+    pub(super) fn accept_of(&self, r: &super::finish::Running) -> f32 {
+        r.spec.as_ref().map_or(0.0, |s| s.accept)
+    }
+
+    pub(super) fn enabled(&self) -> bool {
+        self.cfg.mode != SpecMode::Off && self.cfg.max_tokens > 0
+    }
+
+    /// K.
+    pub(super) fn max_tokens(&self) -> usize {
+        self.cfg.max_tokens
+    }
+
+    pub(super) fn row_budget(&self) -> usize {
+        self.row_budget
+    }
+
+    /// A choice joins the batch: `context` is its prompt and its first token.
+    pub(super) fn start(&mut self, context: &[u32]) -> Option<SeqSpec> {
+        if !self.enabled() {
+            return None;
+        }
+        let doc = self.index.as_mut().map(|ix| {
+            let d = ix.begin();
+            ix.extend(d, context);
+            d
+        });
+        Some(SeqSpec { history: context.to_vec(), doc, accept: ACCEPT_START, shadow: None, proposed: 0, accepted: 0 })
+    }
+
+    /// How many tokens to propose for `s` now: the K that maximizes its expected tokens per unit
+    /// of step time (see the module doc), at most `limit`.
+    pub(super) fn wanted(&self, s: &SeqSpec, limit: usize) -> usize {
+        let (mut best, mut best_rate) = (0, 1.0f32);
+        let (mut gain, mut p) = (1.0f32, 1.0f32);
+        for k in 1..=self.cfg.max_tokens.min(limit) {
+            p *= s.accept;
+            gain += p;
+            let rate = gain / (1.0 + self.row_cost * k as f32);
+            if rate > best_rate {
+                (best, best_rate) = (k, rate);
+            }
+        }
+        best
+    }
+
+    /// Up to `k` proposed tokens for `s` into `out` (cleared first). With `k` = 0 one token is
+    /// still proposed, not to verify but to check against the token chosen ([`Speculator::emitted`]).
+    pub(super) fn propose(&self, s: &mut SeqSpec, k: usize, out: &mut Vec<u32>) {
+        out.clear();
+        let want = k.max(1);
+        match (self.cfg.mode, &self.index) {
+            (SpecMode::Suffix, Some(ix)) => ix.propose(&s.history, SUFFIX_MIN_ORDER, SUFFIX_MIN_PROB, want, out),
+            _ => ngram_propose(&s.history, NGRAM_MIN, NGRAM_MAX, want, out),
+        }
+        s.shadow = match k {
+            0 => out.first().copied(),
+            _ => None,
+        };
+        out.truncate(k);
+    }
+
+    /// `s` chose `tok` (emitted, or the stop token that ends it).
+    pub(super) fn emitted(&mut self, s: &mut SeqSpec, tok: u32) {
+        if let Some(guess) = s.shadow.take() {
+            observe(&mut s.accept, guess == tok);
+        }
+        s.history.push(tok);
+        if let (Some(ix), Some(d)) = (self.index.as_mut(), s.doc) {
+            ix.extend(d, &[tok]);
+        }
+    }
+
+    /// A step verified `proposed` tokens of `s`, accepted the first `accepted`, and emitted
+    /// `emitted` tokens in all (the accepted ones and the token chosen after them, unless the
+    /// sequence ended first).
+    pub(super) fn verified(&mut self, s: &mut SeqSpec, proposed: usize, accepted: usize, emitted: usize) {
+        if proposed == 0 {
+            return;
+        }
+        for _ in 0..accepted {
+            observe(&mut s.accept, true);
+        }
+        if accepted < proposed {
+            observe(&mut s.accept, false);
+        }
+        s.proposed += proposed as u64;
+        s.accepted += accepted as u64;
+        metrics::counter!("ferry_worker_spec_proposed_tokens_total").increment(proposed as u64);
+        metrics::counter!("ferry_worker_spec_accepted_tokens_total").increment(accepted as u64);
+        metrics::counter!("ferry_worker_spec_verify_steps_total").increment(1);
+        metrics::counter!("ferry_worker_spec_emitted_tokens_total").increment(emitted as u64);
+    }
+}
+
+fn observe(accept: &mut f32, hit: bool) {
+    *accept += ACCEPT_WEIGHT * (f32::from(u8::from(hit)) - *accept);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(mode: SpecMode, row_cost: f32) -> Speculator {
+        Speculator::new(SpecConfig { mode, max_tokens: 5 }, 12, row_cost)
+    }
+
+    #[test]
+    fn k_follows_the_acceptance_and_the_row_cost() {
+        let sp = spec(SpecMode::Ngram, 0.1);
+        let mut s = sp.start(&[1, 2, 3]).expect("on");
+        s.accept = 0.95;
+        assert_eq!(sp.wanted(&s, 99), 5, "a sequence that copies proposes all it may");
+        assert_eq!(sp.wanted(&s, 2), 2, "the limit caps it");
+        s.accept = 0.05;
+        assert_eq!(sp.wanted(&s, 99), 0, "below the row cost, nothing is verified");
+        let dear = spec(SpecMode::Ngram, 2.0);
+        s.accept = 0.9;
+        assert_eq!(dear.wanted(&s, 99), 0, "rows that cost more than they return are not spent");
+    }
+
+    #[test]
+    fn acceptance_is_learned_from_verified_and_shadow_proposals() {
+        let mut sp = spec(SpecMode::Ngram, 0.1);
+        let mut s = sp.start(&[1, 2, 3, 1, 2]).expect("on");
+        let mut out = Vec::new();
+        // Nothing verified (k = 0): the first proposal is checked against what was chosen.
+        sp.propose(&mut s, 0, &mut out);
+        assert!(out.is_empty(), "k = 0 verifies nothing");
+        let before = s.accept;
+        sp.emitted(&mut s, 3);
+        assert!(s.accept > before, "the shadow guess (3) was right");
+        sp.propose(&mut s, 0, &mut out);
+        let before = s.accept;
+        sp.emitted(&mut s, 9);
+        assert!(s.accept < before, "the shadow guess was wrong");
+        let before = s.accept;
+        sp.verified(&mut s, 4, 1, 2);
+        assert_eq!((s.proposed, s.accepted), (4, 1));
+        assert!(s.accept < before + 0.2 && s.accept != before);
+    }
+
+    #[test]
+    fn proposals_come_from_the_sequence_and_from_earlier_ones() {
+        let mut ng = spec(SpecMode::Ngram, 0.1);
+        let mut s = ng.start(&[5, 6, 7, 8, 9, 5, 6]).expect("on");
+        let mut out = Vec::new();
+        ng.propose(&mut s, 3, &mut out);
+        assert_eq!(out, [7, 8, 9], "prompt lookup continues the earlier 5 6");
+        let mut sx = spec(SpecMode::Suffix, 0.1);
+        let mut a = sx.start(&[40, 41, 42, 43, 44, 45]).expect("on");
+        sx.emitted(&mut a, 46);
+        let mut b = sx.start(&[1, 2, 42, 43]).expect("on");
+        sx.propose(&mut b, 3, &mut out);
+        assert_eq!(out, [44, 45, 46], "the suffix index continues what an earlier sequence did");
+        assert!(spec(SpecMode::Off, 0.1).start(&[1, 2]).is_none(), "off: no state");
+    }
+}
