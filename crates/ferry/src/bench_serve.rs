@@ -6,10 +6,15 @@
 //!
 //! JSONL workload format: one object per line, `{"prompt": "text", "max_tokens": 128}`; the
 //! requests cycle through the lines.
+//!
+//! `--save-outputs FILE` writes every completed request's answer (ids and text) as a JSON line, and
+//! each rate's result carries `outputs_digest`, an FNV-1a hash over the answers in request order:
+//! two runs that must answer alike (speculative decoding on and off) are compared at a glance.
 
 use anyhow::Context;
 use crate::loadgen::{self, LenDist, Sample, Slo};
-use ferry_proto::v1::{generate_request, generate_response, GenerateFinal, GenerateRequest, ModelInfoRequest, StopConditions, TokenInput};
+use ferry_proto::v1::{generate_request, generate_response, ChatInput, ChatMessage, GenerateFinal, GenerateRequest, ModelInfoRequest, StopConditions, TokenInput};
+use std::io::Write;
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -33,17 +38,20 @@ pub struct ServeBenchArgs {
     /// `random`: independent requests at Poisson arrivals. `multiturn`: conversations on a shared
     /// system prompt, each turn repeating the last prompt and its answer (`--users`, `--turns`,
     /// `--system-tokens`, `--user-tokens`, `--think-ms`; each rate is conversations started per
-    /// second).
+    /// second). `copy`: chat requests whose answers copy from their prompt (rename a function in
+    /// a code block, quote a paragraph, re-indent a JSON document), in turn, at Poisson arrivals;
+    /// EOS is honoured (each answer ends when the model says so, at most `--output-len` tokens,
+    /// so give 400 or so: the default cuts answers short); no `--prompt-len`.
     #[arg(long, value_enum, default_value_t = Workload::Random)]
     pub workload: Workload,
-    /// Requests per rate [random: 50].
+    /// Requests per rate [random, copy: 50].
     #[arg(long)]
     pub requests: Option<usize>,
     /// Prompt length in tokens: `N` or `LO..HI` (uniform) [random: 64..1024; not with --dataset].
     #[arg(long, conflicts_with = "dataset")]
     pub prompt_len: Option<String>,
     /// Output (multiturn: answer) length in tokens (EOS ignored, so each request generates
-    /// exactly this many).
+    /// exactly this many; copy: max_tokens, EOS honoured).
     #[arg(long, default_value = "64..256")]
     pub output_len: String,
     /// A JSONL file of `{"prompt": ..., "max_tokens": ...}` instead of synthetic prompts.
@@ -75,6 +83,10 @@ pub struct ServeBenchArgs {
     /// A name for this configuration in the output and the plot.
     #[arg(long, default_value = "ferry")]
     pub label: String,
+    /// Write each completed request's answer here, one JSON line each: `{"rate", "index",
+    /// "prompt_tokens", "tokens", "text"}` (copy: and `"task"`), to diff two runs [not multiturn].
+    #[arg(long)]
+    pub save_outputs: Option<PathBuf>,
     /// Write the results as JSON here.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -116,6 +128,7 @@ impl SloArgs {
 pub enum Workload {
     Random,
     Multiturn,
+    Copy,
 }
 
 /// A progress bar of requests on stderr, drawn only on a terminal.
@@ -136,15 +149,25 @@ pub(crate) fn progress_styled(len: u64, template: &str) -> indicatif::ProgressBa
 enum Input {
     Ids(Vec<u32>),
     Text(String),
+    /// One user message, rendered with the model's chat template.
+    Chat(String),
 }
 
 struct Planned {
     at: f64,
     input: Input,
     max_tokens: usize,
+    /// The copy workload's task and what a perfect copy answers; EOS is honoured for these.
+    copy: Option<(crate::bench_copy::Task, String)>,
 }
 
-fn workload(a: &ServeBenchArgs, rate: f64, vocab: u32) -> anyhow::Result<Vec<Planned>> {
+/// The requests of the `rate_index`-th rate of the sweep.
+fn workload(a: &ServeBenchArgs, rate_index: usize, rate: f64, vocab: u32) -> anyhow::Result<Vec<Planned>> {
+    if a.workload == Workload::Copy {
+        let ol = LenDist::parse(&a.output_len).map_err(|e| anyhow::anyhow!("--output-len: {e}"))?;
+        let reqs = crate::bench_copy::copy_requests(a.seed, rate_index, rate, a.requests.unwrap_or(50), ol);
+        return Ok(reqs.into_iter().map(|r| Planned { at: r.at, input: Input::Chat(r.message), max_tokens: r.max_tokens, copy: Some((r.task, r.expected)) }).collect());
+    }
     let mut u = loadgen::uniforms(a.seed);
     let arrivals = loadgen::poisson_arrivals(rate, a.requests.unwrap_or(50), &mut u);
     if let Some(path) = &a.dataset {
@@ -161,20 +184,22 @@ fn workload(a: &ServeBenchArgs, rate: f64, vocab: u32) -> anyhow::Result<Vec<Pla
         return Ok(arrivals
             .into_iter()
             .enumerate()
-            .map(|(i, at)| Planned { at, input: Input::Text(rows[i % rows.len()].0.clone()), max_tokens: rows[i % rows.len()].1 })
+            .map(|(i, at)| Planned { at, input: Input::Text(rows[i % rows.len()].0.clone()), max_tokens: rows[i % rows.len()].1, copy: None })
             .collect());
     }
     let (pl, ol) = (LenDist::parse(a.prompt_len.as_deref().unwrap_or("64..1024")).map_err(anyhow::Error::msg)?, LenDist::parse(&a.output_len).map_err(anyhow::Error::msg)?);
     let reqs = loadgen::random_requests(a.seed, rate, a.requests.unwrap_or(50), pl, ol, vocab);
-    Ok(reqs.into_iter().map(|r| Planned { at: r.at, input: Input::Ids(r.ids), max_tokens: r.output }).collect())
+    Ok(reqs.into_iter().map(|r| Planned { at: r.at, input: Input::Ids(r.ids), max_tokens: r.output, copy: None }).collect())
 }
 
-async fn one(client: crate::remote::Client, p: Planned) -> Sample {
+async fn one(client: crate::remote::Client, p: Planned) -> Streamed {
     let input = match p.input {
         Input::Ids(ids) => generate_request::Input::Tokens(TokenInput { ids }),
         Input::Text(t) => generate_request::Input::Prompt(t),
+        Input::Chat(content) => generate_request::Input::Chat(ChatInput { messages: vec![ChatMessage { role: "user".into(), content, ..Default::default() }] }),
     };
-    stream(client, input, p.max_tokens).await.sample
+    let stop = StopConditions { max_tokens: p.max_tokens as u32, ignore_eos: p.copy.is_none(), ..Default::default() };
+    stream_until(client, input, stop).await
 }
 
 /// One streamed request, as the client saw it.
@@ -182,29 +207,35 @@ pub(crate) struct Streamed {
     pub sample: Sample,
     /// The ids streamed.
     pub ids: Vec<u32>,
+    /// The text streamed.
+    pub text: String,
     /// The router's summary (None when the request failed).
     pub summary: Option<GenerateFinal>,
 }
 
 /// Send one greedy request of `max_tokens` (EOS ignored) and time its stream.
-pub(crate) async fn stream(mut client: crate::remote::Client, input: generate_request::Input, max_tokens: usize) -> Streamed {
-    let req = GenerateRequest {
-        input: Some(input),
-        stop: Some(StopConditions { max_tokens: max_tokens as u32, ignore_eos: true, ..Default::default() }),
-        ..Default::default()
-    };
+pub(crate) async fn stream(client: crate::remote::Client, input: generate_request::Input, max_tokens: usize) -> Streamed {
+    stream_until(client, input, StopConditions { max_tokens: max_tokens as u32, ignore_eos: true, ..Default::default() }).await
+}
+
+/// Send one greedy request that ends at `stop` and time its stream.
+pub(crate) async fn stream_until(mut client: crate::remote::Client, input: generate_request::Input, stop: StopConditions) -> Streamed {
+    let req = GenerateRequest { input: Some(input), stop: Some(stop), ..Default::default() };
     let t0 = Instant::now();
-    let failed = |t0: Instant, ids: Vec<u32>| Streamed { sample: Sample { ok: false, ttft_ms: f64::INFINITY, tpot_ms: f64::INFINITY, e2e_ms: t0.elapsed().as_secs_f64() * 1e3, output_tokens: 0 }, ids, summary: None };
+    let failed = |t0: Instant, ids: Vec<u32>| Streamed { sample: Sample { ok: false, ttft_ms: f64::INFINITY, tpot_ms: f64::INFINITY, e2e_ms: t0.elapsed().as_secs_f64() * 1e3, output_tokens: 0 }, ids, text: String::new(), summary: None };
     let Ok(resp) = client.generate(req).await else { return failed(t0, Vec::new()) };
     let mut s = resp.into_inner();
-    let (mut first, mut last, mut ids, mut summary) = (None, Duration::ZERO, Vec::new(), None);
+    let (mut first, mut last, mut ids, mut text, mut summary) = (None, Duration::ZERO, Vec::new(), String::new(), None);
     loop {
         match s.message().await {
             Ok(Some(m)) => match m.event {
-                Some(generate_response::Event::Delta(d)) if !d.token_ids.is_empty() => {
-                    last = t0.elapsed();
-                    first.get_or_insert(last);
-                    ids.extend(d.token_ids);
+                Some(generate_response::Event::Delta(d)) => {
+                    text.push_str(&d.text);
+                    if !d.token_ids.is_empty() {
+                        last = t0.elapsed();
+                        first.get_or_insert(last);
+                        ids.extend(d.token_ids);
+                    }
                 }
                 Some(generate_response::Event::Final(f)) => {
                     summary = Some(f);
@@ -219,15 +250,19 @@ pub(crate) async fn stream(mut client: crate::remote::Client, input: generate_re
     let Some(first) = first else { return failed(t0, ids) };
     let n = ids.len();
     let tpot = if n >= 2 { (last - first).as_secs_f64() * 1e3 / (n - 1) as f64 } else { 0.0 };
-    Streamed { sample: Sample { ok: true, ttft_ms: first.as_secs_f64() * 1e3, tpot_ms: tpot, e2e_ms: t0.elapsed().as_secs_f64() * 1e3, output_tokens: n }, ids, summary }
+    Streamed { sample: Sample { ok: true, ttft_ms: first.as_secs_f64() * 1e3, tpot_ms: tpot, e2e_ms: t0.elapsed().as_secs_f64() * 1e3, output_tokens: n }, ids, text, summary }
 }
 
 /// One request of a run: when it was sent (seconds after the run started), its prompt's length
-/// (None for a text prompt: tokenized by the router) and what the client saw.
+/// (for a text or chat prompt, as the router counted it; None when it failed first), what the
+/// client saw and the answer; for the copy workload, its task and whether it copied exactly.
 struct Record {
     at: f64,
     prompt_tokens: Option<usize>,
     sample: Sample,
+    ids: Vec<u32>,
+    text: String,
+    copy: Option<(crate::bench_copy::Task, bool)>,
 }
 
 impl Record {
@@ -238,9 +273,35 @@ impl Record {
     fn json(&self) -> serde_json::Value {
         let s = &self.sample;
         let finite = |x: f64| x.is_finite().then_some(x);
-        json!({ "at_s": self.at, "prompt_tokens": self.prompt_tokens, "output_tokens": s.output_tokens, "ok": s.ok,
-                "ttft_ms": finite(s.ttft_ms), "tpot_ms": finite(s.tpot_ms), "e2e_ms": s.e2e_ms })
+        let mut v = json!({ "at_s": self.at, "prompt_tokens": self.prompt_tokens, "output_tokens": s.output_tokens, "ok": s.ok,
+                "ttft_ms": finite(s.ttft_ms), "tpot_ms": finite(s.tpot_ms), "e2e_ms": s.e2e_ms });
+        if let Some((task, copied)) = self.copy {
+            v["task"] = task.name().into();
+            v["copied"] = copied.into();
+        }
+        v
     }
+
+    /// The `--save-outputs` line of the `index`-th request at `rate` (completed requests only).
+    fn output_line(&self, rate: f64, index: usize) -> serde_json::Value {
+        let mut v = json!({ "rate": rate, "index": index, "prompt_tokens": self.prompt_tokens, "tokens": self.ids, "text": self.text });
+        if let Some((task, _)) = self.copy {
+            v["task"] = task.name().into();
+        }
+        v
+    }
+}
+
+/// The copy workload's figures per task: answers, exact copies, mean output tokens.
+fn copy_tasks(records: &[Record]) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    for task in crate::bench_copy::Task::ALL {
+        let done: Vec<&Record> = records.iter().filter(|r| r.sample.ok && r.copy.is_some_and(|(t, _)| t == task)).collect();
+        let exact = done.iter().filter(|r| r.copy.is_some_and(|(_, c)| c)).count();
+        let mean = done.iter().map(|r| r.sample.output_tokens as f64).sum::<f64>() / done.len().max(1) as f64;
+        out.insert(task.name().into(), json!({ "completed": done.len(), "copied_exactly": exact, "output_tokens_mean": mean }));
+    }
+    out.into()
 }
 
 /// One rate's figures; `started` is when its first request could leave (Unix seconds), to line
@@ -253,7 +314,8 @@ fn summary(rate: f64, records: &[Record], wall: f64, started: f64, step_time: se
         json!({ "p50": loadgen::percentile(&v, 50.0), "p90": loadgen::percentile(&v, 90.0), "p99": loadgen::percentile(&v, 99.0) })
     };
     let tokens: usize = ok.iter().map(|s| s.output_tokens).sum();
-    json!({
+    let answers: Vec<Option<(&[u32], &str)>> = records.iter().map(|r| r.sample.ok.then_some((r.ids.as_slice(), r.text.as_str()))).collect();
+    let mut v = json!({
         "rate": rate,
         "requests": samples.len(),
         "completed": ok.len(),
@@ -261,13 +323,19 @@ fn summary(rate: f64, records: &[Record], wall: f64, started: f64, step_time: se
         "started_unix_s": started,
         "throughput_rps": ok.len() as f64 / wall,
         "output_tok_per_s": tokens as f64 / wall,
+        "output_tokens_mean": tokens as f64 / ok.len().max(1) as f64,
+        "outputs_digest": loadgen::outputs_digest(&answers),
         "ttft_ms": pct(&|s| s.ttft_ms),
         "tpot_ms": pct(&|s| s.tpot_ms),
         "e2e_ms": pct(&|s| s.e2e_ms),
         "slo_attainment": loadgen::attainment(&samples, slo),
         "step_time": step_time,
         "samples": records.iter().map(Record::json).collect::<Vec<_>>(),
-    })
+    });
+    if records.iter().any(|r| r.copy.is_some()) {
+        v["tasks"] = copy_tasks(records);
+    }
+    v
 }
 
 /// Every worker's priced-step counters: (id, role, seconds taken, seconds its profile says).
@@ -296,30 +364,40 @@ fn step_time(before: &Clocks, after: &Clocks) -> serde_json::Value {
     by_role.into_iter().map(|(role, (t, p))| (role, json!({ "ratio": t / p, "profiled_s": p }))).collect::<serde_json::Map<_, _>>().into()
 }
 
-/// The options that belong to the other workload, given anyway: refused, not ignored.
+/// The options that belong to another workload, given anyway: refused, not ignored.
 fn misplaced(a: &ServeBenchArgs) -> Vec<&'static str> {
     let given = |set: bool, flag: &'static str| set.then_some(flag);
+    let multiturn = [
+        given(a.users.is_some(), "--users"),
+        given(a.turns.is_some(), "--turns"),
+        given(a.system_tokens.is_some(), "--system-tokens"),
+        given(a.user_tokens.is_some(), "--user-tokens"),
+        given(a.think_ms.is_some(), "--think-ms"),
+        given(a.block_size.is_some(), "--block-size"),
+    ];
+    let synthetic = [given(a.prompt_len.is_some(), "--prompt-len"), given(a.dataset.is_some(), "--dataset")];
     match a.workload {
-        Workload::Random => [
-            given(a.users.is_some(), "--users"),
-            given(a.turns.is_some(), "--turns"),
-            given(a.system_tokens.is_some(), "--system-tokens"),
-            given(a.user_tokens.is_some(), "--user-tokens"),
-            given(a.think_ms.is_some(), "--think-ms"),
-            given(a.block_size.is_some(), "--block-size"),
-        ]
-        .into_iter()
-        .flatten()
-        .collect(),
-        Workload::Multiturn => [given(a.requests.is_some(), "--requests"), given(a.prompt_len.is_some(), "--prompt-len"), given(a.dataset.is_some(), "--dataset")].into_iter().flatten().collect(),
+        Workload::Random => multiturn.into_iter().flatten().collect(),
+        Workload::Multiturn => [given(a.requests.is_some(), "--requests"), given(a.save_outputs.is_some(), "--save-outputs")].into_iter().chain(synthetic).flatten().collect(),
+        Workload::Copy => multiturn.into_iter().chain(synthetic).flatten().collect(),
     }
 }
 
-pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
-    let wrong = misplaced(&a);
+/// The options' checks that need no router: each refusal names the option.
+pub(crate) fn check_options(a: &ServeBenchArgs) -> anyhow::Result<()> {
+    let wrong = misplaced(a);
     anyhow::ensure!(wrong.is_empty(), "{} not with --workload {} (see `ferry bench serve --help`)", wrong.join(", "), format!("{:?}", a.workload).to_lowercase());
     anyhow::ensure!(a.requests.unwrap_or(1) >= 1, "--requests must be at least 1");
     anyhow::ensure!(a.rates.iter().all(|r| r.is_finite() && *r > 0.0), "--rates must be positive numbers");
+    Ok(())
+}
+
+pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
+    check_options(&a)?;
+    let mut saved = match &a.save_outputs {
+        Some(p) => Some(std::io::BufWriter::new(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?)),
+        None => None,
+    };
     let slo = a.slo.slo();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let (client, vocab, mut admin) = rt.block_on(async {
@@ -339,9 +417,9 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
     let runs = rt.block_on(async {
         let bar = progress((a.requests.unwrap_or(50) * a.rates.len()) as u64);
         let mut runs = Vec::new();
-        for &rate in &a.rates {
+        for (rate_index, &rate) in a.rates.iter().enumerate() {
             bar.set_message(format!("rate {rate}/s"));
-            let plan = workload(&a, rate, vocab)?;
+            let plan = workload(&a, rate_index, rate, vocab)?;
             let before = match clocks(&mut admin).await {
                 Ok(c) => Some(c),
                 Err(e) => {
@@ -357,18 +435,27 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
                 let bar = bar.clone();
                 tasks.push(tokio::spawn(async move {
                     tokio::time::sleep_until(start + Duration::from_secs_f64(p.at)).await;
-                    let (at, prompt_tokens) = (p.at, match &p.input {
+                    let (at, sent_ids) = (p.at, match &p.input {
                         Input::Ids(ids) => Some(ids.len()),
-                        Input::Text(_) => None,
+                        Input::Text(_) | Input::Chat(_) => None,
                     });
+                    let copy = p.copy.clone();
                     let s = one(c, p).await;
                     bar.inc(1);
-                    Record { at, prompt_tokens, sample: s }
+                    let prompt_tokens = sent_ids.or(s.summary.as_ref().map(|f| f.prompt_tokens as usize));
+                    let copy = copy.map(|(task, expected)| (task, s.sample.ok && crate::bench_copy::copied(&expected, &s.text)));
+                    Record { at, prompt_tokens, sample: s.sample, ids: s.ids, text: s.text, copy }
                 }));
             }
-            let mut samples = Vec::new();
+            let mut samples: Vec<Record> = Vec::new();
             for t in tasks {
                 samples.push(t.await?);
+            }
+            if let Some(w) = saved.as_mut() {
+                for (i, r) in samples.iter().enumerate().filter(|(_, r)| r.sample.ok) {
+                    writeln!(w, "{}", r.output_line(rate, i)).context("writing --save-outputs")?;
+                }
+                w.flush().context("writing --save-outputs")?;
             }
             let wall = start.elapsed().as_secs_f64();
             let step = match before {
@@ -406,6 +493,13 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
             s["slo_attainment"].as_f64().unwrap_or(0.0) * 100.0
         );
     }
+    for s in &summaries {
+        print!("rate {}: {:.1} output tokens/request, outputs digest {}", s["rate"], s["output_tokens_mean"].as_f64().unwrap_or(0.0), s["outputs_digest"].as_str().unwrap_or("-"));
+        for (task, t) in s["tasks"].as_object().into_iter().flatten() {
+            print!("; {task} {}/{} copied exactly, {:.1} tokens", t["copied_exactly"], t["completed"], t["output_tokens_mean"].as_f64().unwrap_or(0.0));
+        }
+        println!();
+    }
     match goodput {
         Some(g) => println!("goodput: {g} requests/s"),
         None => println!("goodput: no rate met the SLO for {:.0}% of requests", a.slo.slo_target * 100.0),
@@ -415,7 +509,7 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
         "label": a.label,
         "router": a.router,
         "slo": { "ttft_ms": a.slo.slo_ttft_ms, "tpot_ms": a.slo.slo_tpot_ms, "target": a.slo.slo_target },
-        "workload": { "requests_per_rate": a.requests, "prompt_len": a.prompt_len, "output_len": a.output_len,
+        "workload": { "kind": format!("{:?}", a.workload).to_lowercase(), "requests_per_rate": a.requests, "prompt_len": a.prompt_len, "output_len": a.output_len,
                       "dataset": a.dataset.as_ref().map(|p| p.display().to_string()), "seed": a.seed },
         "runs": summaries,
         "goodput_rps": goodput,

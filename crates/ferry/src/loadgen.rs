@@ -75,9 +75,48 @@ pub fn random_requests(seed: u64, rate: f64, count: usize, prompt: LenDist, outp
         .collect()
 }
 
+/// `bench serve`'s `outputs_digest`: a 64-bit FNV-1a hash, in hex, over a run's answers in
+/// request order (each its token ids, little-endian, and its text; a failed request, None, counts
+/// as a marker of its own). Two runs with the same answers have the same digest; it is stable
+/// across builds and machines (FNV-1a, Fowler, Noll and Vo, is defined byte by byte).
+pub fn outputs_digest(answers: &[Option<(&[u32], &str)>]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    for a in answers {
+        match a {
+            // Each part is preceded by its length, so no two lists of answers run together alike.
+            Some((ids, text)) => {
+                eat(&[1]);
+                eat(&(ids.len() as u64).to_le_bytes());
+                ids.iter().for_each(|id| eat(&id.to_le_bytes()));
+                eat(&(text.len() as u64).to_le_bytes());
+                eat(text.as_bytes());
+            }
+            None => eat(&[0]),
+        }
+    }
+    format!("{h:016x}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_outputs_digest_tells_answers_apart_in_order() {
+        // FNV-1a 64 of the empty input is its offset basis.
+        assert_eq!(outputs_digest(&[]), "cbf29ce484222325");
+        let (a, b): (&[u32], &[u32]) = (&[1, 2], &[3]);
+        let d = outputs_digest(&[Some((a, "x y")), Some((b, "z"))]);
+        assert_eq!(d, outputs_digest(&[Some((a, "x y")), Some((b, "z"))]));
+        assert_ne!(d, outputs_digest(&[Some((b, "z")), Some((a, "x y"))]));
+        assert_ne!(d, outputs_digest(&[Some((a, "x y")), None]));
+        assert_ne!(outputs_digest(&[Some((a, "ab")), Some((b, ""))]), outputs_digest(&[Some((a, "a")), Some((b, "b"))]));
+    }
 
     #[test]
     fn random_requests_keep_their_lengths_across_rates() {

@@ -4,6 +4,7 @@ mod autoscale_args;
 mod bench;
 mod bench_chaos;
 mod bench_cluster;
+mod bench_copy;
 mod bench_grammar;
 mod bench_kv;
 mod bench_kv_dtype;
