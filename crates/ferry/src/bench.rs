@@ -26,6 +26,8 @@ pub enum BenchCommand {
     KvFidelity(crate::bench_kv_dtype::FidelityArgs),
     /// Decode step time of a batch at long contexts per KV dtype (interleaved), and capacity at a fixed --kv-memory.
     KvDecode(crate::bench_kv_dtype::DecodeArgs),
+    /// What verifying proposed tokens costs a decode step: step time at 1..r rows of one sequence (interleaved).
+    SpecRows(crate::bench_spec::SpecRowsArgs),
     /// Draw `bench serve` results (JSON from --out) in one SVG: p99 TTFT and TPOT against the rate.
     Plot(PlotArgs),
     /// The receiving process of `bench kv` (started by it).
@@ -90,6 +92,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::KvSink(a) => crate::bench_kv::sink(a),
         BenchCommand::KvFidelity(a) => crate::bench_kv_dtype::fidelity(a),
         BenchCommand::KvDecode(a) => crate::bench_kv_dtype::decode(a),
+        BenchCommand::SpecRows(a) => crate::bench_spec::rows(a),
     }
 }
 

@@ -78,6 +78,11 @@ pub struct ServeBenchArgs {
     /// Seed for lengths, prompts and arrival times: the same seed gives the same workload.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Sample at this temperature instead of greedy (not multiturn): each request with its own
+    /// seed, drawn from `--seed`, its rate and its place, so two runs of one workload sample the
+    /// same answers (speculation on and off compare; `outputs_digest` says whether they do).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
     #[command(flatten)]
     pub slo: crate::bench_serve::SloArgs,
     /// A name for this configuration in the output and the plot.
@@ -159,6 +164,8 @@ struct Planned {
     max_tokens: usize,
     /// The copy workload's task and what a perfect copy answers; EOS is honoured for these.
     copy: Option<(crate::bench_copy::Task, String)>,
+    /// Sampled (`--temperature`), with this request's seed; None: greedy.
+    sampling: Option<ferry_proto::v1::SamplingParams>,
 }
 
 /// The requests of the `rate_index`-th rate of the sweep.
@@ -166,7 +173,7 @@ fn workload(a: &ServeBenchArgs, rate_index: usize, rate: f64, vocab: u32) -> any
     if a.workload == Workload::Copy {
         let ol = LenDist::parse(&a.output_len).map_err(|e| anyhow::anyhow!("--output-len: {e}"))?;
         let reqs = crate::bench_copy::copy_requests(a.seed, rate_index, rate, a.requests.unwrap_or(50), ol);
-        return Ok(reqs.into_iter().map(|r| Planned { at: r.at, input: Input::Chat(r.message), max_tokens: r.max_tokens, copy: Some((r.task, r.expected)) }).collect());
+        return Ok(reqs.into_iter().map(|r| Planned { at: r.at, input: Input::Chat(r.message), max_tokens: r.max_tokens, copy: Some((r.task, r.expected)), sampling: None }).collect());
     }
     let mut u = loadgen::uniforms(a.seed);
     let arrivals = loadgen::poisson_arrivals(rate, a.requests.unwrap_or(50), &mut u);
@@ -184,12 +191,12 @@ fn workload(a: &ServeBenchArgs, rate_index: usize, rate: f64, vocab: u32) -> any
         return Ok(arrivals
             .into_iter()
             .enumerate()
-            .map(|(i, at)| Planned { at, input: Input::Text(rows[i % rows.len()].0.clone()), max_tokens: rows[i % rows.len()].1, copy: None })
+            .map(|(i, at)| Planned { at, input: Input::Text(rows[i % rows.len()].0.clone()), max_tokens: rows[i % rows.len()].1, copy: None, sampling: None })
             .collect());
     }
     let (pl, ol) = (LenDist::parse(a.prompt_len.as_deref().unwrap_or("64..1024")).map_err(anyhow::Error::msg)?, LenDist::parse(&a.output_len).map_err(anyhow::Error::msg)?);
     let reqs = loadgen::random_requests(a.seed, rate, a.requests.unwrap_or(50), pl, ol, vocab);
-    Ok(reqs.into_iter().map(|r| Planned { at: r.at, input: Input::Ids(r.ids), max_tokens: r.output, copy: None }).collect())
+    Ok(reqs.into_iter().map(|r| Planned { at: r.at, input: Input::Ids(r.ids), max_tokens: r.output, copy: None, sampling: None }).collect())
 }
 
 async fn one(client: crate::remote::Client, p: Planned) -> Streamed {
@@ -199,7 +206,7 @@ async fn one(client: crate::remote::Client, p: Planned) -> Streamed {
         Input::Chat(content) => generate_request::Input::Chat(ChatInput { messages: vec![ChatMessage { role: "user".into(), content, ..Default::default() }] }),
     };
     let stop = StopConditions { max_tokens: p.max_tokens as u32, ignore_eos: p.copy.is_none(), ..Default::default() };
-    stream_until(client, input, stop).await
+    stream_sampled(client, input, stop, p.sampling).await
 }
 
 /// One streamed request, as the client saw it.
@@ -219,8 +226,13 @@ pub(crate) async fn stream(client: crate::remote::Client, input: generate_reques
 }
 
 /// Send one greedy request that ends at `stop` and time its stream.
-pub(crate) async fn stream_until(mut client: crate::remote::Client, input: generate_request::Input, stop: StopConditions) -> Streamed {
-    let req = GenerateRequest { input: Some(input), stop: Some(stop), ..Default::default() };
+pub(crate) async fn stream_until(client: crate::remote::Client, input: generate_request::Input, stop: StopConditions) -> Streamed {
+    stream_sampled(client, input, stop, None).await
+}
+
+/// [`stream_until`], sampled with `sampling` when given (else greedy).
+async fn stream_sampled(mut client: crate::remote::Client, input: generate_request::Input, stop: StopConditions, sampling: Option<ferry_proto::v1::SamplingParams>) -> Streamed {
+    let req = GenerateRequest { input: Some(input), stop: Some(stop), sampling, ..Default::default() };
     let t0 = Instant::now();
     let failed = |t0: Instant, ids: Vec<u32>| Streamed { sample: Sample { ok: false, ttft_ms: f64::INFINITY, tpot_ms: f64::INFINITY, e2e_ms: t0.elapsed().as_secs_f64() * 1e3, output_tokens: 0 }, ids, text: String::new(), summary: None };
     let Ok(resp) = client.generate(req).await else { return failed(t0, Vec::new()) };
@@ -378,13 +390,18 @@ fn misplaced(a: &ServeBenchArgs) -> Vec<&'static str> {
     let synthetic = [given(a.prompt_len.is_some(), "--prompt-len"), given(a.dataset.is_some(), "--dataset")];
     match a.workload {
         Workload::Random => multiturn.into_iter().flatten().collect(),
-        Workload::Multiturn => [given(a.requests.is_some(), "--requests"), given(a.save_outputs.is_some(), "--save-outputs")].into_iter().chain(synthetic).flatten().collect(),
+        Workload::Multiturn => [given(a.requests.is_some(), "--requests"), given(a.save_outputs.is_some(), "--save-outputs"), given(a.temperature != 0.0, "--temperature")]
+            .into_iter()
+            .chain(synthetic)
+            .flatten()
+            .collect(),
         Workload::Copy => multiturn.into_iter().chain(synthetic).flatten().collect(),
     }
 }
 
 /// The options' checks that need no router: each refusal names the option.
 pub(crate) fn check_options(a: &ServeBenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(a.temperature.is_finite() && a.temperature >= 0.0, "--temperature must be a number >= 0 (got {})", a.temperature);
     let wrong = misplaced(a);
     anyhow::ensure!(wrong.is_empty(), "{} not with --workload {} (see `ferry bench serve --help`)", wrong.join(", "), format!("{:?}", a.workload).to_lowercase());
     anyhow::ensure!(a.requests.unwrap_or(1) >= 1, "--requests must be at least 1");
@@ -419,7 +436,13 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
         let mut runs = Vec::new();
         for (rate_index, &rate) in a.rates.iter().enumerate() {
             bar.set_message(format!("rate {rate}/s"));
-            let plan = workload(&a, rate_index, rate, vocab)?;
+            let mut plan = workload(&a, rate_index, rate, vocab)?;
+            if a.temperature > 0.0 {
+                for (i, p) in plan.iter_mut().enumerate() {
+                    let seed = a.seed ^ (rate_index as u64).rotate_left(40) ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    p.sampling = Some(ferry_proto::v1::SamplingParams { temperature: a.temperature, seed: Some(seed), ..Default::default() });
+                }
+            }
             let before = match clocks(&mut admin).await {
                 Ok(c) => Some(c),
                 Err(e) => {
@@ -509,7 +532,7 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
         "label": a.label,
         "router": a.router,
         "slo": { "ttft_ms": a.slo.slo_ttft_ms, "tpot_ms": a.slo.slo_tpot_ms, "target": a.slo.slo_target },
-        "workload": { "kind": format!("{:?}", a.workload).to_lowercase(), "requests_per_rate": a.requests, "prompt_len": a.prompt_len, "output_len": a.output_len,
+        "workload": { "kind": format!("{:?}", a.workload).to_lowercase(), "temperature": a.temperature, "requests_per_rate": a.requests, "prompt_len": a.prompt_len, "output_len": a.output_len,
                       "dataset": a.dataset.as_ref().map(|p| p.display().to_string()), "seed": a.seed },
         "runs": summaries,
         "goodput_rps": goodput,

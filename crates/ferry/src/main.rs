@@ -10,6 +10,7 @@ mod bench_kv;
 mod bench_kv_dtype;
 mod bench_multiturn;
 mod bench_serve;
+mod bench_spec;
 mod cluster_args;
 mod conn_args;
 mod generate;

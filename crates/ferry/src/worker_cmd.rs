@@ -339,3 +339,24 @@ pub async fn shutdown_signal() {
         let _ = tokio::signal::ctrl_c().await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_core::spec::SpecMode;
+
+    #[test]
+    fn speculation_flags_apply_where_they_can_and_are_refused_elsewhere() {
+        let on = SpecArgs { speculate: Some(SpecMode::Ngram), spec_tokens: Some(3) };
+        let c = on.config(Role::Decode).unwrap();
+        assert_eq!((c.mode, c.max_tokens), (SpecMode::Ngram, 3));
+        assert_eq!(on.config(Role::Colocated).unwrap().mode, SpecMode::Ngram);
+        let e = on.config(Role::Prefill).unwrap_err().to_string();
+        assert!(e.contains("prefill worker does not decode"), "{e}");
+        let k_alone = SpecArgs { speculate: None, spec_tokens: Some(3) };
+        assert!(k_alone.config(Role::Decode).unwrap_err().to_string().contains("--spec-tokens needs --speculate"));
+        let off = SpecArgs::default().config(Role::Prefill).unwrap();
+        assert_eq!((off.mode, off.max_tokens), (SpecMode::Off, ferry_worker::decode::speculate::DEFAULT_SPEC_TOKENS));
+        assert_eq!(on.to_args(), ["--speculate", "ngram", "--spec-tokens", "3"]);
+    }
+}

@@ -6,6 +6,7 @@
 //! bytes broadcast to every lane, the eight 16-bit results summed (at most 8 · 2 · 15 · 127 =
 //! 30480, so no overflow), one `vpmaddwd` with ones (row sums in the 32-bit lanes), one
 //! conversion, and one FMA with the eight rows' `d_w · d_x`; the min term is one more FMA.
+//! With several activation rows, each block is unpacked once for up to four of them.
 
 use core::arch::x86_64::*;
 
@@ -26,16 +27,24 @@ pub(crate) fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32])
     }
 }
 
-/// One format's arithmetic on one block of a group.
+/// One format's arithmetic on one block of a group, in two parts: unpacking the 8 rows' block
+/// once ([`Format::load`]), then each activation row's terms from it ([`Format::apply`]), so a
+/// step of several rows unpacks each weight block once. Each row's operations, and their order,
+/// are those of a row alone: the result does not depend on the other rows (bit for bit).
 trait Format {
     const TY: WeightType;
-    /// Add the block's terms for the 8 rows: the scaled integer sum to `acc`, the min term (if
-    /// any) to `macc`.
+    /// A block of the group's 8 rows, unpacked.
+    type Block: Copy;
+    /// # Safety
+    /// `blk` must point to the group's block (`TY.block_bytes() * 8` bytes); the CPU must
+    /// support AVX2, FMA and F16C (as for every function here).
+    unsafe fn load(blk: *const u8) -> Self::Block;
+    /// Add one activation row's terms for the block: the scaled integer sum to `acc`, the min
+    /// term (if any) to `macc`.
     ///
     /// # Safety
-    /// `blk` must point to the group's block (`TY.block_bytes() * 8` bytes), `x` to the 32
-    /// activation quants of the same block.
-    unsafe fn block(blk: *const u8, x: *const i8, dx: f32, sx: f32, acc: &mut __m256, macc: &mut __m256);
+    /// `x` must point to the 32 activation quants of the same block.
+    unsafe fn apply(b: &Self::Block, x: *const i8, dx: f32, sx: f32, acc: &mut __m256, macc: &mut __m256);
     /// The 8 rows' results from the two accumulators.
     ///
     /// # Safety
@@ -47,31 +56,51 @@ trait Format {
 struct Q4<const MIN: bool>;
 struct Q8_0;
 
+/// A Q4 block of 8 rows: the low and high nibbles of its four 32-byte slices (lo0, hi0, lo1,
+/// ...), the rows' scales, and their mins (Q4_1) or scales again (Q4_0).
+#[derive(Clone, Copy)]
+struct Q4Block {
+    q: [__m256i; 8],
+    d: __m256,
+    c: __m256,
+}
+
 impl<const MIN: bool> Format for Q4<MIN> {
     const TY: WeightType = if MIN { WeightType::Q4_1 } else { WeightType::Q4_0 };
+    type Block = Q4Block;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn block(blk: *const u8, x: *const i8, dx: f32, sx: f32, acc: &mut __m256, macc: &mut __m256) {
+    unsafe fn load(blk: *const u8) -> Q4Block {
         let hb = header_bytes(Self::TY);
         let mask = _mm256_set1_epi8(0x0F);
-        // SAFETY: the loads stay within the block (header, then four 32-byte slices) and the
-        // 32 activation quants (caller's contract).
+        // SAFETY: the loads stay within the block (header, then four 32-byte slices).
+        unsafe {
+            let mut q = [_mm256_setzero_si256(); 8];
+            for g in 0..4 {
+                let v = _mm256_loadu_si256(blk.add(hb + 32 * g).cast());
+                q[2 * g] = _mm256_and_si256(v, mask);
+                q[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
+            }
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(blk.cast()));
+            let c = if MIN { _mm256_cvtph_ps(_mm_loadu_si128(blk.add(2 * X8_ROWS).cast())) } else { d };
+            Q4Block { q, d, c }
+        }
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn apply(b: &Q4Block, x: *const i8, dx: f32, sx: f32, acc: &mut __m256, macc: &mut __m256) {
+        // SAFETY: the loads stay within the 32 activation quants (caller's contract).
         unsafe {
             let mut isum = _mm256_setzero_si256();
             for g in 0..4 {
-                let v = _mm256_loadu_si256(blk.add(hb + 32 * g).cast());
-                let lo = _mm256_and_si256(v, mask);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
                 let xl = _mm256_set1_epi32(x.add(4 * g).cast::<i32>().read_unaligned());
                 let xh = _mm256_set1_epi32(x.add(16 + 4 * g).cast::<i32>().read_unaligned());
-                isum = _mm256_add_epi16(isum, _mm256_maddubs_epi16(lo, xl));
-                isum = _mm256_add_epi16(isum, _mm256_maddubs_epi16(hi, xh));
+                isum = _mm256_add_epi16(isum, _mm256_maddubs_epi16(b.q[2 * g], xl));
+                isum = _mm256_add_epi16(isum, _mm256_maddubs_epi16(b.q[2 * g + 1], xh));
             }
             let f = _mm256_cvtepi32_ps(_mm256_madd_epi16(isum, _mm256_set1_epi16(1)));
-            let d = _mm256_cvtph_ps(_mm_loadu_si128(blk.cast()));
-            *acc = _mm256_fmadd_ps(f, _mm256_mul_ps(d, _mm256_set1_ps(dx)), *acc);
-            let c = if MIN { _mm256_cvtph_ps(_mm_loadu_si128(blk.add(2 * X8_ROWS).cast())) } else { d };
-            *macc = _mm256_fmadd_ps(c, _mm256_set1_ps(sx), *macc);
+            *acc = _mm256_fmadd_ps(f, _mm256_mul_ps(b.d, _mm256_set1_ps(dx)), *acc);
+            *macc = _mm256_fmadd_ps(b.c, _mm256_set1_ps(sx), *macc);
         }
     }
     #[inline]
@@ -81,26 +110,47 @@ impl<const MIN: bool> Format for Q4<MIN> {
     }
 }
 
+/// A Q8_0 block of 8 rows: its eight 32-byte slices (their signs go to the activations) and
+/// their magnitudes, and the rows' scales.
+#[derive(Clone, Copy)]
+struct Q8Block {
+    v: [__m256i; 8],
+    a: [__m256i; 8],
+    d: __m256,
+}
+
 /// Signed weights: `vpmaddubsw` takes `|w|` and the activations with `w`'s signs (`vpsignb`); a
 /// pair sum reaches 2 · 128 · 127, so each slice goes to 32 bits (`vpmaddwd`) before the eight
 /// are added.
 impl Format for Q8_0 {
     const TY: WeightType = WeightType::Q8_0;
+    type Block = Q8Block;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn block(blk: *const u8, x: *const i8, dx: f32, _sx: f32, acc: &mut __m256, _macc: &mut __m256) {
+    unsafe fn load(blk: *const u8) -> Q8Block {
         let hb = header_bytes(Self::TY);
         // SAFETY: as for `Q4`, with eight slices.
         unsafe {
+            let (mut v, mut a) = ([_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8]);
+            for g in 0..8 {
+                v[g] = _mm256_loadu_si256(blk.add(hb + 32 * g).cast());
+                a[g] = _mm256_abs_epi8(v[g]);
+            }
+            Q8Block { v, a, d: _mm256_cvtph_ps(_mm_loadu_si128(blk.cast())) }
+        }
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn apply(b: &Q8Block, x: *const i8, dx: f32, _sx: f32, acc: &mut __m256, _macc: &mut __m256) {
+        // SAFETY: as for `Q4`.
+        unsafe {
             let mut isum = _mm256_setzero_si256();
             for g in 0..8 {
-                let v = _mm256_loadu_si256(blk.add(hb + 32 * g).cast());
                 let xg = _mm256_set1_epi32(x.add(4 * g).cast::<i32>().read_unaligned());
-                let p = _mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(xg, v));
+                let p = _mm256_maddubs_epi16(b.a[g], _mm256_sign_epi8(xg, b.v[g]));
                 isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
             }
-            let d = _mm256_cvtph_ps(_mm_loadu_si128(blk.cast()));
-            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(dx)), *acc);
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(b.d, _mm256_set1_ps(dx)), *acc);
         }
     }
     #[inline]
@@ -110,6 +160,10 @@ impl Format for Q8_0 {
     }
 }
 
+/// Activation rows taken together over one pass of a group's blocks (each block unpacked once
+/// for all of them); their accumulators stay in registers.
+const TILE: usize = 4;
+
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn groups<F: Format>(w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
@@ -118,29 +172,58 @@ fn groups<F: Format>(w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
     let (xq8, xd, xs) = (xq.quants(), xq.scales(), xq.sums());
     // These make every access below in bounds.
     assert!(xq8.len() >= m * nb * QK && xd.len() >= m * nb && xs.len() >= m * nb && w.len() >= out.len() / (X8_ROWS * m) * nb * bb);
-    let wp = w.as_ptr();
     for (gi, o) in out.chunks_exact_mut(X8_ROWS * m).enumerate() {
-        for i in 0..m {
-            let (mut acc, mut macc) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-            for b in 0..nb {
-                let off = (gi * nb + b) * bb;
-                if i == 0 {
-                    // The first activation row streams the group from memory (a block's bytes a
-                    // page ahead are asked for, as in the row-layout kernels); the others find it
-                    // in L1.
-                    prefetch_ahead(w, bb, gi * nb + b);
+        let mut i0 = 0;
+        while i0 < m {
+            let n = (m - i0).min(TILE);
+            // SAFETY: rows i0..i0 + n exist (n >= 1) and the assert above bounds every access.
+            unsafe {
+                match n {
+                    4 => tile::<F, 4>(w, xq8, xd, xs, nb, m, gi, i0, o),
+                    3 => tile::<F, 3>(w, xq8, xd, xs, nb, m, gi, i0, o),
+                    2 => tile::<F, 2>(w, xq8, xd, xs, nb, m, gi, i0, o),
+                    _ => tile::<F, 1>(w, xq8, xd, xs, nb, m, gi, i0, o),
                 }
-                let xb = i * nb + b;
-                // SAFETY: group gi's block b is bytes off..off + bb of w, row i's x block b is
-                // xq8[32 xb..32 xb + 32], and xd[xb], xs[xb] exist (assert above).
-                unsafe { F::block(wp.add(off), xq8.as_ptr().add(xb * QK), *xd.as_ptr().add(xb), *xs.as_ptr().add(xb), &mut acc, &mut macc) };
             }
-            let mut v = [0f32; X8_ROWS];
-            // SAFETY: v holds exactly 8 floats; AVX2 and FMA are enabled here.
-            unsafe { _mm256_storeu_ps(v.as_mut_ptr(), F::finish(acc, macc)) };
-            for (row, v) in v.into_iter().enumerate() {
-                o[row * m + i] = v;
-            }
+            i0 += n;
+        }
+    }
+}
+
+/// Activation rows `i0..i0 + T` against group `gi` (outputs `o`, the group's `8 · m`).
+///
+/// # Safety
+/// `i0 + T <= m`, and `w`, `xq8`, `xd`, `xs` hold group `gi`'s blocks and those rows' blocks (as
+/// `groups` asserts).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile<F: Format, const T: usize>(w: &[u8], xq8: &[i8], xd: &[f32], xs: &[f32], nb: usize, m: usize, gi: usize, i0: usize, o: &mut [f32]) {
+    let bb = F::TY.block_bytes() * X8_ROWS;
+    let (mut acc, mut macc) = ([_mm256_setzero_ps(); T], [_mm256_setzero_ps(); T]);
+    let (wp, xp) = (w.as_ptr(), xq8.as_ptr());
+    for b in 0..nb {
+        let off = (gi * nb + b) * bb;
+        if i0 == 0 {
+            // The first rows stream the group from memory (a block's bytes a page ahead are
+            // asked for, as in the row-layout kernels); later tiles find it in L1.
+            prefetch_ahead(w, bb, gi * nb + b);
+        }
+        // SAFETY: group gi's block b is bytes off..off + bb of w (caller's contract).
+        let blk = unsafe { F::load(wp.add(off)) };
+        for t in 0..T {
+            let xb = (i0 + t) * nb + b;
+            // SAFETY: row i0 + t's x block b is quants 32 xb..32 xb + 32, and xd[xb], xs[xb]
+            // exist (caller's contract).
+            unsafe { F::apply(&blk, xp.add(xb * QK), *xd.as_ptr().add(xb), *xs.as_ptr().add(xb), &mut acc[t], &mut macc[t]) };
+        }
+    }
+    for t in 0..T {
+        let mut v = [0f32; X8_ROWS];
+        // SAFETY: v holds exactly 8 floats; AVX2 and FMA are enabled here.
+        unsafe { _mm256_storeu_ps(v.as_mut_ptr(), F::finish(acc[t], macc[t])) };
+        for (row, v) in v.into_iter().enumerate() {
+            o[row * m + i0 + t] = v;
         }
     }
 }

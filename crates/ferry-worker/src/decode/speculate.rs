@@ -20,9 +20,9 @@
 //! How many tokens to propose adapts per sequence: an estimate `a` of the chance that a proposed
 //! token is accepted (an exponential average over verified proposals, and over the first
 //! proposal of steps that verify none, which costs nothing to check) picks the K that maximizes
-//! tokens per unit of step time, `(1 + a + a^2 + ... + a^K) / (1 + c·K)`, where `c` is what one
-//! more row costs relative to a decode step. A sequence with nothing to copy proposes nothing
-//! (no match) or soon K = 0.
+//! tokens per unit of step time, `(1 + a + a^2 + ... + a^K) / cost(K)`, where `cost(K)` is a step
+//! of K + 1 rows relative to a decode step ([`RowCost`]). A sequence with nothing to copy
+//! proposes nothing (no match) or soon K = 0.
 
 use ferry_core::spec::{ngram_propose, DocId, SpecMode, SuffixIndex};
 
@@ -50,17 +50,36 @@ pub const MAX_SPEC_TOKENS: usize = 7;
 /// tokens.
 const NGRAM_MIN: usize = 2;
 const NGRAM_MAX: usize = 6;
-/// The suffix index: tokens kept (earlier prompts and outputs; about 50 bytes each), the
-/// longest context it counts, the shortest it proposes from, and the least probability a
-/// proposed run may have.
-const SUFFIX_TOKENS: usize = 1 << 20;
+/// The suffix index: tokens kept (earlier prompts and outputs: a few hundred requests; each
+/// token adds up to `SUFFIX_ORDER` counted contexts), the longest context it counts, the
+/// shortest it proposes from, and the least probability a proposed run may have.
+const SUFFIX_TOKENS: usize = 1 << 17;
 const SUFFIX_ORDER: usize = 6;
 const SUFFIX_MIN_ORDER: usize = 2;
 const SUFFIX_MIN_PROB: f32 = 0.1;
-/// One more row's cost relative to a decode step: measured on the CPU (SmolLM2, q8), estimated
-/// on a GPU, where up to `GPU_ROW_BUDGET` rows cost about what one does.
-const CPU_ROW_COST: f32 = 0.1;
-const GPU_ROW_COST: f32 = 0.02;
+/// What a step of K + 1 rows of one sequence costs relative to a decode step of one row:
+/// `1 + linear·K + square·K²`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct RowCost {
+    pub linear: f32,
+    pub square: f32,
+}
+
+impl RowCost {
+    fn of(self, k: usize) -> f32 {
+        let k = k as f32;
+        1.0 + self.linear * k + self.square * k * k
+    }
+}
+
+/// On the CPU (SmolLM2 Q4_1, q8 activations, 512 tokens of context, `ferry bench spec-rows`):
+/// 2 rows cost 1.17-1.2x one, 4 rows 1.74x, 8 rows 3.36x, 12 rows 5.4x (docs/benchmarks.md,
+/// issue #36), which this fits within 4%. More rows cost more each: the row-dot kernels are
+/// compute-bound past one row on a CPU.
+const CPU_ROW_COST: RowCost = RowCost { linear: 0.2, square: 0.02 };
+/// On a GPU a decode step reads all the weights whatever its rows, up to `GPU_ROW_BUDGET` of
+/// them (an estimate: untested on a GPU).
+const GPU_ROW_COST: RowCost = RowCost { linear: 0.02, square: 0.0 };
 const GPU_ROW_BUDGET: usize = 64;
 /// The weight of the latest observation in a sequence's acceptance estimate, and where the
 /// estimate starts.
@@ -87,23 +106,22 @@ pub(super) struct Speculator {
     index: Option<SuffixIndex>,
     /// Most rows a step may carry with proposals in it.
     row_budget: usize,
-    /// One more row's cost, relative to a decode step.
-    row_cost: f32,
+    /// A verifying step's cost, relative to a decode step.
+    row_cost: RowCost,
 }
 
 impl Speculator {
-    /// `row_budget`: rows a step may reach with proposals; `row_cost`: one more row's cost
-    /// relative to a decode step (both the backend's).
-    pub(super) fn new(cfg: SpecConfig, row_budget: usize, row_cost: f32) -> Self {
+    /// `row_budget`: rows a step may reach with proposals; `row_cost`: what rows cost (both the
+    /// backend's).
+    pub(super) fn new(cfg: SpecConfig, row_budget: usize, row_cost: RowCost) -> Self {
         let index = (cfg.mode == SpecMode::Suffix).then(|| SuffixIndex::new(SUFFIX_TOKENS, SUFFIX_ORDER));
         Speculator { cfg: SpecConfig { max_tokens: cfg.max_tokens.min(MAX_SPEC_TOKENS), ..cfg }, index, row_budget, row_cost }
     }
 
     /// The speculation of a worker serving `engine`: the budget and row cost of its backend. On
     /// the CPU, steps of up to `GEMV_MAX_ROWS` rows take the row-dot matmul, which computes each
-    /// row as it would alone; one more row there costs about `CPU_ROW_COST` of a decode step
-    /// (docs/benchmarks.md, issue #36). On a GPU a decode step is bound by reading the weights
-    /// far beyond a few rows (the values are estimates: untested on a GPU).
+    /// row as it would alone, at the measured `CPU_ROW_COST`. On a GPU a decode step is bound by
+    /// reading the weights far beyond a few rows (the values are estimates: untested on a GPU).
     pub(super) fn for_engine(cfg: SpecConfig, engine: &ferry_engine::Engine) -> Self {
         let (budget, cost) = match engine.backend() {
             ferry_engine::DeviceBackend::Cpu(_) => (ferry_engine::backend::cpu::GEMV_MAX_ROWS, CPU_ROW_COST),
@@ -153,7 +171,7 @@ impl Speculator {
         for k in 1..=self.cfg.max_tokens.min(limit) {
             p *= s.accept;
             gain += p;
-            let rate = gain / (1.0 + self.row_cost * k as f32);
+            let rate = gain / self.row_cost.of(k);
             if rate > best_rate {
                 (best, best_rate) = (k, rate);
             }
@@ -218,13 +236,13 @@ fn observe(accept: &mut f32, hit: bool) {
 mod tests {
     use super::*;
 
-    fn spec(mode: SpecMode, row_cost: f32) -> Speculator {
-        Speculator::new(SpecConfig { mode, max_tokens: 5 }, 12, row_cost)
+    fn spec(mode: SpecMode, linear: f32) -> Speculator {
+        Speculator::new(SpecConfig { mode, max_tokens: 5 }, 12, RowCost { linear, square: 0.0 })
     }
 
     #[test]
     fn k_follows_the_acceptance_and_the_row_cost() {
-        let sp = spec(SpecMode::Ngram, 0.1);
+        let mut sp = spec(SpecMode::Ngram, 0.1);
         let mut s = sp.start(&[1, 2, 3]).expect("on");
         s.accept = 0.95;
         assert_eq!(sp.wanted(&s, 99), 5, "a sequence that copies proposes all it may");
@@ -234,6 +252,12 @@ mod tests {
         let dear = spec(SpecMode::Ngram, 2.0);
         s.accept = 0.9;
         assert_eq!(dear.wanted(&s, 99), 0, "rows that cost more than they return are not spent");
+        // The CPU's measured curve: rows cost more each as they grow.
+        let cpu = Speculator::new(SpecConfig { mode: SpecMode::Ngram, max_tokens: 7 }, 12, CPU_ROW_COST);
+        for (a, k) in [(0.95, 4), (0.9, 3), (0.5, 1), (0.15, 0)] {
+            s.accept = a;
+            assert_eq!(cpu.wanted(&s, 99), k, "acceptance {a}");
+        }
     }
 
     #[test]
