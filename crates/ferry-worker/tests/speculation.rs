@@ -17,6 +17,10 @@ use ferry_worker::{EngineOptions, Listeners, Role, SpecConfig, TransportChoice, 
 use std::path::PathBuf;
 use std::time::Duration;
 
+fn golden() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/golden/llama-gqa")
+}
+
 fn model() -> PathBuf {
     match std::env::var_os("FERRY_SMOLLM2_GGUF") {
         Some(p) => PathBuf::from(p),
@@ -29,15 +33,19 @@ fn engine() -> Engine {
 }
 
 fn engine_with(activations: Activations) -> Engine {
-    Engine::load(&model(), &EngineConfig { threads: 1, activations, ..Default::default() }).expect("load SmolLM2")
+    load(&model(), activations)
 }
 
-/// A worker of `role` with `spec` (and `faults`), registered with `router`.
-async fn worker(role: Role, router: &str, spec: SpecConfig, faults: FaultInjection) -> tokio::sync::oneshot::Sender<()> {
+fn load(path: &std::path::Path, activations: Activations) -> Engine {
+    Engine::load(path, &EngineConfig { threads: 1, activations, ..Default::default() }).expect("load the model")
+}
+
+/// A worker of `role` running `path` with `spec` (and `faults`), registered with `router`.
+async fn worker(path: &std::path::Path, role: Role, router: &str, spec: SpecConfig, faults: FaultInjection) -> tokio::sync::oneshot::Sender<()> {
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let data = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let cfg = WorkerConfig { model: "test".into(), router: Some(router.to_string()), transport: TransportChoice::Tcp, ..WorkerConfig::new(role, format!("{role:?}")) };
-    let handle = ferry_worker::EngineHandle::start_with(role, engine(), "test", EngineOptions { spec, faults, ..Default::default() });
+    let handle = ferry_worker::EngineHandle::start_with(role, load(path, Activations::Q8), "test", EngineOptions { spec, faults, ..Default::default() });
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (ready, _) = tokio::sync::watch::channel(false);
     let listeners = Listeners { grpc, data: (role == Role::Decode).then_some(data), metrics: None, health: None };
@@ -56,14 +64,15 @@ struct Setup {
 
 type Answer = Vec<(Vec<u32>, Vec<f32>, GenerateFinal)>;
 
-/// Every request's choices under `s`: ids, logprobs of the chosen tokens, final.
-async fn answers(s: &Setup, reqs: &[GenerateRequest]) -> Vec<Answer> {
-    let r = common::Router::start(RouterConfig { heartbeat: Duration::from_millis(100), ..RouterConfig::new(model()) }).await;
+/// Every request's choices under `s` on the model at `path`: ids, logprobs of the chosen tokens,
+/// final.
+async fn answers(path: &std::path::Path, s: &Setup, reqs: &[GenerateRequest]) -> Vec<Answer> {
+    let r = common::Router::start(RouterConfig { heartbeat: Duration::from_millis(100), ..RouterConfig::new(path) }).await;
     let spec = SpecConfig { mode: s.mode, max_tokens: 5 };
     let faults = FaultInjection { spec_garbage: s.garbage, ..Default::default() };
     let mut stops = Vec::new();
     for &role in s.roles {
-        stops.push(worker(role, &r.addr, spec, faults.clone()).await);
+        stops.push(worker(path, role, &r.addr, spec, faults.clone()).await);
     }
     let mut out = Vec::new();
     for req in reqs {
@@ -121,7 +130,7 @@ async fn speculation_changes_no_answer() {
     let chat = e.encode("Write one sentence about the sea.").unwrap();
     let greedy = |lp: u32| v1::SamplingParams { temperature: 0.0, logprobs: Some(lp), ..Default::default() };
     let seeded = |seed: u64, n: u32| v1::SamplingParams { temperature: 0.8, seed: Some(seed), n, logprobs: Some(1), ..Default::default() };
-    let mut reqs = vec![
+    let reqs = vec![
         request(&copy, 48, greedy(2), vec![]),
         request(&copy, 40, seeded(7, 1), vec![]),
         request(&copy, 24, seeded(11, 3), vec![]),
@@ -137,7 +146,7 @@ async fn speculation_changes_no_answer() {
         ),
     ];
     let off = Setup { what: "off", roles: &[Role::Colocated], mode: SpecMode::Off, garbage: false };
-    let want = answers(&off, &reqs).await;
+    let want = answers(&model(), &off, &reqs).await;
 
     let setups = [
         Setup { what: "ngram, colocated", roles: &[Role::Colocated], mode: SpecMode::Ngram, garbage: false },
@@ -145,7 +154,7 @@ async fn speculation_changes_no_answer() {
         Setup { what: "garbage proposals, colocated", roles: &[Role::Colocated], mode: SpecMode::Ngram, garbage: true },
     ];
     for s in &setups {
-        let got = answers(s, &reqs).await;
+        let got = answers(&model(), s, &reqs).await;
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert_eq!(g.len(), w.len(), "{}: request {i}: choices", s.what);
             for (k, (gc, wc)) in g.iter().zip(w).enumerate() {
@@ -223,5 +232,40 @@ async fn a_resumed_request_continues_the_same_answer() {
     // And the whole answer with speculation is the one without.
     for mode in [SpecMode::Ngram, SpecMode::Suffix] {
         assert_eq!(resumed(mode, &prompt, 0, 40).await, whole, "{mode}: the whole answer differs");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn speculation_changes_no_answer_on_a_golden_model() {
+    // A random-weight Llama (the golden fixture, f32 weights): greedy, seeded and n = 2 answers on
+    // a prompt that repeats, off against ngram (colocated) and suffix (disaggregated).
+    let path = golden();
+    let prompt: Vec<u32> = (0..60u32).map(|i| (i % 12) * 17 + 5).collect();
+    let sampling = |temperature: f32, seed: u64, n: u32| v1::SamplingParams { temperature, seed: Some(seed), n, logprobs: Some(1), ..Default::default() };
+    let reqs = vec![request(&prompt, 40, sampling(0.0, 0, 1), vec![]), request(&prompt, 40, sampling(0.9, 3, 1), vec![]), request(&prompt, 24, sampling(0.9, 5, 2), vec![])];
+    let off = Setup { what: "off", roles: &[Role::Colocated], mode: SpecMode::Off, garbage: false };
+    let want = answers(&path, &off, &reqs).await;
+    for s in [
+        Setup { what: "ngram, colocated", roles: &[Role::Colocated], mode: SpecMode::Ngram, garbage: false },
+        Setup { what: "suffix, disaggregated", roles: &[Role::Prefill, Role::Decode], mode: SpecMode::Suffix, garbage: false },
+        // This model's answers repeat little of the prompt: garbage proposals make every step
+        // verify (and roll back) on it too.
+        Setup { what: "garbage proposals, disaggregated", roles: &[Role::Prefill, Role::Decode], mode: SpecMode::Ngram, garbage: true },
+    ] {
+        let got = answers(&path, &s, &reqs).await;
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            for (k, (gc, wc)) in g.iter().zip(w).enumerate() {
+                assert_eq!(gc.0, wc.0, "{}: request {i} choice {k}: ids differ from speculation off", s.what);
+                // f32 weights take the exact path, whose rows are not bit for bit those of a
+                // step of other rows (tests/batching.rs): logprobs within f32 rounding.
+                assert_eq!(gc.1.len(), wc.1.len());
+                for (a, b) in gc.1.iter().zip(&wc.1) {
+                    assert!((a - b).abs() <= 1e-4, "{}: request {i} choice {k}: logprob {a} vs {b}", s.what);
+                }
+            }
+        }
+        let proposed: u32 = got.iter().flatten().map(|c| c.2.spec_proposed_tokens).sum();
+        eprintln!("{}: {proposed} tokens proposed, {} accepted", s.what, got.iter().flatten().map(|c| c.2.spec_accepted_tokens).sum::<u32>());
+        assert!(proposed > 0, "{}: nothing was proposed", s.what);
     }
 }
