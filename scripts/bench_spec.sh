@@ -31,18 +31,4 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
     run ngram "$round" --speculate ngram
     run suffix "$round" --speculate suffix
 done
-python3 - "$out" <<'PY'
-import glob, json, sys, statistics
-out = sys.argv[1]
-for wl in ("copy", "random"):
-    rows = {}
-    for f in sorted(glob.glob(f"{out}/{wl}-*.json")):
-        name = f.split("/")[-1][len(wl) + 1:].rsplit(".", 2)[0]
-        for r in json.load(open(f))["runs"]:
-            rows.setdefault((r["rate"], name), []).append(r)
-    for (rate, name), rs in sorted(rows.items()):
-        tpot = statistics.median(r["tpot_ms"]["p50"] for r in rs)
-        tps = statistics.median(r["output_tok_per_s"] for r in rs)
-        digests = sorted({r["outputs_digest"] for r in rs})
-        print(f"{wl:6} rate {rate:4} {name:7} TPOT p50 {tpot:7.2f} ms  output {tps:7.1f} tok/s  runs {len(rs)}  digests {digests}")
-PY
+python3 scripts/lib/serve_summary.py "$out" copy random

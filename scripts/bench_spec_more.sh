@@ -25,18 +25,4 @@ for round in $(seq 1 "${ROUNDS:-3}"); do
     run ngram "$round" --speculate ngram
     run suffix "$round" --speculate suffix
 done
-python3 - "$out" <<'PY'
-import glob, json, sys, statistics
-out = sys.argv[1]
-for wl in ("random", "copy"):
-    rows = {}
-    for f in sorted(glob.glob(f"{out}/{wl}-*.json")):
-        name = f.split("/")[-1][len(wl) + 1:].rsplit(".", 2)[0]
-        for r in json.load(open(f))["runs"]:
-            rows.setdefault((r["rate"], name), []).append(r)
-    for (rate, name), rs in sorted(rows.items()):
-        tpot = [round(r["tpot_ms"]["p50"], 2) for r in rs]
-        tps = [round(r["output_tok_per_s"], 1) for r in rs]
-        digests = sorted({r["outputs_digest"] for r in rs})
-        print(f"{wl:6} rate {rate:4} {name:7} TPOT p50 median {statistics.median(tpot):7.2f} ms {tpot}  output median {statistics.median(tps):7.1f} tok/s {tps}  digests {digests}")
-PY
+python3 scripts/lib/serve_summary.py "$out" random copy

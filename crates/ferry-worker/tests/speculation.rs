@@ -13,7 +13,7 @@ use ferry_engine::{Activations, Engine, EngineConfig};
 use ferry_proto::v1::{self, generate_request, structured_output::Kind, GenerateFinal, GenerateRequest, StopConditions, StructuredOutput};
 use ferry_router::RouterConfig;
 use ferry_worker::fault::FaultInjection;
-use ferry_worker::{EngineOptions, Listeners, Role, SpecConfig, TransportChoice, WorkerConfig};
+use ferry_worker::{EngineOptions, Listeners, Role, SpecConfig, WorkerConfig};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -40,21 +40,6 @@ fn load(path: &std::path::Path, activations: Activations) -> Engine {
     Engine::load(path, &EngineConfig { threads: 1, activations, ..Default::default() }).expect("load the model")
 }
 
-/// A worker of `role` running `path` with `spec` (and `faults`), registered with `router`.
-async fn worker(path: &std::path::Path, role: Role, router: &str, spec: SpecConfig, faults: FaultInjection) -> tokio::sync::oneshot::Sender<()> {
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let data = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let cfg = WorkerConfig { model: "test".into(), router: Some(router.to_string()), transport: TransportChoice::Tcp, ..WorkerConfig::new(role, format!("{role:?}")) };
-    let handle = ferry_worker::EngineHandle::start_with(role, load(path, Activations::Q8), "test", EngineOptions { spec, faults, ..Default::default() });
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (ready, _) = tokio::sync::watch::channel(false);
-    let listeners = Listeners { grpc, data: (role == Role::Decode).then_some(data), metrics: None, health: None };
-    tokio::spawn(async move {
-        ferry_worker::serve(cfg, handle, listeners, async move { let _ = stopped.await; }, ready).await.expect("worker");
-    });
-    stop
-}
-
 struct Setup {
     what: &'static str,
     roles: &'static [Role],
@@ -72,7 +57,8 @@ async fn answers(path: &std::path::Path, s: &Setup, reqs: &[GenerateRequest]) ->
     let faults = FaultInjection { spec_garbage: s.garbage, ..Default::default() };
     let mut stops = Vec::new();
     for &role in s.roles {
-        stops.push(worker(path, role, &r.addr, spec, faults.clone()).await);
+        let opts = EngineOptions { spec, faults: faults.clone(), ..Default::default() };
+        stops.push(common::spawn_worker_with(role, &r.addr, load(path, Activations::Q8), opts).await);
     }
     let mut out = Vec::new();
     for req in reqs {

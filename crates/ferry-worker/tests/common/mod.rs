@@ -76,11 +76,18 @@ pub async fn spawn_worker(role: ferry_worker::Role, router: &str, engine: ferry_
 /// [`spawn_worker`] with chunked prefill's per-step budget for a colocated worker.
 #[allow(dead_code)]
 pub async fn spawn_worker_chunked(role: ferry_worker::Role, router: &str, engine: ferry_engine::Engine, chunk_tokens: Option<usize>) -> tokio::sync::oneshot::Sender<()> {
+    let opts = ferry_worker::EngineOptions { chunk_tokens, faults: ferry_worker::fault::FaultInjection::from_env(), ..Default::default() };
+    spawn_worker_with(role, router, engine, opts).await
+}
+
+/// [`spawn_worker`] with the engine thread's options (chunked prefill, speculation, faults).
+#[allow(dead_code)]
+pub async fn spawn_worker_with(role: ferry_worker::Role, router: &str, engine: ferry_engine::Engine, opts: ferry_worker::EngineOptions) -> tokio::sync::oneshot::Sender<()> {
     use ferry_worker::{Listeners, Role, TransportChoice, WorkerConfig};
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let data = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let cfg = WorkerConfig { model: "test".into(), router: Some(router.to_string()), transport: TransportChoice::Tcp, ..WorkerConfig::new(role, format!("{role:?}")) };
-    let handle = ferry_worker::EngineHandle::start(role, engine, "test", chunk_tokens);
+    let handle = ferry_worker::EngineHandle::start_with(role, engine, "test", opts);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (ready, _) = tokio::sync::watch::channel(false);
     let listeners = Listeners { grpc, data: (role == Role::Decode).then_some(data), metrics: None, health: None };
