@@ -100,6 +100,13 @@ pub(super) struct SeqSpec {
     pub accepted: u64,
 }
 
+impl SeqSpec {
+    /// The estimated chance that a token proposed for this sequence is accepted.
+    pub(super) fn accept(&self) -> f32 {
+        self.accept
+    }
+}
+
 /// The worker's speculation: its settings, the suffix index, and what a row costs here.
 pub(super) struct Speculator {
     cfg: SpecConfig,
@@ -130,11 +137,6 @@ impl Speculator {
             _ => (GPU_ROW_BUDGET, GPU_ROW_COST),
         };
         Self::new(cfg, budget, cost)
-    }
-
-    /// The acceptance estimate of a running choice (0 without speculation).
-    pub(super) fn accept_of(&self, r: &super::finish::Running) -> f32 {
-        r.spec.as_ref().map_or(0.0, |s| s.accept)
     }
 
     pub(super) fn enabled(&self) -> bool {

@@ -312,7 +312,8 @@ impl DecodeThread {
         let mut free = self.engine.free_blocks().saturating_sub(need);
         // The sequences most likely to accept go first.
         let mut order: Vec<(usize, usize)> = parts.iter().enumerate().filter_map(|(k, p)| if let RowGroup::Decode(i) = p { Some((k, *i)) } else { None }).collect();
-        order.sort_by(|a, b| self.speculator.accept_of(&self.running[b.1]).total_cmp(&self.speculator.accept_of(&self.running[a.1])));
+        let accept = |i: usize| self.running[i].spec.as_ref().map_or(0.0, |s| s.accept());
+        order.sort_by(|a, b| accept(b.1).total_cmp(&accept(a.1)));
         for (k, i) in order {
             let len = len_of(&self.engine, &self.running[i].seq);
             let r = &mut self.running[i];
