@@ -95,6 +95,37 @@ for dir in deploy/k8s/base deploy/k8s/overlays/*/; do
         failed=1
         continue
     fi
+    # The Prometheus Operator's kinds (components/monitoring) have no schema in
+    # kubernetes-validate: they are split off and checked by their own rules below, and their
+    # content (the alerting rules) by scripts/check_observability.py with promtool.
+    if ! operator="$("$VENV/bin/python" - "$file" "$OUT/$name.operator.yaml" <<'EOF_SPLIT'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+ours = [d for d in docs if d["apiVersion"].startswith("monitoring.coreos.com/")]
+for d in ours:
+    kind, spec = d["kind"], d.get("spec") or {}
+    assert d["apiVersion"] == "monitoring.coreos.com/v1", f"{kind}: apiVersion {d['apiVersion']}"
+    if kind == "PrometheusRule":
+        groups = spec["groups"]
+        assert groups and all(g["name"] and g["rules"] for g in groups), "PrometheusRule: empty group"
+        for g in groups:
+            for r in g["rules"]:
+                assert ("alert" in r) != ("record" in r) and r["expr"], f"PrometheusRule: bad rule {r}"
+    elif kind == "PodMonitor":
+        assert spec["selector"]["matchLabels"] and spec["podMetricsEndpoints"], "PodMonitor: no selector or endpoints"
+    else:
+        raise AssertionError(f"unexpected monitoring.coreos.com kind {kind}")
+with open(sys.argv[1], "w") as f:
+    yaml.safe_dump_all([d for d in docs if d not in ours], f, sort_keys=False)
+with open(sys.argv[2], "w") as f:
+    yaml.safe_dump_all(ours, f, sort_keys=False)
+print(len(ours))
+EOF_SPLIT
+    )"; then
+        echo "FAIL $dir: its Prometheus Operator resources are malformed" >&2
+        failed=1
+        continue
+    fi
     docs="$("$VENV/bin/python" -c 'import sys, yaml; print(sum(1 for d in yaml.safe_load_all(open(sys.argv[1])) if d))' "$file")"
     if [ "$docs" -eq 0 ]; then
         echo "FAIL $dir: rendered no documents" >&2
@@ -134,6 +165,12 @@ for d in docs:
         assert any(m["mountPath"] == "/etc/ferry/cluster" for m in c["volumeMounts"]), f"{d['metadata']['name']}: the Secret is not mounted"
 policies = {d["metadata"]["name"] for d in docs if d["kind"] == "NetworkPolicy"}
 assert {"ferry-prefill", "ferry-decode"} <= policies, f"NetworkPolicies for the worker ports: {policies}"
+# The Grafana dashboard, for a sidecar to load: labelled, and a dashboard with panels.
+import json
+dash = one("ConfigMap", "ferry-grafana-dashboard")
+assert dash["metadata"]["labels"].get("grafana_dashboard") == "1", "the dashboard ConfigMap needs the label grafana_dashboard=1"
+board = json.loads(dash["data"]["ferry.json"])
+assert board["uid"] and len([p for p in board["panels"] if p["type"] != "row"]) >= 20, "the dashboard has too few panels"
 print("ferry invariants passed")
 EOF_CHECK
     then
@@ -146,7 +183,7 @@ EOF_CHECK
         echo "FAIL $dir: $passed of $docs documents valid" >&2
         failed=1
     else
-        echo "ok   $dir: $docs documents valid"
+        echo "ok   $dir: $docs documents valid$( [ "$operator" -gt 0 ] && echo " (and $operator Prometheus Operator resources checked apart)")"
     fi
     total=$((total + docs))
 done

@@ -34,6 +34,9 @@ pub struct Slo {
 }
 
 impl Slo {
+    /// The targets used when none are given: TTFT 5 s, TPOT 100 ms (CPU-scale figures; set yours).
+    pub const DEFAULT: Slo = Slo { ttft_ms: 5000.0, tpot_ms: 100.0 };
+
     pub fn met(&self, s: &Sample) -> bool {
         s.ok && s.ttft_ms <= self.ttft_ms && s.tpot_ms <= self.tpot_ms
     }

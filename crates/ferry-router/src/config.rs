@@ -70,6 +70,9 @@ pub struct RouterConfig {
     /// The format tool calls are parsed in (and forced calls written in) on the HTTP API; `None`:
     /// the one the model's chat template teaches ([`Format::detect`]).
     pub tool_call_parser: Option<Format>,
+    /// The latency targets a finished request is held to: it counts toward goodput
+    /// (`ferry_router_goodput_requests_total`) when it meets both; the autoscaler plans for them.
+    pub slo: ferry_core::slo::Slo,
     /// Scale the pools from the SLOs (`--autoscale`; needs `scaler`). None: only by hand.
     pub autoscale: Option<AutoscaleConfig>,
     /// Open connections and header timeout of the gRPC and the HTTP API, each; `/metrics` gets
@@ -119,6 +122,7 @@ impl RouterConfig {
             prefix_routing: PrefixRouting::KvAware,
             local_prefill_max: DEFAULT_LOCAL_PREFILL_MAX,
             tool_call_parser: None,
+            slo: ferry_core::slo::Slo::DEFAULT,
             autoscale: None,
             connections: ferry_proto::conn::ConnLimits::api(),
         }

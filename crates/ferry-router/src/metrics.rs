@@ -141,6 +141,28 @@ pub fn observe_kv_transport(chosen: v1::KvTransport, kv: Option<&v1::KvTransferS
     metrics::counter!("ferry_router_kv_bytes_total", "transport" => used).increment(kv.bytes);
 }
 
+/// The SLO finished requests are held to (the first router of the process sets it).
+static SLO: OnceLock<ferry_core::slo::Slo> = OnceLock::new();
+
+/// Publishes the SLO the routers hold requests to (`ferry_router_slo_*_seconds`, for dashboards to
+/// draw beside the percentiles) and the goodput counter at 0. Routers sharing one process share
+/// the first one's SLO.
+pub fn publish_slo(slo: ferry_core::slo::Slo) {
+    let slo = *SLO.get_or_init(|| slo);
+    metrics::gauge!("ferry_router_slo_time_to_first_token_seconds").set(slo.ttft_ms / 1e3);
+    metrics::gauge!("ferry_router_slo_time_per_output_token_seconds").set(slo.tpot_ms / 1e3);
+    metrics::counter!("ferry_router_goodput_requests_total").increment(0);
+}
+
+/// `ferry_router_goodput_requests_total`: one request that finished with every choice within both
+/// latency targets. `choices`: each choice's (TTFT, TPOT in seconds; 0 for a one-token answer).
+pub fn observe_goodput(choices: impl IntoIterator<Item = (Duration, f64)>) {
+    let slo = SLO.get().copied().unwrap_or(ferry_core::slo::Slo::DEFAULT);
+    if choices.into_iter().all(|(ttft, tpot_s)| ttft.as_secs_f64() * 1e3 <= slo.ttft_ms && tpot_s * 1e3 <= slo.tpot_ms) {
+        metrics::counter!("ferry_router_goodput_requests_total").increment(1);
+    }
+}
+
 /// `ferry_router_inflight`, up while the guard lives.
 pub struct InflightGauge(());
 

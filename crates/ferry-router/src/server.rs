@@ -81,6 +81,7 @@ pub async fn serve(
         window: Default::default(),
     });
     crate::metrics::handle()?;
+    crate::metrics::publish_slo(cfg.slo);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (serving_tx, serving_rx) = tokio::sync::watch::channel(false);

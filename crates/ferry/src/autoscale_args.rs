@@ -79,7 +79,20 @@ impl AutoscaleArgs {
         }))
     }
 
-    /// The same flags, for a router `ferry up` starts.
+    /// The SLO flags, for every router `ferry up` starts (each counts goodput against them).
+    pub fn slo_args(&self) -> Vec<String> {
+        vec![
+            "--slo-ttft-ms".to_string(),
+            self.slo.slo_ttft_ms.to_string(),
+            "--slo-tpot-ms".to_string(),
+            self.slo.slo_tpot_ms.to_string(),
+            "--slo-target".to_string(),
+            self.slo.slo_target.to_string(),
+        ]
+    }
+
+    /// The autoscaling flags (the SLO's are [`Self::slo_args`]), for the router `ferry up`
+    /// starts to scale the pools.
     pub fn to_args(&self) -> Vec<String> {
         if !self.autoscale {
             return Vec::new();
@@ -93,9 +106,6 @@ impl AutoscaleArgs {
             ("--autoscale-interval-ms", self.autoscale_interval_ms.to_string()),
             ("--autoscale-rate-window-ms", self.autoscale_rate_window_ms.to_string()),
             ("--autoscale-max-workers", self.autoscale_max_workers.to_string()),
-            ("--slo-ttft-ms", self.slo.slo_ttft_ms.to_string()),
-            ("--slo-tpot-ms", self.slo.slo_tpot_ms.to_string()),
-            ("--slo-target", self.slo.slo_target.to_string()),
             ("--autoscale-headroom", self.autoscale_headroom.to_string()),
             ("--autoscale-up-cooldown-ms", self.autoscale_up_cooldown_ms.to_string()),
             ("--autoscale-down-cooldown-ms", self.autoscale_down_cooldown_ms.to_string()),

@@ -199,6 +199,7 @@ pub fn run(args: RouterArgs) -> anyhow::Result<()> {
             KvPolicyArg::Grpc => KvPolicy::Grpc,
         },
         tls,
+        slo: args.autoscale.slo.slo(),
         autoscale: args.autoscale.config()?,
         connections: args.connections.limits(ferry_proto::conn::ConnLimits::api())?,
         ..ferry_router::RouterConfig::new(path)

@@ -196,6 +196,7 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
             args.extend(["--served-model-name".to_string(), name]);
         }
         args.extend(node_flags.iter().cloned());
+        args.extend(a.autoscale.slo_args());
         // One autoscaler: two would fight over the pools.
         if i == 0 {
             args.extend(a.autoscale.to_args());

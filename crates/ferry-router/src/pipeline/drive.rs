@@ -38,6 +38,13 @@ pub async fn run(shared: Arc<Shared>, mut job: Job, tx: Tx) {
     match result {
         Ok(()) => {
             crate::metrics::request_outcome("ok");
+            // Goodput: every choice within both targets.
+            let timings = choices.iter().map(|c| {
+                let ttft = c.ttft.unwrap_or_else(|| job.start.elapsed());
+                let n = c.generated.len();
+                (ttft, if n >= 2 { c.last_token.saturating_sub(ttft).as_secs_f64() / (n - 1) as f64 } else { 0.0 })
+            });
+            crate::metrics::observe_goodput(timings);
             if timing.is_some() {
                 shared.window.finished(finished(true));
             }
