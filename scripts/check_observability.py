@@ -2,7 +2,7 @@
 """Check Ferry's observability artefacts against a live cluster and a real Prometheus.
 
   python3 scripts/check_observability.py [--ferry target/debug/ferry] [--model PATH]
-                                         [--out target/observability] [--plot FILE.png]
+                                         [--out target/observability] [--plot FILE.png] [--rounds N]
 
 1. The dashboard (deploy/k8s/base/dashboards/ferry.json) is what scripts/gen_dashboard.py makes.
 2. The alerting rules (deploy/k8s/components/monitoring/prometheus-rule.yaml): `promtool check
@@ -225,12 +225,14 @@ class Prometheus:
             self.proc.kill()
 
 
-def traffic(base, model):
+def traffic(base, model, rounds):
     """Streamed chat completions, two at a time: varied prompts, repeated ones (prefix-cache hits),
     and one malformed request (an error outcome). Returns how many failed."""
-    prompts = [f"Write a short list of {n} fruits, one per line." for n in range(3, 9)]
-    prompts += prompts[:3]
-    prompts += ["Repeat exactly: the quick brown fox jumps over the lazy dog. " * 3] * 2
+    prompts = []
+    for r in range(rounds):
+        fresh = [f"Round {r}. Write a short list of {n} fruits, one per line." for n in range(3, 9)]
+        prompts += fresh + fresh[:3]
+        prompts += ["Repeat exactly: the quick brown fox jumps over the lazy dog. " * 3] * 2
 
     def one(p):
         body = json.dumps({"model": model, "messages": [{"role": "user", "content": p}],
@@ -269,7 +271,7 @@ def finite_values(result):
     return [float(v) for v in vals if not math.isnan(float(v))]
 
 
-def check_live(ferry, model, out, plot, rules, panels):
+def check_live(ferry, model, out, plot, rules, panels, rounds):
     cluster = Cluster(ferry, model, out)
     prom = None
     try:
@@ -278,7 +280,7 @@ def check_live(ferry, model, out, plot, rules, panels):
         while prom.targets_up().count("up") < len(cluster.metrics) and time.time() < deadline:
             time.sleep(0.5)
         start = time.time()
-        for f in traffic(f"http://{cluster.http}", cluster.model):
+        for f in traffic(f"http://{cluster.http}", cluster.model, rounds):
             fail(f"traffic: {f}")
         time.sleep(4)  # a few more scrapes after the last request
 
@@ -391,6 +393,7 @@ def main():
     ap.add_argument("--model", default=os.environ.get("FERRY_SMOLLM2_GGUF", "default"))
     ap.add_argument("--out", default=os.path.join(ROOT, "target", "observability"))
     ap.add_argument("--plot", help="draw the panels' series into this PNG")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of traffic (11 requests each; more for a longer plot)")
     a = ap.parse_args()
     need_yaml()
     for tool in ("prometheus", "promtool"):
@@ -400,7 +403,7 @@ def main():
     check_dashboard_file()
     rules = load_rules(a.out)
     panels = panel_queries()
-    check_live(a.ferry, a.model, a.out, a.plot, rules, panels)
+    check_live(a.ferry, a.model, a.out, a.plot, rules, panels, a.rounds)
     if failures:
         print(f"{len(failures)} check(s) failed; logs in {a.out}", file=sys.stderr)
         return 1
