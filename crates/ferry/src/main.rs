@@ -15,6 +15,7 @@ mod cluster_args;
 mod conn_args;
 mod generate;
 mod loadgen;
+mod trace_workload;
 mod multiturn;
 mod pipes;
 mod plan;
