@@ -15,7 +15,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/lib/up.sh
 out="${1:-target/aiperf-compare}"
 mkdir -p "$out"
-ferry=./target/release/ferry
+ferry="${FERRY:-./target/release/ferry}"
 aiperf="${AIPERF:-target/py-aiperf/bin/aiperf}"
 model="${FERRY_SMOLLM2_GGUF:-$HOME/.cache/ferry/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 requests="${REQUESTS:-24}" conc="${CONCURRENCY:-2}" isl="${ISL:-128}" osl="${OSL:-32}"

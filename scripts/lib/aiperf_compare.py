@@ -33,8 +33,8 @@ def aiperf_row(path):
         "itl_p50": g("inter_token_latency", "p50"), "itl_p99": g("inter_token_latency", "p99"),
         "e2e_p50": g("request_latency", "p50"),
         "req_s": g("request_throughput"), "tok_s": g("output_token_throughput"),
-        "isl": g("input_sequence_length"), "osl": g("output_sequence_length"),
-        "cached": None,
+        "isl": g("usage_prompt_tokens") or g("input_sequence_length"), "osl": g("output_sequence_length"),
+        "cached": g("total_usage_prompt_cache_read_tokens"),
     }
 
 
@@ -44,8 +44,8 @@ def fmt(x, p=1):
 
 def main():
     out = sys.argv[1]
-    print("| round | client | completed | TTFT p50 / p99 (ms) | ITL (TPOT) p50 / p99 (ms) | E2E p50 (ms) | req/s | output tok/s | prompt tokens (server) | output tokens |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| round | client | completed | TTFT p50 / p99 (ms) | ITL (TPOT) p50 / p99 (ms) | E2E p50 (ms) | req/s | output tok/s | prompt tokens (server) | output tokens | prompt tokens from cache |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     rounds = sorted(int(p.split(".")[-2]) for p in glob.glob(os.path.join(out, "ferry.*.json")))
     for k in rounds:
         rows = [("ferry bench serve", ferry_row(os.path.join(out, f"ferry.{k}.json")))]
@@ -54,7 +54,7 @@ def main():
             rows.append(("aiperf 0.13.0", aiperf_row(ap)))
         for name, r in rows:
             print(f'| {k} | {name} | {r["requests"]} | {fmt(r["ttft_p50"], 0)} / {fmt(r["ttft_p99"], 0)} | {fmt(r["itl_p50"])} / {fmt(r["itl_p99"])} | '
-                  f'{fmt(r["e2e_p50"], 0)} | {fmt(r["req_s"], 3)} | {fmt(r["tok_s"])} | {fmt(r["isl"])} | {fmt(r["osl"])} |')
+                  f'{fmt(r["e2e_p50"], 0)} | {fmt(r["req_s"], 3)} | {fmt(r["tok_s"])} | {fmt(r["isl"])} | {fmt(r["osl"])} | {fmt(r["cached"], 0)} |')
 
 
 if __name__ == "__main__":
