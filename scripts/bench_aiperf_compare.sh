@@ -11,6 +11,7 @@
 #   (build first: cargo build --release -p ferry; AIPERF=path/to/aiperf, default target/py-aiperf,
 #   made with: python3 -m venv target/py-aiperf && target/py-aiperf/bin/pip install aiperf==0.13.0)
 set -euo pipefail
+TIMEFORMAT='wall %R s, cpu %U s user + %S s sys'
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/lib/up.sh
 out="${1:-target/aiperf-compare}"
@@ -29,14 +30,16 @@ trap down_cluster EXIT
 for round in $(seq 1 "${ROUNDS:-2}"); do
     # A rate far past capacity: every request is due at once, and --max-concurrency keeps
     # CONCURRENCY in flight (the closed loop aiperf's --concurrency runs).
-    "$ferry" bench serve --router "$ROUTER" --rates 1000 --max-concurrency "$conc" --requests "$requests" \
+    # Each client's own CPU time (user + sys, its children included) goes to CLIENT.ROUND.cpu: on a
+    # 2-core machine the client shares the cores with the workers it measures.
+    { time "$ferry" bench serve --router "$ROUTER" --rates 1000 --max-concurrency "$conc" --requests "$requests" \
         --prompt-len "${FERRY_ISL:-$isl}" --output-len "$osl" --seed "$((100 + round))" --slo-ttft-ms 60000 --slo-tpot-ms 1000 \
-        --label "ferry bench serve, round $round" --out "$out/ferry.$round.json" > "$out/ferry.$round.log"
+        --label "ferry bench serve, round $round" --out "$out/ferry.$round.json" > "$out/ferry.$round.log" 2>&1; } 2> "$out/ferry.$round.cpu"
     rm -rf "$out/aiperf.$round"
-    env -u HF_HUB_OFFLINE -u TRANSFORMERS_OFFLINE "$aiperf" profile --model SmolLM2-135M-Instruct --url "http://$http" \
+    { time env -u HF_HUB_OFFLINE -u TRANSFORMERS_OFFLINE "$aiperf" profile --model SmolLM2-135M-Instruct --url "http://$http" \
         --endpoint-type chat --streaming --tokenizer "$tokenizer" \
         --extra-inputs "min_tokens:$osl" --use-server-token-count \
         --request-count "$requests" --concurrency "$conc" --isl "$isl" --isl-stddev 0 --osl "$osl" \
-        --random-seed "$((200 + round))" --ui none --artifact-dir "$out/aiperf.$round" --export-level raw > "$out/aiperf.$round.log" 2>&1
+        --random-seed "$((200 + round))" --ui none --artifact-dir "$out/aiperf.$round" --export-level raw > "$out/aiperf.$round.log" 2>&1; } 2> "$out/aiperf.$round.cpu"
 done
 python3 scripts/lib/aiperf_compare.py "$out"

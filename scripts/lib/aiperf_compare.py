@@ -44,17 +44,19 @@ def fmt(x, p=1):
 
 def main():
     out = sys.argv[1]
-    print("| round | client | completed | TTFT p50 / p99 (ms) | ITL (TPOT) p50 / p99 (ms) | E2E p50 (ms) | req/s | output tok/s | prompt tokens (server) | output tokens | prompt tokens from cache |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| round | client | completed | TTFT p50 / p99 (ms) | ITL (TPOT) p50 / p99 (ms) | E2E p50 (ms) | req/s | output tok/s | prompt tokens (server) | output tokens | prompt tokens from cache | client's own time |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     rounds = sorted(int(p.split(".")[-2]) for p in glob.glob(os.path.join(out, "ferry.*.json")))
     for k in rounds:
         rows = [("ferry bench serve", ferry_row(os.path.join(out, f"ferry.{k}.json")))]
         ap = os.path.join(out, f"aiperf.{k}", "profile_export_aiperf.json")
         if os.path.exists(ap):
             rows.append(("aiperf 0.13.0", aiperf_row(ap)))
-        for name, r in rows:
+        for (name, r), client in zip(rows, ("ferry", "aiperf")):
+            cpu = os.path.join(out, f"{client}.{k}.cpu")
+            r["cpu"] = open(cpu).read().strip() if os.path.exists(cpu) else "-"
             print(f'| {k} | {name} | {r["requests"]} | {fmt(r["ttft_p50"], 0)} / {fmt(r["ttft_p99"], 0)} | {fmt(r["itl_p50"])} / {fmt(r["itl_p99"])} | '
-                  f'{fmt(r["e2e_p50"], 0)} | {fmt(r["req_s"], 3)} | {fmt(r["tok_s"])} | {fmt(r["isl"])} | {fmt(r["osl"])} | {fmt(r["cached"], 0)} |')
+                  f'{fmt(r["e2e_p50"], 0)} | {fmt(r["req_s"], 3)} | {fmt(r["tok_s"])} | {fmt(r["isl"])} | {fmt(r["osl"])} | {fmt(r["cached"], 0)} | {r["cpu"]} |')
 
 
 if __name__ == "__main__":

@@ -504,7 +504,11 @@ fn misplaced(a: &ServeBenchArgs) -> Vec<&'static str> {
 pub(crate) fn check_options(a: &ServeBenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.temperature.is_finite() && a.temperature >= 0.0, "--temperature must be a number >= 0 (got {})", a.temperature);
     let wrong = misplaced(a);
-    anyhow::ensure!(wrong.is_empty(), "{} not with --workload {} (see `ferry bench serve --help`)", wrong.join(", "), format!("{:?}", a.workload).to_lowercase());
+    let with = match a.trace {
+        Some(_) => "--trace".to_string(),
+        None => format!("--workload {}", format!("{:?}", a.workload).to_lowercase()),
+    };
+    anyhow::ensure!(wrong.is_empty(), "{} not with {with} (see `ferry bench serve --help`)", wrong.join(", "));
     anyhow::ensure!(a.requests.unwrap_or(1) >= 1, "--requests must be at least 1");
     anyhow::ensure!(a.rates.iter().all(|r| r.is_finite() && *r > 0.0), "--rates must be positive numbers");
     anyhow::ensure!(a.max_concurrency.unwrap_or(1) >= 1, "--max-concurrency must be at least 1");
@@ -725,7 +729,35 @@ fn write_results(a: &ServeBenchArgs, result: serde_json::Value, plot_of: fn(&[se
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
     use ferry_proto::v1::WorkerRole::{Decode, Prefill};
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: ServeBenchArgs,
+    }
+
+    #[test]
+    fn a_trace_takes_its_own_options_and_refuses_the_others() {
+        let check = |args: &[&str]| Cli::try_parse_from(std::iter::once(&"ferry").chain(args)).map_err(|e| e.to_string()).and_then(|c| check_options(&c.a).map_err(|e| e.to_string()));
+        assert!(check(&["--trace", "t.jsonl", "--trace-block-tokens", "64", "--trace-time-scale", "0.1", "--max-requests", "8", "--block-size", "16", "--max-concurrency", "1"]).is_ok());
+        // The trace sets the arrivals: no --rates; and one of --rates or --trace is needed.
+        assert!(check(&["--trace", "t.jsonl", "--rates", "1"]).unwrap_err().contains("--rates"));
+        assert!(check(&[]).is_err());
+        for (args, says) in [
+            (&["--trace", "t.jsonl", "--users", "3"][..], "--users not with --trace"),
+            (&["--trace", "t.jsonl", "--workload", "copy"][..], "--workload not with --trace"),
+            (&["--rates", "1", "--trace-block-tokens", "64"][..], "--trace-block-tokens not with --workload random"),
+            (&["--rates", "1", "--trace-time-scale", "0.5"][..], "--trace-time-scale"),
+            (&["--rates", "1", "--block-size", "16"][..], "--block-size"),
+            (&["--rates", "1", "--max-concurrency", "0"][..], "at least 1"),
+        ] {
+            let e = check(args).unwrap_err();
+            assert!(e.contains(says), "{args:?}: {e}");
+        }
+        assert!(check(&["--rates", "1", "--workload", "multiturn", "--block-size", "16"]).is_ok());
+    }
 
     #[test]
     fn step_time_is_the_ratio_of_each_role_s_increases_between_two_looks() {
