@@ -204,23 +204,6 @@ struct Planned {
     salt: String,
 }
 
-/// `--trace`'s requests, as replayed: the file read, lengths and times scaled, capped.
-fn trace_requests(a: &ServeBenchArgs, path: &std::path::Path) -> anyhow::Result<Vec<crate::trace_workload::TraceRequest>> {
-    anyhow::ensure!(a.trace_block_tokens >= 1, "--trace-block-tokens must be at least 1");
-    anyhow::ensure!(a.trace_time_scale.is_finite() && a.trace_time_scale >= 0.0, "--trace-time-scale must be a number >= 0");
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading the trace {}", path.display()))?;
-    let records = crate::trace_workload::parse(&text, &path.display().to_string())?;
-    let replay = crate::trace_workload::Replay { block_tokens: a.trace_block_tokens, time_scale: a.trace_time_scale, max_output: a.trace_max_output, max_requests: a.requests };
-    Ok(crate::trace_workload::requests(&records, &replay))
-}
-
-/// A replayed trace's own rate: requests over the span of their arrivals (0 when they all
-/// arrive at once).
-fn trace_rate(reqs: &[crate::trace_workload::TraceRequest]) -> f64 {
-    let span = reqs.last().map_or(0.0, |r| r.at);
-    if span > 0.0 { (reqs.len() - 1) as f64 / span } else { 0.0 }
-}
-
 /// The requests of the `rate_index`-th rate of the sweep (with `--trace`, the trace's).
 fn workload(a: &ServeBenchArgs, rate_index: usize, rate: f64, vocab: u32, trace: Option<&[crate::trace_workload::TraceRequest]>) -> anyhow::Result<Vec<Planned>> {
     if let Some(reqs) = trace {
@@ -537,9 +520,9 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
         let result = crate::bench_multiturn::run(&a, client, vocab, &rt)?;
         return write_results(&a, result, crate::plot::ttft_by_turn);
     }
-    let trace = a.trace.as_ref().map(|p| trace_requests(&a, p)).transpose()?;
+    let trace = a.trace.as_ref().map(|p| crate::bench_trace::requests(&a, p)).transpose()?;
     let rates: Vec<f64> = match &trace {
-        Some(t) => vec![trace_rate(t)],
+        Some(t) => vec![crate::bench_trace::rate(t)],
         None => a.rates.clone(),
     };
     let limit = a.max_concurrency.map(|n| std::sync::Arc::new(tokio::sync::Semaphore::new(n)));
@@ -611,7 +594,7 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
     })?;
     let mut summaries: Vec<serde_json::Value> = runs.into_iter().map(|(r, s, w, t, step)| summary(r, &s, w, t, step, &slo)).collect();
     if let (Some(t), Some(run)) = (&trace, summaries.first_mut()) {
-        run["oracle"] = trace_oracle(t, a.trace_block_tokens, a.block_size.unwrap_or(16), run);
+        run["oracle"] = crate::bench_trace::oracle(t, a.trace_block_tokens, a.block_size.unwrap_or(16), run);
     }
     let att: Vec<(f64, f64)> = summaries.iter().map(|s| (s["rate"].as_f64().unwrap_or(0.0), s["slo_attainment"].as_f64().unwrap_or(0.0))).collect();
     let goodput = loadgen::goodput(&att, a.slo.slo_target);
@@ -684,30 +667,6 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
         "goodput_rps": goodput,
     });
     write_results(&a, result, crate::plot::latency_vs_rate)
-}
-
-/// The oracle of a replayed trace beside what the run measured: over the requests that
-/// completed (a failed request's prompt counts on neither side).
-fn trace_oracle(reqs: &[crate::trace_workload::TraceRequest], block_tokens: usize, cache_block: usize, run: &serde_json::Value) -> serde_json::Value {
-    let o = crate::trace_workload::oracle(reqs, block_tokens, cache_block);
-    let ok: Vec<bool> = run["samples"].as_array().map_or(Vec::new(), |v| v.iter().map(|s| s["ok"].as_bool().unwrap_or(false)).collect());
-    let (mut prompt, mut hit, mut servable) = (0, 0, 0);
-    for (i, r) in reqs.iter().enumerate().filter(|(i, _)| ok.get(*i).copied().unwrap_or(false)) {
-        prompt += r.prompt_len;
-        hit += o.hits[i];
-        servable += o.servable[i];
-    }
-    let measured = run["cache_hit_rate"].as_f64().unwrap_or(0.0);
-    let servable_rate = servable as f64 / prompt.max(1) as f64;
-    json!({
-        "hit_rate": hit as f64 / prompt.max(1) as f64,
-        "servable_hit_rate": servable_rate,
-        "cache_block": cache_block,
-        "block_tokens": block_tokens,
-        "measured_hit_rate": measured,
-        "measured_over_servable": measured / servable_rate,
-        "per_request_hits": o.hits,
-    })
 }
 
 /// `--out` and `--plot` (with the `--compare` results).

@@ -11,6 +11,7 @@ mod bench_kv_dtype;
 mod bench_multiturn;
 mod bench_serve;
 mod bench_spec;
+mod bench_trace;
 mod cluster_args;
 mod conn_args;
 mod generate;
