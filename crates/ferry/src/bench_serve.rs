@@ -551,14 +551,20 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
             for p in plan {
                 let c = client.clone();
                 let bar = bar.clone();
-                let limit = limit.clone();
+                // With a limit, requests take their slots here, one after another in arrival
+                // order (tasks racing for the semaphore could swap two that are due together, and
+                // a trace's later turn would run before its earlier one). Held until the request
+                // is done (None: no limit, or the semaphore closed).
+                let slot = match &limit {
+                    Some(l) => {
+                        tokio::time::sleep_until(start + Duration::from_secs_f64(p.at)).await;
+                        l.clone().acquire_owned().await.ok()
+                    }
+                    None => None,
+                };
                 tasks.push(tokio::spawn(async move {
                     tokio::time::sleep_until(start + Duration::from_secs_f64(p.at)).await;
-                    // Held until the request is done (None: no limit, or the semaphore closed).
-                    let _slot = match limit {
-                        Some(l) => l.acquire_owned().await.ok(),
-                        None => None,
-                    };
+                    let _slot = slot;
                     let (at, sent_ids) = (p.at, match &p.input {
                         Input::Ids(ids) => Some(ids.len()),
                         Input::Text(_) | Input::Chat(_) => None,
