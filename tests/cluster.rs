@@ -948,3 +948,33 @@ async fn mutual_tls_cluster_generates_what_the_plaintext_one_does() {
     drop(cluster);
     assert!(!dir.exists(), "ferry up removes its throwaway certificates on exit: {}", dir.display());
 }
+
+/// `ferry bench serve --trace` replays the bundled Mooncake-format trace (tests/fixtures/traces,
+/// made by scripts/gen_mooncake_trace.py) on `ferry up`, one request at a time (so each finds the
+/// cache its predecessors filled, as the oracle assumes): the prefix cache's hit rate, summed from
+/// the router's per-request `cached_tokens`, is the one the trace's hash ids imply within 5%.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mooncake_trace_hits_the_cache_its_hash_ids_imply() {
+    let cluster = Cluster::up(&smollm2(), 1, 1, &[]);
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("mooncake-replay-{}.json", std::process::id()));
+    let trace = fixtures().join("traces/mooncake_small.jsonl");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"));
+    cmd.args(["bench", "serve", "--router", &cluster.router, "--trace"])
+        .arg(&trace)
+        .args(["--trace-block-tokens", "16", "--trace-time-scale", "0.01", "--trace-max-output", "2", "--max-concurrency", "1", "--block-size", "16", "--out"])
+        .arg(&out);
+    let o = tokio::task::spawn_blocking(move || cmd.output()).await.unwrap().expect("run ferry bench serve");
+    let log = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "bench serve --trace failed:\n{log}");
+    eprintln!("{log}");
+    let v = json(out.clone());
+    let run = &v["runs"][0];
+    assert_eq!((run["requests"].as_u64(), run["completed"].as_u64()), (Some(32), Some(32)), "{log}");
+    let o = &run["oracle"];
+    let (measured, oracle) = (o["measured_hit_rate"].as_f64().unwrap(), o["servable_hit_rate"].as_f64().unwrap());
+    assert!(oracle > 0.3, "the bundled trace shares prefixes: oracle {oracle}");
+    assert_eq!(o["hit_rate"].as_f64(), Some(oracle), "16-token blocks and unique last blocks: the engine can serve every hit");
+    assert!((measured / oracle - 1.0).abs() <= 0.05, "measured hit rate {measured} vs the oracle's {oracle}:\n{log}");
+    let _ = std::fs::remove_file(&out);
+    cluster.assert_no_leaks().await;
+}

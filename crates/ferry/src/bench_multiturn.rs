@@ -131,10 +131,12 @@ pub fn run(a: &ServeBenchArgs, client: crate::remote::Client, vocab: u32, rt: &t
     anyhow::ensure!(block_size >= 1, "--block-size must be at least 1");
     let bar = crate::bench_serve::progress((spec.users * spec.turns * a.rates.len()) as u64);
     let mut runs = Vec::new();
-    for &rate in &a.rates {
+    for (rate_index, &rate) in a.rates.iter().enumerate() {
         bar.set_message(format!("{rate} conversations/s"));
         let spec = MultiturnSpec { start_rate: rate, ..spec.clone() };
-        let (records, wall) = rt.block_on(run_rate(a.seed, block_size, &client, &spec, &bar))?;
+        // Each rate its own conversations (system prompt included): the same ones again would be
+        // served from the cache the earlier rate filled, beyond the oracle.
+        let (records, wall) = rt.block_on(run_rate(loadgen::rate_seed(a.seed, rate_index), block_size, &client, &spec, &bar))?;
         runs.push(summary(rate, &spec, &records, wall));
     }
     bar.finish_and_clear();

@@ -4,8 +4,20 @@
 //! end-to-end percentiles, throughput and SLO attainment; then goodput, the largest rate at which
 //! at least 90% of requests met both latency targets. The arithmetic is `crate::loadgen`'s.
 //!
-//! JSONL workload format: one object per line, `{"prompt": "text", "max_tokens": 128}`; the
-//! requests cycle through the lines.
+//! JSONL workload format: one object per line, `{"prompt": "text", "max_tokens": 128}`; each
+//! rate of a sweep takes the next `--requests` lines, cycling through the file when it runs out
+//! (then a rate replays lines an earlier one sent: `reused_prompts` says how many).
+//!
+//! Every rate reports the prompt tokens its requests sent and those the workers served from their
+//! prefix caches (`cached_tokens`, summed over the router's per-request count), so a reader sees
+//! whether a rate measured the workload or the cache. Each rate of a sweep gets its own prompts
+//! (random: ids shifted per rate; copy and multiturn: content drawn from the seed and the rate's
+//! place; dataset: the next lines).
+//!
+//! `--trace FILE` replays a Mooncake-format trace instead ([`crate::trace_workload`]): its arrivals
+//! (times `--trace-time-scale`), its lengths and its prefix sharing (hash ids become token blocks
+//! of `--trace-block-tokens`), once, and reports the cache hit rate beside the oracle the hash ids
+//! imply.
 //!
 //! `--save-outputs FILE` writes every completed request's answer (ids and text) as a JSON line, and
 //! each rate's result carries `outputs_digest`, an FNV-1a hash over the answers in request order:
@@ -32,8 +44,9 @@ pub struct ServeBenchArgs {
     /// predicts with). Without access to the worker list, no step time is recorded.
     #[arg(long, env = "FERRY_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
-    /// Offered request rates (requests/s), comma-separated: one run each.
-    #[arg(long, value_delimiter = ',', required = true)]
+    /// Offered request rates (requests/s), comma-separated: one run each (not with --trace: the
+    /// trace sets the arrivals).
+    #[arg(long, value_delimiter = ',', required_unless_present = "trace", conflicts_with = "trace")]
     pub rates: Vec<f64>,
     /// `random`: independent requests at Poisson arrivals. `multiturn`: conversations on a shared
     /// system prompt, each turn repeating the last prompt and its answer (`--users`, `--turns`,
@@ -44,9 +57,27 @@ pub struct ServeBenchArgs {
     /// so give 400 or so: the default cuts answers short); no `--prompt-len`.
     #[arg(long, value_enum, default_value_t = Workload::Random)]
     pub workload: Workload,
-    /// Requests per rate [random, copy: 50].
-    #[arg(long)]
+    /// Requests per rate [random, copy: 50]; with --trace, only the trace's first N.
+    #[arg(long, alias = "max-requests")]
     pub requests: Option<usize>,
+    /// Replay a Mooncake-format trace (JSON lines of `{"timestamp": ms, "input_length": n,
+    /// "output_length": n, "hash_ids": [..]}`): its arrivals, lengths and shared prefixes, once.
+    #[arg(long, conflicts_with_all = ["dataset", "prompt_len"])]
+    pub trace: Option<PathBuf>,
+    /// --trace: prompt tokens per hash id (512 in the format; fewer replays the same sharing in
+    /// fewer tokens, every length scaled alike). Make it a multiple of the workers' KV block size.
+    #[arg(long, default_value_t = crate::trace_workload::MOONCAKE_BLOCK_TOKENS)]
+    pub trace_block_tokens: usize,
+    /// --trace: multiply the trace's times by this (0.1 replays ten times faster).
+    #[arg(long, default_value_t = 1.0)]
+    pub trace_time_scale: f64,
+    /// --trace: at most this many output tokens per request (default: the trace's).
+    #[arg(long)]
+    pub trace_max_output: Option<usize>,
+    /// At most this many requests in flight; a request due while that many are waits for one to
+    /// finish, and its latencies count from when it is sent (default: no limit, open loop).
+    #[arg(long)]
+    pub max_concurrency: Option<usize>,
     /// Prompt length in tokens: `N` or `LO..HI` (uniform) [random: 64..1024; not with --dataset].
     #[arg(long, conflicts_with = "dataset")]
     pub prompt_len: Option<String>,
@@ -72,7 +103,7 @@ pub struct ServeBenchArgs {
     /// multiturn: mean think time between an answer and the next turn, ms (exponential) [1000].
     #[arg(long)]
     pub think_ms: Option<f64>,
-    /// multiturn: the workers' KV block size, for the oracle's whole blocks [16].
+    /// multiturn, --trace: the workers' KV block size, for the oracle's whole blocks [16].
     #[arg(long)]
     pub block_size: Option<usize>,
     /// Seed for lengths, prompts and arrival times: the same seed gives the same workload.
@@ -160,20 +191,35 @@ enum Input {
 
 struct Planned {
     at: f64,
+    /// The requests of this run before this one that sent the same prompt (dataset lines reused).
+    reused: bool,
     input: Input,
     max_tokens: usize,
     /// The copy workload's task and what a perfect copy answers; EOS is honoured for these.
     copy: Option<(crate::bench_copy::Task, String)>,
     /// Sampled (`--temperature`), with this request's seed; None: greedy.
     sampling: Option<ferry_proto::v1::SamplingParams>,
+    /// The prefix cache's salt (empty: none). A trace replay sends one of its own, so it starts
+    /// from a cold cache whatever ran on the cluster before, as its oracle assumes.
+    salt: String,
 }
 
-/// The requests of the `rate_index`-th rate of the sweep.
-fn workload(a: &ServeBenchArgs, rate_index: usize, rate: f64, vocab: u32) -> anyhow::Result<Vec<Planned>> {
+/// The requests of the `rate_index`-th rate of the sweep (with `--trace`, the trace's).
+fn workload(a: &ServeBenchArgs, rate_index: usize, rate: f64, vocab: u32, trace: Option<&[crate::trace_workload::TraceRequest]>) -> anyhow::Result<Vec<Planned>> {
+    if let Some(reqs) = trace {
+        let b = a.trace_block_tokens;
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let salt = format!("ferry-bench-trace-{}-{nanos:x}", std::process::id());
+        return Ok(reqs
+            .iter()
+            .enumerate()
+            .map(|(i, r)| Planned { at: r.at, reused: false, input: Input::Ids(crate::trace_workload::prompt_ids(r, i, b, vocab)), max_tokens: r.output, copy: None, sampling: None, salt: salt.clone() })
+            .collect());
+    }
     if a.workload == Workload::Copy {
         let ol = LenDist::parse(&a.output_len).map_err(|e| anyhow::anyhow!("--output-len: {e}"))?;
         let reqs = crate::bench_copy::copy_requests(a.seed, rate_index, rate, a.requests.unwrap_or(50), ol);
-        return Ok(reqs.into_iter().map(|r| Planned { at: r.at, input: Input::Chat(r.message), max_tokens: r.max_tokens, copy: Some((r.task, r.expected)), sampling: None }).collect());
+        return Ok(reqs.into_iter().map(|r| Planned { at: r.at, reused: false, input: Input::Chat(r.message), max_tokens: r.max_tokens, copy: Some((r.task, r.expected)), sampling: None, salt: String::new() }).collect());
     }
     let mut u = loadgen::uniforms(a.seed);
     let arrivals = loadgen::poisson_arrivals(rate, a.requests.unwrap_or(50), &mut u);
@@ -188,15 +234,21 @@ fn workload(a: &ServeBenchArgs, rate_index: usize, rate: f64, vocab: u32) -> any
             rows.push((prompt.to_string(), max as usize));
         }
         anyhow::ensure!(!rows.is_empty(), "{} has no requests", path.display());
+        // This rate takes the lines after the earlier rates' (cycling): a line sent before is
+        // marked reused, and counted in the rate's results.
+        let first = rate_index * arrivals.len();
         return Ok(arrivals
             .into_iter()
             .enumerate()
-            .map(|(i, at)| Planned { at, input: Input::Text(rows[i % rows.len()].0.clone()), max_tokens: rows[i % rows.len()].1, copy: None, sampling: None })
+            .map(|(i, at)| {
+                let (prompt, max) = &rows[(first + i) % rows.len()];
+                Planned { at, reused: first + i >= rows.len(), input: Input::Text(prompt.clone()), max_tokens: *max, copy: None, sampling: None, salt: String::new() }
+            })
             .collect());
     }
     let (pl, ol) = (LenDist::parse(a.prompt_len.as_deref().unwrap_or("64..1024")).map_err(anyhow::Error::msg)?, LenDist::parse(&a.output_len).map_err(anyhow::Error::msg)?);
-    let reqs = loadgen::random_requests(a.seed, rate, a.requests.unwrap_or(50), pl, ol, vocab);
-    Ok(reqs.into_iter().map(|r| Planned { at: r.at, input: Input::Ids(r.ids), max_tokens: r.output, copy: None, sampling: None }).collect())
+    let reqs = loadgen::random_requests(a.seed, rate_index, rate, a.requests.unwrap_or(50), pl, ol, vocab);
+    Ok(reqs.into_iter().map(|r| Planned { at: r.at, reused: false, input: Input::Ids(r.ids), max_tokens: r.output, copy: None, sampling: None, salt: String::new() }).collect())
 }
 
 async fn one(client: crate::remote::Client, p: Planned) -> Streamed {
@@ -206,7 +258,7 @@ async fn one(client: crate::remote::Client, p: Planned) -> Streamed {
         Input::Chat(content) => generate_request::Input::Chat(ChatInput { messages: vec![ChatMessage { role: "user".into(), content, ..Default::default() }] }),
     };
     let stop = StopConditions { max_tokens: p.max_tokens as u32, ignore_eos: p.copy.is_none(), ..Default::default() };
-    stream_sampled(client, input, stop, p.sampling).await
+    stream_request(client, GenerateRequest { input: Some(input), stop: Some(stop), sampling: p.sampling, cache_salt: p.salt, ..Default::default() }).await
 }
 
 /// One streamed request, as the client saw it.
@@ -231,8 +283,12 @@ pub(crate) async fn stream_until(client: crate::remote::Client, input: generate_
 }
 
 /// [`stream_until`], sampled with `sampling` when given (else greedy).
-async fn stream_sampled(mut client: crate::remote::Client, input: generate_request::Input, stop: StopConditions, sampling: Option<ferry_proto::v1::SamplingParams>) -> Streamed {
-    let req = GenerateRequest { input: Some(input), stop: Some(stop), sampling, ..Default::default() };
+async fn stream_sampled(client: crate::remote::Client, input: generate_request::Input, stop: StopConditions, sampling: Option<ferry_proto::v1::SamplingParams>) -> Streamed {
+    stream_request(client, GenerateRequest { input: Some(input), stop: Some(stop), sampling, ..Default::default() }).await
+}
+
+/// Send `req` and time its stream.
+async fn stream_request(mut client: crate::remote::Client, req: GenerateRequest) -> Streamed {
     let t0 = Instant::now();
     let failed = |t0: Instant, ids: Vec<u32>| Streamed { sample: Sample { ok: false, ttft_ms: f64::INFINITY, tpot_ms: f64::INFINITY, e2e_ms: t0.elapsed().as_secs_f64() * 1e3, output_tokens: 0 }, ids, text: String::new(), summary: None };
     let Ok(resp) = client.generate(req).await else { return failed(t0, Vec::new()) };
@@ -271,6 +327,10 @@ async fn stream_sampled(mut client: crate::remote::Client, input: generate_reque
 struct Record {
     at: f64,
     prompt_tokens: Option<usize>,
+    /// Of those, the ones a prefix cache served (None when it failed first).
+    cached_tokens: Option<usize>,
+    /// A dataset line an earlier rate of the sweep sent too.
+    reused: bool,
     sample: Sample,
     ids: Vec<u32>,
     text: String,
@@ -285,7 +345,7 @@ impl Record {
     fn json(&self) -> serde_json::Value {
         let s = &self.sample;
         let finite = |x: f64| x.is_finite().then_some(x);
-        let mut v = json!({ "at_s": self.at, "prompt_tokens": self.prompt_tokens, "output_tokens": s.output_tokens, "ok": s.ok,
+        let mut v = json!({ "at_s": self.at, "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens, "output_tokens": s.output_tokens, "ok": s.ok,
                 "ttft_ms": finite(s.ttft_ms), "tpot_ms": finite(s.tpot_ms), "e2e_ms": s.e2e_ms });
         if let Some((task, copied)) = self.copy {
             v["task"] = task.name().into();
@@ -316,6 +376,16 @@ fn copy_tasks(records: &[Record]) -> serde_json::Value {
     out.into()
 }
 
+/// Of the prompt tokens of the requests that completed, the fraction served from a prefix cache.
+fn cache_hit_rate(records: &[Record]) -> f64 {
+    let (mut prompt, mut cached) = (0, 0);
+    for r in records.iter().filter(|r| r.sample.ok) {
+        prompt += r.prompt_tokens.unwrap_or(0);
+        cached += r.cached_tokens.unwrap_or(0);
+    }
+    cached as f64 / prompt.max(1) as f64
+}
+
 /// One rate's figures; `started` is when its first request could leave (Unix seconds), to line
 /// its requests' `at_s` up with other clocks (the autoscaler's moves).
 fn summary(rate: f64, records: &[Record], wall: f64, started: f64, step_time: serde_json::Value, slo: &Slo) -> serde_json::Value {
@@ -337,6 +407,10 @@ fn summary(rate: f64, records: &[Record], wall: f64, started: f64, step_time: se
         "output_tok_per_s": tokens as f64 / wall,
         "output_tokens_mean": tokens as f64 / ok.len().max(1) as f64,
         "outputs_digest": loadgen::outputs_digest(&answers),
+        "prompt_tokens": records.iter().filter_map(|r| r.prompt_tokens).sum::<usize>(),
+        "cached_tokens": records.iter().filter_map(|r| r.cached_tokens).sum::<usize>(),
+        "cache_hit_rate": cache_hit_rate(records),
+        "reused_prompts": records.iter().filter(|r| r.reused).count(),
         "ttft_ms": pct(&|s| s.ttft_ms),
         "tpot_ms": pct(&|s| s.tpot_ms),
         "e2e_ms": pct(&|s| s.e2e_ms),
@@ -385,17 +459,27 @@ fn misplaced(a: &ServeBenchArgs) -> Vec<&'static str> {
         given(a.system_tokens.is_some(), "--system-tokens"),
         given(a.user_tokens.is_some(), "--user-tokens"),
         given(a.think_ms.is_some(), "--think-ms"),
-        given(a.block_size.is_some(), "--block-size"),
     ];
+    let block_size = given(a.block_size.is_some() && a.trace.is_none(), "--block-size");
     let synthetic = [given(a.prompt_len.is_some(), "--prompt-len"), given(a.dataset.is_some(), "--dataset")];
+    let trace_only = [
+        given(a.trace_block_tokens != crate::trace_workload::MOONCAKE_BLOCK_TOKENS, "--trace-block-tokens"),
+        given(a.trace_time_scale != 1.0, "--trace-time-scale"),
+        given(a.trace_max_output.is_some(), "--trace-max-output"),
+    ];
+    if a.trace.is_some() {
+        return [given(a.workload != Workload::Random, "--workload")].into_iter().chain(multiturn).flatten().collect();
+    }
+    let trace_only = trace_only.into_iter().flatten();
     match a.workload {
-        Workload::Random => multiturn.into_iter().flatten().collect(),
+        Workload::Random => multiturn.into_iter().chain([block_size]).flatten().chain(trace_only).collect(),
         Workload::Multiturn => [given(a.requests.is_some(), "--requests"), given(a.save_outputs.is_some(), "--save-outputs"), given(a.temperature != 0.0, "--temperature")]
             .into_iter()
             .chain(synthetic)
             .flatten()
+            .chain(trace_only)
             .collect(),
-        Workload::Copy => multiturn.into_iter().chain(synthetic).flatten().collect(),
+        Workload::Copy => multiturn.into_iter().chain([block_size]).chain(synthetic).flatten().chain(trace_only).collect(),
     }
 }
 
@@ -403,9 +487,14 @@ fn misplaced(a: &ServeBenchArgs) -> Vec<&'static str> {
 pub(crate) fn check_options(a: &ServeBenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.temperature.is_finite() && a.temperature >= 0.0, "--temperature must be a number >= 0 (got {})", a.temperature);
     let wrong = misplaced(a);
-    anyhow::ensure!(wrong.is_empty(), "{} not with --workload {} (see `ferry bench serve --help`)", wrong.join(", "), format!("{:?}", a.workload).to_lowercase());
+    let with = match a.trace {
+        Some(_) => "--trace".to_string(),
+        None => format!("--workload {}", format!("{:?}", a.workload).to_lowercase()),
+    };
+    anyhow::ensure!(wrong.is_empty(), "{} not with {with} (see `ferry bench serve --help`)", wrong.join(", "));
     anyhow::ensure!(a.requests.unwrap_or(1) >= 1, "--requests must be at least 1");
     anyhow::ensure!(a.rates.iter().all(|r| r.is_finite() && *r > 0.0), "--rates must be positive numbers");
+    anyhow::ensure!(a.max_concurrency.unwrap_or(1) >= 1, "--max-concurrency must be at least 1");
     Ok(())
 }
 
@@ -431,12 +520,18 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
         let result = crate::bench_multiturn::run(&a, client, vocab, &rt)?;
         return write_results(&a, result, crate::plot::ttft_by_turn);
     }
+    let trace = a.trace.as_ref().map(|p| crate::bench_trace::requests(&a, p)).transpose()?;
+    let rates: Vec<f64> = match &trace {
+        Some(t) => vec![crate::bench_trace::rate(t)],
+        None => a.rates.clone(),
+    };
+    let limit = a.max_concurrency.map(|n| std::sync::Arc::new(tokio::sync::Semaphore::new(n)));
     let runs = rt.block_on(async {
-        let bar = progress((a.requests.unwrap_or(50) * a.rates.len()) as u64);
+        let bar = progress(trace.as_ref().map_or(a.requests.unwrap_or(50) * rates.len(), Vec::len) as u64);
         let mut runs = Vec::new();
-        for (rate_index, &rate) in a.rates.iter().enumerate() {
-            bar.set_message(format!("rate {rate}/s"));
-            let mut plan = workload(&a, rate_index, rate, vocab)?;
+        for (rate_index, &rate) in rates.iter().enumerate() {
+            bar.set_message(format!("rate {rate:.3}/s"));
+            let mut plan = workload(&a, rate_index, rate, vocab, trace.as_deref())?;
             if a.temperature > 0.0 {
                 for (i, p) in plan.iter_mut().enumerate() {
                     let seed = a.seed ^ (rate_index as u64).rotate_left(40) ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -456,18 +551,31 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
             for p in plan {
                 let c = client.clone();
                 let bar = bar.clone();
+                // With a limit, requests take their slots here, one after another in arrival
+                // order (tasks racing for the semaphore could swap two that are due together, and
+                // a trace's later turn would run before its earlier one). Held until the request
+                // is done (None: no limit, or the semaphore closed).
+                let slot = match &limit {
+                    Some(l) => {
+                        tokio::time::sleep_until(start + Duration::from_secs_f64(p.at)).await;
+                        l.clone().acquire_owned().await.ok()
+                    }
+                    None => None,
+                };
                 tasks.push(tokio::spawn(async move {
                     tokio::time::sleep_until(start + Duration::from_secs_f64(p.at)).await;
+                    let _slot = slot;
                     let (at, sent_ids) = (p.at, match &p.input {
                         Input::Ids(ids) => Some(ids.len()),
                         Input::Text(_) | Input::Chat(_) => None,
                     });
-                    let copy = p.copy.clone();
+                    let (copy, reused) = (p.copy.clone(), p.reused);
                     let s = one(c, p).await;
                     bar.inc(1);
                     let prompt_tokens = sent_ids.or(s.summary.as_ref().map(|f| f.prompt_tokens as usize));
                     let copy = copy.map(|(task, expected)| (task, s.sample.ok && crate::bench_copy::copied(&expected, &s.text)));
-                    Record { at, prompt_tokens, sample: s.sample, ids: s.ids, text: s.text, copy }
+                    let cached_tokens = s.summary.as_ref().map(|f| f.cached_tokens as usize);
+                    Record { at, prompt_tokens, cached_tokens, reused, sample: s.sample, ids: s.ids, text: s.text, copy }
                 }));
             }
             let mut samples: Vec<Record> = Vec::new();
@@ -490,7 +598,10 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
         bar.finish_and_clear();
         anyhow::Ok(runs)
     })?;
-    let summaries: Vec<serde_json::Value> = runs.into_iter().map(|(r, s, w, t, step)| summary(r, &s, w, t, step, &slo)).collect();
+    let mut summaries: Vec<serde_json::Value> = runs.into_iter().map(|(r, s, w, t, step)| summary(r, &s, w, t, step, &slo)).collect();
+    if let (Some(t), Some(run)) = (&trace, summaries.first_mut()) {
+        run["oracle"] = crate::bench_trace::oracle(t, a.trace_block_tokens, a.block_size.unwrap_or(16), run);
+    }
     let att: Vec<(f64, f64)> = summaries.iter().map(|s| (s["rate"].as_f64().unwrap_or(0.0), s["slo_attainment"].as_f64().unwrap_or(0.0))).collect();
     let goodput = loadgen::goodput(&att, a.slo.slo_target);
     println!("{}: SLO TTFT <= {} ms and TPOT <= {} ms for {:.0}% of requests", a.label, a.slo.slo_ttft_ms, a.slo.slo_tpot_ms, a.slo.slo_target * 100.0);
@@ -522,6 +633,28 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
             print!("; {task} {}/{} copied exactly, {:.1} tokens", t["copied_exactly"], t["completed"], t["output_tokens_mean"].as_f64().unwrap_or(0.0));
         }
         println!();
+        println!(
+            "rate {}: prompt tokens {}, served from the prefix cache {} ({:.1}% of completed requests' prompts){}",
+            s["rate"],
+            s["prompt_tokens"],
+            s["cached_tokens"],
+            s["cache_hit_rate"].as_f64().unwrap_or(0.0) * 100.0,
+            match s["reused_prompts"].as_u64().unwrap_or(0) {
+                0 => String::new(),
+                n => format!("; {n} prompts were sent by an earlier rate too (the dataset ran out of lines)"),
+            }
+        );
+        if let Some(o) = s.get("oracle") {
+            let pct = |k: &str| o[k].as_f64().unwrap_or(f64::NAN) * 100.0;
+            println!(
+                "trace: cache hit rate {:.1}%; the hash ids imply {:.1}% (unbounded cache), {:.1}% in whole {}-token cache blocks; measured / oracle = {:.3}",
+                pct("measured_hit_rate"),
+                pct("hit_rate"),
+                pct("servable_hit_rate"),
+                o["cache_block"],
+                o["measured_over_servable"].as_f64().unwrap_or(f64::NAN)
+            );
+        }
     }
     match goodput {
         Some(g) => println!("goodput: {g} requests/s"),
@@ -533,7 +666,9 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
         "router": a.router,
         "slo": { "ttft_ms": a.slo.slo_ttft_ms, "tpot_ms": a.slo.slo_tpot_ms, "target": a.slo.slo_target },
         "workload": { "kind": format!("{:?}", a.workload).to_lowercase(), "temperature": a.temperature, "requests_per_rate": a.requests, "prompt_len": a.prompt_len, "output_len": a.output_len,
-                      "dataset": a.dataset.as_ref().map(|p| p.display().to_string()), "seed": a.seed },
+                      "dataset": a.dataset.as_ref().map(|p| p.display().to_string()), "seed": a.seed,
+                      "trace": a.trace.as_ref().map(|p| p.display().to_string()), "trace_block_tokens": a.trace.as_ref().map(|_| a.trace_block_tokens),
+                      "trace_time_scale": a.trace.as_ref().map(|_| a.trace_time_scale), "max_concurrency": a.max_concurrency },
         "runs": summaries,
         "goodput_rps": goodput,
     });
@@ -559,7 +694,35 @@ fn write_results(a: &ServeBenchArgs, result: serde_json::Value, plot_of: fn(&[se
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
     use ferry_proto::v1::WorkerRole::{Decode, Prefill};
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: ServeBenchArgs,
+    }
+
+    #[test]
+    fn a_trace_takes_its_own_options_and_refuses_the_others() {
+        let check = |args: &[&str]| Cli::try_parse_from(std::iter::once(&"ferry").chain(args)).map_err(|e| e.to_string()).and_then(|c| check_options(&c.a).map_err(|e| e.to_string()));
+        assert!(check(&["--trace", "t.jsonl", "--trace-block-tokens", "64", "--trace-time-scale", "0.1", "--max-requests", "8", "--block-size", "16", "--max-concurrency", "1"]).is_ok());
+        // The trace sets the arrivals: no --rates; and one of --rates or --trace is needed.
+        assert!(check(&["--trace", "t.jsonl", "--rates", "1"]).unwrap_err().contains("--rates"));
+        assert!(check(&[]).is_err());
+        for (args, says) in [
+            (&["--trace", "t.jsonl", "--users", "3"][..], "--users not with --trace"),
+            (&["--trace", "t.jsonl", "--workload", "copy"][..], "--workload not with --trace"),
+            (&["--rates", "1", "--trace-block-tokens", "64"][..], "--trace-block-tokens not with --workload random"),
+            (&["--rates", "1", "--trace-time-scale", "0.5"][..], "--trace-time-scale"),
+            (&["--rates", "1", "--block-size", "16"][..], "--block-size"),
+            (&["--rates", "1", "--max-concurrency", "0"][..], "at least 1"),
+        ] {
+            let e = check(args).unwrap_err();
+            assert!(e.contains(says), "{args:?}: {e}");
+        }
+        assert!(check(&["--rates", "1", "--workload", "multiturn", "--block-size", "16"]).is_ok());
+    }
 
     #[test]
     fn step_time_is_the_ratio_of_each_role_s_increases_between_two_looks() {

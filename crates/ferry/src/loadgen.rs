@@ -53,18 +53,19 @@ pub struct RandomRequest {
     pub output: usize,
 }
 
-/// The `random` workload of `ferry bench serve`: `count` requests at Poisson arrivals of `rate`,
-/// prompt and output lengths drawn from `prompt` and `output`, ids below `vocab`. `ferry plan`
-/// simulates the same requests (same seed, same lengths) that `bench serve` sends. The lengths do
-/// not depend on the rate: only the arrival times scale with it. The ids do: every id is shifted
-/// by an offset drawn from the rate, so a sweep's later rates share no prefix with its earlier ones
+/// The `random` workload of `ferry bench serve` for the `rate_index`-th rate of a sweep: `count`
+/// requests at Poisson arrivals of `rate`, prompt and output lengths drawn from `prompt` and
+/// `output`, ids below `vocab`. `ferry plan` simulates the same requests (same seed, same lengths)
+/// that `bench serve` sends. The lengths do not depend on the rate: only the arrival times scale
+/// with it. The ids do: every id is shifted by an offset drawn from the rate and its place in the
+/// sweep, so a sweep's later rates share no prefix with its earlier ones, even at the same rate
 /// (the same prompts again would be served from the workers' prefix caches, and the sweep would
-/// measure the cache).
-pub fn random_requests(seed: u64, rate: f64, count: usize, prompt: LenDist, output: LenDist, vocab: u32) -> Vec<RandomRequest> {
+/// measure the cache). The first rate's offset is the one before the place counted (2026-12-06).
+pub fn random_requests(seed: u64, rate_index: usize, rate: f64, count: usize, prompt: LenDist, output: LenDist, vocab: u32) -> Vec<RandomRequest> {
     let mut u = uniforms(seed);
     let arrivals = poisson_arrivals(rate, count, &mut u);
     let span = vocab.saturating_sub(256).max(1);
-    let shift = (uniforms(seed ^ rate.to_bits().rotate_left(29))() * span as f64) as u32;
+    let shift = (uniforms(rate_seed(seed, rate_index) ^ rate.to_bits().rotate_left(29))() * span as f64) as u32;
     arrivals
         .into_iter()
         .map(|at| {
@@ -73,6 +74,12 @@ pub fn random_requests(seed: u64, rate: f64, count: usize, prompt: LenDist, outp
             RandomRequest { at, ids, output: output.sample(&mut u) }
         })
         .collect()
+}
+
+/// The seed of the `rate_index`-th rate of a sweep: `seed` itself for the first, another one for
+/// each later rate (so no rate replays an earlier one's prompts into the prefix caches).
+pub fn rate_seed(seed: u64, rate_index: usize) -> u64 {
+    seed ^ (rate_index as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93)
 }
 
 /// `bench serve`'s `outputs_digest`: a 64-bit FNV-1a hash, in hex, over a run's answers in
@@ -121,8 +128,8 @@ mod tests {
     #[test]
     fn random_requests_keep_their_lengths_across_rates() {
         let (pl, ol) = (LenDist::Uniform(32, 512), LenDist::Uniform(32, 96));
-        let slow = random_requests(7, 0.5, 40, pl, ol, 49_152);
-        let fast = random_requests(7, 2.0, 40, pl, ol, 49_152);
+        let slow = random_requests(7, 0, 0.5, 40, pl, ol, 49_152);
+        let fast = random_requests(7, 1, 2.0, 40, pl, ol, 49_152);
         assert_eq!(slow.len(), 40);
         for (s, f) in slow.iter().zip(&fast) {
             assert_eq!((s.ids.len(), s.output), (f.ids.len(), f.output));
@@ -130,9 +137,12 @@ mod tests {
             assert!((32..=512).contains(&s.ids.len()) && (32..=96).contains(&s.output));
             assert!(s.ids.iter().all(|&id| (256..49_152).contains(&id)));
         }
-        assert_ne!(slow, random_requests(8, 0.5, 40, pl, ol, 49_152));
+        assert_ne!(slow, random_requests(8, 0, 0.5, 40, pl, ol, 49_152));
         // Another rate's prompts share no first token (so no cached prefix) with this one's.
         assert!(slow.iter().zip(&fast).all(|(s, f)| s.ids[0] != f.ids[0]), "a later rate replays the prompts into the prefix cache");
+        // Nor does the same rate again later in the sweep.
+        let again = random_requests(7, 2, 0.5, 40, pl, ol, 49_152);
+        assert!(slow.iter().zip(&again).all(|(s, a)| s.ids[0] != a.ids[0] && s.ids.len() == a.ids.len()), "a repeated rate replays the prompts");
     }
 
     #[test]

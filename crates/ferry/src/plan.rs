@@ -39,10 +39,21 @@ pub struct PlanArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// A trace instead of the synthetic workload: JSON lines of `{"at": seconds, "prompt":
-    /// tokens, "output": tokens}`. Its own rate is scaled to each `--rates` value (times stretched
-    /// or compressed); with no `--rates` given explicitly, its own rate is used.
+    /// tokens, "output": tokens}`, or a Mooncake-format trace (`{"timestamp": ms, "input_length",
+    /// "output_length", "hash_ids"}`, as `bench serve --trace` replays it; its prefix sharing is
+    /// simulated too, and the cache hit rate printed beside the oracle). Its own rate is scaled to
+    /// each `--rates` value (times stretched or compressed).
     #[arg(long)]
     pub trace: Option<PathBuf>,
+    /// Mooncake --trace: prompt tokens per hash id, as `bench serve --trace-block-tokens`.
+    #[arg(long, default_value_t = crate::trace_workload::MOONCAKE_BLOCK_TOKENS)]
+    pub trace_block_tokens: usize,
+    /// Mooncake --trace: at most this many output tokens per request, as `bench serve`.
+    #[arg(long)]
+    pub trace_max_output: Option<usize>,
+    /// Mooncake --trace: only the trace's first N requests, as `bench serve --max-requests`.
+    #[arg(long)]
+    pub max_requests: Option<usize>,
     #[command(flatten)]
     pub slo: crate::bench_serve::SloArgs,
     /// Colocated workers' chunked-prefill budget (as their `--chunked-prefill`); none: prefill first.
@@ -132,6 +143,45 @@ pub fn read_trace(path: &Path) -> anyhow::Result<Vec<SimRequest>> {
     Ok(out)
 }
 
+/// A Mooncake-format trace's requests as replayed (None when the file is in `plan`'s own format).
+fn read_mooncake(path: &Path, a: &PlanArgs) -> anyhow::Result<Option<Vec<crate::trace_workload::TraceRequest>>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading the trace {}", path.display()))?;
+    if !text.lines().find(|l| !l.trim().is_empty()).is_some_and(crate::trace_workload::is_mooncake_line) {
+        return Ok(None);
+    }
+    ensure!(a.trace_block_tokens >= 1, "--trace-block-tokens must be at least 1");
+    let records = crate::trace_workload::parse(&text, &path.display().to_string())?;
+    let replay = crate::trace_workload::Replay { block_tokens: a.trace_block_tokens, time_scale: 1.0, max_output: a.trace_max_output, max_requests: a.max_requests };
+    Ok(Some(crate::trace_workload::requests(&records, &replay)))
+}
+
+/// A Mooncake trace's prefix sharing: the oracle, and per split the hit rate of its prefill (or
+/// colocated) workers' caches, each holding what the profile's KV blocks hold, requests taken in
+/// arrival order ([`crate::trace_workload::CacheModel`]). The simulated latencies do not credit
+/// these hits: every prompt is computed whole.
+fn prefix_cache(fleet: &Fleet, splits: &[Split], reqs: &[crate::trace_workload::TraceRequest], block_tokens: usize) -> serde_json::Value {
+    use crate::trace_workload::{oracle, servable, CacheModel};
+    let cache_block = fleet.block_size;
+    let o = oracle(reqs, block_tokens, cache_block);
+    let capacity = (fleet.kv_blocks * fleet.block_size / block_tokens.max(1)).max(1);
+    let per_split: Vec<serde_json::Value> = splits
+        .iter()
+        .map(|&split| {
+            let caches = match split {
+                Split::Disaggregated { prefill, .. } => prefill,
+                Split::Colocated { workers } => workers,
+            };
+            let mut model = CacheModel::new(caches, capacity, block_tokens);
+            let served: usize = reqs.iter().map(|r| servable(model.serve(r).1, r.prompt_len, cache_block)).sum();
+            serde_json::json!({ "split": split.to_string(), "caches": caches, "hit_rate": served as f64 / o.prompt_tokens.max(1) as f64 })
+        })
+        .collect();
+    serde_json::json!({
+        "requests": reqs.len(), "block_tokens": block_tokens, "cache_block": cache_block, "capacity_blocks": capacity,
+        "prompt_tokens": o.prompt_tokens, "oracle_hit_rate": o.hit_rate(), "oracle_servable_rate": o.servable_rate(), "splits": per_split,
+    })
+}
+
 /// What to simulate at a given rate.
 pub enum Workload {
     Random { requests: usize, prompt: LenDist, output: LenDist, seed: u64 },
@@ -142,7 +192,7 @@ pub enum Workload {
 impl Workload {
     pub fn at_rate(&self, rate: f64) -> Vec<SimRequest> {
         match self {
-            Workload::Random { requests, prompt, output, seed } => loadgen::random_requests(*seed, rate, *requests, *prompt, *output, 49_152)
+            Workload::Random { requests, prompt, output, seed } => loadgen::random_requests(*seed, 0, rate, *requests, *prompt, *output, 49_152)
                 .into_iter()
                 .map(|r| SimRequest { at: r.at, prompt: r.ids.len(), output: r.output })
                 .collect(),
@@ -206,9 +256,18 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     ensure!((0.0..=1.0).contains(&a.slo.slo_target), "--slo-target must be a fraction in 0..=1");
     let (profile, fleet) = fleet_of(a.profile.as_ref().context("--profile is needed: the profile `ferry profile` wrote for the workers")?, &a)?;
     let splits: Vec<Split> = if a.splits.is_empty() { Split::all(a.workers) } else { a.splits.iter().map(|s| parse_split(s)).collect::<anyhow::Result<_>>()? };
+    let mut mooncake = None;
     let workload = match &a.trace {
         Some(path) => {
-            let requests = read_trace(path)?;
+            let requests = match read_mooncake(path, &a)? {
+                Some(reqs) => {
+                    let sim = reqs.iter().map(|r| SimRequest { at: r.at, prompt: r.prompt_len, output: r.output }).collect();
+                    mooncake = Some(reqs);
+                    sim
+                }
+                None => read_trace(path)?,
+            };
+            ensure!(requests.len() >= 2, "{}: a trace needs at least 2 requests", path.display());
             let span = requests[requests.len() - 1].at - requests[0].at;
             ensure!(span > 0.0, "{}: every request arrives at the same time; a trace needs a span", path.display());
             Workload::Trace { rate: (requests.len() - 1) as f64 / span, requests }
@@ -224,11 +283,12 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
     let plans = plan(&fleet, &splits, &workload, &a.rates, &slo, a.slo.slo_target);
     let best = best(&plans).map(|p| p.label.clone());
+    let prefix = mooncake.as_ref().map(|reqs| prefix_cache(&fleet, &splits, reqs, a.trace_block_tokens));
     if a.json {
         let v = serde_json::json!({
             "profile": a.profile, "model": profile.model, "machine": profile.machine,
             "cost_model": fleet.cost, "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "target": a.slo.slo_target},
-            "splits": plans, "best": best, "seconds": t0.elapsed().as_secs_f64(),
+            "splits": plans, "best": best, "seconds": t0.elapsed().as_secs_f64(), "prefix_cache": prefix,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -254,6 +314,16 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     }
     if let Some(b) = best {
         println!("\nbest split: {b}");
+    }
+    if let Some(p) = &prefix {
+        let pct = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN) * 100.0;
+        println!(
+            "\nprefix cache ({} requests, {} tokens per hash id): the hash ids imply {:.1}% of prompt tokens (unbounded cache), {:.1}% in whole {}-token blocks",
+            p["requests"], p["block_tokens"], pct(&p["oracle_hit_rate"]), pct(&p["oracle_servable_rate"]), p["cache_block"]
+        );
+        for s in p["splits"].as_array().into_iter().flatten() {
+            println!("  {}: {} caches of {} blocks each: {:.1}% served from cache", s["split"].as_str().unwrap_or("?"), s["caches"], p["capacity_blocks"], pct(&s["hit_rate"]));
+        }
     }
     eprintln!("({} splits simulated in {:.2} s)", plans.len(), t0.elapsed().as_secs_f64());
     Ok(())
@@ -498,6 +568,55 @@ mod tests {
         assert!(format!("{:#}", read_trace(&bad).unwrap_err()).contains("bad.jsonl:2"));
         std::fs::write(&bad, "{\"at\": 0, \"prompt\": 10}\n").unwrap();
         assert!(format!("{:#}", read_trace(&bad).unwrap_err()).contains("bad.jsonl:1"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod trace_tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        plan: PlanArgs,
+    }
+
+    /// `plan --trace` on the bundled Mooncake-format trace: read as such (not as `plan`'s own
+    /// format), simulated, and its prefix caches counted: one prefill worker's cache, which holds
+    /// the whole trace, serves what the oracle says; two colocated workers' caches, less or as much.
+    #[test]
+    fn a_mooncake_trace_is_simulated_with_its_prefix_cache() {
+        let dir = std::env::temp_dir().join(format!("ferry-plan-trace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let prefill: Vec<_> = [(1, 32), (1, 128), (2, 64), (4, 256)].iter().map(|&(p, n)| serde_json::json!({ "prompts": p, "prompt_tokens": n, "seconds": 0.001 * (p * n) as f64 })).collect();
+        let decode: Vec<_> = [(1, 64), (2, 64), (4, 64), (1, 384), (2, 384), (4, 384)].iter().map(|&(b, c)| serde_json::json!({ "batch": b, "context": c, "seconds": 0.01 })).collect();
+        let profile = serde_json::json!({
+            "format": PROFILE_FORMAT, "model": "hand-worked", "fingerprint": "0", "machine": "none", "threads": 1,
+            "measured_at": "2026-12-06T00:00:00Z", "block_size": 16, "kv_blocks": 4096, "max_batch_tokens": 2048,
+            "max_context": 8192, "kv_bytes_per_token": 1024, "prefill": prefill, "decode": decode,
+        });
+        let p = dir.join("profile.json");
+        std::fs::write(&p, profile.to_string()).unwrap();
+        let trace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/traces/mooncake_small.jsonl");
+        let a = Cli::parse_from(["plan", "--profile", p.to_str().unwrap(), "--trace", trace.to_str().unwrap(), "--trace-block-tokens", "16", "--trace-max-output", "8"]).plan;
+        let reqs = read_mooncake(&trace, &a).unwrap().expect("a Mooncake trace");
+        assert_eq!(reqs.len(), 32);
+        assert!(reqs.iter().all(|r| r.output <= 8));
+        assert!(format!("{:#}", read_trace(&trace).unwrap_err()).contains("mooncake_small.jsonl:1"), "plan's own format refuses it, naming the line");
+        let (_, fleet) = fleet_of(&p, &a).unwrap();
+        let splits = [Split::Disaggregated { prefill: 1, decode: 1 }, Split::Colocated { workers: 2 }];
+        let v = prefix_cache(&fleet, &splits, &reqs, 16);
+        let oracle = v["oracle_servable_rate"].as_f64().unwrap();
+        assert!(oracle > 0.3, "{v}");
+        assert_eq!(v["splits"][0]["hit_rate"].as_f64(), Some(oracle), "{v}");
+        assert!(v["splits"][1]["hit_rate"].as_f64().unwrap() <= oracle, "{v}");
+        // And the simulation runs on the trace's arrivals and lengths.
+        let sim: Vec<SimRequest> = reqs.iter().map(|r| SimRequest { at: r.at, prompt: r.prompt_len, output: r.output }).collect();
+        let w = Workload::Trace { rate: 1.0, requests: sim };
+        let plans = plan(&fleet, &splits[..1], &w, &[1.0], &a.slo.slo(), 0.9);
+        assert_eq!(plans[0].at[0].1.requests, 32);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
