@@ -113,12 +113,14 @@ async fn every_component_s_metrics_pass_promtool_after_serving() {
     let gaps = observations(&router, "ferry_router_inter_token_latency_seconds");
     assert!((2.0..=10.0).contains(&gaps), "{gaps} inter-token latencies for two requests of 6 tokens");
     for w in cluster.live_workers() {
-        let text = worker_metrics(&w, |t| metric_sum(t, "ferry_worker_requests_total").unwrap_or(0.0) >= 2.0).await;
+        // The second request may be prefilled by the decode worker from its prefix cache.
+        let served = if w.role == "prefill" { 1.0 } else { 2.0 };
+        let text = worker_metrics(&w, |t| metric_sum(t, "ferry_worker_requests_total").unwrap_or(0.0) >= served).await;
         check(&w.role, &text, "ferry_worker_");
         match w.role.as_str() {
             "prefill" => {
                 assert!(metric_sum(&text, "ferry_worker_prompt_tokens_total").unwrap_or(0.0) > 0.0, "prefill computed no prompt token:\n{text}");
-                assert!(observations(&text, "ferry_worker_kv_transfer_seconds") >= 2.0, "{text}");
+                assert!(observations(&text, "ferry_worker_kv_transfer_seconds") >= 1.0, "{text}");
             }
             _ => assert!(metric_sum(&text, "ferry_worker_generation_tokens_total").unwrap_or(0.0) >= 10.0, "decode generated no token:\n{text}"),
         }

@@ -118,6 +118,9 @@ pub fn lint_text(text: &str, prefix: &str) -> Vec<Problem> {
             if !valid_label(&k) {
                 out.push(problem(&family, format!("invalid label name {k:?}")));
             }
+            if k.chars().any(|c| c.is_ascii_uppercase()) {
+                out.push(problem(&family, format!("label names should be written in 'snake_case' not 'camelCase' ({k:?})")));
+            }
             if k == "le" || k == "quantile" {
                 special = Some((k, v));
             } else {
@@ -447,7 +450,7 @@ x_latency_seconds_bucket{le=\"0.1\"} 1\nx_latency_seconds_bucket{le=\"+Inf\"} 2\
         for want in ["x_wait: a histogram of RequestSeconds should end in \"_seconds\"", "x_c_total: no help text", "is taken by"] {
             assert!(got.iter().any(|p| p.contains(want)), "want {want:?}, got {got:?}");
         }
-        let good = [Family::counter("x_a_total", "A."), Family::histogram("x_b_bytes", Buckets::Bytes, "B.")];
+        let good = [Family::counter("x_a_total", "A."), Family::histogram("x_moved_bytes", Buckets::Bytes, "Moved.")];
         assert_eq!(lint_catalogue(&good, "x_"), vec![]);
     }
 }
