@@ -65,7 +65,10 @@ pub const ALL: &[Family] = &[
     Family::counter(REQUESTS, "Requests the worker ended, by role and outcome (ok, error, refused, cancelled)."),
     Family::counter(REFUSALS, "Requests refused at once, by role and reason (queue_full: the prefill queue is at --queue-max)."),
     Family::counter(PROMPT_TOKENS, "Prompt tokens this worker's engine computed, by role (tokens served from its prefix cache are not computed)."),
-    Family::counter(GENERATION_TOKENS, "Tokens this worker's engine sampled for the sequences it decodes, by role."),
+    Family::counter(
+        GENERATION_TOKENS,
+        "Tokens this worker's engine sampled, stop tokens excluded, by role (a prefill worker samples each prompt's first token).",
+    ),
     Family::histogram(REQUEST_QUEUE_TIME, Buckets::RequestSeconds, "Seconds a prompt waited in the worker's queue before its first chunk was computed, by role."),
     Family::histogram(PREFILL_SECONDS, Buckets::RequestSeconds, "Seconds a prefill worker spent computing one prompt."),
     Family::histogram(STEP_SECONDS, Buckets::TokenSeconds, "Seconds of one engine step (a forward pass over the batch), by role."),
