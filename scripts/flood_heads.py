@@ -60,9 +60,9 @@ def metrics(addr):
         return {}
     out = {}
     for line in text.splitlines():
-        if line.startswith("ferry_connections_") and 'server="router_http"' in line:
+        if line.startswith("ferry_router_connections_") and 'server="router_http"' in line:
             name, value = line.rsplit(" ", 1)
-            out[name.split("{")[0].removeprefix("ferry_connections_")] = float(value)
+            out[name.split("{")[0].removeprefix("ferry_router_connections_")] = float(value)
     return out
 
 

@@ -179,7 +179,7 @@ cluster_down() {
 # The workers' KV transfer counters (which transport each transfer used, bytes, seconds).
 kv_metrics() {
     for m in $(grep -o 'metrics=[0-9.:]*' "$OUT/up-$1.log" | cut -d= -f2); do
-        curl -sS --max-time 5 "http://$m/metrics" | grep -E '^ferry_(kv_transport_fallbacks|kv_transfers|kv_transfer_bytes|kv_transfer_seconds_(sum|count)|kv_buffer_bytes|kv_nccl)' | sed "s|^|$m |"
+        curl -sS --max-time 5 "http://$m/metrics" | grep -E '^ferry_worker_(kv_transport_fallbacks|kv_transfers|kv_transfer_bytes|kv_transfer_seconds_(sum|count)|kv_buffer_bytes|kv_nccl)' | sed "s|^|$m |"
     done | tee "$OUT/$1-metrics.txt"
 }
 

@@ -113,7 +113,7 @@ async fn thirty_two_concurrent_requests_through_two_by_two() {
     loop {
         let m = cluster.router_metrics().await;
         let rated = m.lines().filter(|l| l.starts_with("ferry_router_worker_prefill_tokens_per_second{")).filter(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v > 0.0)).count();
-        let kv = m.lines().filter(|l| l.starts_with("ferry_router_worker_kv_blocks_total{")).count();
+        let kv = m.lines().filter(|l| l.starts_with("ferry_router_worker_kv_blocks_capacity{")).count();
         if rated == 2 && kv == 2 && m.contains("ferry_router_worker_estimated_queue_seconds{") {
             break;
         }

@@ -17,6 +17,7 @@ mod bearer;
 pub mod cluster;
 pub mod conn;
 pub mod heartbeat;
+pub mod metrics;
 pub mod reflection;
 mod convert;
 pub mod request_id;

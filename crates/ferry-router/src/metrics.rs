@@ -1,15 +1,20 @@
 //! Router metrics: recorded with the `metrics` facade into one process-wide Prometheus recorder
 //! (installed once; a second router in the same process shares it), served as text on
 //! `GET /metrics` by a small axum server on its own listener, with the `/livez` and `/readyz`
-//! probes beside it.
+//! probes beside it. Every family is in [`names`], the catalogue, described when the recorder is
+//! installed.
+
+pub mod names;
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
 use axum::routing::get;
+use ferry_proto::conn::Component;
 use ferry_proto::v1;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::watch;
 use tonic::Code;
 
@@ -18,41 +23,34 @@ use crate::workers::registry::Registry;
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
-const LATENCY_BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-    60.0,
-];
-
 /// The process's Prometheus handle, installing the recorder on first use. If another recorder is
-/// already installed globally, ours still renders (but records nothing).
+/// already installed globally, that one records (and is told the router's help texts); ours
+/// still renders, with nothing in it.
 pub fn handle() -> Result<PrometheusHandle, RouterError> {
     if let Some(h) = HANDLE.get() {
         return Ok(h.clone());
     }
-    let recorder = PrometheusBuilder::new()
-        .set_buckets(LATENCY_BUCKETS)
-        .map_err(|e| RouterError::Metrics(e.to_string()))?
-        .build_recorder();
-    let h = recorder.handle();
+    let h = ferry_proto::metrics::install(&[names::ALL, Component::Router.families()]).map_err(|e| RouterError::Metrics(e.to_string()))?;
     let h = HANDLE.get_or_init(|| {
-        if metrics::set_global_recorder(recorder).is_err() {
-            tracing::warn!(
-                "a metrics recorder was already installed; /metrics shows only what it renders"
-            );
-        }
         publish_fault_counters();
         h
     });
     Ok(h.clone())
 }
 
+/// `GET /metrics`'s answer: the text, with the one content type every component's `/metrics`
+/// uses.
+pub fn render(h: &PrometheusHandle) -> impl IntoResponse + use<> {
+    ([(header::CONTENT_TYPE, ferry_proto::metrics::CONTENT_TYPE)], h.render())
+}
+
 /// The counters of faults the router handled, published at 0 from the start: a scrape tells "none
 /// happened" (0) from "not exported" (absent), so a reader can refuse an absent counter.
 fn publish_fault_counters() {
-    metrics::counter!("ferry_router_retries_total").increment(0);
-    metrics::counter!("ferry_router_migrations_total").increment(0);
+    metrics::counter!(names::RETRIES).increment(0);
+    metrics::counter!(names::MIGRATIONS).increment(0);
     for cause in ["lease_expired", "call_failed"] {
-        metrics::counter!("ferry_router_workers_marked_dead_total", "cause" => cause).increment(0);
+        metrics::counter!(names::WORKERS_MARKED_DEAD, "cause" => cause).increment(0);
     }
 }
 
@@ -78,20 +76,20 @@ pub async fn serve(
 ) -> Result<(), RouterError> {
     let h = handle()?;
     let app = axum::Router::new()
-        .route("/metrics", get(move || std::future::ready(h.render())))
+        .route("/metrics", get(move || std::future::ready(render(&h))))
         .route("/livez", get(|| std::future::ready("live\n")))
         .route(
             "/readyz",
             get(move || std::future::ready(readiness(*grpc_serving.borrow()))),
         );
-    let acceptor = ferry_proto::conn::Acceptor::new(listener, "router_metrics", limits);
+    let acceptor = ferry_proto::conn::Acceptor::new(listener, ferry_proto::conn::Server::RouterMetrics, limits);
     ferry_proto::conn::serve_http(acceptor, app, shutdown).await;
     Ok(())
 }
 
 /// `ferry_router_requests_total{outcome}`.
 pub fn request_outcome(outcome: &'static str) {
-    metrics::counter!("ferry_router_requests_total", "outcome" => outcome).increment(1);
+    metrics::counter!(names::REQUESTS, "outcome" => outcome).increment(1);
 }
 
 /// The outcome label for a failed request's status.
@@ -114,22 +112,58 @@ pub fn outcome_of(code: Code) -> &'static str {
     }
 }
 
-/// Latencies and KV transfer figures of one finished request.
-pub fn observe_request(
-    ttft: Duration,
-    tpot_s: f64,
-    e2e: Duration,
-    kv: &v1::KvTransferStats,
-    overhead: Duration,
-) {
-    metrics::histogram!("ferry_router_ttft_seconds").record(ttft.as_secs_f64());
-    if tpot_s > 0.0 {
-        metrics::histogram!("ferry_router_tpot_seconds").record(tpot_s);
+/// What one finished choice tells: its latencies, tokens, and the KV transfer of its last
+/// attempt (when KV moved).
+pub struct Finished<'a> {
+    pub ttft: Duration,
+    /// Seconds per output token after the first (0 for fewer than two tokens).
+    pub tpot_s: f64,
+    pub e2e: Duration,
+    /// Its end-to-end time not spent waiting on workers.
+    pub overhead: Duration,
+    pub generated: usize,
+    pub kv: &'a v1::KvTransferStats,
+}
+
+/// Records one finished choice.
+pub fn observe_finished(f: &Finished<'_>) {
+    metrics::histogram!(names::TIME_TO_FIRST_TOKEN).record(f.ttft.as_secs_f64());
+    if f.generated >= 2 {
+        metrics::histogram!(names::TIME_PER_OUTPUT_TOKEN).record(f.tpot_s);
     }
-    metrics::histogram!("ferry_router_e2e_seconds").record(e2e.as_secs_f64());
-    metrics::histogram!("ferry_router_kv_transfer_bytes").record(kv.bytes as f64);
-    metrics::histogram!("ferry_router_kv_transfer_seconds").record(kv.duration_ms / 1e3);
-    metrics::histogram!("ferry_router_overhead_seconds").record(overhead.as_secs_f64());
+    metrics::histogram!(names::E2E_REQUEST_LATENCY).record(f.e2e.as_secs_f64());
+    metrics::histogram!(names::REQUEST_GENERATION_TOKENS).record(f.generated as f64);
+    if f.kv.bytes > 0 {
+        metrics::histogram!(names::KV_TRANSFER_BYTES).record(f.kv.bytes as f64);
+        metrics::histogram!(names::KV_TRANSFER_SECONDS).record(f.kv.duration_ms / 1e3);
+    }
+    metrics::histogram!(names::OVERHEAD).record(f.overhead.as_secs_f64());
+}
+
+/// Records a finished request's prompt (once per request, however many choices share it):
+/// `prompt` tokens, `cached` of them served from a prefix cache.
+pub fn observe_prompt(prompt: usize, cached: u64) {
+    let (prompt, cached) = (prompt as u64, cached.min(prompt as u64));
+    metrics::counter!(names::PROMPT_TOKENS, "served" => "cache").increment(cached);
+    metrics::counter!(names::PROMPT_TOKENS, "served" => "computed").increment(prompt - cached);
+    metrics::histogram!(names::REQUEST_PROMPT_TOKENS).record(prompt as f64);
+    metrics::histogram!(names::REQUEST_CACHED_PROMPT_TOKENS).record(cached as f64);
+}
+
+/// `n` tokens sent to a client at once, `gap` after its previous ones (None for its first): the
+/// gap counts as `n` inter-token latencies of `gap / n`.
+pub fn tokens_sent(n: usize, gap: Option<Duration>) {
+    metrics::counter!(names::GENERATION_TOKENS).increment(n as u64);
+    if let Some(gap) = gap
+        && n > 0
+    {
+        metrics::histogram!(names::INTER_TOKEN_LATENCY).record_many(gap.as_secs_f64() / n as f64, n);
+    }
+}
+
+/// A request's time in the admission queue before a decode worker first admitted it.
+pub fn observe_queue_time(waited: Duration) {
+    metrics::histogram!(names::REQUEST_QUEUE_TIME).record(waited.as_secs_f64());
 }
 
 /// Per transfer: the transport the router chose for the pair and the one the prefill worker
@@ -137,8 +171,8 @@ pub fn observe_request(
 pub fn observe_kv_transport(chosen: v1::KvTransport, kv: Option<&v1::KvTransferStats>) {
     let Some(kv) = kv else { return };
     let used = v1::KvTransport::try_from(kv.transport).unwrap_or(v1::KvTransport::Unspecified).to_string();
-    metrics::counter!("ferry_router_kv_transfers_total", "chosen" => chosen.to_string(), "used" => used.clone()).increment(1);
-    metrics::counter!("ferry_router_kv_bytes_total", "transport" => used).increment(kv.bytes);
+    metrics::counter!(names::KV_TRANSFERS, "chosen" => chosen.to_string(), "used" => used.clone()).increment(1);
+    metrics::counter!(names::KV_BYTES, "transport" => used).increment(kv.bytes);
 }
 
 /// The SLO finished requests are held to (the first router of the process sets it).
@@ -149,9 +183,9 @@ static SLO: OnceLock<ferry_core::slo::Slo> = OnceLock::new();
 /// the first one's SLO.
 pub fn publish_slo(slo: ferry_core::slo::Slo) {
     let slo = *SLO.get_or_init(|| slo);
-    metrics::gauge!("ferry_router_slo_time_to_first_token_seconds").set(slo.ttft_ms / 1e3);
-    metrics::gauge!("ferry_router_slo_time_per_output_token_seconds").set(slo.tpot_ms / 1e3);
-    metrics::counter!("ferry_router_goodput_requests_total").increment(0);
+    metrics::gauge!(names::SLO_TIME_TO_FIRST_TOKEN).set(slo.ttft_ms / 1e3);
+    metrics::gauge!(names::SLO_TIME_PER_OUTPUT_TOKEN).set(slo.tpot_ms / 1e3);
+    metrics::counter!(names::GOODPUT_REQUESTS).increment(0);
 }
 
 /// `ferry_router_goodput_requests_total`: one request that finished with every choice within both
@@ -159,16 +193,16 @@ pub fn publish_slo(slo: ferry_core::slo::Slo) {
 pub fn observe_goodput(choices: impl IntoIterator<Item = (Duration, f64)>) {
     let slo = SLO.get().copied().unwrap_or(ferry_core::slo::Slo::DEFAULT);
     if choices.into_iter().all(|(ttft, tpot_s)| ttft.as_secs_f64() * 1e3 <= slo.ttft_ms && tpot_s * 1e3 <= slo.tpot_ms) {
-        metrics::counter!("ferry_router_goodput_requests_total").increment(1);
+        metrics::counter!(names::GOODPUT_REQUESTS).increment(1);
     }
 }
 
-/// `ferry_router_inflight`, up while the guard lives.
+/// `ferry_router_inflight_requests`, up while the guard lives.
 pub struct InflightGauge(());
 
 impl InflightGauge {
     pub fn new() -> InflightGauge {
-        metrics::gauge!("ferry_router_inflight").increment(1.0);
+        metrics::gauge!(names::INFLIGHT_REQUESTS).increment(1.0);
         InflightGauge(())
     }
 }
@@ -181,14 +215,14 @@ impl Default for InflightGauge {
 
 impl Drop for InflightGauge {
     fn drop(&mut self) {
-        metrics::gauge!("ferry_router_inflight").decrement(1.0);
+        metrics::gauge!(names::INFLIGHT_REQUESTS).decrement(1.0);
     }
 }
 
 /// `ferry_router_workers{role,state}` from the registry.
 pub fn set_worker_gauges(registry: &Registry) {
     for (role, state, n) in registry.counts() {
-        metrics::gauge!("ferry_router_workers", "role" => role.as_str(), "state" => state.as_str())
+        metrics::gauge!(names::WORKERS, "role" => role.as_str(), "state" => state.as_str())
             .set(n as f64);
     }
     // Per worker, what routing decided on: a run can be explained afterwards. (A removed
@@ -197,27 +231,27 @@ pub fn set_worker_gauges(registry: &Registry) {
         let role = crate::wire::role_from_wire(w.role).map_or("unspecified", |r| r.as_str());
         let load = w.load.unwrap_or_default();
         let labels = [("worker", w.worker_id.clone()), ("role", role.to_string())];
-        metrics::gauge!("ferry_router_worker_inflight", &labels).set(w.inflight as f64);
+        metrics::gauge!(names::WORKER_INFLIGHT_REQUESTS, &labels).set(w.inflight as f64);
         match crate::wire::role_from_wire(w.role) {
             Some(ferry_core::WorkerRole::Prefill) => {
                 let queued = w.outstanding_prefill_tokens + load.queued_prefill_tokens;
-                metrics::gauge!("ferry_router_worker_outstanding_prefill_tokens", &labels)
+                metrics::gauge!(names::WORKER_OUTSTANDING_PREFILL_TOKENS, &labels)
                     .set(w.outstanding_prefill_tokens as f64);
-                metrics::gauge!("ferry_router_worker_queued_prefill_tokens", &labels)
+                metrics::gauge!(names::WORKER_QUEUED_PREFILL_TOKENS, &labels)
                     .set(queued as f64);
-                metrics::gauge!("ferry_router_worker_prefill_tokens_per_second", &labels)
+                metrics::gauge!(names::WORKER_PREFILL_TOKENS_PER_SECOND, &labels)
                     .set(load.prefill_tokens_per_s);
                 if load.prefill_tokens_per_s > 0.0 {
-                    metrics::gauge!("ferry_router_worker_estimated_queue_seconds", &labels)
+                    metrics::gauge!(names::WORKER_ESTIMATED_QUEUE, &labels)
                         .set(queued as f64 / load.prefill_tokens_per_s);
                 }
             }
             Some(ferry_core::WorkerRole::Decode | ferry_core::WorkerRole::Colocated) | None => {
-                metrics::gauge!("ferry_router_worker_kv_blocks_free", &labels)
+                metrics::gauge!(names::WORKER_KV_BLOCKS_FREE, &labels)
                     .set(load.kv_blocks_free as f64);
-                metrics::gauge!("ferry_router_worker_kv_blocks_total", &labels)
+                metrics::gauge!(names::WORKER_KV_BLOCKS_CAPACITY, &labels)
                     .set(load.kv_blocks_total as f64);
-                metrics::gauge!("ferry_router_worker_promised_kv_blocks", &labels)
+                metrics::gauge!(names::WORKER_PROMISED_KV_BLOCKS, &labels)
                     .set(w.promised_kv_blocks as f64);
             }
         }
@@ -226,5 +260,5 @@ pub fn set_worker_gauges(registry: &Registry) {
 
 /// `ferry_router_auth_failures_total{api}`: requests refused for a missing or wrong API key.
 pub fn auth_failure(api: &'static str) {
-    metrics::counter!("ferry_router_auth_failures_total", "api" => api).increment(1);
+    metrics::counter!(names::AUTH_FAILURES, "api" => api).increment(1);
 }

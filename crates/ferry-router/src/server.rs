@@ -153,7 +153,7 @@ pub async fn serve(
         .add_service(ferry)
         .add_service(reg)
         .add_service(adm)
-        .serve_with_incoming_shutdown(ferry_proto::conn::Acceptor::new(grpc, "router_grpc", cfg.connections).http2(), shutdown)
+        .serve_with_incoming_shutdown(ferry_proto::conn::Acceptor::new(grpc, ferry_proto::conn::Server::RouterGrpc, cfg.connections).http2(), shutdown)
         .await;
     serving_tx.send_replace(false);
     sweeper.abort();

@@ -49,7 +49,7 @@ async fn health_follows_the_workers_and_metrics_render_without_a_key() {
     assert_eq!(request(&addr, "GET", "/v1/models", None, None).await.status, 401);
     let a = http::get(&addr, "/metrics").await;
     assert_eq!(a.status, 200, "{}", a.body);
-    assert!(a.content_type.starts_with("text/plain"), "{}", a.content_type);
+    assert_eq!(a.content_type, ferry_proto::metrics::CONTENT_TYPE, "the content type of every /metrics");
     assert!(a.body.contains("ferry_router_auth_failures_total"), "{}", a.body);
     // The rest of the port still needs the key, unknown routes included.
     for (method, path) in [("POST", "/tokenize"), ("POST", "/detokenize"), ("GET", "/nothing")] {

@@ -150,14 +150,14 @@ async fn at_a_cap_full_of_half_sent_heads_a_request_is_served_and_the_rest_time_
     let t0 = Instant::now();
     assert_eq!(common::http::get(&addr, "/v1/models").await.status, 200);
     assert!(t0.elapsed() < Duration::from_millis(900), "served after {:?}", t0.elapsed());
-    assert_ne!(counted(&metrics_addr, "ferry_connections_evicted_total").await, "0", "no eviction counted");
+    assert_ne!(counted(&metrics_addr, "ferry_router_connections_evicted_total").await, "0", "no eviction counted");
     // The half-sent requests are closed (one to make room, one by the header timeout), unanswered.
     for s in &mut half {
         let got = closed(s).await;
         assert!(!String::from_utf8_lossy(&got).contains("200 OK"), "a half-sent request was answered");
     }
     assert!(t0.elapsed() < Duration::from_secs(5), "closed after {:?}", t0.elapsed());
-    assert_ne!(counted(&metrics_addr, "ferry_connections_timed_out_total").await, "0", "no timeout counted");
+    assert_ne!(counted(&metrics_addr, "ferry_router_connections_timed_out_total").await, "0", "no timeout counted");
 }
 
 #[tokio::test]
@@ -178,7 +178,7 @@ async fn at_a_cap_of_busy_connections_a_new_one_is_refused_at_once_and_counted()
     let _ = over.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n").await;
     assert!(closed(&mut over).await.is_empty(), "a connection over the cap was answered");
     assert!(t0.elapsed() < Duration::from_millis(900), "refused after {:?}", t0.elapsed());
-    assert_ne!(counted(&metrics_addr, "ferry_connections_refused_total").await, "0", "no refusal counted");
+    assert_ne!(counted(&metrics_addr, "ferry_router_connections_refused_total").await, "0", "no refusal counted");
     // Idle past the header timeout (the keep-alive limit), they close and free their slots.
     for s in &mut busy {
         closed(s).await;
@@ -202,6 +202,6 @@ async fn a_trickled_body_is_a_408_at_the_body_timeout() {
     assert!(got.starts_with("HTTP/1.1 408"), "{got}");
     assert!(got.contains("did not arrive within 1000 ms"), "{got}");
     assert!(t0.elapsed() < Duration::from_secs(5), "answered after {:?}", t0.elapsed());
-    assert_ne!(counted(&metrics_addr, "ferry_connections_body_timed_out_total").await, "0");
+    assert_ne!(counted(&metrics_addr, "ferry_router_connections_body_timed_out_total").await, "0");
     assert_eq!(common::http::get(&addr, "/v1/models").await.status, 200);
 }

@@ -105,7 +105,7 @@ async fn streams_deltas_then_final_and_metrics() {
     http.read_to_string(&mut body).await.unwrap();
     for name in [
         "ferry_router_requests_total",
-        "ferry_router_ttft_seconds",
+        "ferry_router_time_to_first_token_seconds",
         "ferry_router_workers",
         "ferry_router_overhead_seconds",
     ] {

@@ -28,7 +28,7 @@ pub fn step_isolating(
         Err(e) if items.len() == 1 => Ok(vec![Err(e)]),
         Err(e) => {
             tracing::warn!(items = items.len(), "a batched step failed ({e}): running its sequences one by one to find the culprit");
-            metrics::counter!("ferry_worker_step_isolations_total").increment(1);
+            metrics::counter!(crate::cluster::metrics::names::STEP_ISOLATIONS).increment(1);
             let mut out = Vec::with_capacity(items.len());
             for (k, it) in items.iter().enumerate() {
                 match engine.step(std::slice::from_ref(it), &mut |l, kv| on_layer(Some(k), l, kv)) {
@@ -46,7 +46,7 @@ pub fn step_isolating(
 /// for its next block is a capacity matter (another worker may continue it); anything else ends
 /// this sequence (tagged `sequence`), naming the request.
 pub fn sequence_error(request_id: &str, what: &str, e: EngineError) -> WorkerError {
-    metrics::counter!("ferry_worker_sequence_failures_total").increment(1);
+    metrics::counter!(crate::cluster::metrics::names::SEQUENCE_FAILURES).increment(1);
     match e {
         EngineError::Pool(ferry_core::PoolError::Exhausted { .. }) => WorkerError::Exhausted(format!("request {request_id}: {what}: {e}")),
         e => WorkerError::SequenceFailed { request_id: request_id.to_string(), what: format!("{what}: {e}") },

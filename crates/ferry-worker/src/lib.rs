@@ -211,7 +211,7 @@ pub async fn serve(
             _ = shutdown => None,
             what = watch_fault.wait() => Some(what),
         };
-        ::metrics::gauge!("ferry_worker_draining").set(1.0);
+        ::metrics::gauge!(cluster::metrics::names::DRAINING).set(1.0);
         match failed {
             None => {
                 tracing::info!(inflight = drain.inflight(), timeout_s = timeout.as_secs_f64(), "draining: refusing new requests, waiting for in-flight ones");
@@ -226,7 +226,7 @@ pub async fn serve(
                 }
             }
             Some(what) => {
-                ::metrics::gauge!("ferry_worker_engine_failed").set(1.0);
+                ::metrics::gauge!(cluster::metrics::names::ENGINE_FAILED).set(1.0);
                 tracing::error!("the engine failed ({what}): deregistering from every router and exiting");
                 if let Some(r) = router_set {
                     r.deregister_all().await;
@@ -238,7 +238,7 @@ pub async fn serve(
     };
     // The acceptor caps open connections, closes those that send no HTTP/2 preface in time, and
     // turns Nagle off (small stream messages must not wait for delayed ACKs).
-    let incoming = ferry_proto::conn::Acceptor::new(listeners.grpc, "worker_grpc", cfg.connections).http2();
+    let incoming = ferry_proto::conn::Acceptor::new(listeners.grpc, ferry_proto::conn::Server::WorkerGrpc, cfg.connections).http2();
     let result = router
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await

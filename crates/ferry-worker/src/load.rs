@@ -140,23 +140,23 @@ impl LoadGauge {
     /// Publish to the Prometheus gauges too.
     pub fn export(&self, role: &'static str) {
         let s = self.snapshot();
-        metrics::gauge!("ferry_worker_kv_blocks", "role" => role, "state" => "free").set(s.kv_blocks_free as f64);
-        metrics::gauge!("ferry_worker_kv_blocks", "role" => role, "state" => "used")
+        metrics::gauge!(crate::cluster::metrics::names::KV_BLOCKS, "role" => role, "state" => "free").set(s.kv_blocks_free as f64);
+        metrics::gauge!(crate::cluster::metrics::names::KV_BLOCKS, "role" => role, "state" => "used")
             .set(s.kv_blocks_total.saturating_sub(s.kv_blocks_free) as f64);
-        metrics::gauge!("ferry_worker_kv_blocks", "role" => role, "state" => "reserved").set(s.kv_blocks_reserved as f64);
-        metrics::gauge!("ferry_worker_active_sequences", "role" => role).set(s.active_sequences as f64);
-        metrics::gauge!("ferry_worker_queue_depth", "role" => role).set(self.queued_requests.load(Relaxed) as f64);
-        metrics::gauge!("ferry_worker_queued_prefill_tokens", "role" => role).set(s.queued_prefill_tokens as f64);
+        metrics::gauge!(crate::cluster::metrics::names::KV_BLOCKS, "role" => role, "state" => "reserved").set(s.kv_blocks_reserved as f64);
+        metrics::gauge!(crate::cluster::metrics::names::ACTIVE_SEQUENCES, "role" => role).set(s.active_sequences as f64);
+        metrics::gauge!(crate::cluster::metrics::names::QUEUE_DEPTH, "role" => role).set(self.queued_requests.load(Relaxed) as f64);
+        metrics::gauge!(crate::cluster::metrics::names::QUEUED_PREFILL_TOKENS, "role" => role).set(s.queued_prefill_tokens as f64);
         if role == "prefill" {
-            metrics::gauge!("ferry_worker_prefill_tokens_per_second").set(s.prefill_tokens_per_s);
-            metrics::gauge!("ferry_worker_queue_waiting", "role" => role).set(s.queued_requests as f64);
+            metrics::gauge!(crate::cluster::metrics::names::PREFILL_TOKENS_PER_SECOND).set(s.prefill_tokens_per_s);
+            metrics::gauge!(crate::cluster::metrics::names::QUEUE_WAITING, "role" => role).set(s.queued_requests as f64);
         }
-        metrics::gauge!("ferry_worker_kv_utilization", "role" => role).set(self.kv_utilization());
+        metrics::gauge!(crate::cluster::metrics::names::KV_UTILIZATION, "role" => role).set(self.kv_utilization());
         if s.step_model_seconds > 0.0 {
-            metrics::gauge!("ferry_worker_priced_step_seconds", "role" => role, "clock" => "measured").set(s.step_seconds);
-            metrics::gauge!("ferry_worker_priced_step_seconds", "role" => role, "clock" => "profile").set(s.step_model_seconds);
+            metrics::gauge!(crate::cluster::metrics::names::PRICED_STEP_SECONDS, "role" => role, "clock" => "measured").set(s.step_seconds);
+            metrics::gauge!(crate::cluster::metrics::names::PRICED_STEP_SECONDS, "role" => role, "clock" => "profile").set(s.step_model_seconds);
         }
-        metrics::gauge!("ferry_worker_queue_oldest_seconds", "role" => role).set(self.oldest_queued_age(Instant::now()).as_secs_f64());
+        metrics::gauge!(crate::cluster::metrics::names::QUEUE_OLDEST_SECONDS, "role" => role).set(self.oldest_queued_age(Instant::now()).as_secs_f64());
     }
 }
 
@@ -186,21 +186,21 @@ impl LoadGauge {
         };
         if lost > 0 {
             tracing::warn!(lost, "prefix cache: the engine dropped events between drains; routers may route on stale entries until blocks turn over");
-            metrics::counter!("ferry_worker_prefix_cache_events_lost_total", "role" => role).increment(lost);
+            metrics::counter!(crate::cluster::metrics::names::PREFIX_CACHE_EVENTS_LOST, "role" => role).increment(lost);
         }
         let cached = engine.cached_blocks();
         load.blocks_cached.store(cached as u64, Relaxed);
         let s = engine.cache_stats();
-        metrics::gauge!("ferry_worker_prefix_cache_blocks", "role" => role, "state" => "cached").set(cached as f64);
-        metrics::gauge!("ferry_worker_prefix_cache_blocks", "role" => role, "state" => "used").set(engine.used_blocks() as f64);
-        metrics::gauge!("ferry_worker_prefix_cache_blocks", "role" => role, "state" => "indexed").set(indexed as f64);
-        metrics::counter!("ferry_worker_prefix_cache_queries_total", "role" => role).absolute(s.queries);
-        metrics::counter!("ferry_worker_prefix_cache_hits_total", "role" => role).absolute(s.hits);
-        metrics::counter!("ferry_worker_prefix_cache_hit_blocks_total", "role" => role).absolute(s.hit_blocks);
-        metrics::counter!("ferry_worker_prefix_cache_hit_tokens_total", "role" => role).absolute(s.hit_tokens);
-        metrics::counter!("ferry_worker_prefix_cache_stored_total", "role" => role).absolute(s.stored);
-        metrics::counter!("ferry_worker_prefix_cache_evictions_total", "role" => role).absolute(s.evictions);
-        metrics::counter!("ferry_worker_prefix_cache_verify_misses_total", "role" => role).absolute(s.verify_misses);
+        metrics::gauge!(crate::cluster::metrics::names::PREFIX_CACHE_BLOCKS, "role" => role, "state" => "cached").set(cached as f64);
+        metrics::gauge!(crate::cluster::metrics::names::PREFIX_CACHE_BLOCKS, "role" => role, "state" => "used").set(engine.used_blocks() as f64);
+        metrics::gauge!(crate::cluster::metrics::names::PREFIX_CACHE_BLOCKS, "role" => role, "state" => "indexed").set(indexed as f64);
+        metrics::counter!(crate::cluster::metrics::names::PREFIX_CACHE_QUERIES, "role" => role).absolute(s.queries);
+        metrics::counter!(crate::cluster::metrics::names::PREFIX_CACHE_HITS, "role" => role).absolute(s.hits);
+        metrics::counter!(crate::cluster::metrics::names::PREFIX_CACHE_HIT_BLOCKS, "role" => role).absolute(s.hit_blocks);
+        metrics::counter!(crate::cluster::metrics::names::PREFIX_CACHE_HIT_TOKENS, "role" => role).absolute(s.hit_tokens);
+        metrics::counter!(crate::cluster::metrics::names::PREFIX_CACHE_STORED, "role" => role).absolute(s.stored);
+        metrics::counter!(crate::cluster::metrics::names::PREFIX_CACHE_EVICTIONS, "role" => role).absolute(s.evictions);
+        metrics::counter!(crate::cluster::metrics::names::PREFIX_CACHE_VERIFY_MISSES, "role" => role).absolute(s.verify_misses);
     }
 }
 

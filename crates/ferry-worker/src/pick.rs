@@ -93,7 +93,7 @@ impl Picker {
         let Some(c) = &mut self.constraint else { return Ok(self.sampler.sample(logits)) };
         let t0 = Instant::now();
         c.mask(logits)?;
-        metrics::histogram!("ferry_worker_grammar_mask_seconds").record(t0.elapsed().as_secs_f64());
+        metrics::histogram!(crate::cluster::metrics::names::GRAMMAR_MASK_SECONDS).record(t0.elapsed().as_secs_f64());
         let tok = self.sampler.sample(logits);
         c.commit(tok)?;
         Ok(tok)

@@ -9,7 +9,7 @@ use ferry_proto::conn::ConnLimits;
 pub struct ConnArgs {
     /// Most connections each API server (gRPC, and the router's HTTP API) holds open at once; one
     /// more is closed as soon as it is accepted, logged, and counted in
-    /// `ferry_connections_refused_total`. Default: 4096 on the router, 1024 on a worker.
+    /// `ferry_router_connections_refused_total` (`ferry_worker_…` on a worker). Default: 4096 on the router, 1024 on a worker.
     /// `/metrics` servers hold at most 64.
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,

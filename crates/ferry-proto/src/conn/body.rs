@@ -12,17 +12,19 @@ use std::time::Duration;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::time::Sleep;
 
+use super::Server;
+
 /// A request body with a deadline for all of it.
 pub struct TimedBody {
     inner: Incoming,
     deadline: Pin<Box<Sleep>>,
     limit: Duration,
-    server: &'static str,
+    server: Server,
 }
 
 impl TimedBody {
     /// `inner`, which must end within `limit` from now.
-    pub fn new(inner: Incoming, limit: Duration, server: &'static str) -> TimedBody {
+    pub fn new(inner: Incoming, limit: Duration, server: Server) -> TimedBody {
         TimedBody { inner, deadline: Box::pin(tokio::time::sleep(limit)), limit, server }
     }
 }
@@ -44,8 +46,8 @@ impl Body for TimedBody {
             Poll::Ready(r) => Poll::Ready(r.map(|f| f.map_err(Into::into))),
             Poll::Pending => {
                 if this.deadline.as_mut().poll(cx).is_ready() {
-                    metrics::counter!("ferry_connections_body_timed_out_total", "server" => this.server).increment(1);
-                    tracing::debug!(server = this.server, "a request body did not arrive within {:?}", this.limit);
+                    metrics::counter!(this.server.names().body_timed_out, "server" => this.server.label()).increment(1);
+                    tracing::debug!(server = this.server.label(), "a request body did not arrive within {:?}", this.limit);
                     return Poll::Ready(Some(Err(Box::new(BodyTimedOut { limit_ms: this.limit.as_millis() }))));
                 }
                 Poll::Pending

@@ -12,7 +12,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 
-use super::{Acceptor, TimedBody};
+use super::{Acceptor, Server, TimedBody};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -21,7 +21,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 ///
 /// Each connection must send a complete request head within the acceptor's `header_timeout`
 /// (counted from the connection's start, or from the previous response on a kept-alive one);
-/// else it is closed and counted in `ferry_connections_timed_out_total{server}`. Its body must
+/// else it is closed and counted in `ferry_<component>_connections_timed_out_total{server}`. Its body must
 /// then arrive whole within `body_timeout`, else reading it fails ([`super::BodyTimedOut`]).
 pub async fn serve_http<S, B>(mut acceptor: Acceptor, svc: S, shutdown: impl Future<Output = ()>)
 where
@@ -47,9 +47,9 @@ where
         tokio::spawn(async move {
             if let Err(e) = served.await {
                 if e.is_timeout() {
-                    metrics::counter!("ferry_connections_timed_out_total", "server" => server).increment(1);
+                    metrics::counter!(server.names().timed_out, "server" => server.label()).increment(1);
                 }
-                tracing::debug!(server, "HTTP connection ended: {e}");
+                tracing::debug!(server = server.label(), "HTTP connection ended: {e}");
             }
         });
     }
@@ -62,7 +62,7 @@ where
 struct Timed<S> {
     inner: S,
     limit: Duration,
-    server: &'static str,
+    server: Server,
 }
 
 impl<S> tower_service::Service<hyper::Request<Incoming>> for Timed<S>

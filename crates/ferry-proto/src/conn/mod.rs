@@ -6,14 +6,14 @@
 //!   server's `max_connections` slots (a semaphore permit, released on `Drop`). At the cap, the
 //!   connection that has been opening longest (no complete request head, HTTP/2 preface or TLS
 //!   handshake yet: [`opening`]) is closed to make room, counted in
-//!   `ferry_connections_evicted_total{server}`; when none is opening, the new connection is
-//!   closed at once, counted in `ferry_connections_refused_total{server}`. Both are logged at
+//!   `ferry_<component>_connections_evicted_total{server}`; when none is opening, the new connection is
+//!   closed at once, counted in `ferry_<component>_connections_refused_total{server}`. Both are logged at
 //!   most once a second, with how many since. The acceptor is a `Stream`, so tonic's
 //!   `serve_with_incoming*` takes it as it is.
 //! - gRPC servers ask for [`Acceptor::http2`]: the peer must send the HTTP/2 client preface
 //!   (24 bytes), or with TLS finish its handshake and start its first request, within
 //!   `header_timeout`, else the connection is closed and counted in
-//!   `ferry_connections_timed_out_total{server}`. After that, HTTP/2 keepalive pings (set on
+//!   `ferry_<component>_connections_timed_out_total{server}`. After that, HTTP/2 keepalive pings (set on
 //!   tonic's builder) find dead peers.
 //! - [`serve_http`] serves a tower service (an axum `Router`) over HTTP/1 with hyper's
 //!   `header_read_timeout`: a request head, the first or the next on a kept-alive connection,
@@ -28,6 +28,7 @@ mod body;
 mod http;
 pub mod opening;
 mod refusals;
+mod server;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -47,6 +48,7 @@ pub use body::{BodyTimedOut, TimedBody};
 pub use http::serve_http;
 use opening::{Openings, Phase, Protocol, Slot};
 pub use refusals::RefusalLog;
+pub use server::{Component, ConnNames, Server};
 
 /// How long a new connection may take to send its first request head (HTTP/1) or the HTTP/2
 /// preface (gRPC), and, on HTTP/1, how long a kept-alive connection may wait for its next one.
@@ -102,7 +104,7 @@ pub struct Acceptor {
     listener: TcpListener,
     slots: Arc<Semaphore>,
     limits: ConnLimits,
-    server: &'static str,
+    server: Server,
     /// What connections open with (gRPC: the HTTP/2 preface, which must come within
     /// `header_timeout`).
     protocol: Protocol,
@@ -117,8 +119,9 @@ pub struct Acceptor {
 }
 
 impl Acceptor {
-    /// `server` names the server in metrics and logs (`router_http`, `worker_grpc`, …).
-    pub fn new(listener: TcpListener, server: &'static str, limits: ConnLimits) -> Acceptor {
+    /// `server` names the server in metrics (its component's families, labelled with it) and
+    /// logs.
+    pub fn new(listener: TcpListener, server: Server, limits: ConnLimits) -> Acceptor {
         Acceptor {
             listener,
             slots: Arc::new(Semaphore::new(limits.max_connections)),
@@ -146,7 +149,7 @@ impl Acceptor {
         self.limits
     }
 
-    pub fn server(&self) -> &'static str {
+    pub fn server(&self) -> Server {
         self.server
     }
 
@@ -183,8 +186,8 @@ impl Acceptor {
                     }
                     Err(_) => {
                         drop(tcp);
-                        metrics::counter!("ferry_connections_refused_total", "server" => self.server).increment(1);
-                        tracing::debug!(server = self.server, %peer, "connection refused at the cap");
+                        metrics::counter!(self.server.names().refused, "server" => self.server.label()).increment(1);
+                        tracing::debug!(server = self.server.label(), %peer, "connection refused at the cap");
                         match self.refusals.note(Instant::now()) {
                             Some(n) => self.log_refused(n),
                             None => self.arm_flush(cx),
@@ -194,7 +197,7 @@ impl Acceptor {
                 Err(e) if one_connections(&e) => {}
                 Err(e) => {
                     if let Some(n) = self.accept_errors.note(Instant::now()) {
-                        tracing::warn!(server = self.server, errors = n, "accepting connections failed: {e}; pausing {} ms", ACCEPT_BACKOFF.as_millis());
+                        tracing::warn!(server = self.server.label(), errors = n, "accepting connections failed: {e}; pausing {} ms", ACCEPT_BACKOFF.as_millis());
                     }
                     self.backoff = Some(Box::pin(tokio::time::sleep(ACCEPT_BACKOFF)));
                 }
@@ -208,13 +211,14 @@ impl Acceptor {
         if !self.openings.evict_oldest() {
             return Err(());
         }
-        metrics::counter!("ferry_connections_evicted_total", "server" => self.server).increment(1);
+        metrics::counter!(self.server.names().evicted, "server" => self.server.label()).increment(1);
         if let Some(n) = self.evictions.note(Instant::now()) {
             tracing::warn!(
-                server = self.server,
+                server = self.server.label(),
                 evicted = n,
                 max_connections = self.limits.max_connections,
-                "closed connections that had sent no complete request yet, to make room at the connection cap (counted in ferry_connections_evicted_total)"
+                "closed connections that had sent no complete request yet, to make room at the connection cap (counted in {})",
+                self.server.names().evicted
             );
         }
         self.slots.clone().try_acquire_owned().map_err(drop)
@@ -234,15 +238,16 @@ impl Acceptor {
 
     fn log_refused(&self, n: u64) {
         tracing::warn!(
-            server = self.server,
+            server = self.server.label(),
             refused = n,
             max_connections = self.limits.max_connections,
-            "connections refused: the server is at its connection cap (counted in ferry_connections_refused_total)"
+            "connections refused: the server is at its connection cap (counted in {})",
+            self.server.names().refused
         );
     }
 
     fn admit(&mut self, io: TcpStream, permit: OwnedSemaphorePermit) -> Conn {
-        metrics::gauge!("ferry_connections_open", "server" => self.server).increment(1.0);
+        metrics::gauge!(self.server.names().open, "server" => self.server.label()).increment(1.0);
         let slot = Slot::new(permit);
         self.openings.push(&slot);
         // HTTP/1's head deadline is hyper's `header_read_timeout`; gRPC's opening is timed here.
@@ -279,7 +284,7 @@ pub struct Conn {
     // close and connects again finds the slot free.
     slot: Arc<Slot>,
     io: TcpStream,
-    server: &'static str,
+    server: Server,
     /// `None` once opened.
     opening: Option<Opening>,
 }
@@ -301,7 +306,7 @@ impl Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        metrics::gauge!("ferry_connections_open", "server" => self.server).decrement(1.0);
+        metrics::gauge!(self.server.names().open, "server" => self.server.label()).decrement(1.0);
     }
 }
 
@@ -328,9 +333,9 @@ impl AsyncRead for Conn {
                 if let Some(d) = &mut o.deadline
                     && d.as_mut().poll(cx).is_ready()
                 {
-                    metrics::counter!("ferry_connections_timed_out_total", "server" => this.server).increment(1);
+                    metrics::counter!(this.server.names().timed_out, "server" => this.server.label()).increment(1);
                     let owed = o.phase.owed();
-                    tracing::debug!(server = this.server, "closing a connection that sent no {owed} in time");
+                    tracing::debug!(server = this.server.label(), "closing a connection that sent no {owed} in time");
                     return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, format!("no {owed} within the header timeout"))));
                 }
             }

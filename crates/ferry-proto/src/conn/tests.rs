@@ -50,7 +50,7 @@ const HEAD: &[u8] = b"GET / HTTP/1.1\r\nhost: t\r\n\r\n";
 #[tokio::test]
 async fn over_the_cap_of_opened_connections_a_new_one_is_closed_at_once() {
     let (l, addr) = bound().await;
-    let mut acceptor = Acceptor::new(l, "test", limits(2, Duration::from_secs(30)));
+    let mut acceptor = Acceptor::new(l, Server::WorkerGrpc, limits(2, Duration::from_secs(30)));
     let (held_tx, mut held_rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
         loop {
@@ -106,7 +106,7 @@ async fn stays_open(s: &mut TcpStream, d: Duration) -> bool {
 #[tokio::test]
 async fn at_the_cap_the_connection_opening_longest_makes_room() {
     let (l, addr) = bound().await;
-    serve_reads(Acceptor::new(l, "test", limits(3, Duration::from_secs(30))));
+    serve_reads(Acceptor::new(l, Server::WorkerGrpc, limits(3, Duration::from_secs(30))));
     let mut slow = Vec::new();
     for _ in 0..2 {
         let mut s = TcpStream::connect(addr).await.unwrap();
@@ -134,7 +134,7 @@ async fn at_the_cap_the_connection_opening_longest_makes_room() {
 async fn a_stalled_tls_handshake_is_closed_after_the_header_timeout() {
     let (l, addr) = bound().await;
     let timeout = Duration::from_secs(1);
-    serve_reads(Acceptor::new(l, "test", limits(8, timeout)).http2());
+    serve_reads(Acceptor::new(l, Server::WorkerGrpc, limits(8, timeout)).http2());
     // A TLS record header and 40 bytes of a ClientHello: more than the HTTP/2 preface's 24, but
     // the handshake never finishes.
     let mut hello = vec![0x16, 0x03, 0x01, 0x02, 0x00];
@@ -149,7 +149,7 @@ async fn a_stalled_tls_handshake_is_closed_after_the_header_timeout() {
 async fn a_half_sent_http2_preface_is_closed_after_the_header_timeout() {
     let (l, addr) = bound().await;
     let timeout = Duration::from_secs(1);
-    serve_reads(Acceptor::new(l, "test", limits(8, timeout)).http2());
+    serve_reads(Acceptor::new(l, Server::WorkerGrpc, limits(8, timeout)).http2());
     let mut half = TcpStream::connect(addr).await.unwrap();
     half.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
     let mut whole = TcpStream::connect(addr).await.unwrap();
@@ -192,7 +192,7 @@ async fn get_ok(addr: SocketAddr) -> String {
 async fn at_a_cap_full_of_half_sent_heads_a_request_is_served_and_the_rest_time_out() {
     let (l, addr) = bound().await;
     let timeout = Duration::from_secs(1);
-    let acceptor = Acceptor::new(l, "test", limits(2, timeout));
+    let acceptor = Acceptor::new(l, Server::WorkerGrpc, limits(2, timeout));
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(serve_http(acceptor, Ok200, async move {
         let _ = stop_rx.await;
@@ -261,7 +261,7 @@ impl tower_service::Service<hyper::Request<TimedBody>> for ReadsBody {
 async fn a_trickled_body_is_cut_at_the_body_timeout_and_a_whole_one_is_read() {
     let (l, addr) = bound().await;
     let limits = ConnLimits { max_connections: 4, header_timeout: Duration::from_secs(5), body_timeout: Duration::from_secs(1) };
-    tokio::spawn(serve_http(Acceptor::new(l, "test", limits), ReadsBody, std::future::pending()));
+    tokio::spawn(serve_http(Acceptor::new(l, Server::WorkerGrpc, limits), ReadsBody, std::future::pending()));
     // Whole: read and counted.
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(b"POST / HTTP/1.1\r\nhost: t\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello").await.unwrap();

@@ -47,7 +47,7 @@ pub async fn run(shared: Arc<Shared>, cfg: AutoscaleConfig, dial: DialOptions) {
         let measured = calibrator.calibration(since, cfg.rate_window.max(cfg.interval).as_secs_f64(), MIN_PROFILED_S);
         let calibration = if cfg.calibrate { measured } else { cfg.fleet.calibration };
         for role in [WorkerRole::Prefill, WorkerRole::Decode] {
-            metrics::gauge!("ferry_router_autoscale_step_time_ratio", "role" => role.as_str()).set(measured.of(role));
+            metrics::gauge!(crate::metrics::names::AUTOSCALE_STEP_TIME_RATIO, "role" => role.as_str()).set(measured.of(role));
         }
         let fleet = Fleet { calibration, ..cfg.fleet };
         let (policy, lengths, rate) = (cfg.policy, seen.lengths.clone(), seen.rate);
@@ -56,9 +56,9 @@ pub async fn run(shared: Arc<Shared>, cfg: AutoscaleConfig, dial: DialOptions) {
             .await
             .unwrap_or(None);
         let decision = policy_state.decide(&cfg.policy, now - origin, current, plan, &seen);
-        metrics::gauge!("ferry_router_autoscale_observed_rate").set(seen.rate);
+        metrics::gauge!(crate::metrics::names::AUTOSCALE_OBSERVED_RATE).set(seen.rate);
         if let Some(a) = seen.attainment {
-            metrics::gauge!("ferry_router_autoscale_observed_attainment").set(a);
+            metrics::gauge!(crate::metrics::names::AUTOSCALE_OBSERVED_ATTAINMENT).set(a);
         }
         match decision {
             Decision::Hold(why) => tracing::debug!(rate = seen.rate, ?plan, ready = ?ready, prefill_time = calibration.prefill, decode_time = calibration.decode, "autoscale: hold: {why}"),
@@ -72,8 +72,8 @@ pub async fn run(shared: Arc<Shared>, cfg: AutoscaleConfig, dial: DialOptions) {
                     let direction = if n > from { "up" } else { "down" };
                     match crate::ops::scale::scale(shared.cfg.scaler.as_ref(), &dial, role, n as u32).await {
                         Ok(_) => {
-                            metrics::counter!("ferry_router_autoscale_moves_total", "role" => role.as_str(), "direction" => direction).increment(1);
-                            metrics::gauge!("ferry_router_autoscale_target", "role" => role.as_str()).set(n as f64);
+                            metrics::counter!(crate::metrics::names::AUTOSCALE_MOVES, "role" => role.as_str(), "direction" => direction).increment(1);
+                            metrics::gauge!(crate::metrics::names::AUTOSCALE_TARGET_REPLICAS, "role" => role.as_str()).set(n as f64);
                         }
                         Err(e) => {
                             ok = false;

@@ -119,7 +119,7 @@ async fn alone(shared: &Arc<Shared>, job: &Job, choices: &mut [Progress<'_>], tx
         if !p.generated.is_empty() {
             p.migrations += 1;
             p.fault_at.get_or_insert(job.start.elapsed());
-            metrics::counter!("ferry_router_migrations_total").increment(1);
+            metrics::counter!(crate::metrics::names::MIGRATIONS).increment(1);
         }
         // A group of one: it never splits.
         attempts(shared, j, std::slice::from_mut(p), tx)
@@ -141,7 +141,7 @@ async fn recover(shared: &Arc<Shared>, job: &Job, prog: &mut Progress<'_>, tx: &
                 }
                 prog.retries += 1;
                 tracing::warn!(error = %f.error, attempt = prog.retries, choice = prog.choice, "retrying on other workers");
-                metrics::counter!("ferry_router_retries_total").increment(1);
+                metrics::counter!(crate::metrics::names::RETRIES).increment(1);
                 Ok(())
             }
             // Tokens were streamed: the request continues elsewhere from them (and a
@@ -153,7 +153,7 @@ async fn recover(shared: &Arc<Shared>, job: &Job, prog: &mut Progress<'_>, tx: &
                 prog.migrations += 1;
                 prog.fault_at.get_or_insert(job.start.elapsed());
                 tracing::warn!(error = %f.error, migration = prog.migrations, choice = prog.choice, streamed = prog.generated.len(), "migrating to other workers");
-                metrics::counter!("ferry_router_migrations_total").increment(1);
+                metrics::counter!(crate::metrics::names::MIGRATIONS).increment(1);
                 Ok(())
             }
         },
@@ -192,7 +192,12 @@ async fn attempt(shared: &Arc<Shared>, job: &Job, choices: &mut [Progress<'_>], 
     }
     let lead = &mut choices[0];
     let mut adm = admit::admit(shared, job, &prompt, &params, lead, tx).await?;
-    // Admitted: the request's place in the queue goes to the next one.
+    // Admitted: the request's place in the queue goes to the next one; its time there is its
+    // queue time (once per request, at its first admission).
+    if !lead.queue_time_recorded {
+        lead.queue_time_recorded = true;
+        crate::metrics::observe_queue_time(lead.place.as_ref().map_or(Duration::ZERO, |p| p.waited()));
+    }
     lead.place = None;
     lead.cached_tokens = adm.admitted.cached_tokens;
     // A colocated worker computes the prompt; so does a decode worker that holds all of it
@@ -201,7 +206,7 @@ async fn attempt(shared: &Arc<Shared>, job: &Job, choices: &mut [Progress<'_>], 
         true => {
             lead.prefill_worker = adm.dw.id.clone();
             if adm.admitted.local {
-                metrics::counter!("ferry_router_local_prefills_total").increment(1);
+                metrics::counter!(crate::metrics::names::LOCAL_PREFILLS).increment(1);
             }
             // No KV moved in this attempt.
             lead.kv = v1::KvTransferStats::default();

@@ -64,14 +64,14 @@ impl AdmissionQueue {
         let n = self.depth.fetch_add(1, SeqCst);
         if n >= self.max {
             self.depth.fetch_sub(1, SeqCst);
-            metrics::counter!("ferry_router_queue_rejected_total", "reason" => "full").increment(1);
+            metrics::counter!(crate::metrics::names::QUEUE_REJECTED, "reason" => "full").increment(1);
             return Err(RouterError::QueueFull {
                 depth: n,
                 max: self.max,
                 retry_after_s: self.retry_after_s(),
             });
         }
-        metrics::gauge!("ferry_router_queue_depth").set((n + 1) as f64);
+        metrics::gauge!(crate::metrics::names::QUEUE_DEPTH).set((n + 1) as f64);
         Ok(Place {
             queue: self.clone(),
             entered: Instant::now(),
@@ -86,13 +86,18 @@ impl AdmissionQueue {
 }
 
 impl Place {
+    /// How long this request has held its place.
+    pub fn waited(&self) -> Duration {
+        self.entered.elapsed()
+    }
+
     /// Waits until this request is at the head of the line and there may be room (woken, or a
     /// tick passed). Fails when it has waited the queue's timeout in all.
     pub async fn wait_turn(&mut self) -> Result<(), RouterError> {
         let q = self.queue.clone();
         let deadline = self.entered + q.timeout;
         let timed_out = || {
-            metrics::counter!("ferry_router_queue_rejected_total", "reason" => "timeout").increment(1);
+            metrics::counter!(crate::metrics::names::QUEUE_REJECTED, "reason" => "timeout").increment(1);
             RouterError::QueueTimeout {
                 waited_ms: self.entered.elapsed().as_millis() as u64,
                 retry_after_s: q.retry_after_s(),
@@ -124,8 +129,7 @@ impl Drop for Place {
     fn drop(&mut self) {
         self.head = None;
         let n = self.queue.depth.fetch_sub(1, SeqCst).saturating_sub(1);
-        metrics::gauge!("ferry_router_queue_depth").set(n as f64);
-        metrics::histogram!("ferry_router_queue_wait_seconds").record(self.entered.elapsed().as_secs_f64());
+        metrics::gauge!(crate::metrics::names::QUEUE_DEPTH).set(n as f64);
         // The next in line may get the room this one did not take.
         self.queue.room();
     }

@@ -159,12 +159,11 @@ pub async fn finish(
     let e2e = job.start.elapsed();
     let ttft = prog.ttft.unwrap_or(e2e);
     let tpot = if n >= 2 { prog.last_token.saturating_sub(ttft).as_secs_f64() / (n - 1) as f64 } else { 0.0 };
-    crate::metrics::observe_request(ttft, tpot, e2e, &prog.kv, e2e.saturating_sub(prog.waited));
+    let overhead = e2e.saturating_sub(prog.waited);
+    crate::metrics::observe_finished(&crate::metrics::Finished { ttft, tpot_s: tpot, e2e, overhead, generated: n as usize, kv: &prog.kv });
     // The prompt is counted once per request (choice 0), however many choices share it.
     if prog.choice == 0 {
-        let cached = u64::from(prog.cached_tokens).min(job.prompt.len() as u64);
-        metrics::counter!("ferry_router_prompt_tokens_total", "served" => "cache").increment(cached);
-        metrics::counter!("ferry_router_prompt_tokens_total", "served" => "computed").increment(job.prompt.len() as u64 - cached);
+        crate::metrics::observe_prompt(job.prompt.len(), u64::from(prog.cached_tokens));
     }
     let fin = v1::GenerateFinal {
         finish_reason: finish as i32,

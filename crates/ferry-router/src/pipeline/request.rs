@@ -84,6 +84,8 @@ pub struct Progress<'a> {
     pub spec: (u32, u32),
     /// The prompt's logprobs reached the client: later attempts do not ask for them again.
     pub prompt_logprobs_sent: bool,
+    /// Its queue time went to the metrics (at its first admission).
+    pub queue_time_recorded: bool,
 }
 
 impl<'a> Progress<'a> {
@@ -107,6 +109,7 @@ impl<'a> Progress<'a> {
             cached_tokens: 0,
             spec: (0, 0),
             prompt_logprobs_sent: false,
+            queue_time_recorded: false,
         }
     }
 
@@ -139,8 +142,10 @@ impl<'a> Progress<'a> {
         }
         let now = job.start.elapsed();
         if let Some(at) = self.fault_at.take() {
-            metrics::histogram!("ferry_router_migration_stall_seconds").record(now.saturating_sub(at).as_secs_f64());
+            metrics::histogram!(crate::metrics::names::MIGRATION_STALL).record(now.saturating_sub(at).as_secs_f64());
         }
+        let gap = self.ttft.map(|_| now.saturating_sub(self.last_token));
+        crate::metrics::tokens_sent(ids.len(), gap);
         self.ttft.get_or_insert(now);
         self.last_token = now;
         self.generated.extend_from_slice(ids);

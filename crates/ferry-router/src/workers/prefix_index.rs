@@ -51,22 +51,22 @@ pub fn apply(index: &mut KvIndex<u64>, worker: &str, ev: Option<&v1::KvCacheEven
 /// Router metrics for one heartbeat's outcome (outside the registry's lock).
 pub fn record(worker: &str, o: Outcome, distinct: usize) {
     if o.snapshot {
-        metrics::counter!("ferry_router_kv_snapshots_total").increment(1);
+        metrics::counter!(crate::metrics::names::KV_SNAPSHOTS).increment(1);
     }
     if o.resync {
-        metrics::counter!("ferry_router_kv_resyncs_total").increment(1);
+        metrics::counter!(crate::metrics::names::KV_RESYNCS).increment(1);
     }
-    metrics::gauge!("ferry_router_kv_indexed_blocks", "worker" => worker.to_string()).set(o.blocks as f64);
-    metrics::gauge!("ferry_router_kv_indexed_blocks_distinct").set(distinct as f64);
+    metrics::gauge!(crate::metrics::names::KV_INDEXED_BLOCKS, "worker" => worker.to_string()).set(o.blocks as f64);
+    metrics::gauge!(crate::metrics::names::KV_INDEXED_BLOCKS_DISTINCT).set(distinct as f64);
 }
 
 /// A worker left the index: its gauge goes to 0.
 pub fn forget(index: &mut KvIndex<u64>, worker: &str) {
     if index.blocks_of(worker) > 0 || index.last_seq(worker) > 0 || index.needs_resync(worker) {
-        metrics::gauge!("ferry_router_kv_indexed_blocks", "worker" => worker.to_string()).set(0.0);
+        metrics::gauge!(crate::metrics::names::KV_INDEXED_BLOCKS, "worker" => worker.to_string()).set(0.0);
     }
     index.remove_worker(worker);
-    metrics::gauge!("ferry_router_kv_indexed_blocks_distinct").set(index.distinct_blocks() as f64);
+    metrics::gauge!(crate::metrics::names::KV_INDEXED_BLOCKS_DISTINCT).set(index.distinct_blocks() as f64);
 }
 
 #[cfg(test)]

@@ -267,7 +267,7 @@ impl Registry {
         drop(inner);
         for id in &expired {
             tracing::warn!(worker = %id, "lease expired: worker marked dead");
-            metrics::counter!("ferry_router_workers_marked_dead_total", "cause" => "lease_expired")
+            metrics::counter!(crate::metrics::names::WORKERS_MARKED_DEAD, "cause" => "lease_expired")
                 .increment(1);
         }
         expired
@@ -285,7 +285,7 @@ impl Registry {
             w.gone.send_replace(true);
             kv::forget(index, id);
             tracing::warn!(worker = %id, reason = why, "worker marked dead");
-            metrics::counter!("ferry_router_workers_marked_dead_total", "cause" => "call_failed")
+            metrics::counter!(crate::metrics::names::WORKERS_MARKED_DEAD, "cause" => "call_failed")
                 .increment(1);
         }
     }

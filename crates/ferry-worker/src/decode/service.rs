@@ -219,7 +219,7 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
             Err(e) => Err(e),
         };
         let (Admit { params, reservation, timeout, rules }, work) = admitted.map_err(|e| {
-            metrics::counter!("ferry_worker_requests_total", "role" => role, "outcome" => "refused").increment(1);
+            metrics::counter!(crate::cluster::metrics::names::REQUESTS, "role" => role, "outcome" => "refused").increment(1);
             tracing::info!(request_id = %req.request_id, worker = %self.name, "refused: {e}");
             Status::from(e)
         })?;
@@ -259,7 +259,7 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
             Plan::Colocated => 0,
         };
         if not_shipped > 0 {
-            metrics::counter!("ferry_worker_kv_bytes_not_shipped_total").increment(not_shipped as u64);
+            metrics::counter!(crate::cluster::metrics::names::KV_BYTES_NOT_SHIPPED).increment(not_shipped as u64);
         }
         // Receive: the KV comes from a prefill worker (only the part after the cached prefix).
         let ticket = match plan {
@@ -333,7 +333,7 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
                                 }
                                 continue;
                             }
-                            metrics::counter!("ferry_worker_requests_total", "role" => role, "outcome" => "ok").increment(1);
+                            metrics::counter!(crate::cluster::metrics::names::REQUESTS, "role" => role, "outcome" => "ok").increment(1);
                             tracing::info!(
                                 request_id = %request_id, choices, completion_tokens, finish = ?reason,
                                 kv_wait_ms = fin.kv_wait_ms, decode_ms = fin.decode_ms,
@@ -343,7 +343,7 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
                             return;
                         }
                         Some(DecodeEvent::Failed(e)) => {
-                            metrics::counter!("ferry_worker_requests_total", "role" => role, "outcome" => "error").increment(1);
+                            metrics::counter!(crate::cluster::metrics::names::REQUESTS, "role" => role, "outcome" => "error").increment(1);
                             tracing::warn!(request_id = %request_id, "failed: {e}");
                             let _ = tx.send(Err(e.into())).await;
                             return;
@@ -356,7 +356,7 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
                     },
                     // The router went away: dropping `ev_rx` makes the engine free the sequence.
                     _ = tx.closed() => {
-                        metrics::counter!("ferry_worker_requests_total", "role" => role, "outcome" => "cancelled").increment(1);
+                        metrics::counter!(crate::cluster::metrics::names::REQUESTS, "role" => role, "outcome" => "cancelled").increment(1);
                         tracing::info!(request_id = %request_id, "cancelled by the router");
                         return;
                     }

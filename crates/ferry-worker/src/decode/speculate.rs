@@ -223,10 +223,10 @@ impl Speculator {
         }
         s.proposed += proposed as u64;
         s.accepted += accepted as u64;
-        metrics::counter!("ferry_worker_spec_proposed_tokens_total").increment(proposed as u64);
-        metrics::counter!("ferry_worker_spec_accepted_tokens_total").increment(accepted as u64);
-        metrics::counter!("ferry_worker_spec_verify_steps_total").increment(1);
-        metrics::counter!("ferry_worker_spec_emitted_tokens_total").increment(emitted as u64);
+        metrics::counter!(crate::cluster::metrics::names::SPEC_PROPOSED_TOKENS).increment(proposed as u64);
+        metrics::counter!(crate::cluster::metrics::names::SPEC_ACCEPTED_TOKENS).increment(accepted as u64);
+        metrics::counter!(crate::cluster::metrics::names::SPEC_VERIFY_STEPS).increment(1);
+        metrics::counter!(crate::cluster::metrics::names::SPEC_EMITTED_TOKENS).increment(emitted as u64);
     }
 }
 

@@ -208,9 +208,9 @@ impl DecodeThread {
         let t0 = Instant::now();
         let outcomes = step_isolating(&mut self.engine, &items, &mut |_, _, _| {});
         drop(items);
-        metrics::histogram!("ferry_worker_step_seconds", "role" => self.role).record(t0.elapsed().as_secs_f64());
+        metrics::histogram!(crate::cluster::metrics::names::STEP_SECONDS, "role" => self.role).record(t0.elapsed().as_secs_f64());
         let decodes = parts.iter().filter(|p| matches!(p, RowGroup::Decode(_))).count();
-        metrics::histogram!("ferry_worker_decode_batch").record(decodes as f64);
+        metrics::histogram!(crate::cluster::metrics::names::DECODE_BATCH_SIZE).record(decodes as f64);
         let outcomes: Vec<Outcome> = outcomes?;
         // Requests that leave the batch: finished, or failed alone.
         let mut leaving: Vec<(usize, Result<FinishReason, WorkerError>)> = Vec::new();
@@ -230,6 +230,7 @@ impl DecodeThread {
                 (RowGroup::Prefill(j, range), Ok(logits)) => {
                     let p = &mut self.prefilling[*j];
                     p.done = range.end;
+                    metrics::counter!(crate::cluster::metrics::names::PROMPT_TOKENS, "role" => self.role).increment(range.len() as u64);
                     let logits = logprobs::take_chunk(&p.params, &p.prompt, range.clone(), logits, &mut p.prompt_logprobs);
                     if p.done == p.prompt.len() {
                         prefilled.push((*j, Ok(logits)));
@@ -269,6 +270,8 @@ impl DecodeThread {
             if p.params.prompt_logprobs.is_some() {
                 let _ = p.events.send(DecodeEvent::PromptLogprobs(p.prompt_logprobs));
             }
+            let sampled = firsts.iter().filter(|f| !f.is_stop).count();
+            metrics::counter!(crate::cluster::metrics::names::GENERATION_TOKENS, "role" => self.role).increment(sampled as u64);
             let mut choices = Vec::with_capacity(firsts.len());
             for (i, f) in firsts.into_iter().enumerate() {
                 if !f.is_stop {
@@ -374,6 +377,7 @@ impl DecodeThread {
             }
             accepted += 1;
         }
+        metrics::counter!(crate::cluster::metrics::names::GENERATION_TOKENS, "role" => self.role).increment(emitted as u64);
         if drafts.is_empty() {
             return end;
         }

@@ -242,7 +242,7 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
         }
     });
     drop(items);
-    metrics::histogram!("ferry_worker_step_seconds", "role" => "prefill").record(t0.elapsed().as_secs_f64());
+    metrics::histogram!(crate::cluster::metrics::names::STEP_SECONDS, "role" => "prefill").record(t0.elapsed().as_secs_f64());
     let outcomes = result?;
     if outcomes.iter().all(|o| o.is_ok()) {
         load.record_prefill_step(plan.iter().map(|(_, r)| r.len()).sum(), t0.elapsed().as_secs_f64());
@@ -260,6 +260,7 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
             }
         };
         a.done = r.end;
+        metrics::counter!(crate::cluster::metrics::names::PROMPT_TOKENS, "role" => "prefill").increment(r.len() as u64);
         let logits = logprobs::take_chunk(&a.job.params, &a.job.prompt, r.clone(), logits, &mut a.prompt_logprobs);
         if a.done == a.job.prompt.len() {
             let stop_ids = engine.stop_ids(&a.job.params);
@@ -272,6 +273,8 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
                     continue;
                 }
             };
+            let sampled = firsts.iter().filter(|f| !f.is_stop).count();
+            metrics::counter!(crate::cluster::metrics::names::GENERATION_TOKENS, "role" => "prefill").increment(sampled as u64);
             let mut firsts = firsts.into_iter();
             let Some(first) = firsts.next() else { continue };
             let more_choices = firsts.map(|f| FirstChoice { token: f.token, is_stop: f.is_stop, sampler_state: f.picker.rng_state(), logprob: f.logprob }).collect();

@@ -29,7 +29,7 @@ impl PrefillHandle {
     pub fn submit(&self, job: PrefillJob) -> Result<()> {
         let max = self.queue_max as u64;
         if self.load.waiting_requests.fetch_update(Relaxed, Relaxed, |w| (w < max).then_some(w + 1)).is_err() {
-            metrics::counter!("ferry_worker_refusals_total", "role" => "prefill", "reason" => "queue_full").increment(1);
+            metrics::counter!(crate::cluster::metrics::names::REFUSALS, "role" => "prefill", "reason" => "queue_full").increment(1);
             return Err(WorkerError::Exhausted(format!("the prefill queue is full: {max} prompts wait to start (--queue-max {max})")));
         }
         self.load.queued_prefill_tokens.fetch_add(job.prompt.len() as u64, Relaxed);

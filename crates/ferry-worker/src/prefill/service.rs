@@ -67,7 +67,7 @@ impl PrefillService {
             (Choice::Pipe { then }, None) => host(then),
             (Choice::MissingPipe { wanted, host: h }, _) => {
                 let h = host(h);
-                metrics::counter!("ferry_kv_transport_fallbacks_total", "from" => wanted.to_string(), "to" => h.kind().to_string()).increment(1);
+                metrics::counter!(crate::cluster::metrics::names::KV_TRANSPORT_FALLBACKS, "from" => wanted.to_string(), "to" => h.kind().to_string()).increment(1);
                 tracing::debug!("KV over {wanted} requested, but this worker has no such pipes: using {}", h.kind());
                 h
             }
@@ -110,11 +110,11 @@ impl PrefillService {
         };
         let pushed = push(transport.as_ref(), &target, begin, &mut rx, self.stall).await?;
         let kind = KvTransportKind::try_from(pushed.stats.transport).unwrap_or(KvTransportKind::Unspecified).to_string();
-        metrics::counter!("ferry_kv_transfers_total", "transport" => kind.clone()).increment(1);
-        metrics::counter!("ferry_kv_transfer_bytes_total", "transport" => kind.clone()).increment(pushed.stats.bytes);
-        metrics::histogram!("ferry_kv_transfer_seconds", "transport" => kind).record(pushed.stats.duration_ms / 1e3);
-        metrics::histogram!("ferry_worker_prefill_seconds").record(pushed.computed.as_secs_f64());
-        metrics::histogram!("ferry_worker_queue_seconds", "role" => "prefill").record(pushed.queued.as_secs_f64());
+        metrics::counter!(crate::cluster::metrics::names::KV_TRANSFERS, "transport" => kind.clone()).increment(1);
+        metrics::counter!(crate::cluster::metrics::names::KV_TRANSFER_BYTES, "transport" => kind.clone()).increment(pushed.stats.bytes);
+        metrics::histogram!(crate::cluster::metrics::names::KV_TRANSFER_SECONDS, "transport" => kind).record(pushed.stats.duration_ms / 1e3);
+        metrics::histogram!(crate::cluster::metrics::names::PREFILL_SECONDS).record(pushed.computed.as_secs_f64());
+        metrics::histogram!(crate::cluster::metrics::names::REQUEST_QUEUE_TIME, "role" => "prefill").record(pushed.queued.as_secs_f64());
         let cached = cached.load(Relaxed);
         tracing::info!(
             request_id = %req.request_id, tokens, cached, ship_from, kv_bytes = pushed.stats.bytes, transfer_ms = pushed.stats.duration_ms,
@@ -141,11 +141,11 @@ impl ferry_proto::v1::prefill_server::Prefill for PrefillService {
         let id = req.request_id.clone();
         match self.run(req).await {
             Ok(r) => {
-                metrics::counter!("ferry_worker_requests_total", "role" => "prefill", "outcome" => "ok").increment(1);
+                metrics::counter!(crate::cluster::metrics::names::REQUESTS, "role" => "prefill", "outcome" => "ok").increment(1);
                 Ok(Response::new(r))
             }
             Err(e) => {
-                metrics::counter!("ferry_worker_requests_total", "role" => "prefill", "outcome" => "error").increment(1);
+                metrics::counter!(crate::cluster::metrics::names::REQUESTS, "role" => "prefill", "outcome" => "error").increment(1);
                 tracing::warn!(request_id = %id, worker = %self.name, "prefill failed: {e}");
                 Err(e.into())
             }

@@ -76,11 +76,7 @@ async fn health(State(h): HttpState) -> Response {
 /// `GET /metrics`: the Prometheus text the metrics listener serves.
 async fn metrics() -> Response {
     match crate::metrics::handle() {
-        Ok(h) => (
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-            h.render(),
-        )
-            .into_response(),
+        Ok(h) => crate::metrics::render(&h).into_response(),
         Err(e) => ApiError::from(e).into_response(),
     }
 }
@@ -125,7 +121,7 @@ pub async fn serve(
     keys: ApiKeys,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), crate::RouterError> {
-    let acceptor = ferry_proto::conn::Acceptor::new(listener, "router_http", shared.cfg.connections);
+    let acceptor = ferry_proto::conn::Acceptor::new(listener, ferry_proto::conn::Server::RouterHttp, shared.cfg.connections);
     ferry_proto::conn::serve_http(acceptor, router(shared, keys), shutdown).await;
     Ok(())
 }

@@ -96,7 +96,7 @@ impl<'a> Session<'a> {
 /// the transfer (its buffer goes back to the pool).
 pub(crate) async fn before_stall<T>(stall: std::time::Duration, f: impl std::future::Future<Output = T>) -> std::result::Result<T, Event> {
     tokio::time::timeout(stall, f).await.map_err(|_| {
-        metrics::counter!("ferry_kv_stalls_total", "side" => "receive").increment(1);
+        metrics::counter!(crate::cluster::metrics::names::KV_STALLS, "side" => "receive").increment(1);
         Event::Stalled(stall)
     })
 }

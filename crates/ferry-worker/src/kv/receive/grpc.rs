@@ -107,11 +107,11 @@ impl ferry_proto::v1::kv_transfer_server::KvTransfer for KvTransferService {
         let peer = req.peer.clone();
         match accept(self.receiver.clone(), self.pipes.clone(), req, self.stall, &self.pipe_slots).await {
             Ok(device) => {
-                metrics::counter!("ferry_kv_nccl_connects_total", "outcome" => "ok").increment(1);
+                metrics::counter!(crate::cluster::metrics::names::KV_NCCL_CONNECTS, "outcome" => "ok").increment(1);
                 Ok(Response::new(NcclConnectResponse { device }))
             }
             Err(e) => {
-                metrics::counter!("ferry_kv_nccl_connects_total", "outcome" => "error").increment(1);
+                metrics::counter!(crate::cluster::metrics::names::KV_NCCL_CONNECTS, "outcome" => "error").increment(1);
                 tracing::warn!(peer = %peer, "NCCL rendezvous failed: {e}");
                 // UNAVAILABLE rather than ABORTED: the prefill side falls back to another transport.
                 let code = match &e {

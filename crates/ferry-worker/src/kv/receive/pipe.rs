@@ -54,12 +54,12 @@ pub async fn accept(receiver: Arc<KvReceiver>, connector: Option<Arc<dyn PipeCon
         .name("ferry-kv-pipe".into())
         .spawn(move || {
             let _slot = slot;
-            metrics::gauge!("ferry_kv_nccl_pipes").increment(1.0);
+            metrics::gauge!(crate::cluster::metrics::names::KV_NCCL_PIPES).increment(1.0);
             match serve(&receiver, pipe, &rt, op_timeout) {
                 Ok(()) => tracing::debug!(peer = %peer, transport = %wanted, "device pipe closed"),
                 Err(e) => tracing::warn!(peer = %peer, transport = %wanted, "device pipe dropped: {e}"),
             }
-            metrics::gauge!("ferry_kv_nccl_pipes").decrement(1.0);
+            metrics::gauge!(crate::cluster::metrics::names::KV_NCCL_PIPES).decrement(1.0);
         })
         .map_err(|e| WorkerError::Internal(format!("starting a KV pipe thread: {e}")))?;
     Ok(connector.device())
@@ -139,7 +139,7 @@ impl InboundLink for PipeInbound {
         match r {
             Ok(()) => {
                 if c.buffer {
-                    metrics::counter!("ferry_kv_buffer_bytes_total", "side" => "receive").increment(c.len as u64);
+                    metrics::counter!(crate::cluster::metrics::names::KV_BUFFER_BYTES, "side" => "receive").increment(c.len as u64);
                 }
                 Event::Landed
             }

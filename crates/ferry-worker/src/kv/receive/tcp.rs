@@ -21,7 +21,7 @@ use tokio::net::{TcpListener, TcpStream};
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Most data connections open at once (each carries one transfer); one more is closed at once
-/// and counted in `ferry_connections_refused_total{server="worker_kv_data"}`.
+/// and counted in `ferry_worker_connections_refused_total{server="worker_kv_data"}`.
 pub const MAX_DATA_CONNECTIONS: usize = 1024;
 
 /// Serve the TCP data path until the listener fails. A connection is served only after its
@@ -34,7 +34,7 @@ pub async fn serve_tcp(receiver: Arc<KvReceiver>, listener: TcpListener, stall: 
         match listener.accept().await {
             Ok((sock, _)) => {
                 let Ok(slot) = slots.clone().try_acquire_owned() else {
-                    ::metrics::counter!("ferry_connections_refused_total", "server" => "worker_kv_data").increment(1);
+                    ::metrics::counter!(ferry_proto::conn::Server::WorkerKvData.names().refused, "server" => ferry_proto::conn::Server::WorkerKvData.label()).increment(1);
                     tracing::debug!("KV data port: {MAX_DATA_CONNECTIONS} connections open, one more refused");
                     continue;
                 };

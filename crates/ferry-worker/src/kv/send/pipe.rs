@@ -128,7 +128,7 @@ impl PipeTransport {
             .await
             .map_err(|e| WorkerError::Internal(e.to_string()))?
             .map_err(|e| unavailable(peer, format!("{kind} pipe: {e}")))?;
-        metrics::histogram!("ferry_kv_nccl_connect_seconds", "transport" => kind.to_string()).record(started.elapsed().as_secs_f64());
+        metrics::histogram!(crate::cluster::metrics::names::KV_NCCL_CONNECT_SECONDS, "transport" => kind.to_string()).record(started.elapsed().as_secs_f64());
         tracing::info!(peer = %peer, device = remote.device, ms = started.elapsed().as_millis() as u64, transport = %kind, "device pipe up");
         Ok(pipe)
     }
@@ -140,7 +140,7 @@ impl PipeTransport {
             *n = n.saturating_sub(1);
         }
         p.backoff.insert(peer.to_string(), Instant::now() + backoff);
-        metrics::counter!("ferry_kv_nccl_pipes_lost_total").increment(1);
+        metrics::counter!(crate::cluster::metrics::names::KV_NCCL_PIPES_LOST).increment(1);
     }
 
     fn give_back(peers: &Mutex<Peers>, peer: &str, pipe: Box<dyn BytePipe>) {
@@ -269,7 +269,7 @@ impl KvLink for PipeLink {
                 Ok(frames)
             })
             .await?;
-        metrics::counter!("ferry_kv_buffer_bytes_total", "side" => "send").increment(len as u64);
+        metrics::counter!(crate::cluster::metrics::names::KV_BUFFER_BYTES, "side" => "send").increment(len as u64);
         Ok(frames)
     }
 

@@ -295,7 +295,7 @@ async fn within<T>(stall: Duration, peer: &str, what: &str, f: impl std::future:
     match tokio::time::timeout(stall, f).await {
         Ok(r) => r,
         Err(_) => {
-            metrics::counter!("ferry_kv_stalls_total", "side" => "send").increment(1);
+            metrics::counter!(crate::cluster::metrics::names::KV_STALLS, "side" => "send").increment(1);
             Err(unavailable(peer, format!("stalled: no progress for {} ms {what}", stall.as_millis())))
         }
     }
@@ -416,7 +416,7 @@ impl KvTransport for Fallback {
             Err(e) => {
                 let (from, to) = (self.first.kind().to_string(), self.then.kind().to_string());
                 tracing::warn!(peer = %target.grpc_addr, request_id = %begin.request_id, "KV over {from} unavailable, using {to}: {e}");
-                metrics::counter!("ferry_kv_transport_fallbacks_total", "from" => from, "to" => to).increment(1);
+                metrics::counter!(crate::cluster::metrics::names::KV_TRANSPORT_FALLBACKS, "from" => from, "to" => to).increment(1);
                 self.then.open(target, begin).await
             }
         }
