@@ -228,10 +228,18 @@ class Prometheus:
 def traffic(base, model, rounds):
     """Streamed chat completions, two at a time: varied prompts, repeated ones (prefix-cache hits),
     and one malformed request (an error outcome). Returns how many failed."""
+    words = ("river stone cloud maple lantern harbor violet ember canyon meadow orbit saffron glacier "
+             "thimble quartz willow falcon prairie cobalt juniper").split()
+
+    def long(r, k):
+        # ~200 new tokens: past the routers' --local-prefill-max, so a prefill worker computes it
+        # and ships its KV (the transfer panels need transfers all through the run).
+        return f"Round {r}, text {k}. Summarize: " + " ".join(words[(k * 7 + j * 13 + r) % len(words)] for j in range(160))
+
     prompts = []
     for r in range(rounds):
         fresh = [f"Round {r}. Write a short list of {n} fruits, one per line." for n in range(3, 9)]
-        prompts += fresh + fresh[:3]
+        prompts += [long(r, 0)] + fresh[:3] + [long(r, 1)] + fresh[3:] + fresh[:3] + [long(r, 2)]
         prompts += ["Repeat exactly: the quick brown fox jumps over the lazy dog. " * 3] * 2
 
     def one(p):
@@ -393,7 +401,7 @@ def main():
     ap.add_argument("--model", default=os.environ.get("FERRY_SMOLLM2_GGUF", "default"))
     ap.add_argument("--out", default=os.path.join(ROOT, "target", "observability"))
     ap.add_argument("--plot", help="draw the panels' series into this PNG")
-    ap.add_argument("--rounds", type=int, default=1, help="rounds of traffic (11 requests each; more for a longer plot)")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of traffic (14 requests each; more for a longer plot)")
     a = ap.parse_args()
     need_yaml()
     for tool in ("prometheus", "promtool"):

@@ -44,14 +44,25 @@ pub fn render(h: &PrometheusHandle) -> impl IntoResponse + use<> {
     ([(header::CONTENT_TYPE, ferry_proto::metrics::CONTENT_TYPE)], h.render())
 }
 
-/// The counters of faults the router handled, published at 0 from the start: a scrape tells "none
-/// happened" (0) from "not exported" (absent), so a reader can refuse an absent counter.
+/// The counters of what can go wrong, each label at 0 from the start, and the admission queue's
+/// depth: a scrape tells "none happened" (0) from "not exported" (absent), so a reader (a
+/// dashboard's panel, an alert's rate) sees a zero rather than no data.
 fn publish_fault_counters() {
     metrics::counter!(names::RETRIES).increment(0);
     metrics::counter!(names::MIGRATIONS).increment(0);
     for cause in ["lease_expired", "call_failed"] {
         metrics::counter!(names::WORKERS_MARKED_DEAD, "cause" => cause).increment(0);
     }
+    for outcome in ["ok", "cancelled", "invalid", "exhausted", "unavailable", "error"] {
+        metrics::counter!(names::REQUESTS, "outcome" => outcome).increment(0);
+    }
+    for reason in ["full", "timeout"] {
+        metrics::counter!(names::QUEUE_REJECTED, "reason" => reason).increment(0);
+    }
+    for api in AUTH_APIS {
+        metrics::counter!(names::AUTH_FAILURES, "api" => api).increment(0);
+    }
+    metrics::gauge!(names::QUEUE_DEPTH).set(0.0);
 }
 
 /// What the router's `/readyz` says: 200 while its gRPC server serves, whatever the number of
@@ -258,7 +269,13 @@ pub fn set_worker_gauges(registry: &Registry) {
     }
 }
 
-/// `ferry_router_auth_failures_total{api}`: requests refused for a missing or wrong API key.
+/// The `api` labels of `ferry_router_auth_failures_total`: the client gRPC API, the HTTP API,
+/// the Admin API, and the cluster-secret guard of the Registry.
+const AUTH_APIS: [&str; 4] = ["grpc", "http", "admin", "cluster"];
+
+/// `ferry_router_auth_failures_total{api}`: requests refused for a missing or wrong API key
+/// (`api`: one of [`AUTH_APIS`]).
 pub fn auth_failure(api: &'static str) {
+    debug_assert!(AUTH_APIS.contains(&api), "an auth failure label not in AUTH_APIS: {api}");
     metrics::counter!(names::AUTH_FAILURES, "api" => api).increment(1);
 }

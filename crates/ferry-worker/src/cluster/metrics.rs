@@ -18,7 +18,10 @@ pub fn handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| match ferry_proto::metrics::install(&[names::ALL, Component::Worker.families()]) {
-            Ok(h) => h,
+            Ok(h) => {
+                publish_fault_counters();
+                h
+            }
             Err(e) => {
                 // Only invalid buckets fail, and the catalogue's are checked by the tests.
                 tracing::error!("the metrics recorder: {e}; /metrics stays empty");
@@ -27,6 +30,20 @@ pub fn handle() -> PrometheusHandle {
         })
         .clone()
 }
+
+/// What can go wrong on a worker, at 0 from the start, so a dashboard or an alert reads a zero
+/// rather than no data (and an absent family means "not exported").
+fn publish_fault_counters() {
+    for port in AUTH_PORTS {
+        metrics::counter!(names::AUTH_FAILURES, "port" => port).increment(0);
+    }
+    metrics::counter!(names::STEP_ISOLATIONS).increment(0);
+    metrics::counter!(names::SEQUENCE_FAILURES).increment(0);
+    metrics::gauge!(names::ENGINE_FAILED).set(0.0);
+}
+
+/// The `port` labels of `ferry_worker_auth_failures_total`.
+const AUTH_PORTS: [&str; 2] = ["grpc", "kv_data"];
 
 /// Serve `GET /metrics`, `GET /livez` and `GET /readyz`, within the default `/metrics`
 /// connection limits ([`ferry_proto::conn::ConnLimits::metrics`]).
