@@ -181,7 +181,8 @@ def dashboard():
             quantiles("ferry_router_kv_transfer_seconds", (0.5, 0.99)), unit="s")
     b.panel("KV bytes moved", "KV bytes per second moved prefill to decode, by the transport used.",
             [(f"sum by (transport) (rate(ferry_router_kv_bytes_total[{RI}]))", "{{transport}}")], unit="Bps")
-    b.panel("KV transport fallbacks", "Transfers that fell back from the transport chosen for the pair.",
+    b.panel("KV transfers by transport", "Transfers per second by the transport the router chose for the pair "
+            "and the one used: chosen and used differ when a transfer fell back (e.g. cuda_ipc -> tcp).",
             [(f"sum by (chosen, used) (rate(ferry_router_kv_transfers_total[{RI}]))", "{{chosen}} -> {{used}}")],
             unit="ops")
     b.panel("Prefix cache evictions", "Cached blocks evicted per second, by worker role.",
