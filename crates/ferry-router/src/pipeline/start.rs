@@ -32,6 +32,9 @@ pub struct Intake {
     pub cache_salt: String,
     /// When the request arrived (its TTFT counts from here).
     pub arrived: Instant,
+    /// The client's span (its `traceparent`), when tracing is on and it sent one: the parent of
+    /// the request's span.
+    pub parent: ferry_proto::trace::Parent,
 }
 
 /// The client's request id, checked, or a fresh random one.
@@ -73,8 +76,11 @@ pub struct Started {
 /// in the request metrics. `tenant`: the API key's tenant, when keys are on (its prompts share
 /// cached KV only with each other).
 pub async fn start(shared: &Arc<Shared>, intake: Intake, tenant: Option<&ferry_core::Tenant>) -> Result<Started, RouterError> {
-    let Intake { request_id, prompt, params, cache_salt, arrived } = intake;
-    let span = tracing::info_span!("generate", request_id = %request_id);
+    let Intake { request_id, prompt, params, cache_salt, arrived, parent } = intake;
+    // The request's root span on the router: its phases (queue, admission, prefill, decode) are
+    // children, and so are the workers' spans for it (their calls carry its context).
+    let span = tracing::info_span!("request", request_id = %request_id, prompt_tokens = prompt.len(), max_tokens = params.max_tokens);
+    parent.adopt(&span);
     if prompt.is_empty() {
         return Err(refused(RouterError::InvalidRequest("the prompt has no tokens".into())));
     }

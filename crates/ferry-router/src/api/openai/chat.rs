@@ -36,8 +36,9 @@ pub fn prepare(shared: &Shared, parsed: &mut Parsed) -> Result<Option<Calls>, Ap
 }
 
 /// Starts a parsed request on the pipeline: its prompt as token ids (a chat's rendered by
-/// [`prepare`] first) and its sampling as parsed, converted and checked once.
-pub async fn start(shared: &Arc<Shared>, parsed: &Parsed, arrived: Instant, tenant: Option<&Tenant>) -> Result<Started, RouterError> {
+/// [`prepare`] first) and its sampling as parsed, converted and checked once; `parent`: the
+/// client's span, when it sent one.
+pub async fn start(shared: &Arc<Shared>, parsed: &Parsed, arrived: Instant, tenant: Option<&Tenant>, parent: ferry_proto::trace::Parent) -> Result<Started, RouterError> {
     let text = &shared.text;
     let prompt = match &parsed.input {
         Some(Input::Prompt(p)) => prompt::text_ids(text, p),
@@ -45,6 +46,6 @@ pub async fn start(shared: &Arc<Shared>, parsed: &Parsed, arrived: Instant, tena
         Some(Input::Chat(_)) | None => Err(RouterError::InvalidRequest("no prompt: a chat is rendered before it starts".into())),
     }
     .map_err(refused)?;
-    let intake = Intake { request_id: request_id("")?, prompt, params: parsed.params.clone(), cache_salt: parsed.cache_salt.clone(), arrived };
+    let intake = Intake { request_id: request_id("")?, prompt, params: parsed.params.clone(), cache_salt: parsed.cache_salt.clone(), arrived, parent };
     pipeline::start(shared, intake, tenant).await
 }
