@@ -179,13 +179,17 @@ async fn one_request_is_one_trace_across_three_processes() {
     let models = http_get(&cluster.http, "/v1/models").await.expect("GET /v1/models");
     let json: serde_json::Value = serde_json::from_str(models.split("\r\n\r\n").nth(1).unwrap_or_default()).expect("models JSON");
     let model = json["data"][0]["id"].as_str().expect("a served model").to_string();
-    let (trace, span) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
-    let body = serde_json::json!({"model": model, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}).to_string();
-    let t = Instant::now();
-    let (status, text) = http_post(&cluster.http, "/v1/completions", &body, &format!("00-{trace}-{span}-01")).await;
-    let latency = t.elapsed();
-    assert_eq!(status, 200, "{text}");
-    check_tree("HTTP", &trace_of(&spans, trace).await, span, latency);
+    // A few lengths: the phases against the client's latency are printed for each.
+    let span = "00f067aa0ba902b7";
+    for (i, max_tokens) in [4, 8, 16].into_iter().enumerate() {
+        let trace = format!("4bf92f3577b34da6a3ce929d0e0e473{i}");
+        let body = serde_json::json!({"model": model, "prompt": "The capital of France is", "max_tokens": max_tokens, "temperature": 0}).to_string();
+        let t = Instant::now();
+        let (status, text) = http_post(&cluster.http, "/v1/completions", &body, &format!("00-{trace}-{span}-01")).await;
+        let latency = t.elapsed();
+        assert_eq!(status, 200, "{text}");
+        check_tree(&format!("HTTP, {max_tokens} tokens"), &trace_of(&spans, &trace).await, span, latency);
+    }
 
     // Over gRPC: the same, from metadata.
     let (trace, span) = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
@@ -196,9 +200,10 @@ async fn one_request_is_one_trace_across_three_processes() {
     let mut stream = client.generate(req).await.expect("generate").into_inner();
     while stream.message().await.expect("a message").is_some() {}
     let latency = t.elapsed();
-    check_tree("gRPC", &trace_of(&spans, trace).await, span, latency);
+    check_tree("gRPC, 8 tokens", &trace_of(&spans, trace).await, span, latency);
 
     // A malformed traceparent starts a new trace (and the request is served as usual).
+    let body = serde_json::json!({"model": model, "prompt": "Hi", "max_tokens": 2}).to_string();
     let (status, text) = http_post(&cluster.http, "/v1/completions", &body, "00-not-a-trace-01").await;
     assert_eq!(status, 200, "{text}");
 }
