@@ -22,6 +22,7 @@ pub mod reflection;
 mod convert;
 pub mod request_id;
 pub mod tls;
+pub mod trace;
 
 pub use bearer::{Bearer, InvalidToken, bearer_token, ct_eq};
 pub use cluster::ClusterSecret;

@@ -196,6 +196,7 @@ async fn the_prefill_queue_is_bounded() {
             ship_from: 0,
             cached: Default::default(),
             rules: Default::default(),
+            span: tracing::Span::none(),
         };
         (job, rx)
     };

@@ -46,7 +46,7 @@ fn hello() -> Vec<u8> {
 /// Frames of the first transfer a fresh receiver admits (id 1, token "t").
 fn begin() -> Vec<u8> {
     let header = KvPayloadHeader { layout: layout(), tokens: TOKENS }.encode().to_vec();
-    let begin = KvBegin { transfer_token: "t".into(), fingerprint: "fp".into(), header: header.into(), request_id: "r".into() };
+    let begin = KvBegin { transfer_token: "t".into(), fingerprint: "fp".into(), header: header.into(), request_id: "r".into(), ..Default::default() };
     frame::message(Kind::Begin, &KvChunk { transfer_id: 1, part: Some(kv_chunk::Part::Begin(begin)) })
 }
 

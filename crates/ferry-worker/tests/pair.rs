@@ -254,7 +254,7 @@ async fn bad_kv_is_refused_and_the_worker_keeps_serving() {
     let body = vec![0u8; ferry_core::KvPayloadHeader { layout, tokens }.body_bytes()];
     let begin = |id: u64, token: &str, fp: &str, header: &[u8]| KvChunk {
         transfer_id: id,
-        part: Some(kv_chunk::Part::Begin(KvBegin { transfer_token: token.into(), fingerprint: fp.into(), header: header.to_vec().into(), request_id: "bad".into() })),
+        part: Some(kv_chunk::Part::Begin(KvBegin { transfer_token: token.into(), fingerprint: fp.into(), header: header.to_vec().into(), request_id: "bad".into(), ..Default::default() })),
     };
     let data = |id: u64, bytes: &[u8], crc: u32| KvChunk {
         transfer_id: id,
@@ -524,7 +524,7 @@ async fn a_stalled_peer_fails_the_transfer_and_frees_everything() {
     let header = ferry_core::KvPayloadHeader { layout: reference.kv_layout(), tokens }.encode().to_vec();
     let begin = KvChunk {
         transfer_id: id,
-        part: Some(kv_chunk::Part::Begin(KvBegin { transfer_token: token, fingerprint: reference.fingerprint.clone(), header: header.into(), request_id: "s".into() })),
+        part: Some(kv_chunk::Part::Begin(KvBegin { transfer_token: token, fingerprint: reference.fingerprint.clone(), header: header.into(), request_id: "s".into(), ..Default::default() })),
     };
     // The connection's first frame is the hello (the cluster is open here: an empty secret).
     let hello = ferry_worker::kv::frame::FrameHeader::control(ferry_worker::kv::frame::Kind::Hello, 0).encode();

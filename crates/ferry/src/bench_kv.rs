@@ -149,7 +149,7 @@ async fn device_transfer(t: &dyn KvTransport, target: &KvTarget, lay: KvLayout, 
 
 async fn send(t: &dyn KvTransport, target: &KvTarget, lay: KvLayout, tokens: usize, msgs: Vec<Outbound>) -> anyhow::Result<Duration> {
     let header = KvPayloadHeader { layout: lay, tokens };
-    let begin = KvBegin { transfer_token: "bench".into(), fingerprint: FINGERPRINT.into(), header: header.encode().to_vec().into(), request_id: "bench".into() };
+    let begin = KvBegin { transfer_token: "bench".into(), fingerprint: FINGERPRINT.into(), header: header.encode().to_vec().into(), request_id: "bench".into(), ..Default::default() };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let start = Instant::now();
     for m in msgs {

@@ -18,6 +18,7 @@ mod generate;
 mod loadgen;
 mod trace_workload;
 mod multiturn;
+mod otel;
 mod pipes;
 mod plan;
 mod plot;
@@ -258,12 +259,31 @@ impl ModelArgs {
     }
 }
 
+impl Command {
+    /// The `service.name` and OTLP endpoint of a process that serves requests, when it was given one.
+    fn otlp(&self) -> Option<(&'static str, &str)> {
+        let (service, args) = match self {
+            Command::Router(a) => ("ferry-router", &a.otlp),
+            Command::Prefill(a) => ("ferry-prefill", &a.otlp),
+            Command::Decode(a) => ("ferry-decode", &a.otlp),
+            Command::Colocated(a) => ("ferry-worker", &a.otlp),
+            // `ferry up` passes its endpoint on to the processes it starts; it serves nothing itself.
+            _ => return None,
+        };
+        Some((service, args.otlp_endpoint.as_deref()?))
+    }
+}
+
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("FERRY_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    // Dropped when `main` returns: the last batched spans are flushed then.
+    let _exporting = match otel::init(cli.command.otlp()) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     let result = match cli.command {
         Command::Generate(a) => generate::run(a),
         Command::Score(a) => score::run(a),

@@ -110,6 +110,8 @@ pub struct RouterArgs {
     pub autoscale: crate::autoscale_args::AutoscaleArgs,
     #[command(flatten)]
     pub connections: crate::conn_args::ConnArgs,
+    #[command(flatten)]
+    pub otlp: crate::otel::OtlpArgs,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]

@@ -103,6 +103,9 @@ pub struct UpArgs {
     /// Seconds a worker stopped by `ferry pool scale` may take to drain (its `--drain-timeout`).
     #[arg(long, default_value_t = 60)]
     pub drain_timeout: u64,
+    /// Every router and worker exports traces to this OTLP/HTTP collector (their `--otlp-endpoint`).
+    #[command(flatten)]
+    pub otlp: crate::otel::OtlpArgs,
     /// A name clients may ask for the model by (repeatable; the router's `--served-model-name`).
     #[arg(long = "served-model-name", value_name = "NAME")]
     pub served_model_name: Vec<String>,
@@ -148,13 +151,15 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
     let timeout = Duration::from_secs(a.ready_timeout);
     // Mutual TLS: one node certificate for loopback, used by the router and every worker.
     let pki = if a.tls { Some(ferry_proto::tls::dev::DevPki::temp(ferry_proto::tls::dev::LOOPBACK_NAMES)?) } else { None };
-    let node_flags: Vec<String> = match &pki {
+    let mut node_flags: Vec<String> = match &pki {
         Some(p) => [("--tls-cert", &p.cert), ("--tls-key", &p.key), ("--tls-client-ca", &p.ca), ("--tls-ca", &p.ca)]
             .iter()
             .flat_map(|(flag, path)| [flag.to_string(), path.to_string_lossy().into_owned()])
             .collect(),
         None => Vec::new(),
     };
+    // Every router and worker: the same flags.
+    node_flags.extend(a.otlp.to_args());
     // Our own clients (health checks) and the scaler the router dials.
     let tls = match &pki {
         Some(p) => ferry_proto::tls::Tls { server: p.node().server()?, client: p.client().client()? },

@@ -9,6 +9,8 @@ use std::time::Duration;
 pub struct WorkerArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub otlp: crate::otel::OtlpArgs,
     /// The routers to register with: `host:port`, or several separated by commas. A name that
     /// resolves to several addresses (a headless Service) is one router per address, re-resolved
     /// every second. The worker registers and heartbeats with each; it is ready while registered

@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status};
 use crate::RouterError;
 use crate::api::grpc_tools;
 use crate::api::prompt::{self, PromptError};
-use crate::pipeline::start::{Intake, MAX_CACHE_SALT, Started, refused, request_id, start};
+use crate::pipeline::start::{Intake, MAX_CACHE_SALT, Started, refused, request_id, request_span, start};
 use crate::state::Shared;
 use crate::tools::calls::Calls;
 
@@ -24,11 +24,13 @@ pub struct FerryService {
 
 /// Checks a `GenerateRequest` and starts it; with tools, its events carry the calls read out of
 /// the answer.
-pub async fn generate(shared: &Arc<Shared>, req: v1::GenerateRequest, tenant: Option<&ferry_core::Tenant>) -> Result<Started, RouterError> {
+pub async fn generate(shared: &Arc<Shared>, req: v1::GenerateRequest, tenant: Option<&ferry_core::Tenant>, parent: ferry_proto::trace::Parent) -> Result<Started, RouterError> {
     let arrived = Instant::now();
     let id = request_id(&req.request_id).map_err(refused)?;
-    let (prompt, params, calls) = tracing::info_span!("generate", request_id = %id).in_scope(|| prepare(shared, &req)).map_err(refused)?;
-    let intake = Intake { request_id: id, prompt, params, cache_salt: req.cache_salt, arrived };
+    // The request's root span from here: checking and tokenizing the request count in its time.
+    let span = request_span(&id, &parent);
+    let (prompt, params, calls) = span.in_scope(|| prepare(shared, &req)).map_err(refused)?;
+    let intake = Intake { request_id: id, prompt, params, cache_salt: req.cache_salt, arrived, span };
     let mut started = start(shared, intake, tenant).await?;
     if let Some(calls) = calls {
         started.events = grpc_tools::relay(started.events, calls);
@@ -110,7 +112,8 @@ impl v1::ferry_server::Ferry for FerryService {
         request: Request<v1::GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
         let tenant = request.extensions().get::<ferry_core::Tenant>().copied();
-        let started = generate(&self.shared, request.into_inner(), tenant.as_ref()).await?;
+        let parent = ferry_proto::trace::Parent::from_headers(request.metadata().as_ref());
+        let started = generate(&self.shared, request.into_inner(), tenant.as_ref(), parent).await?;
         Ok(Response::new(ReceiverStream::new(started.events)))
     }
     async fn health(

@@ -151,7 +151,8 @@ async fn open_decode(w: &Worker, req: v1::DecodeRequest) -> Result<(Streaming<v1
     let mut client = v1::decode_client::DecodeClient::new(w.channel.clone())
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let mut stream = client.decode(req).await?.into_inner();
+    // The decode worker's spans are children of this call's (the router's `admission`).
+    let mut stream = client.decode(ferry_proto::trace::request(&tracing::Span::current(), req)).await?.into_inner();
     match stream.message().await? {
         Some(v1::DecodeResponse { event: Some(DecodeEvent::Admitted(a)) }) => Ok((stream, a)),
         other => Err(Status::internal(format!("expected `admitted` first, got {other:?}"))),

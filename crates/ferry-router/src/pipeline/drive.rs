@@ -7,6 +7,7 @@ use std::time::Duration;
 use ferry_core::failure::{Decision, Phase};
 use ferry_proto::v1;
 use tonic::Status;
+use tracing::Instrument;
 
 use crate::RouterError;
 use crate::pipeline::request::{CutShort, Failed, Job, Progress, Tx};
@@ -67,7 +68,7 @@ pub async fn run(shared: Arc<Shared>, mut job: Job, tx: Tx) {
 /// choice holds the place), then [`attempts`]; a group that split goes on [`alone`].
 async fn drive(shared: &Arc<Shared>, job: &Job, choices: &mut [Progress<'_>], tx: &Tx) -> Result<(), CutShort> {
     if shared.queue.depth() > 0 {
-        queue_wait(shared, &mut choices[0], tx).await?;
+        queue_wait(shared, &mut choices[0], tx).instrument(tracing::info_span!("queue")).await?;
     }
     match attempts(shared, job, choices, tx).await? {
         Split::No => Ok(()),
@@ -117,6 +118,7 @@ async fn alone(shared: &Arc<Shared>, job: &Job, choices: &mut [Progress<'_>], tx
     let each = choices.iter_mut().zip(&jobs).filter(|(p, _)| !p.done).map(|(p, j)| {
         (p.avoid, p.retries) = lead.clone();
         if !p.generated.is_empty() {
+            let _mark = tracing::info_span!("migration", migration = p.migrations + 1, streamed = p.generated.len(), choice = p.choice).entered();
             p.migrations += 1;
             p.fault_at.get_or_insert(job.start.elapsed());
             metrics::counter!(crate::metrics::names::MIGRATIONS).increment(1);
@@ -133,7 +135,7 @@ async fn recover(shared: &Arc<Shared>, job: &Job, prog: &mut Progress<'_>, tx: &
     let cfg = &shared.cfg;
     match f.decision {
         Decision::Final => Err(f.into()),
-        Decision::Wait => queue_wait(shared, prog, tx).await,
+        Decision::Wait => queue_wait(shared, prog, tx).instrument(tracing::info_span!("queue")).await,
         Decision::Retry { .. } | Decision::Migrate { .. } => match prog.phase() {
             Phase::BeforeFirstToken => {
                 if prog.retries >= cfg.max_retries {
@@ -152,6 +154,8 @@ async fn recover(shared: &Arc<Shared>, job: &Job, prog: &mut Progress<'_>, tx: &
                 }
                 prog.migrations += 1;
                 prog.fault_at.get_or_insert(job.start.elapsed());
+                // A mark in the trace: the next attempt's spans (admission, prefill, decode) follow it.
+                let _mark = tracing::info_span!("migration", migration = prog.migrations, streamed = prog.generated.len(), error = %f.error).entered();
                 tracing::warn!(error = %f.error, migration = prog.migrations, choice = prog.choice, streamed = prog.generated.len(), "migrating to other workers");
                 metrics::counter!(crate::metrics::names::MIGRATIONS).increment(1);
                 Ok(())
@@ -191,7 +195,7 @@ async fn attempt(shared: &Arc<Shared>, job: &Job, choices: &mut [Progress<'_>], 
         return Ok(());
     }
     let lead = &mut choices[0];
-    let mut adm = admit::admit(shared, job, &prompt, &params, lead, tx).await?;
+    let mut adm = admit::admit(shared, job, &prompt, &params, lead, tx).instrument(tracing::info_span!("admission")).await?;
     // Admitted: the request's place in the queue goes to the next one; its time there is its
     // queue time (once per request, at its first admission).
     if !lead.queue_time_recorded {
@@ -212,11 +216,11 @@ async fn attempt(shared: &Arc<Shared>, job: &Job, choices: &mut [Progress<'_>], 
             lead.kv = v1::KvTransferStats::default();
             None
         }
-        false => Some(prefill::prefill(shared, job, &prompt, &params, &adm, lead, tx).await?),
+        false => Some(prefill::prefill(shared, job, &prompt, &params, &adm, lead, tx).instrument(tracing::info_span!("prefill", prompt_tokens = prompt.len())).await?),
     };
     let (pw, dw, kv, cached) = (lead.prefill_worker.clone(), lead.decode_worker.clone(), lead.kv, lead.cached_tokens);
     for c in choices.iter_mut().skip(1) {
         (c.prefill_worker, c.decode_worker, c.kv, c.cached_tokens) = (pw.clone(), dw.clone(), kv, cached);
     }
-    relay::relay(shared, job, &params, choices, tx, &mut adm, pre).await
+    relay::relay(shared, job, &params, choices, tx, &mut adm, pre).instrument(tracing::info_span!("decode", worker = %dw)).await
 }

@@ -80,7 +80,8 @@ pub async fn prefill(
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
         let guard = InflightGuard::new(reg, &pw.id, prompt.len() as u64);
         let timeout = shared.cfg.prefill_timeout;
-        let mut call = tonic::Request::new(req);
+        // The prefill worker's spans are children of this call's (the router's `prefill`).
+        let mut call = ferry_proto::trace::request(&tracing::Span::current(), req);
         call.set_timeout(timeout);
         let r = watched(tx, &mut prog.waited, &[&pw, dw], timeout, "the prefill", async {
             client.prefill(call).await.map(tonic::Response::into_inner)

@@ -32,6 +32,17 @@ pub struct Intake {
     pub cache_salt: String,
     /// When the request arrived (its TTFT counts from here).
     pub arrived: Instant,
+    /// The request's root span ([`request_span`]), made at the API's edge.
+    pub span: tracing::Span,
+}
+
+/// The request's root span on the router, a child of the client's span when it sent one (its
+/// `traceparent`, read only when tracing is on). Its phases (queue, admission, prefill, decode)
+/// are children, and so are the workers' spans for it (their calls carry its context).
+pub fn request_span(request_id: &str, parent: &ferry_proto::trace::Parent) -> tracing::Span {
+    let span = tracing::info_span!("request", request_id = %request_id, prompt_tokens = tracing::field::Empty, max_tokens = tracing::field::Empty);
+    parent.adopt(&span);
+    span
 }
 
 /// The client's request id, checked, or a fresh random one.
@@ -73,8 +84,8 @@ pub struct Started {
 /// in the request metrics. `tenant`: the API key's tenant, when keys are on (its prompts share
 /// cached KV only with each other).
 pub async fn start(shared: &Arc<Shared>, intake: Intake, tenant: Option<&ferry_core::Tenant>) -> Result<Started, RouterError> {
-    let Intake { request_id, prompt, params, cache_salt, arrived } = intake;
-    let span = tracing::info_span!("generate", request_id = %request_id);
+    let Intake { request_id, prompt, params, cache_salt, arrived, span } = intake;
+    span.record("prompt_tokens", prompt.len()).record("max_tokens", params.max_tokens);
     if prompt.is_empty() {
         return Err(refused(RouterError::InvalidRequest("the prompt has no tokens".into())));
     }

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use super::admission::{Admission, DecodeEvent, FirstToken, HeldPrefix, Source};
 use super::handle::DecodeHandle;
@@ -180,6 +181,10 @@ async fn receive_kv(
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
     let (imp_tx, imp_rx) = oneshot::channel();
     let Delivery { assembled, ack } = delivery;
+    // Importing the KV into the engine: a child of the prefill worker's `kv_send` (its context came
+    // in `KvBegin`), so the trace follows the KV from prefill to decode.
+    let import = tracing::info_span!("kv_import", bytes = assembled.payload.len(), chunks = assembled.chunks);
+    ferry_proto::trace::Parent::from_traceparent(&assembled.traceparent).adopt(&import);
     // The wire's end of the KV, as the engine thread takes it: each choice's first token.
     let end = &assembled.end;
     let first = FirstToken { token: end.first_token, is_stop: end.first_is_stop, sampler_state: end.sampler_state };
@@ -191,7 +196,7 @@ async fn receive_kv(
     admission.source = Source::Kv { payload: assembled.payload, device: assembled.device, firsts, onto, tokens, context: ids, imported: imp_tx };
     admission.events = ev_tx;
     let imported = match engine.admit(admission) {
-        Ok(()) => match imp_rx.await {
+        Ok(()) => match imp_rx.instrument(import).await {
             Ok((r, buf)) => {
                 receiver.buffers.give(buf);
                 r.map_err(Status::from)
@@ -212,10 +217,18 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
     type DecodeStream = EventStream;
 
     async fn decode(&self, req: Request<DecodeRequest>) -> std::result::Result<Response<EventStream>, Status> {
+        // The request's span here lasts as long as its stream; the router's call is its parent.
+        let span = tracing::info_span!(
+            "decode", request_id = %req.get_ref().request_id, worker = %self.name, prompt_tokens = req.get_ref().prompt_tokens,
+            completion_tokens = tracing::field::Empty
+        );
+        ferry_proto::trace::Parent::from_headers(req.metadata().as_ref()).adopt(&span);
+        // Until the stream is answered: checks, the reservation, the cached prefix.
+        let admission_span = tracing::info_span!(parent: &span, "decode_admission");
         let req = req.into_inner();
         let role = self.engine.scheduling.role().as_str();
         let admitted = match self.drain.begin() {
-            Ok(w) => self.admit(&req).await.map(|a| (a, w)),
+            Ok(w) => self.admit(&req).instrument(admission_span.clone()).await.map(|a| (a, w)),
             Err(e) => Err(e),
         };
         let (Admit { params, reservation, timeout, rules }, work) = admitted.map_err(|e| {
@@ -242,7 +255,7 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
         let whole = colocated && prompt_logprobs;
         let held = match ids.is_empty() || !self.engine.facts.prefix_cache || whole {
             true => None,
-            false => match engine.attach(ids.clone(), req.cache_salt.to_vec(), ids.len() - 1).await {
+            false => match engine.attach(ids.clone(), req.cache_salt.to_vec(), ids.len() - 1).instrument(admission_span.clone()).await {
                 Ok(h) => Some(h),
                 Err(e) => return Err(e.into()),
             },
@@ -283,7 +296,7 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
             let t0 = Instant::now();
             let mut ev_rx = match ticket {
                 Some(ticket) => {
-                    match receive_kv(&engine, &receiver, ticket, timeout, &tx, admission, held, ids).await {
+                    match receive_kv(&engine, &receiver, ticket, timeout, &tx, admission, held, ids).instrument(tracing::info_span!("kv_receive")).await {
                         Some(rx) => rx,
                         None => return,
                     }
@@ -334,6 +347,7 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
                                 continue;
                             }
                             metrics::counter!(crate::cluster::metrics::names::REQUESTS, "role" => role, "outcome" => "ok").increment(1);
+                            tracing::Span::current().record("completion_tokens", completion_tokens);
                             tracing::info!(
                                 request_id = %request_id, choices, completion_tokens, finish = ?reason,
                                 kv_wait_ms = fin.kv_wait_ms, decode_ms = fin.decode_ms,
@@ -362,7 +376,8 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
                     }
                 }
             }
-        });
+        }.instrument(span));
+        drop(admission_span);
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 }

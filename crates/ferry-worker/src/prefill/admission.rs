@@ -32,6 +32,8 @@ pub struct PrefillJob {
     pub cached: Arc<AtomicUsize>,
     /// The request's structured-output matcher (its first token is masked by it).
     pub rules: Rules,
+    /// The request's span: each chunk computed for it is a `prefill_chunk` child.
+    pub span: tracing::Span,
 }
 
 pub enum Cmd {

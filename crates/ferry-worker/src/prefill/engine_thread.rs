@@ -222,6 +222,14 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
             StepItem { seq: a.seq.id(), tokens: &a.job.prompt[r.clone()], logits }
         })
         .collect();
+    // One span per prompt chunk in this pass (none for a request that is not traced).
+    let chunks: Vec<tracing::Span> = plan
+        .iter()
+        .map(|(i, r)| match !ferry_proto::trace::on() || active[*i].job.span.is_disabled() {
+            true => tracing::Span::none(),
+            false => tracing::info_span!(parent: &active[*i].job.span, "prefill_chunk", from = r.start, tokens = r.len(), batch = plan.len()),
+        })
+        .collect();
     let t0 = Instant::now();
     // Layer-wise streaming: each finishing prompt's layer leaves as soon as it is computed (when
     // an item runs alone, only its own layers).
@@ -243,6 +251,7 @@ fn step(engine: &mut Engine, active: &mut Vec<Active>, budget: usize, tx: &std_m
     });
     drop(items);
     metrics::histogram!(crate::cluster::metrics::names::STEP_SECONDS, "role" => "prefill").record(t0.elapsed().as_secs_f64());
+    drop(chunks);
     let outcomes = result?;
     if outcomes.iter().all(|o| o.is_ok()) {
         load.record_prefill_step(plan.iter().map(|(_, r)| r.len()).sum(), t0.elapsed().as_secs_f64());

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 /// The gRPC `Prefill` service.
 pub struct PrefillService {
@@ -99,17 +100,23 @@ impl PrefillService {
         let buffers = matches!(transport.kind(), KvTransportKind::Nccl | KvTransportKind::CudaIpc);
         let cached = Arc::new(AtomicUsize::new(0));
         let salt = req.cache_salt.to_vec();
-        let job = PrefillJob { request_id: req.request_id.clone(), prompt: req.prompt, params, out, cancelled, enqueued: Instant::now(), buffers, salt, ship_from, cached: cached.clone(), rules };
+        // The engine thread times each chunk of the prompt under the request's span.
+        let span = tracing::Span::current();
+        let job = PrefillJob { request_id: req.request_id.clone(), prompt: req.prompt, params, out, cancelled, enqueued: Instant::now(), buffers, salt, ship_from, cached: cached.clone(), rules, span };
         self.engine.submit(job)?;
         let span = KvSpan { header: KvPayloadHeader { layout: facts.layout, tokens: tokens - ship_from }, start: ship_from };
+        let send = tracing::info_span!("kv_send", transport = tracing::field::Empty, bytes = tracing::field::Empty, decode = %target.decode_worker);
         let begin = KvBegin {
             transfer_token: target.transfer_token.clone(),
             fingerprint: facts.fingerprint.clone(),
             header: span.encode().into(),
             request_id: req.request_id.clone(),
+            traceparent: ferry_proto::trace::traceparent(&send),
         };
-        let pushed = push(transport.as_ref(), &target, begin, &mut rx, self.stall).await?;
+        let pushed = push(transport.as_ref(), &target, begin, &mut rx, self.stall).instrument(send.clone()).await?;
         let kind = KvTransportKind::try_from(pushed.stats.transport).unwrap_or(KvTransportKind::Unspecified).to_string();
+        send.record("transport", kind.as_str()).record("bytes", pushed.stats.bytes);
+        drop(send);
         metrics::counter!(crate::cluster::metrics::names::KV_TRANSFERS, "transport" => kind.clone()).increment(1);
         metrics::counter!(crate::cluster::metrics::names::KV_TRANSFER_BYTES, "transport" => kind.clone()).increment(pushed.stats.bytes);
         metrics::histogram!(crate::cluster::metrics::names::KV_TRANSFER_SECONDS, "transport" => kind).record(pushed.stats.duration_ms / 1e3);
@@ -137,9 +144,12 @@ impl PrefillService {
 #[tonic::async_trait]
 impl ferry_proto::v1::prefill_server::Prefill for PrefillService {
     async fn prefill(&self, req: Request<PrefillRequest>) -> std::result::Result<Response<PrefillResponse>, Status> {
+        // Its children: each chunk the engine computes (`prefill_chunk`) and the KV's transfer (`kv_send`).
+        let span = tracing::info_span!("prefill", request_id = %req.get_ref().request_id, worker = %self.name, prompt_tokens = req.get_ref().prompt.len());
+        ferry_proto::trace::Parent::from_headers(req.metadata().as_ref()).adopt(&span);
         let req = req.into_inner();
         let id = req.request_id.clone();
-        match self.run(req).await {
+        match self.run(req).instrument(span).await {
             Ok(r) => {
                 metrics::counter!(crate::cluster::metrics::names::REQUESTS, "role" => "prefill", "outcome" => "ok").increment(1);
                 Ok(Response::new(r))

@@ -15,7 +15,7 @@ use crate::api::prompt::{self, PromptError};
 use crate::RouterError;
 use crate::auth::Tenant;
 use crate::pipeline::{self, Intake, Started};
-use crate::pipeline::start::{refused, request_id};
+use crate::pipeline::start::{refused, request_id, request_span};
 use crate::state::Shared;
 use crate::tools::calls::Calls;
 
@@ -36,8 +36,9 @@ pub fn prepare(shared: &Shared, parsed: &mut Parsed) -> Result<Option<Calls>, Ap
 }
 
 /// Starts a parsed request on the pipeline: its prompt as token ids (a chat's rendered by
-/// [`prepare`] first) and its sampling as parsed, converted and checked once.
-pub async fn start(shared: &Arc<Shared>, parsed: &Parsed, arrived: Instant, tenant: Option<&Tenant>) -> Result<Started, RouterError> {
+/// [`prepare`] first) and its sampling as parsed, converted and checked once; `parent`: the
+/// client's span, when it sent one.
+pub async fn start(shared: &Arc<Shared>, parsed: &Parsed, arrived: Instant, tenant: Option<&Tenant>, parent: ferry_proto::trace::Parent) -> Result<Started, RouterError> {
     let text = &shared.text;
     let prompt = match &parsed.input {
         Some(Input::Prompt(p)) => prompt::text_ids(text, p),
@@ -45,6 +46,8 @@ pub async fn start(shared: &Arc<Shared>, parsed: &Parsed, arrived: Instant, tena
         Some(Input::Chat(_)) | None => Err(RouterError::InvalidRequest("no prompt: a chat is rendered before it starts".into())),
     }
     .map_err(refused)?;
-    let intake = Intake { request_id: request_id("")?, prompt, params: parsed.params.clone(), cache_salt: parsed.cache_salt.clone(), arrived };
+    let id = request_id("")?;
+    let span = request_span(&id, &parent);
+    let intake = Intake { request_id: id, prompt, params: parsed.params.clone(), cache_salt: parsed.cache_salt.clone(), arrived, span };
     pipeline::start(shared, intake, tenant).await
 }

@@ -24,7 +24,7 @@ use super::{chat, logprobs_json};
 
 /// One completion or chat request: parsed, started on the pipeline, and answered as one JSON
 /// object or as server-sent events.
-pub async fn run(shared: &Arc<Shared>, kind: Kind, tenant: Option<&Tenant>, body: &[u8]) -> Result<Response, ApiError> {
+pub async fn run(shared: &Arc<Shared>, kind: Kind, tenant: Option<&Tenant>, parent: ferry_proto::trace::Parent, body: &[u8]) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let mut parsed = request::parse(kind, body)?;
     if !shared.serves(&parsed.model) {
@@ -37,7 +37,7 @@ pub async fn run(shared: &Arc<Shared>, kind: Kind, tenant: Option<&Tenant>, body
     let want = parsed.logprobs;
     let n = parsed.params.n.max(1);
     let echo = want.echo.then(|| logprobs_json::prompt_text(shared, parsed.input.as_ref()));
-    let started = chat::start(shared, &parsed, arrived, tenant).await.map_err(|e| match (&e, parsed.structured_field) {
+    let started = chat::start(shared, &parsed, arrived, tenant, parent).await.map_err(|e| match (&e, parsed.structured_field) {
         // A grammar that does not compile is named by the field it came in.
         (crate::RouterError::InvalidGrammar(g), Some(field)) => ApiError::invalid(format!("`{field}`: {g}"), Some(field)),
         _ => ApiError::from(e),

@@ -8,7 +8,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -181,16 +181,16 @@ async fn model(State(h): HttpState, Path(id): Path<String>) -> Response {
 /// The request's tenant, when API keys are on (set by [`require_key`]).
 type TenantOf = Option<axum::Extension<Tenant>>;
 
-async fn completions(State(h): HttpState, tenant: TenantOf, body: Result<Bytes, BytesRejection>) -> Response {
-    endpoint(&h, Endpoint::Generate(Kind::Completion), tenant, body).await
+async fn completions(State(h): HttpState, tenant: TenantOf, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+    endpoint(&h, Endpoint::Generate(Kind::Completion), tenant, &headers, body).await
 }
 
-async fn chat(State(h): HttpState, tenant: TenantOf, body: Result<Bytes, BytesRejection>) -> Response {
-    endpoint(&h, Endpoint::Generate(Kind::Chat), tenant, body).await
+async fn chat(State(h): HttpState, tenant: TenantOf, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+    endpoint(&h, Endpoint::Generate(Kind::Chat), tenant, &headers, body).await
 }
 
-async fn responses_route(State(h): HttpState, tenant: TenantOf, body: Result<Bytes, BytesRejection>) -> Response {
-    endpoint(&h, Endpoint::Responses, tenant, body).await
+async fn responses_route(State(h): HttpState, tenant: TenantOf, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+    endpoint(&h, Endpoint::Responses, tenant, &headers, body).await
 }
 
 /// The endpoints that generate.
@@ -199,12 +199,14 @@ enum Endpoint {
     Responses,
 }
 
-async fn endpoint(h: &Http, which: Endpoint, tenant: TenantOf, body: Result<Bytes, BytesRejection>) -> Response {
+/// `headers`: the client's `traceparent`, when tracing is on ([`ferry_proto::trace`]).
+async fn endpoint(h: &Http, which: Endpoint, tenant: TenantOf, headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
     let tenant = tenant.map(|t| t.0);
+    let parent = ferry_proto::trace::Parent::from_headers(headers);
     let r = match (body, which) {
         (Err(e), _) => Err(rejected(e)),
-        (Ok(b), Endpoint::Generate(kind)) => generate::run(&h.shared, kind, tenant.as_ref(), &b).await,
-        (Ok(b), Endpoint::Responses) => responses::run(&h.shared, tenant.as_ref(), &b).await,
+        (Ok(b), Endpoint::Generate(kind)) => generate::run(&h.shared, kind, tenant.as_ref(), parent, &b).await,
+        (Ok(b), Endpoint::Responses) => responses::run(&h.shared, tenant.as_ref(), parent, &b).await,
     };
     r.unwrap_or_else(IntoResponse::into_response)
 }

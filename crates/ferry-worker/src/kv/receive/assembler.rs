@@ -38,6 +38,7 @@ pub struct KvAssembler {
     /// Body bytes received so far (data arrives in order).
     next: usize,
     pub chunks: u32,
+    traceparent: String,
 }
 
 /// A complete, validated payload.
@@ -48,6 +49,8 @@ pub struct Assembled {
     pub device: Option<KvBuffer>,
     pub end: KvEnd,
     pub chunks: u32,
+    /// The sender's span (`KvBegin.traceparent`), unchecked: [`ferry_proto::trace::Parent`] parses it.
+    pub traceparent: String,
 }
 
 /// Compare transfer tokens in time independent of where they differ (only the length can leak,
@@ -126,7 +129,9 @@ impl KvAssembler {
         buf.reserve_exact(payload_len(span));
         // The header as sent ([`header`] checked its size and fields).
         buf.extend_from_slice(&begin.header);
-        Ok(Self { id, payload: buf, device: None, hdr: span.header_bytes(), body: h.body_bytes(), next: 0, chunks: 0 })
+        // A `traceparent` is 55 characters (version 00); anything much longer is not kept.
+        let traceparent = if begin.traceparent.len() <= 128 { begin.traceparent.clone() } else { String::new() };
+        Ok(Self { id, payload: buf, device: None, hdr: span.header_bytes(), body: h.body_bytes(), next: 0, chunks: 0, traceparent })
     }
 
     pub fn id(&self) -> u64 {
@@ -224,7 +229,7 @@ impl KvAssembler {
         if end.chunks != self.chunks {
             return Err(self.corrupt(format!("sender counted {} chunks, {} arrived", end.chunks, self.chunks)));
         }
-        Ok(Assembled { payload: self.payload, device: self.device, end, chunks: self.chunks })
+        Ok(Assembled { payload: self.payload, device: self.device, end, chunks: self.chunks, traceparent: self.traceparent })
     }
 }
 
@@ -244,7 +249,7 @@ mod tests {
 
     fn begin() -> KvBegin {
         let h = KvPayloadHeader { layout: layout(), tokens: 3 };
-        KvBegin { transfer_token: "t".into(), fingerprint: "fp".into(), header: h.encode().to_vec().into(), request_id: "r".into() }
+        KvBegin { transfer_token: "t".into(), fingerprint: "fp".into(), header: h.encode().to_vec().into(), request_id: "r".into(), ..Default::default() }
     }
 
     fn start(id: u64, b: &KvBegin, w: &Expectation) -> Result<KvAssembler> {
@@ -338,7 +343,7 @@ mod tests {
         // The receiver holds the first block (16 tokens) of a 19-token prompt: it takes 16..19.
         let span = |start: usize, tokens: usize| {
             let h = KvSpan { header: KvPayloadHeader { layout: layout(), tokens }, start };
-            KvBegin { transfer_token: "t".into(), fingerprint: "fp".into(), header: h.encode().into(), request_id: "r".into() }
+            KvBegin { transfer_token: "t".into(), fingerprint: "fp".into(), header: h.encode().into(), request_id: "r".into(), ..Default::default() }
         };
         let w = Expectation { prompt_tokens: 19, start: 16, ..want() };
         let b = span(16, 3);

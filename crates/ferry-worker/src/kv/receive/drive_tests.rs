@@ -25,7 +25,7 @@ fn body() -> Vec<u8> {
 
 fn begin(t: &Ticket, token: &str) -> Vec<u8> {
     let header = KvPayloadHeader { layout: layout(), tokens: TOKENS }.encode().to_vec();
-    let begin = KvBegin { transfer_token: token.into(), fingerprint: "fp".into(), header: header.into(), request_id: "r".into() };
+    let begin = KvBegin { transfer_token: token.into(), fingerprint: "fp".into(), header: header.into(), request_id: "r".into(), ..Default::default() };
     frame::message(Kind::Begin, &KvChunk { transfer_id: t.id, part: Some(kv_chunk::Part::Begin(begin)) })
 }
 

@@ -53,7 +53,7 @@ fn run(link: Link, script: &[S]) -> Vec<String> {
     let mut out = Vec::new();
     let mut no_memory = false;
     for step in script {
-        let (id, mut begin) = (5, KvBegin { transfer_token: "t".into(), fingerprint: "fp".into(), header: head().encode().to_vec().into(), request_id: "r".into() });
+        let (id, mut begin) = (5, KvBegin { transfer_token: "t".into(), fingerprint: "fp".into(), header: head().encode().to_vec().into(), request_id: "r".into(), ..Default::default() });
         let ev = match step.clone() {
             S::Begin => Event::Begin { id, begin },
             S::BeginToken(t) => {
@@ -192,7 +192,7 @@ fn the_body_size_is_the_headers() {
     // fixed-size prompt; the header's `body_bytes` decides.
     let mut m = Inbound::new(Link::Stream);
     let h = KvPayloadHeader { layout: layout(), tokens: 7 };
-    let begin = KvBegin { transfer_token: "t".into(), fingerprint: "fp".into(), header: h.encode().to_vec().into(), request_id: "r".into() };
+    let begin = KvBegin { transfer_token: "t".into(), fingerprint: "fp".into(), header: h.encode().to_vec().into(), request_id: "r".into(), ..Default::default() };
     assert!(matches!(m.on(Event::Begin { id: 1, begin }), Action::Claim { header: Some(got), .. } if got.header == h && got.start == 0));
     let want = Expectation { transfer_token: "t".into(), fingerprint: "fp".into(), layout: layout(), prompt_tokens: 7, start: 0 };
     assert!(matches!(m.on(Event::Admitted { want, buf: Vec::new() }), Action::Next));

@@ -30,7 +30,7 @@ use crate::tools::calls::{Calls, Said};
 use events::{Events, Head};
 
 /// Serves one `POST /v1/responses` body.
-pub async fn run(shared: &Arc<Shared>, tenant: Option<&Tenant>, body: &[u8]) -> Result<Response, ApiError> {
+pub async fn run(shared: &Arc<Shared>, tenant: Option<&Tenant>, parent: ferry_proto::trace::Parent, body: &[u8]) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let asked = parse::parse(body)?;
     let mut parsed = asked.chat;
@@ -39,7 +39,7 @@ pub async fn run(shared: &Arc<Shared>, tenant: Option<&Tenant>, body: &[u8]) -> 
     }
     let calls = chat::prepare(shared, &mut parsed).map_err(parse::rename)?;
     let field = parsed.structured_field;
-    let started = chat::start(shared, &parsed, arrived, tenant).await.map_err(|e| match (&e, field) {
+    let started = chat::start(shared, &parsed, arrived, tenant, parent).await.map_err(|e| match (&e, field) {
         // A grammar that does not compile is named by the field it came in.
         (crate::RouterError::InvalidGrammar(g), Some(field)) => parse::rename(ApiError::invalid(format!("`{field}`: {g}"), Some(field))),
         _ => ApiError::from(e),
