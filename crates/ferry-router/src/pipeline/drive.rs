@@ -25,28 +25,22 @@ pub async fn run(shared: Arc<Shared>, mut job: Job, tx: Tx) {
     // One choice is a group of one: every request runs the same attempts.
     let mut choices: Vec<Progress> = (0..job.params.n.max(1)).map(|i| Progress::new(&shared, &job.params, i)).collect();
     let result = drive(&shared, &job, &mut choices, &tx).await;
-    // (ttft, last token, tokens) of a single-choice request, for the autoscaler's window.
-    let timing = match choices.as_slice() {
-        [one] => Some((one.ttft, one.last_token, one.generated.len())),
+    let now = job.start.elapsed();
+    // A single-choice request's figures, for the autoscaler's window.
+    let single = match choices.as_slice() {
+        [one] => Some(one),
         _ => None,
     };
     let finished = |ok: bool| {
-        let (ttft, last, n) = timing.unwrap_or((None, Duration::ZERO, 0));
-        let ttft = ttft.unwrap_or_else(|| job.start.elapsed());
-        let tpot = if n >= 2 { last.saturating_sub(ttft).as_secs_f64() / (n - 1) as f64 } else { 0.0 };
-        crate::ops::window::Finished { prompt: job.prompt.len(), output: n, ttft_ms: ttft.as_secs_f64() * 1e3, tpot_ms: tpot * 1e3, ok }
+        let ((ttft, tpot), output) = single.map_or(((now, 0.0), 0), |c| (c.latency(now), c.generated.len()));
+        crate::ops::window::Finished { prompt: job.prompt.len(), output, ttft_ms: ttft.as_secs_f64() * 1e3, tpot_ms: tpot * 1e3, ok }
     };
     match result {
         Ok(()) => {
             crate::metrics::request_outcome("ok");
             // Goodput: every choice within both targets.
-            let timings = choices.iter().map(|c| {
-                let ttft = c.ttft.unwrap_or_else(|| job.start.elapsed());
-                let n = c.generated.len();
-                (ttft, if n >= 2 { c.last_token.saturating_sub(ttft).as_secs_f64() / (n - 1) as f64 } else { 0.0 })
-            });
-            crate::metrics::observe_goodput(timings);
-            if timing.is_some() {
+            crate::metrics::observe_goodput(choices.iter().map(|c| c.latency(now)));
+            if single.is_some() {
                 shared.window.finished(finished(true));
             }
         }

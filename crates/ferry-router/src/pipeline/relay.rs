@@ -157,8 +157,7 @@ pub async fn finish(
     }
     let n = prog.generated.len() as u32;
     let e2e = job.start.elapsed();
-    let ttft = prog.ttft.unwrap_or(e2e);
-    let tpot = if n >= 2 { prog.last_token.saturating_sub(ttft).as_secs_f64() / (n - 1) as f64 } else { 0.0 };
+    let (ttft, tpot) = prog.latency(e2e);
     let overhead = e2e.saturating_sub(prog.waited);
     crate::metrics::observe_finished(&crate::metrics::Finished { ttft, tpot_s: tpot, e2e, overhead, generated: n as usize, kv: &prog.kv });
     // The prompt is counted once per request (choice 0), however many choices share it.

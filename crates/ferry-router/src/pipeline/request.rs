@@ -135,6 +135,16 @@ impl<'a> Progress<'a> {
         (prompt, params)
     }
 
+    /// (TTFT, TPOT in seconds) as the client saw them, `now` being the time since the request
+    /// started: TTFT is `now` when no token was sent; TPOT is (last token - first) / (tokens - 1),
+    /// 0 for fewer than two tokens.
+    pub fn latency(&self, now: Duration) -> (Duration, f64) {
+        let ttft = self.ttft.unwrap_or(now);
+        let n = self.generated.len();
+        let tpot = if n >= 2 { self.last_token.saturating_sub(ttft).as_secs_f64() / (n - 1) as f64 } else { 0.0 };
+        (ttft, tpot)
+    }
+
     /// Records tokens sent to the client now.
     pub fn sent(&mut self, job: &Job, ids: &[u32]) {
         if ids.is_empty() {
