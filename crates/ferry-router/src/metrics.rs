@@ -21,21 +21,21 @@ use tonic::Code;
 use crate::RouterError;
 use crate::workers::registry::Registry;
 
-static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-
 /// The process's Prometheus handle, installing the recorder on first use. If another recorder is
 /// already installed globally, that one records (and is told the router's help texts); ours
-/// still renders, with nothing in it.
+/// still renders, with nothing in it. Routers started at once (tests run them on parallel
+/// threads) wait on one install: installing outside the `OnceLock` let a loser of the race keep
+/// the empty handle while the winner's recorder held the metrics.
 pub fn handle() -> Result<PrometheusHandle, RouterError> {
-    if let Some(h) = HANDLE.get() {
-        return Ok(h.clone());
-    }
-    let h = ferry_proto::metrics::install(&[names::ALL, Component::Router.families()]).map_err(|e| RouterError::Metrics(e.to_string()))?;
-    let h = HANDLE.get_or_init(|| {
-        publish_fault_counters();
-        h
-    });
-    Ok(h.clone())
+    static HANDLE: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let h = ferry_proto::metrics::install(&[names::ALL, Component::Router.families()]).map_err(|e| e.to_string())?;
+            publish_fault_counters();
+            Ok(h)
+        })
+        .clone()
+        .map_err(RouterError::Metrics)
 }
 
 /// `GET /metrics`'s answer: the text, with the one content type every component's `/metrics`
