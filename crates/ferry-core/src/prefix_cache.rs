@@ -145,6 +145,14 @@ pub enum CacheEventKind {
     Evicted { hash: BlockHash, block: BlockId },
 }
 
+/// A block written to (`stored`) or deleted from a worker's KV disk tier (the engine's
+/// `kv_disk`), for the routers' index of which tier holds which blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DiskEvent {
+    pub stored: bool,
+    pub hash: BlockHash,
+}
+
 /// Counters since the pool was made.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheStats {

@@ -65,6 +65,9 @@ pub struct EngineConfig {
     /// Keep full blocks of released sequences cached and attach them to later prompts with the
     /// same prefix ([`Engine::new_sequence_from_cache`]). Results are unchanged either way.
     pub prefix_cache: bool,
+    /// A second tier below the pool: sealed blocks written to files under a directory and read
+    /// back on a prefix hit ([`crate::kv_disk`]). Needs the prefix cache.
+    pub kv_disk: Option<crate::kv_disk::DiskConfig>,
 }
 
 impl Default for EngineConfig {
@@ -80,6 +83,7 @@ impl Default for EngineConfig {
             device: Device::Cpu,
             kv_memory_fraction: 0.9,
             prefix_cache: true,
+            kv_disk: None,
         }
     }
 }
@@ -182,6 +186,10 @@ pub struct Engine<B: Backend = DeviceBackend> {
     /// Where dropped [`Sequence`] handles send their ids ([`Engine::reclaim`]).
     returns: sequence::Returns,
     prefix_cache: bool,
+    /// The disk tier below the pool, when configured ([`crate::kv_disk`]).
+    disk: Option<crate::kv_disk::DiskTier>,
+    /// Prompt tokens served from the disk tier so far.
+    disk_hit_tokens: u64,
     max_batch_tokens: usize,
     pub tokenizer: Arc<Tokenizer>,
     pub chat_template: Option<ChatTemplate>,
@@ -252,6 +260,14 @@ impl<B: Backend> Engine<B> {
         };
         let num_blocks = BlockTable::blocks_for(kv_tokens, cfg.block_size);
         let kv = be.kv_alloc(&layout, num_blocks)?;
+        let disk = match &cfg.kv_disk {
+            Some(_) if !cfg.prefix_cache => return Err(EngineError::Config("--kv-disk keeps prefix-cache blocks: it needs the prefix cache on".into())),
+            Some(d) => {
+                let identity = crate::kv_disk::Identity::new(&m.fingerprint, &layout);
+                Some(crate::kv_disk::DiskTier::open(d, &identity, layout.n_layers * layout.layer_bytes(layout.block_size))?)
+            }
+            None => None,
+        };
         Ok(Self {
             be,
             model,
@@ -262,6 +278,8 @@ impl<B: Backend> Engine<B> {
             next_seq: 0,
             returns: Default::default(),
             prefix_cache: cfg.prefix_cache,
+            disk,
+            disk_hit_tokens: 0,
             max_batch_tokens: cfg.max_batch_tokens,
             tokenizer: Arc::new(m.tokenizer),
             chat_template: m.chat_template,

@@ -54,6 +54,8 @@ pub enum EngineError {
     Cuda { op: String, reason: String },
     #[error("kernel {file}: NVRTC compilation failed: {log}")]
     KernelCompile { file: String, log: String },
+    #[error(transparent)]
+    KvDisk(#[from] crate::kv_disk::DiskError),
 }
 
 /// What an [`EngineError`] says about the request that met it: the one classification a worker
@@ -101,7 +103,8 @@ impl EngineError {
             | EngineError::Fetch(_)
             | EngineError::CudaNotBuilt(_)
             | EngineError::BadDevice(_)
-            | EngineError::KernelCompile { .. } => ErrorKind::Setup,
+            | EngineError::KernelCompile { .. }
+            | EngineError::KvDisk(_) => ErrorKind::Setup,
         }
     }
 

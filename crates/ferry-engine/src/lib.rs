@@ -11,6 +11,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod fetch;
+pub mod kv_disk;
 pub mod loader;
 pub mod model;
 pub mod sampler;

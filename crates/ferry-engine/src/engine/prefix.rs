@@ -84,21 +84,125 @@ impl<B: Backend> Engine<B> {
     pub fn new_sequence_with_prefix(&mut self, tokens: &[u32], salt: &[u8], max_tokens: usize) -> (SeqId, usize) {
         self.reclaim();
         let bs = self.layout.block_size;
-        let blocks = match self.prefix_cache {
-            true => self.pool.acquire_prefix(self.root(salt), tokens, bs, max_tokens / bs),
+        let root = self.root(salt);
+        let mut blocks = match self.prefix_cache {
+            true => self.pool.acquire_prefix(root, tokens, bs, max_tokens / bs),
             false => Vec::new(),
         };
+        self.load_from_disk(root, tokens, max_tokens / bs, &mut blocks);
         let n = blocks.len() * bs;
         (self.insert_seq(BlockTable { blocks, tokens: n }, salt, Some(tokens[..n].to_vec())), n)
     }
 
     /// How many leading tokens of `tokens` under `salt` are cached (a multiple of the block size,
-    /// up to `tokens.len()`), taking nothing and counting no query.
+    /// up to `tokens.len()`), in the pool or after it on disk, taking nothing and counting no
+    /// query.
     pub fn cached_prefix_len(&self, tokens: &[u32], salt: &[u8]) -> usize {
-        match self.prefix_cache {
-            true => self.pool.match_prefix(self.root(salt), tokens, self.layout.block_size).len() * self.layout.block_size,
-            false => 0,
+        if !self.prefix_cache {
+            return 0;
         }
+        let (bs, root) = (self.layout.block_size, self.root(salt));
+        let pool = self.pool.match_prefix(root, tokens, bs);
+        let disk = match (&self.disk, pool.last()) {
+            (Some(d), last) => {
+                let parent = last.and_then(|&b| self.pool.cache().hash_of(b)).unwrap_or(root);
+                d.chain(parent, &tokens[pool.len() * bs..], usize::MAX).len()
+            }
+            (None, _) => 0,
+        };
+        (pool.len() + disk) * bs
+    }
+
+    /// Continue a prefix hit from disk: the blocks of `tokens` after `blocks` (the pool's hit)
+    /// that the disk tier holds, up to `max_blocks` in all, are read, checked and imported into
+    /// fresh blocks, sealed like computed ones and appended to `blocks`. Stops at the first block
+    /// that cannot be read (a miss from there on) or when the pool has no room.
+    fn load_from_disk(&mut self, root: BlockHash, tokens: &[u32], max_blocks: usize, blocks: &mut Vec<u32>) {
+        let Some(disk) = &self.disk else { return };
+        let bs = self.layout.block_size;
+        let k = blocks.len();
+        let parent = match blocks.last() {
+            Some(&b) => match self.pool.cache().hash_of(b) {
+                Some(h) => h,
+                None => return,
+            },
+            None => root,
+        };
+        let want = max_blocks.saturating_sub(k);
+        let chain = disk.chain(parent, &tokens[k * bs..], want);
+        if chain.is_empty() {
+            return;
+        }
+        let Ok(fresh) = self.pool.allocate(chain.len().min(self.pool.free_count())) else { return };
+        let mut parent_hash = parent;
+        let mut loaded = 0;
+        for (i, (&hash, &block)) in chain.iter().zip(&fresh).enumerate() {
+            let chunk = &tokens[(k + i) * bs..(k + i + 1) * bs];
+            let Some(payload) = disk.read(hash, parent_hash, chunk) else { break };
+            let section = payload.len() / self.layout.n_layers;
+            let imported = (0..self.layout.n_layers).try_for_each(|l| self.be.kv_import_layer(&mut self.kv, l, &[block], bs, &payload[l * section..(l + 1) * section]));
+            if let Err(e) = imported {
+                tracing::warn!("kv disk: importing block {:016x}: {e}", hash.0);
+                break;
+            }
+            let link = match blocks.last() {
+                Some(&p) => Parent::Block(p),
+                None => Parent::Root(root),
+            };
+            if let Err(e) = self.pool.seal(block, link, chunk) {
+                tracing::warn!("kv disk: sealing block {:016x} read from disk: {e}", hash.0);
+                break;
+            }
+            blocks.push(block);
+            parent_hash = hash;
+            loaded += 1;
+        }
+        for &b in fresh[loaded..].iter().rev() {
+            if let Err(e) = self.pool.release(b) {
+                tracing::error!("kv disk: releasing an unused block: {e}");
+            }
+        }
+        disk.touch(&chain[..loaded]);
+        self.disk_hit_tokens += (loaded * bs) as u64;
+    }
+
+    /// Offer sealed block `block` (hash `hash`, continuing `parent` with `tokens`) to the disk
+    /// tier: its KV is copied out here and written by the tier's thread. Nothing when the tier is
+    /// off or holds the block already.
+    fn offer_to_disk(&self, block: u32, hash: BlockHash, parent: BlockHash, tokens: &[u32]) {
+        let Some(disk) = &self.disk else { return };
+        if !disk.reserve(hash) {
+            return;
+        }
+        let mut payload = Vec::with_capacity(disk.payload_bytes());
+        let copied = (0..self.layout.n_layers).try_for_each(|l| self.be.kv_export_layer(&self.kv, l, &[block], self.layout.block_size, &mut payload));
+        match copied {
+            Ok(()) if payload.len() == disk.payload_bytes() => disk.offer(crate::kv_disk::Write { hash, parent, tokens: tokens.to_vec(), payload }),
+            Ok(()) => {
+                tracing::error!("kv disk: block {:016x} exported {} bytes, {} expected", hash.0, payload.len(), disk.payload_bytes());
+                disk.unreserve(hash);
+            }
+            Err(e) => {
+                tracing::warn!("kv disk: copying block {:016x} out: {e}", hash.0);
+                disk.unreserve(hash);
+            }
+        }
+    }
+
+    /// The disk tier, when configured (its statistics, its blocks).
+    pub fn kv_disk(&self) -> Option<&crate::kv_disk::DiskTier> {
+        self.disk.as_ref()
+    }
+
+    /// Blocks written to and deleted from the disk tier since the last drain (for the routers'
+    /// index of tiers); empty without one.
+    pub fn drain_disk_events(&mut self) -> Vec<ferry_core::DiskEvent> {
+        self.disk.as_ref().map(|d| d.drain_events()).unwrap_or_default()
+    }
+
+    /// Prompt tokens served from the disk tier since the engine was made.
+    pub fn disk_hit_tokens(&self) -> u64 {
+        self.disk_hit_tokens
     }
 
     pub fn prefix_cache_enabled(&self) -> bool {
@@ -132,17 +236,35 @@ impl<B: Backend> Engine<B> {
         let Some(ids) = s.tokens.as_mut() else { return };
         ids.extend_from_slice(tokens);
         debug_assert_eq!(ids.len(), s.table.tokens, "token ids follow the table");
+        // Blocks sealed here go to the disk tier after the loop (it borrows the sequence).
+        let mut offers = Vec::new();
         while (s.sealed + 1) * bs <= ids.len() {
             let i = s.sealed;
             let parent = if i == 0 { Parent::Root(s.root) } else { Parent::Block(s.table.blocks[i - 1]) };
-            if let Err(e) = self.pool.seal(s.table.blocks[i], parent, &ids[i * bs..(i + 1) * bs]) {
-                // A bookkeeping bug, not the request's fault: stop caching this sequence.
-                tracing::warn!(seq = seq.0, "prefix cache: {e}; the sequence's blocks will not be cached");
-                debug_assert!(false, "seal failed: {e}");
-                s.tokens = None;
-                return;
+            let chunk = &ids[i * bs..(i + 1) * bs];
+            match self.pool.seal(s.table.blocks[i], parent, chunk) {
+                Ok(Some(hash)) if self.disk.is_some() => {
+                    let parent_hash = match parent {
+                        Parent::Root(r) => Some(r),
+                        Parent::Block(p) => self.pool.cache().hash_of(p),
+                    };
+                    if let Some(ph) = parent_hash {
+                        offers.push((s.table.blocks[i], hash, ph, chunk.to_vec()));
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    // A bookkeeping bug, not the request's fault: stop caching this sequence.
+                    tracing::warn!(seq = seq.0, "prefix cache: {e}; the sequence's blocks will not be cached");
+                    debug_assert!(false, "seal failed: {e}");
+                    s.tokens = None;
+                    break;
+                }
             }
             s.sealed += 1;
+        }
+        for (block, hash, parent, chunk) in offers {
+            self.offer_to_disk(block, hash, parent, &chunk);
         }
     }
 
