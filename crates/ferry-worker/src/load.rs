@@ -51,6 +51,10 @@ pub struct LoadGauge {
     pub prefix_cache: AtomicBool,
     /// The cache's events, for the routers' indexes.
     pub cache_log: CacheLog,
+    /// The disk tier: blocks it holds, and its measured read rate (prompt tokens per second of
+    /// reading, f64 bits; 0 before the first read or without a tier).
+    pub disk_blocks: AtomicU64,
+    pub disk_read_tokens_per_s_bits: AtomicU64,
     /// The engine's priced steps (f64 bits): seconds taken, seconds the profile says.
     step_seconds_bits: AtomicU64,
     step_model_seconds_bits: AtomicU64,
@@ -201,6 +205,35 @@ impl LoadGauge {
         metrics::counter!(crate::cluster::metrics::names::PREFIX_CACHE_STORED, "role" => role).absolute(s.stored);
         metrics::counter!(crate::cluster::metrics::names::PREFIX_CACHE_EVICTIONS, "role" => role).absolute(s.evictions);
         metrics::counter!(crate::cluster::metrics::names::PREFIX_CACHE_VERIFY_MISSES, "role" => role).absolute(s.verify_misses);
+        load.publish_disk(engine, role);
+    }
+
+    /// The disk tier's share of [`LoadGauge::publish`]: its events into the log, its read rate
+    /// and size into the heartbeat, its metrics. Nothing without a tier.
+    fn publish_disk(&self, engine: &mut Engine, role: &'static str) {
+        use crate::cluster::metrics::names as n;
+        let events = engine.drain_disk_events();
+        if !events.is_empty() {
+            self.cache_log.push_disk(&events);
+        }
+        let hit_tokens = engine.disk_hit_tokens();
+        let bs = engine.kv_layout().block_size;
+        let Some(s) = engine.kv_disk().map(|d| d.stats()) else { return };
+        self.disk_blocks.store(s.blocks, Relaxed);
+        self.disk_read_tokens_per_s_bits.store(s.read_tokens_per_s(bs).unwrap_or(0.0).to_bits(), Relaxed);
+        metrics::gauge!(n::KV_DISK_BLOCKS, "role" => role).set(s.blocks as f64);
+        metrics::gauge!(n::KV_DISK_BYTES, "role" => role).set(s.bytes as f64);
+        metrics::gauge!(n::KV_DISK_CAPACITY, "role" => role).set(s.capacity_bytes as f64);
+        metrics::gauge!(n::KV_DISK_WRITE_QUEUE, "role" => role).set(s.write_queue as f64);
+        metrics::counter!(n::KV_DISK_HIT_TOKENS, "role" => role).absolute(hit_tokens);
+        metrics::counter!(n::KV_DISK_WRITTEN_BLOCKS, "role" => role).absolute(s.written_blocks);
+        metrics::counter!(n::KV_DISK_WRITTEN_BYTES, "role" => role).absolute(s.written_bytes);
+        metrics::counter!(n::KV_DISK_WRITE_DROPPED, "role" => role).absolute(s.write_dropped);
+        metrics::counter!(n::KV_DISK_READ_BLOCKS, "role" => role).absolute(s.read_blocks);
+        metrics::counter!(n::KV_DISK_READ_BYTES, "role" => role).absolute(s.read_bytes);
+        metrics::counter!(n::KV_DISK_EVICTIONS, "role" => role).absolute(s.evicted);
+        metrics::counter!(n::KV_DISK_CORRUPT, "role" => role).absolute(s.corrupt);
+        metrics::gauge!(n::KV_DISK_READ_RATE, "role" => role).set(s.read_tokens_per_s(bs).unwrap_or(0.0));
     }
 }
 

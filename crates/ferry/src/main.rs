@@ -156,6 +156,16 @@ pub struct KvArgs {
     /// has it, wins.
     #[arg(long, value_parser = parse_bytes)]
     pub kv_memory: Option<usize>,
+    /// A second KV tier on local disk: full prefix-cache blocks are also written (checksummed, in
+    /// the stored dtype, by a background thread) to files under DIR, and a later prompt whose
+    /// prefix left the pool reads them back instead of computing them. Kept across restarts
+    /// (same model, KV dtype and block size); one process per DIR (a lock). `ferry up` gives each
+    /// worker its own subfolder. Needs the prefix cache.
+    #[arg(long, value_name = "DIR")]
+    pub kv_disk: Option<std::path::PathBuf>,
+    /// The most bytes of block files --kv-disk keeps (least recently used leave first), e.g. `20GiB`.
+    #[arg(long, value_parser = parse_bytes, default_value = "8GiB")]
+    pub kv_disk_bytes: usize,
 }
 
 /// The KV dtype of the fast path. Measured (docs/benchmarks.md, issue #35): f16 keeps f32's
@@ -172,7 +182,13 @@ impl KvArgs {
         })
     }
 
-    /// The flags given, again, for a child process.
+    /// The disk tier's configuration, when `--kv-disk` is given.
+    pub fn disk(&self) -> Option<ferry_engine::kv_disk::DiskConfig> {
+        self.kv_disk.as_ref().map(|dir| ferry_engine::kv_disk::DiskConfig { dir: dir.clone(), max_bytes: self.kv_disk_bytes as u64 })
+    }
+
+    /// The flags given, again, for a child process (not `--kv-disk`: each process needs a
+    /// directory of its own, see [`KvArgs::disk_args`]).
     pub fn to_args(&self) -> Vec<String> {
         let mut out = Vec::new();
         if let Some(d) = self.kv_dtype {
@@ -182,6 +198,17 @@ impl KvArgs {
             out.extend(["--kv-memory".into(), m.to_string()]);
         }
         out
+    }
+
+    /// `--kv-disk` for one child process: its own subfolder `name` of the directory given.
+    pub fn disk_args(&self, name: &str) -> Vec<String> {
+        match &self.kv_disk {
+            Some(dir) => {
+                let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.clone()).join(name);
+                vec!["--kv-disk".into(), dir.display().to_string(), "--kv-disk-bytes".into(), self.kv_disk_bytes.to_string()]
+            }
+            None => Vec::new(),
+        }
     }
 }
 
@@ -252,6 +279,7 @@ impl ModelArgs {
             prefix_cache: !self.no_prefix_cache,
             kv_dtype: self.kv.kv_dtype_for(activations),
             kv_memory: self.kv.kv_memory,
+            kv_disk: self.kv.disk(),
             ..Default::default()
         };
         tune(&mut cfg);

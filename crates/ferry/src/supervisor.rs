@@ -40,6 +40,9 @@ pub struct WorkerTemplate {
     pub drain_timeout: u64,
     /// Added to every worker's environment (the admin token: not on the command line).
     pub env: Vec<(&'static str, String)>,
+    /// A worker's own arguments by its name (`--kv-disk` in a subfolder named after it, so a
+    /// restarted worker finds its blocks again).
+    pub per_worker: Box<dyn Fn(&str) -> Vec<String> + Send>,
 }
 
 /// A router's bound addresses, from its ready line.
@@ -163,6 +166,7 @@ impl Supervisor {
         let mut args = vec![role.to_string(), "--name".into(), name.clone()];
         args.extend(t.common.iter().cloned());
         args.extend(["--drain-timeout".into(), t.drain_timeout.to_string()]);
+        args.extend((t.per_worker)(&name));
         if role != WorkerRole::Prefill {
             args.extend(t.decoding.iter().cloned());
         }

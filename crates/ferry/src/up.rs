@@ -180,6 +180,10 @@ pub fn run(a: UpArgs) -> anyhow::Result<()> {
         timeout,
         drain_timeout: a.drain_timeout,
         env: vec![creds.secret_env()],
+        per_worker: {
+            let kv = a.kv.clone();
+            Box::new(move |name: &str| kv.disk_args(name))
+        },
     };
     // The keys go to the router in its environment, not on its command line (visible in `ps`).
     let keys = a.keys.collect()?;

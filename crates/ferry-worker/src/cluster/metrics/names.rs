@@ -44,6 +44,20 @@ pub const PREFIX_CACHE_STORED: &str = "ferry_worker_prefix_cache_stored_total";
 pub const PREFIX_CACHE_EVICTIONS: &str = "ferry_worker_prefix_cache_evictions_total";
 pub const PREFIX_CACHE_VERIFY_MISSES: &str = "ferry_worker_prefix_cache_verify_misses_total";
 pub const PREFIX_CACHE_EVENTS_LOST: &str = "ferry_worker_prefix_cache_events_lost_total";
+// The KV disk tier (--kv-disk).
+pub const KV_DISK_BLOCKS: &str = "ferry_worker_kv_disk_blocks";
+pub const KV_DISK_BYTES: &str = "ferry_worker_kv_disk_bytes";
+pub const KV_DISK_CAPACITY: &str = "ferry_worker_kv_disk_capacity_bytes";
+pub const KV_DISK_HIT_TOKENS: &str = "ferry_worker_kv_disk_hit_tokens_total";
+pub const KV_DISK_WRITTEN_BLOCKS: &str = "ferry_worker_kv_disk_written_blocks_total";
+pub const KV_DISK_WRITTEN_BYTES: &str = "ferry_worker_kv_disk_written_bytes_total";
+pub const KV_DISK_WRITE_QUEUE: &str = "ferry_worker_kv_disk_write_queue_blocks";
+pub const KV_DISK_WRITE_DROPPED: &str = "ferry_worker_kv_disk_write_dropped_total";
+pub const KV_DISK_READ_BLOCKS: &str = "ferry_worker_kv_disk_read_blocks_total";
+pub const KV_DISK_READ_BYTES: &str = "ferry_worker_kv_disk_read_bytes_total";
+pub const KV_DISK_READ_RATE: &str = "ferry_worker_kv_disk_read_tokens_per_second";
+pub const KV_DISK_EVICTIONS: &str = "ferry_worker_kv_disk_evictions_total";
+pub const KV_DISK_CORRUPT: &str = "ferry_worker_kv_disk_corrupt_total";
 // KV transfer.
 pub const KV_BYTES_NOT_SHIPPED: &str = "ferry_worker_kv_bytes_not_shipped_total";
 pub const KV_TRANSFERS: &str = "ferry_worker_kv_transfers_total";
@@ -110,6 +124,19 @@ pub const ALL: &[Family] = &[
     Family::counter(PREFIX_CACHE_EVICTIONS, "Blocks evicted from the prefix cache, by role."),
     Family::counter(PREFIX_CACHE_VERIFY_MISSES, "Prefix cache lookups stopped by a hash collision or a broken chain, by role."),
     Family::counter(PREFIX_CACHE_EVENTS_LOST, "Prefix cache events the engine dropped before the routers heard of them, by role."),
+    Family::gauge(KV_DISK_BLOCKS, "KV blocks held in the disk tier (--kv-disk), by role."),
+    Family::gauge(KV_DISK_BYTES, "Bytes of block files in the disk tier, by role."),
+    Family::gauge(KV_DISK_CAPACITY, "The most bytes the disk tier keeps (--kv-disk-bytes), by role."),
+    Family::counter(KV_DISK_HIT_TOKENS, "Prompt tokens served from the disk tier (read back instead of computed), by role."),
+    Family::counter(KV_DISK_WRITTEN_BLOCKS, "Blocks written to the disk tier, by role."),
+    Family::counter(KV_DISK_WRITTEN_BYTES, "Bytes written to the disk tier, by role."),
+    Family::gauge(KV_DISK_WRITE_QUEUE, "Blocks waiting for the disk tier's writer, by role."),
+    Family::counter(KV_DISK_WRITE_DROPPED, "Blocks not written to the disk tier (its queue was full, or the write failed), by role."),
+    Family::counter(KV_DISK_READ_BLOCKS, "Blocks read back from the disk tier, by role."),
+    Family::counter(KV_DISK_READ_BYTES, "KV bytes read back from the disk tier, by role."),
+    Family::gauge(KV_DISK_READ_RATE, "Prompt tokens of KV the disk tier reads and checks per second of reading, as measured (what the routers price a disk hit at), by role."),
+    Family::counter(KV_DISK_EVICTIONS, "Blocks evicted from the disk tier to stay within --kv-disk-bytes, by role."),
+    Family::counter(KV_DISK_CORRUPT, "Block files that failed their checks (deleted and treated as misses, never served), by role."),
     Family::counter(KV_BYTES_NOT_SHIPPED, "KV bytes a decode worker's prefix cache hit kept off the wire."),
     Family::counter(KV_TRANSFERS, "KV transfers a prefill worker sent, by the transport used."),
     Family::counter(KV_TRANSFER_BYTES, "KV bytes a prefill worker sent, by the transport used."),
