@@ -145,6 +145,17 @@ pub enum CacheEventKind {
     Evicted { hash: BlockHash, block: BlockId },
 }
 
+/// A full block written to (`stored`) or deleted from (`!stored`) a worker's disk tier
+/// (`--kv-disk`): the second tier of the prefix cache, whose blocks are loaded instead of computed.
+/// The engine drains them like [`CacheEvent`]s; the worker's event log numbers and publishes them
+/// tagged with their tier, so the router's index ([`crate::kv_index`]) knows what each worker can
+/// load from disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DiskEvent {
+    pub stored: bool,
+    pub hash: BlockHash,
+}
+
 /// Counters since the pool was made.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheStats {
