@@ -49,6 +49,7 @@ pub mod text;
 
 pub use block_pool::{BlockId, BlockPool, BlockTable, PoolError};
 pub use prefix_cache::{BlockHash, CacheEvent, CacheEventKind, CacheStats, DiskEvent, Parent, Tenant};
+pub use kv_index::{KvTier, Overlap};
 pub use logprobs::{TokenLogprob, MAX_TOP_LOGPROBS};
 pub use kv_payload::{KvDtype, KvLayout, KvPayloadError, KvPayloadHeader, KvSpan};
 pub use routing::{WorkerRole, WorkerState};

@@ -145,8 +145,11 @@ pub enum CacheEventKind {
     Evicted { hash: BlockHash, block: BlockId },
 }
 
-/// A block written to (`stored`) or deleted from a worker's KV disk tier (the engine's
-/// `kv_disk`), for the routers' index of which tier holds which blocks.
+/// A full block written to (`stored`) or deleted from (`!stored`) a worker's disk tier
+/// (`--kv-disk`): the second tier of the prefix cache, whose blocks are loaded instead of computed.
+/// The engine drains them like [`CacheEvent`]s; the worker's event log numbers and publishes them
+/// tagged with their tier, so the router's index ([`crate::kv_index`]) knows what each worker can
+/// load from disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DiskEvent {
     pub stored: bool,

@@ -75,7 +75,33 @@ pub struct PrefillCandidate {
     pub reported_queue_tokens: u64,
     /// The worker's measured prefill throughput (tokens/s; 0 until it has run a step).
     pub tokens_per_s: f64,
+    /// The worker's measured rate of loading prefix tokens from its disk tier (tokens/s; 0 when
+    /// it has none or has not read yet: then [`DISK_TOKEN_COST`] prices a disk token).
+    pub disk_read_tokens_per_s: f64,
 }
+
+/// What one prompt costs at one worker: tokens it must compute (the prompt less the prefix its
+/// cache holds) and tokens it loads from its disk tier instead of computing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefillWork {
+    pub compute: usize,
+    pub disk: usize,
+}
+
+impl PrefillWork {
+    /// A prompt computed whole (no cache, or nothing of it held).
+    pub fn compute(tokens: usize) -> PrefillWork {
+        PrefillWork { compute: tokens, disk: 0 }
+    }
+}
+
+/// The cost of loading one token's KV from a worker's disk tier, as a fraction of computing it,
+/// until the worker has measured its read rate (`disk_read_tokens_per_s` 0). On a CPU, SmolLM2
+/// recomputes a token in ~1-3 ms while its ~46 KB of KV loads from the page cache in ~10 µs
+/// (~0.005 of it); 0.1 leaves room for cold reads from the device, per-file overhead and GPUs,
+/// which compute a token in microseconds. A disk hit then ranks between a pool hit (free) and a
+/// recompute, and the worker's measured rate replaces the guess as soon as it has read.
+pub const DISK_TOKEN_COST: f64 = 0.1;
 
 impl PrefillCandidate {
     /// Prompt tokens ahead of a new request there.
@@ -86,7 +112,27 @@ impl PrefillCandidate {
     /// Expected seconds until a new prompt of `prompt_tokens` finishes prefill there: the queue
     /// ahead of it plus itself, at the worker's measured rate. None until the rate is known.
     pub fn expected_seconds(&self, prompt_tokens: usize) -> Option<f64> {
-        (self.tokens_per_s > 0.0).then(|| (self.queued_tokens() as f64 + prompt_tokens as f64) / self.tokens_per_s)
+        self.expected_seconds_for(PrefillWork::compute(prompt_tokens))
+    }
+
+    /// [`Self::expected_seconds`] for a prompt whose cached prefix is partly on disk: the queue
+    /// and the tokens to compute at the prefill rate, plus the disk tokens at the read rate
+    /// (or at [`DISK_TOKEN_COST`] of the prefill rate until it is measured).
+    pub fn expected_seconds_for(&self, work: PrefillWork) -> Option<f64> {
+        (self.tokens_per_s > 0.0).then(|| {
+            let compute = (self.queued_tokens() as f64 + work.compute as f64) / self.tokens_per_s;
+            let read_rate = match self.disk_read_tokens_per_s > 0.0 {
+                true => self.disk_read_tokens_per_s,
+                false => self.tokens_per_s / DISK_TOKEN_COST,
+            };
+            compute + work.disk as f64 / read_rate
+        })
+    }
+
+    /// Before the rates are known, the same cost in tokens: queued and computed tokens, plus
+    /// each disk token at [`DISK_TOKEN_COST`] of one.
+    fn expected_tokens(&self, work: PrefillWork) -> f64 {
+        self.queued_tokens() as f64 + work.compute as f64 + work.disk as f64 * DISK_TOKEN_COST
     }
 }
 
@@ -128,22 +174,23 @@ impl DecodeCandidate {
 /// worker's rate is still unknown, the fewest queued tokens instead. Ties: fewest in-flight
 /// requests, then the smallest id. `None` when no worker is ready.
 pub fn pick_prefill(candidates: &[PrefillCandidate], prompt_tokens: usize) -> Option<usize> {
-    pick_prefill_for(candidates, &|_| prompt_tokens)
+    pick_prefill_for(candidates, &|_| PrefillWork::compute(prompt_tokens))
 }
 
-/// [`pick_prefill`] where the tokens to compute differ by worker (`compute(i)`: the prompt less
-/// what worker `i`'s prefix cache holds of it), so cached prefixes weigh against queues in the
-/// same unit: seconds until the prompt is done there.
-pub fn pick_prefill_for(candidates: &[PrefillCandidate], compute: &dyn Fn(usize) -> usize) -> Option<usize> {
+/// [`pick_prefill`] where the work differs by worker (`work(i)`: the prompt less what worker
+/// `i`'s prefix cache holds of it in its pool, and what it holds only on disk, which it loads
+/// instead of computing), so cached prefixes weigh against queues in the same unit: seconds until
+/// the prompt is done there. A disk hit thus ranks between a pool hit and a recompute.
+pub fn pick_prefill_for(candidates: &[PrefillCandidate], work: &dyn Fn(usize) -> PrefillWork) -> Option<usize> {
     let ready = || candidates.iter().enumerate().filter(|(_, c)| c.state == WorkerState::Ready);
     let by_time = ready().all(|(_, c)| c.tokens_per_s > 0.0);
     ready()
         .min_by(|&(i, a), &(j, b)| {
             let first = if by_time {
-                let t = |c: &PrefillCandidate, k: usize| c.expected_seconds(compute(k)).unwrap_or(f64::INFINITY);
+                let t = |c: &PrefillCandidate, k: usize| c.expected_seconds_for(work(k)).unwrap_or(f64::INFINITY);
                 t(a, i).total_cmp(&t(b, j))
             } else {
-                (a.queued_tokens() + compute(i) as u64).cmp(&(b.queued_tokens() + compute(j) as u64))
+                a.expected_tokens(work(i)).total_cmp(&b.expected_tokens(work(j)))
             };
             first.then(a.inflight.cmp(&b.inflight)).then_with(|| a.id.cmp(&b.id))
         })
@@ -192,7 +239,15 @@ mod tests {
     use WorkerState::*;
 
     fn p(id: &str, state: WorkerState, inflight: u32, outstanding: u64, queue: u64) -> PrefillCandidate {
-        PrefillCandidate { id: id.into(), state, inflight, outstanding_tokens: outstanding, reported_queue_tokens: queue, tokens_per_s: 0.0 }
+        PrefillCandidate {
+            id: id.into(),
+            state,
+            inflight,
+            outstanding_tokens: outstanding,
+            reported_queue_tokens: queue,
+            tokens_per_s: 0.0,
+            disk_read_tokens_per_s: 0.0,
+        }
     }
 
     fn rated(mut c: PrefillCandidate, tokens_per_s: f64) -> PrefillCandidate {
@@ -258,6 +313,55 @@ mod tests {
         let c = rated(p("a", Ready, 0, 300, 100), 1000.0);
         assert_eq!(c.expected_seconds(600), Some(1.0));
         assert_eq!(p("a", Ready, 0, 0, 0).expected_seconds(1), None);
+    }
+
+    /// Three workers alike but for what they hold of a 1000-token prompt: all of it but the last
+    /// block in the pool (`pool`), the same on disk only (`disk`), nothing (`miss`). Whatever the
+    /// rates, the pool hit goes first, then the disk hit, then the recompute.
+    #[test]
+    fn a_disk_hit_ranks_between_a_pool_hit_and_a_recompute() {
+        let hit = 992;
+        let work = |id: &str| match id {
+            "pool" => PrefillWork { compute: 1000 - hit, disk: 0 },
+            "disk" => PrefillWork { compute: 1000 - hit, disk: hit },
+            _ => PrefillWork::compute(1000),
+        };
+        // (case, prefill rate, measured disk rate)
+        let cases = [("rates unknown: by tokens", 0.0, 0.0), ("disk rate not measured", 2000.0, 0.0), ("disk rate measured", 2000.0, 50_000.0)];
+        for (name, rate, disk_rate) in cases {
+            let mk = |id: &str| PrefillCandidate { tokens_per_s: rate, disk_read_tokens_per_s: disk_rate, ..p(id, Ready, 0, 100, 0) };
+            let all = vec![mk("miss"), mk("disk"), mk("pool")];
+            let mut order = Vec::new();
+            let mut cands = all.clone();
+            while let Some(i) = pick_prefill_for(&cands, &|i| work(&cands[i].id)) {
+                order.push(cands[i].id.clone());
+                cands[i].state = Dead;
+            }
+            assert_eq!(order, ["pool", "disk", "miss"], "{name}");
+        }
+    }
+
+    #[test]
+    fn pick_prefill_prices_disk_tokens_against_queues() {
+        let base = |id: &str, queued: u64, disk_rate: f64| PrefillCandidate { tokens_per_s: 1000.0, disk_read_tokens_per_s: disk_rate, ..p(id, Ready, 0, queued, 0) };
+        // (case, candidates, work per candidate, the pick)
+        let cases: Vec<(&str, Vec<PrefillCandidate>, Vec<PrefillWork>, usize)> = vec![
+            // 1000 tokens on disk cost 0.1 s at the default price (1000 tok/s / 0.1); 2000 queued
+            // tokens ahead of it cost 2 s: the idle worker's recompute (1 s) wins.
+            ("a much shorter queue beats a disk hit", vec![base("disk", 2000, 0.0), base("idle", 0, 0.0)], vec![PrefillWork { compute: 0, disk: 1000 }, PrefillWork::compute(1000)], 1),
+            // A short queue ahead of the disk hit is worth waiting for: 0.2 + 0.1 s < 1 s.
+            ("a disk hit beats a slightly shorter queue", vec![base("disk", 200, 0.0), base("idle", 0, 0.0)], vec![PrefillWork { compute: 0, disk: 1000 }, PrefillWork::compute(1000)], 0),
+            // A measured read rate slower than computing (a slow disk, a fast GPU): recompute.
+            ("a slow disk loses to computing", vec![base("disk", 0, 500.0), base("idle", 0, 0.0)], vec![PrefillWork { compute: 0, disk: 1000 }, PrefillWork::compute(1000)], 1),
+            // The measured rate replaces the default price: 1000 / 100k tok/s = 0.01 s.
+            ("a fast disk beats a short queue", vec![base("disk", 0, 100_000.0), base("pool", 50, 0.0)], vec![PrefillWork { compute: 0, disk: 1000 }, PrefillWork::compute(0)], 0),
+        ];
+        for (name, cands, work, want) in cases {
+            assert_eq!(pick_prefill_for(&cands, &|i| work[i]), Some(want), "{name}");
+        }
+        let c = PrefillCandidate { disk_read_tokens_per_s: 4000.0, ..base("a", 500, 0.0) };
+        assert_eq!(c.expected_seconds_for(PrefillWork { compute: 500, disk: 2000 }), Some(1.5));
+        assert_eq!(base("a", 0, 0.0).expected_seconds_for(PrefillWork { compute: 0, disk: 1000 }), Some(0.1));
     }
 
     #[test]

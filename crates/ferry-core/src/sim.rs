@@ -351,7 +351,7 @@ impl<'a> Sim<'a> {
                 .iter()
                 .map(|&w| {
                     let k = &self.workers[w];
-                    PrefillCandidate { id: format!("{w:04}"), state: WorkerState::Ready, inflight: k.queue.len() as u32 + k.active.len() as u32, outstanding_tokens: k.outstanding, reported_queue_tokens: 0, tokens_per_s: rate }
+                    PrefillCandidate { id: format!("{w:04}"), state: WorkerState::Ready, inflight: k.queue.len() as u32 + k.active.len() as u32, outstanding_tokens: k.outstanding, reported_queue_tokens: 0, tokens_per_s: rate, disk_read_tokens_per_s: 0.0 }
                 })
                 .collect();
             let p = pids[pick_prefill(&pc, q.prompt).expect("a disaggregated split has a prefill worker")];

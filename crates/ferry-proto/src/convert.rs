@@ -2,7 +2,7 @@
 
 use crate::v1;
 use ferry_core::sampling::OutputGrammar;
-use ferry_core::{SamplingParams, TokenLogprob};
+use ferry_core::{KvTier, SamplingParams, TokenLogprob};
 
 /// The token budget when a request leaves `max_tokens` at 0.
 pub const DEFAULT_MAX_TOKENS: usize = 128;
@@ -165,6 +165,23 @@ impl std::fmt::Display for v1::FinishReason {
     }
 }
 
+/// A prefix-cache tier on the wire.
+pub fn kv_tier_to_wire(t: KvTier) -> v1::KvTier {
+    match t {
+        KvTier::Pool => v1::KvTier::Pool,
+        KvTier::Disk => v1::KvTier::Disk,
+    }
+}
+
+/// A prefix-cache tier from the wire (`KvCacheEvent.tier`); None for a value this build does
+/// not know (a newer worker's tier: its events are not applied).
+pub fn kv_tier_from_wire(t: i32) -> Option<KvTier> {
+    match v1::KvTier::try_from(t).ok()? {
+        v1::KvTier::Pool => Some(KvTier::Pool),
+        v1::KvTier::Disk => Some(KvTier::Disk),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,6 +229,15 @@ mod tests {
         assert_eq!(d.temperature, 0.0);
         assert_eq!((d.logprobs, d.prompt_logprobs, d.n), (None, None, 1));
         assert_eq!(d, SamplingParams { max_tokens: DEFAULT_MAX_TOKENS, ..SamplingParams::default() });
+    }
+
+    #[test]
+    fn kv_tiers_round_trip() {
+        for t in KvTier::ALL {
+            assert_eq!(kv_tier_from_wire(kv_tier_to_wire(t) as i32), Some(t));
+        }
+        assert_eq!(kv_tier_from_wire(0), Some(KvTier::Pool), "events before the field are the pool's");
+        assert_eq!(kv_tier_from_wire(7), None);
     }
 
     #[test]

@@ -62,6 +62,9 @@ fn publish_fault_counters() {
     for api in AUTH_APIS {
         metrics::counter!(names::AUTH_FAILURES, "api" => api).increment(0);
     }
+    for tier in PREFIX_TIERS {
+        metrics::counter!(names::PREFIX_ROUTED, "tier" => tier).increment(0);
+    }
     metrics::gauge!(names::QUEUE_DEPTH).set(0.0);
 }
 
@@ -184,6 +187,19 @@ pub fn observe_kv_transport(chosen: v1::KvTransport, kv: Option<&v1::KvTransferS
     let used = v1::KvTransport::try_from(kv.transport).unwrap_or(v1::KvTransport::Unspecified).to_string();
     metrics::counter!(names::KV_TRANSFERS, "chosen" => chosen.to_string(), "used" => used.clone()).increment(1);
     metrics::counter!(names::KV_BYTES, "transport" => used).increment(kv.bytes);
+}
+
+/// `ferry_router_prefix_routed_total`'s `tier` labels, each published at 0.
+const PREFIX_TIERS: [&str; 3] = ["pool", "disk", "none"];
+
+/// A prefill worker was picked; `tier`: the tier holding most of the prompt's cached prefix
+/// there (None: nothing held).
+pub fn prefix_routed(tier: Option<ferry_core::KvTier>) {
+    let label = match tier {
+        Some(t) => t.as_str(),
+        None => "none",
+    };
+    metrics::counter!(names::PREFIX_ROUTED, "tier" => label).increment(1);
 }
 
 /// The SLO finished requests are held to (the first router of the process sets it).

@@ -12,11 +12,16 @@
 //! snapshot (every hash held, current as of the newest event) goes instead after a
 //! registration, when the router answers `kv_resync`, or when the cursor fell out of the window.
 //!
+//! With a disk tier (`--kv-disk`, issue 38), the blocks the engine writes to or deletes from disk
+//! ([`ferry_core::DiskEvent`], pushed with [`EventLog::push_disk`]) are logged in the same
+//! numbering, each event tagged with its [`KvTier`] (a run never mixes tiers), with their own
+//! mirror of what is held; a snapshot carries both sets.
+//!
 //! The decision of what to send is the pure [`EventLog::outgoing`]; [`CacheLog`] puts the log
 //! behind a mutex, because two kinds of owner touch it (the engine thread pushes, every router's
 //! heartbeat task reads), each for a moment, and an actor would only add a thread.
 
-use ferry_core::{CacheEvent, CacheEventKind};
+use ferry_core::{CacheEvent, CacheEventKind, DiskEvent, KvTier};
 use ferry_proto::v1::{KvCacheEvent, KvCacheEvents};
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Mutex, MutexGuard};
@@ -38,10 +43,11 @@ impl Default for LogConfig {
     }
 }
 
-/// One logged event: `hashes` entered the cache (`stored`) or left it.
+/// One logged event: `hashes` entered the cache's `tier` (`stored`) or left it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Logged {
     pub seq: u64,
+    pub tier: KvTier,
     pub stored: bool,
     pub hashes: Vec<u64>,
 }
@@ -80,7 +86,10 @@ pub struct Outgoing {
 #[derive(Debug, Default)]
 pub struct EventLog {
     cfg: LogConfig,
+    /// What the pool holds, as the events tell.
     held: HashSet<u64>,
+    /// What the disk tier holds, as the events tell.
+    held_disk: HashSet<u64>,
     recent: VecDeque<Logged>,
     recent_hashes: usize,
     last_seq: u64,
@@ -110,6 +119,16 @@ impl EventLog {
         self.held.contains(&hash)
     }
 
+    /// Hashes the disk tier holds now, as the events tell.
+    pub fn held_disk(&self) -> usize {
+        self.held_disk.len()
+    }
+
+    /// Whether the disk tier holds `hash`, as the events tell.
+    pub fn holds_disk(&self, hash: u64) -> bool {
+        self.held_disk.contains(&hash)
+    }
+
     /// Add events drained from the engine (oldest first), numbering them on from the last.
     pub fn push(&mut self, events: &[CacheEvent]) {
         let before = self.last_seq;
@@ -129,20 +148,36 @@ impl EventLog {
             } else {
                 self.held.remove(&hash);
             }
-            self.append(before, stored, hash);
+            self.append(before, KvTier::Pool, stored, hash);
+        }
+        self.trim();
+    }
+
+    /// Add disk tier events drained from the engine (oldest first), numbering them on from the
+    /// last, in runs of their own (never in a pool event).
+    pub fn push_disk(&mut self, events: &[DiskEvent]) {
+        let before = self.last_seq;
+        for e in events {
+            let hash = e.hash.0;
+            if e.stored {
+                self.held_disk.insert(hash);
+            } else {
+                self.held_disk.remove(&hash);
+            }
+            self.append(before, KvTier::Disk, e.stored, hash);
         }
         self.trim();
     }
 
     /// Add `hash` to the newest event if this push made it (numbered after `before`: an event
-    /// that may have been sent never changes), it is of the same kind and has room.
-    fn append(&mut self, before: u64, stored: bool, hash: u64) {
+    /// that may have been sent never changes), it is of the same tier and kind and has room.
+    fn append(&mut self, before: u64, tier: KvTier, stored: bool, hash: u64) {
         let max = self.cfg.event_hashes.max(1);
         match self.recent.back_mut() {
-            Some(last) if last.seq > before && last.stored == stored && last.hashes.len() < max => last.hashes.push(hash),
+            Some(last) if last.seq > before && last.tier == tier && last.stored == stored && last.hashes.len() < max => last.hashes.push(hash),
             _ => {
                 self.last_seq += 1;
-                self.recent.push_back(Logged { seq: self.last_seq, stored, hashes: vec![hash] });
+                self.recent.push_back(Logged { seq: self.last_seq, tier, stored, hashes: vec![hash] });
             }
         }
         self.recent_hashes += 1;
@@ -160,9 +195,18 @@ impl EventLog {
         let first_kept = self.recent.front().map_or(self.last_seq + 1, |e| e.seq);
         let fell_out = cursor.acked + 1 < first_kept;
         if cursor.snapshot || fell_out || cursor.acked > self.last_seq {
-            let mut hashes: Vec<u64> = self.held.iter().copied().collect();
-            hashes.sort_unstable();
-            let events = KvCacheEvents { snapshot: true, snapshot_seq: self.last_seq, snapshot_hashes: hashes, ..Default::default() };
+            let sorted = |set: &HashSet<u64>| {
+                let mut hashes: Vec<u64> = set.iter().copied().collect();
+                hashes.sort_unstable();
+                hashes
+            };
+            let events = KvCacheEvents {
+                snapshot: true,
+                snapshot_seq: self.last_seq,
+                snapshot_hashes: sorted(&self.held),
+                snapshot_disk_hashes: sorted(&self.held_disk),
+                ..Default::default()
+            };
             return Outgoing { events, upto: self.last_seq };
         }
         let mut events = Vec::new();
@@ -174,7 +218,7 @@ impl EventLog {
             }
             budget = budget.saturating_sub(e.hashes.len());
             upto = e.seq;
-            events.push(KvCacheEvent { seq: e.seq, stored: e.stored, hashes: e.hashes.clone() });
+            events.push(KvCacheEvent { seq: e.seq, stored: e.stored, hashes: e.hashes.clone(), tier: ferry_proto::kv_tier_to_wire(e.tier) as i32 });
         }
         Outgoing { events: KvCacheEvents { events, ..Default::default() }, upto }
     }
@@ -200,6 +244,13 @@ impl CacheLog {
         }
     }
 
+    /// Disk tier events from the engine (`Engine::drain_disk_events`).
+    pub fn push_disk(&self, events: &[DiskEvent]) {
+        if !events.is_empty() {
+            self.lock().push_disk(events);
+        }
+    }
+
     pub fn outgoing(&self, cursor: &Cursor) -> Outgoing {
         self.lock().outgoing(cursor)
     }
@@ -209,6 +260,7 @@ impl CacheLog {
 mod tests {
     use super::*;
     use ferry_core::BlockHash;
+    use ferry_proto::v1;
 
     /// Engine events numbered from `first`: positive ids stored, negative evicted.
     fn engine_events(first: u64, hs: &[i64]) -> Vec<CacheEvent> {
@@ -305,6 +357,63 @@ mod tests {
         // The engine's next drain starts at 9, not 7: two events never came.
         log.push(&engine_events(9, &[5]));
         assert_eq!((log.lost, log.held()), (2, 4));
+    }
+
+    /// Disk events: positive ids written, negative deleted.
+    fn disk_events(hs: &[i64]) -> Vec<DiskEvent> {
+        hs.iter().map(|&h| DiskEvent { stored: h > 0, hash: BlockHash(h.unsigned_abs()) }).collect()
+    }
+
+    fn tiers(o: &Outgoing) -> Vec<(u64, v1::KvTier, bool, Vec<u64>)> {
+        o.events.events.iter().map(|e| (e.seq, e.tier(), e.stored, e.hashes.clone())).collect()
+    }
+
+    #[test]
+    fn disk_events_share_the_numbering_but_never_a_pool_event() {
+        use v1::KvTier::{Disk, Pool};
+        let mut log = EventLog::new(LogConfig { window_hashes: 100, batch_hashes: 100, event_hashes: 3 });
+        log.push(&engine_events(0, &[1, 2]));
+        // Written through: the same blocks reach the disk tier, in events of their own.
+        log.push_disk(&disk_events(&[1, 2, 3, 4]));
+        // Each push starts its own events (an event that may have been sent never changes).
+        log.push(&engine_events(2, &[-1, 5]));
+        log.push_disk(&disk_events(&[-3]));
+        assert_eq!(log.last_seq(), 6);
+        let o = log.outgoing(&Cursor { acked: 0, snapshot: false });
+        assert_eq!(
+            tiers(&o),
+            vec![
+                (1, Pool, true, vec![1, 2]),
+                (2, Disk, true, vec![1, 2, 3]),
+                (3, Disk, true, vec![4]),
+                (4, Pool, false, vec![1]),
+                (5, Pool, true, vec![5]),
+                (6, Disk, false, vec![3]),
+            ]
+        );
+        assert_eq!(o.upto, 6);
+        // A pool eviction leaves the disk copy: 1 is on disk only, 3 left the disk.
+        assert!(!log.holds(1) && log.holds_disk(1) && !log.holds_disk(3));
+        assert_eq!((log.held(), log.held_disk()), (2, 3));
+        // The snapshot carries both tiers, as of the newest event.
+        let s = log.outgoing(&Cursor::registered());
+        assert!(s.events.snapshot);
+        assert_eq!((s.events.snapshot_hashes.clone(), s.events.snapshot_disk_hashes.clone(), s.events.snapshot_seq), (vec![2, 5], vec![1, 2, 4], 6));
+        // Without a disk tier nothing changes on the wire: pool events, an empty disk set.
+        let mut plain = EventLog::new(LogConfig::default());
+        plain.push(&engine_events(0, &[9]));
+        assert_eq!(tiers(&plain.outgoing(&Cursor { acked: 0, snapshot: false })), vec![(1, Pool, true, vec![9])]);
+        assert!(plain.outgoing(&Cursor::registered()).events.snapshot_disk_hashes.is_empty());
+    }
+
+    #[test]
+    fn disk_events_count_against_the_window() {
+        let mut log = EventLog::new(small());
+        log.push_disk(&disk_events(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]));
+        // 10 hashes logged, 8 kept: a router at 0 gets a snapshot of the disk tier.
+        let o = log.outgoing(&Cursor { acked: 0, snapshot: false });
+        assert!(o.events.snapshot && o.events.snapshot_hashes.is_empty());
+        assert_eq!(o.events.snapshot_disk_hashes, (1..=10).collect::<Vec<u64>>());
     }
 
     #[test]

@@ -58,6 +58,11 @@ pub struct LoadGauge {
     /// The engine's priced steps (f64 bits): seconds taken, seconds the profile says.
     step_seconds_bits: AtomicU64,
     step_model_seconds_bits: AtomicU64,
+    /// The disk tier's measured read rate (prefix tokens loaded per second, f64 bits; 0: no
+    /// tier, or nothing read yet), for the router's pricing of disk hits.
+    disk_read_rate_bits: AtomicU64,
+    /// Blocks in the disk tier, as the cache log tells (set at every publish).
+    disk_blocks: AtomicU64,
 }
 
 impl LoadGauge {
@@ -76,7 +81,19 @@ impl LoadGauge {
             kv_blocks_cached: g(&self.blocks_cached) as u32,
             step_seconds: f64::from_bits(g(&self.step_seconds_bits)),
             step_model_seconds: f64::from_bits(g(&self.step_model_seconds_bits)),
+            disk_read_tokens_per_s: self.disk_read_rate(),
+            kv_disk_blocks: g(&self.disk_blocks),
         }
+    }
+
+    /// The disk tier's read rate, as last set.
+    pub fn disk_read_rate(&self) -> f64 {
+        f64::from_bits(self.disk_read_rate_bits.load(Relaxed))
+    }
+
+    /// Publish the disk tier's measured read rate (prefix tokens loaded per second).
+    pub fn set_disk_read_rate(&self, tokens_per_s: f64) {
+        self.disk_read_rate_bits.store(tokens_per_s.max(0.0).to_bits(), Relaxed);
     }
 
     /// Publish the engine's priced steps ([`ferry_engine::Engine::price`]) against `busy`, the
@@ -186,6 +203,7 @@ impl LoadGauge {
             if !events.is_empty() {
                 log.push(&events);
             }
+            load.disk_blocks.store(log.held_disk() as u64, Relaxed);
             (log.held(), log.lost - lost)
         };
         if lost > 0 {

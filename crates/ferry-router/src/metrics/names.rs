@@ -49,6 +49,7 @@ pub const KV_INDEXED_BLOCKS: &str = "ferry_router_kv_indexed_blocks";
 pub const KV_INDEXED_BLOCKS_DISTINCT: &str = "ferry_router_kv_indexed_blocks_distinct";
 pub const KV_SNAPSHOTS: &str = "ferry_router_kv_snapshots_total";
 pub const KV_RESYNCS: &str = "ferry_router_kv_resyncs_total";
+pub const PREFIX_ROUTED: &str = "ferry_router_prefix_routed_total";
 // The autoscaler.
 pub const AUTOSCALE_STEP_TIME_RATIO: &str = "ferry_router_autoscale_step_time_ratio";
 pub const AUTOSCALE_OBSERVED_RATE: &str = "ferry_router_autoscale_observed_requests_per_second";
@@ -127,10 +128,17 @@ pub const ALL: &[Family] = &[
     Family::gauge(WORKER_KV_BLOCKS_FREE, "Per decode or colocated worker, the free KV blocks it last reported."),
     Family::gauge(WORKER_KV_BLOCKS_CAPACITY, "Per decode or colocated worker, the KV blocks of its pool."),
     Family::gauge(WORKER_PROMISED_KV_BLOCKS, "Per decode or colocated worker, KV blocks promised to admitted requests that its report does not show yet."),
-    Family::gauge(KV_INDEXED_BLOCKS, "Per worker, the prefix-cache blocks the router's index says it holds."),
+    Family::gauge(
+        KV_INDEXED_BLOCKS,
+        "Per worker and tier (pool: its KV pool; disk: its --kv-disk tier), the prefix-cache blocks the router's index says it holds there.",
+    ),
     Family::gauge(KV_INDEXED_BLOCKS_DISTINCT, "Distinct prefix-cache blocks in the router's index."),
     Family::counter(KV_SNAPSHOTS, "Full prefix-index snapshots applied from workers."),
     Family::counter(KV_RESYNCS, "Heartbeats answered with kv_resync because the worker's cache events had a gap."),
+    Family::counter(
+        PREFIX_ROUTED,
+        "Prefill workers picked, by the tier that holds most of the prompt's cached prefix there as the index tells (pool, disk), or none.",
+    ),
     Family::gauge(AUTOSCALE_STEP_TIME_RATIO, "Per role, measured step time over the step time the profile predicts (the autoscaler's calibration)."),
     Family::gauge(AUTOSCALE_OBSERVED_RATE, "Request arrival rate over the autoscaler's window, in requests per second."),
     Family::gauge(AUTOSCALE_OBSERVED_ATTAINMENT, "Share of the window's requests that met the SLO, 0 to 1."),

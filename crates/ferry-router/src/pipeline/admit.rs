@@ -75,7 +75,8 @@ pub async fn admit(
     let order = match shared.cfg.prefix_routing {
         PrefixRouting::KvAware => {
             let chain = reg.prefix_chain(&job.cache_salt, prompt, block_size as usize);
-            let held: Vec<u32> = cands.iter().map(|c| reg.prefix_held(&c.id, &chain, usize::MAX) as u32).collect();
+            // A decode worker loads its disk blocks on attach, so both tiers spare the transfer.
+            let held: Vec<u32> = cands.iter().map(|c| reg.prefix_held(&c.id, &chain, usize::MAX).total() as u32).collect();
             rank_decode_with_prefix(&cands, &held, need, PrefixWeights::default())
         }
         PrefixRouting::LoadOnly => rank_decode(&cands, need),

@@ -8,7 +8,8 @@ use ferry_core::SamplingParams;
 use ferry_core::WorkerRole;
 use ferry_core::WorkerState;
 use ferry_core::failure::{Decision, Phase};
-use ferry_core::routing::pick_prefill_for;
+use ferry_core::kv_index::Overlap;
+use ferry_core::routing::{PrefillWork, pick_prefill_for};
 use ferry_proto::v1;
 
 use crate::config::PrefixRouting;
@@ -48,8 +49,12 @@ pub async fn prefill(
         for c in cands.iter_mut().filter(|c| prog.avoid.contains(&c.id) || full.contains(&c.id)) {
             c.state = WorkerState::Dead;
         }
-        let held: Vec<usize> = cands.iter().map(|c| if chain.is_empty() { 0 } else { reg.prefix_held(&c.id, &chain, usable) * bs }).collect();
-        let Some(pw) = pick_prefill_for(&cands, &|i| prompt.len() - held[i]).and_then(|i| reg.get(&cands[i].id)) else {
+        // Each worker's cached run, in its pool or on its disk: pool blocks are attached, disk
+        // blocks loaded (priced at the worker's read rate), the rest computed.
+        let held: Vec<Overlap> = cands.iter().map(|c| if chain.is_empty() { Overlap::default() } else { reg.prefix_held(&c.id, &chain, usable) }).collect();
+        let work = |i: usize| PrefillWork { compute: prompt.len() - held[i].total() * bs, disk: held[i].disk * bs };
+        let picked = pick_prefill_for(&cands, &work).and_then(|i| reg.get(&cands[i].id).map(|w| (w, held[i])));
+        let Some((pw, pw_held)) = picked else {
             let error = RouterError::NoWorker { role: WorkerRole::Prefill };
             return Err(match full.is_empty() {
                 true => Failed::fatal(error),
@@ -57,6 +62,7 @@ pub async fn prefill(
             }
             .into());
         };
+        crate::metrics::prefix_routed(pw_held.main_tier());
         let chosen = crate::workers::transport::choose(shared.cfg.kv_transport, &pw.kv_transports, &dw.kv_transports);
         let req = v1::PrefillRequest {
             request_id: job.request_id.clone(),

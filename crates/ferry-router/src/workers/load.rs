@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use ferry_core::prefix_cache::{BlockHash, block_hashes};
 use ferry_core::routing::{DecodeCandidate, PrefillCandidate};
+use ferry_core::kv_index::{KvTier, Overlap};
 use ferry_core::{KvDtype, WorkerRole, WorkerState};
 
 use crate::workers::registry::Registry;
@@ -74,6 +75,7 @@ impl Registry {
                 outstanding_tokens: w.outstanding_prefill_tokens,
                 reported_queue_tokens: w.load.queued_prefill_tokens,
                 tokens_per_s: w.load.prefill_tokens_per_s,
+                disk_read_tokens_per_s: w.load.disk_read_tokens_per_s,
             })
             .collect()
     }
@@ -183,24 +185,30 @@ impl PrefixChains {
 
 /// The prefix index ([`kv`]) as the pipeline asks it.
 impl Registry {
-    /// How many of its chain's leading blocks (at most `max_blocks`) worker `worker_id` holds, as
-    /// its events tell (0 for a worker the index does not know or does not trust until its
-    /// snapshot comes).
-    pub fn prefix_held(&self, worker_id: &str, chains: &PrefixChains, max_blocks: usize) -> usize {
+    /// How many of its chain's leading blocks (at most `max_blocks`) worker `worker_id` holds, in
+    /// its pool or on its disk, as its events tell (none for a worker the index does not know or
+    /// does not trust until its snapshot comes).
+    pub fn prefix_held(&self, worker_id: &str, chains: &PrefixChains, max_blocks: usize) -> Overlap {
         let inner = self.lock();
-        let Some(w) = inner.workers.get(worker_id) else { return 0 };
+        let Some(w) = inner.workers.get(worker_id) else { return Overlap::default() };
         let chain = chains.of(w.kv_dtype);
         inner.kv.overlap(worker_id, &chain[..chain.len().min(max_blocks)])
     }
 
-    /// For every worker holding at least `chain`'s first block: how many leading blocks it holds.
+    /// For every worker holding at least `chain`'s first block: how many leading blocks it holds
+    /// (in either tier).
     pub fn prefix_overlaps(&self, chain: &[u64]) -> HashMap<String, usize> {
-        self.lock().kv.overlaps(chain)
+        self.lock().kv.overlaps(chain).into_iter().map(|(w, o)| (w, o.total())).collect()
     }
 
-    /// Blocks the index has worker `worker_id` holding.
+    /// Blocks the index has worker `worker_id` holding in its pool.
     pub fn prefix_blocks(&self, worker_id: &str) -> usize {
-        self.lock().kv.blocks_of(worker_id)
+        self.prefix_blocks_in(worker_id, KvTier::Pool)
+    }
+
+    /// Blocks the index has worker `worker_id` holding in `tier`.
+    pub fn prefix_blocks_in(&self, worker_id: &str, tier: KvTier) -> usize {
+        self.lock().kv.blocks_of(worker_id, tier)
     }
 
     /// A request's block chains as the workers hash them: the full blocks of `tokens` (of

@@ -3,7 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_core::{KvDtype, WorkerState};
+use ferry_core::kv_index::Overlap;
+use ferry_core::{KvDtype, KvTier, WorkerState};
 use ferry_proto::v1;
 
 use crate::workers::dial::DialOptions;
@@ -23,9 +24,18 @@ fn events(first: u64, groups: &[&[i64]]) -> v1::KvCacheEvents {
     let events = groups
         .iter()
         .enumerate()
-        .map(|(i, g)| v1::KvCacheEvent { seq: first + i as u64, stored: g[0] > 0, hashes: g.iter().map(|h| h.unsigned_abs()).collect() })
+        .map(|(i, g)| v1::KvCacheEvent { seq: first + i as u64, stored: g[0] > 0, hashes: g.iter().map(|h| h.unsigned_abs()).collect(), ..Default::default() })
         .collect();
     v1::KvCacheEvents { events, ..Default::default() }
+}
+
+/// [`events`] of the disk tier.
+fn disk_events(first: u64, groups: &[&[i64]]) -> v1::KvCacheEvents {
+    let mut e = events(first, groups);
+    for e in &mut e.events {
+        e.tier = v1::KvTier::Disk as i32;
+    }
+    e
 }
 
 fn snapshot(seq: u64, hashes: &[u64]) -> v1::KvCacheEvents {
@@ -48,9 +58,9 @@ async fn heartbeat_events_fill_the_index() {
     assert!(!beat(&r, &p, "127.0.0.1:1", Some(snapshot(0, &[]))));
     assert!(!beat(&r, &p, "127.0.0.1:1", Some(events(1, &[&[10, 11, 12], &[13]]))));
     assert!(!beat(&r, &d, "127.0.0.1:2", Some(events(1, &[&[10, 11], &[-11], &[20]]))));
-    assert_eq!(r.prefix_held(&p, &f32_chain(&[10, 11, 12, 13, 14]), usize::MAX), 4);
-    assert_eq!(r.prefix_held(&d, &f32_chain(&[10, 11, 12]), usize::MAX), 1);
-    assert_eq!(r.prefix_held("nobody", &f32_chain(&[10]), usize::MAX), 0);
+    assert_eq!(r.prefix_held(&p, &f32_chain(&[10, 11, 12, 13, 14]), usize::MAX).total(), 4);
+    assert_eq!(r.prefix_held(&d, &f32_chain(&[10, 11, 12]), usize::MAX).total(), 1);
+    assert_eq!(r.prefix_held("nobody", &f32_chain(&[10]), usize::MAX).total(), 0);
     let o = r.prefix_overlaps(&[10, 11, 12]);
     assert_eq!((o[&p], o[&d], o.len()), (3, 1, 2));
     assert!(r.prefix_overlaps(&[99]).is_empty());
@@ -58,7 +68,41 @@ async fn heartbeat_events_fill_the_index() {
     // A heartbeat sent again (its answer was lost) changes nothing; one without events neither.
     assert!(!beat(&r, &d, "127.0.0.1:2", Some(events(1, &[&[10, 11], &[-11], &[20]]))));
     assert!(!beat(&r, &d, "127.0.0.1:2", None));
-    assert_eq!(r.prefix_held(&d, &f32_chain(&[10, 11]), usize::MAX), 1);
+    assert_eq!(r.prefix_held(&d, &f32_chain(&[10, 11]), usize::MAX).total(), 1);
+}
+
+/// Disk tier events and snapshots: the overlap runs over both tiers, split by tier; a decode
+/// worker's disk blocks count as held (it loads them on attach); an unknown tier is numbered but
+/// changes nothing.
+#[tokio::test]
+async fn the_index_keeps_each_worker_s_disk_tier() {
+    let r = registry();
+    let p = register(&r, v1::WorkerRole::Prefill, "127.0.0.1:1");
+    let o = |pool, disk| Overlap { pool, disk };
+    assert!(!beat(&r, &p, "127.0.0.1:1", Some(events(1, &[&[1, 2]]))));
+    // Written through to disk, then the pool evicts 2: block 2 is on disk only.
+    let mut e = disk_events(2, &[&[1, 2, 3]]);
+    e.events.extend(events(3, &[&[-2]]).events);
+    assert!(!beat(&r, &p, "127.0.0.1:1", Some(e)));
+    assert_eq!(r.prefix_held(&p, &f32_chain(&[1, 2, 3, 4]), usize::MAX), o(1, 2));
+    assert_eq!(r.prefix_held(&p, &f32_chain(&[1, 2, 3]), 2), o(1, 1), "at most max_blocks");
+    assert_eq!((r.prefix_blocks_in(&p, KvTier::Pool), r.prefix_blocks_in(&p, KvTier::Disk)), (1, 3));
+    assert_eq!(r.prefix_overlaps(&[1, 2, 3])[&p], 3, "overlaps count both tiers");
+    // The disk tier deletes 3.
+    assert!(!beat(&r, &p, "127.0.0.1:1", Some(disk_events(4, &[&[-3]]))));
+    assert_eq!(r.prefix_held(&p, &f32_chain(&[1, 2, 3]), usize::MAX), o(1, 1));
+    // A tier from a newer worker: numbered (no gap after it), about nothing.
+    let mut odd = events(5, &[&[9]]);
+    odd.events[0].tier = 7;
+    assert!(!beat(&r, &p, "127.0.0.1:1", Some(odd)));
+    assert!(!beat(&r, &p, "127.0.0.1:1", Some(events(6, &[&[8]]))));
+    assert_eq!(r.prefix_held(&p, &f32_chain(&[9]), usize::MAX), o(0, 0));
+    // A snapshot replaces both tiers.
+    let mut s = snapshot(6, &[5]);
+    s.snapshot_disk_hashes = vec![5, 6, 7];
+    assert!(!beat(&r, &p, "127.0.0.1:1", Some(s)));
+    assert_eq!(r.prefix_held(&p, &f32_chain(&[5, 6, 7, 1]), usize::MAX), o(1, 2));
+    assert_eq!((r.prefix_blocks_in(&p, KvTier::Pool), r.prefix_blocks_in(&p, KvTier::Disk)), (1, 3));
 }
 
 #[tokio::test]
@@ -68,7 +112,7 @@ async fn a_gap_asks_for_a_snapshot_and_the_snapshot_restores() {
     assert!(!beat(&r, &p, "127.0.0.1:1", Some(events(1, &[&[1, 2]]))));
     // Event 2 never arrived.
     assert!(beat(&r, &p, "127.0.0.1:1", Some(events(3, &[&[3]]))), "a gap asks for a snapshot");
-    assert_eq!(r.prefix_held(&p, &f32_chain(&[1, 2]), usize::MAX), 0, "an untrusted worker holds nothing");
+    assert_eq!(r.prefix_held(&p, &f32_chain(&[1, 2]), usize::MAX).total(), 0, "an untrusted worker holds nothing");
     // Until the snapshot comes, every answer asks again (the first answer may have been lost).
     assert!(beat(&r, &p, "127.0.0.1:1", Some(events(4, &[&[4]]))));
     assert!(beat(&r, &p, "127.0.0.1:1", None));
@@ -76,8 +120,8 @@ async fn a_gap_asks_for_a_snapshot_and_the_snapshot_restores() {
     let mut s = snapshot(4, &[1, 2, 3, 4]);
     s.events = events(4, &[&[4], &[-4], &[5]]).events;
     assert!(!beat(&r, &p, "127.0.0.1:1", Some(s)));
-    assert_eq!(r.prefix_held(&p, &f32_chain(&[1, 2, 3, 4]), usize::MAX), 3);
-    assert_eq!(r.prefix_held(&p, &f32_chain(&[1, 2, 3, 5]), usize::MAX), 4);
+    assert_eq!(r.prefix_held(&p, &f32_chain(&[1, 2, 3, 4]), usize::MAX).total(), 3);
+    assert_eq!(r.prefix_held(&p, &f32_chain(&[1, 2, 3, 5]), usize::MAX).total(), 4);
     assert!(!beat(&r, &p, "127.0.0.1:1", Some(events(7, &[&[6]]))));
     assert_eq!(r.prefix_blocks(&p), 5);
 }
@@ -99,7 +143,7 @@ async fn workers_that_go_leave_the_index() {
     // The lease runs out for the last one.
     r.sweep(Instant::now() + Duration::from_secs(10));
     assert!(r.prefix_overlaps(&[7]).is_empty());
-    assert_eq!(r.prefix_held(&ids[3], &f32_chain(&[7]), usize::MAX), 0);
+    assert_eq!(r.prefix_held(&ids[3], &f32_chain(&[7]), usize::MAX).total(), 0);
 }
 
 #[tokio::test]
@@ -114,18 +158,18 @@ async fn a_registration_starts_clean_and_a_snapshot_fills_it() {
     assert!(r.heartbeat(&req, Instant::now()).is_err());
     let again = register(&r, v1::WorkerRole::Prefill, addr);
     assert_ne!(first, again);
-    assert_eq!(r.prefix_held(&again, &f32_chain(&[1]), usize::MAX), 0, "nothing carried over");
+    assert_eq!(r.prefix_held(&again, &f32_chain(&[1]), usize::MAX).total(), 0, "nothing carried over");
     // Events mid-stream (say the worker missed the registration's snapshot): resync.
     assert!(beat(&r, &again, addr, Some(events(2, &[&[4]]))));
     assert!(!beat(&r, &again, addr, Some(snapshot(2, &[1, 2, 3, 4]))));
-    assert_eq!(r.prefix_held(&again, &f32_chain(&[1, 2, 3, 4]), usize::MAX), 4);
+    assert_eq!(r.prefix_held(&again, &f32_chain(&[1, 2, 3, 4]), usize::MAX).total(), 4);
 
     // A restarted router (a fresh registry) hears a worker mid-stream: it asks for a snapshot.
     let restarted = registry();
     let id = register(&restarted, v1::WorkerRole::Prefill, addr);
     assert!(beat(&restarted, &id, addr, Some(events(9, &[&[5]]))));
     assert!(!beat(&restarted, &id, addr, Some(snapshot(9, &[1, 5]))));
-    assert_eq!(restarted.prefix_held(&id, &f32_chain(&[1, 5]), usize::MAX), 2);
+    assert_eq!(restarted.prefix_held(&id, &f32_chain(&[1, 5]), usize::MAX).total(), 2);
 }
 
 #[tokio::test]
@@ -159,9 +203,9 @@ async fn each_worker_is_asked_with_the_chain_of_its_kv_dtype() {
     assert_eq!(ci, ferry_core::prefix_cache::block_hashes(root, &tokens, 16).into_iter().map(|h| h.0).collect::<Vec<_>>());
     assert!(!beat(&r, &f, "127.0.0.1:1", Some(snapshot(0, &cf))));
     assert!(!beat(&r, &i, "127.0.0.1:2", Some(snapshot(0, &ci))));
-    assert_eq!((r.prefix_held(&f, &chains, usize::MAX), r.prefix_held(&i, &chains, usize::MAX)), (2, 2));
-    assert_eq!(r.prefix_held(&i, &chains, 1), 1, "at most max_blocks");
-    assert_eq!(r.prefix_held(&i, &f32_chain(&cf), usize::MAX), 0, "an int8 worker holds no f32 block");
+    assert_eq!((r.prefix_held(&f, &chains, usize::MAX).total(), r.prefix_held(&i, &chains, usize::MAX).total()), (2, 2));
+    assert_eq!(r.prefix_held(&i, &chains, 1).total(), 1, "at most max_blocks");
+    assert_eq!(r.prefix_held(&i, &f32_chain(&cf), usize::MAX).total(), 0, "an int8 worker holds no f32 block");
     let bad = v1::RegisterRequest { kv_dtype: "fp4".into(), grpc_addr: "127.0.0.1:3".into(), ..req };
     let e = r.register(&bad).unwrap_err().to_string();
     assert!(e.contains("kv_dtype") && e.contains("fp4"), "{e}");
