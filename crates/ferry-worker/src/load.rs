@@ -51,10 +51,6 @@ pub struct LoadGauge {
     pub prefix_cache: AtomicBool,
     /// The cache's events, for the routers' indexes.
     pub cache_log: CacheLog,
-    /// The disk tier: blocks it holds, and its measured read rate (prompt tokens per second of
-    /// reading, f64 bits; 0 before the first read or without a tier).
-    pub disk_blocks: AtomicU64,
-    pub disk_read_tokens_per_s_bits: AtomicU64,
     /// The engine's priced steps (f64 bits): seconds taken, seconds the profile says.
     step_seconds_bits: AtomicU64,
     step_model_seconds_bits: AtomicU64,
@@ -197,11 +193,15 @@ impl LoadGauge {
             return;
         }
         let events = engine.drain_cache_events();
+        let disk_events = engine.drain_disk_events();
         let (indexed, lost) = {
             let mut log = load.cache_log.lock();
             let lost = log.lost;
             if !events.is_empty() {
                 log.push(&events);
+            }
+            if !disk_events.is_empty() {
+                log.push_disk(&disk_events);
             }
             load.disk_blocks.store(log.held_disk() as u64, Relaxed);
             (log.held(), log.lost - lost)
@@ -226,19 +226,14 @@ impl LoadGauge {
         load.publish_disk(engine, role);
     }
 
-    /// The disk tier's share of [`LoadGauge::publish`]: its events into the log, its read rate
-    /// and size into the heartbeat, its metrics. Nothing without a tier.
+    /// The disk tier's share of [`LoadGauge::publish`] (its events went into the log there): its
+    /// read rate into the heartbeat, its metrics. Nothing without a tier.
     fn publish_disk(&self, engine: &mut Engine, role: &'static str) {
         use crate::cluster::metrics::names as n;
-        let events = engine.drain_disk_events();
-        if !events.is_empty() {
-            self.cache_log.push_disk(&events);
-        }
         let hit_tokens = engine.disk_hit_tokens();
         let bs = engine.kv_layout().block_size;
         let Some(s) = engine.kv_disk().map(|d| d.stats()) else { return };
-        self.disk_blocks.store(s.blocks, Relaxed);
-        self.disk_read_tokens_per_s_bits.store(s.read_tokens_per_s(bs).unwrap_or(0.0).to_bits(), Relaxed);
+        self.set_disk_read_rate(s.read_tokens_per_s(bs).unwrap_or(0.0));
         metrics::gauge!(n::KV_DISK_BLOCKS, "role" => role).set(s.blocks as f64);
         metrics::gauge!(n::KV_DISK_BYTES, "role" => role).set(s.bytes as f64);
         metrics::gauge!(n::KV_DISK_CAPACITY, "role" => role).set(s.capacity_bytes as f64);
