@@ -138,7 +138,7 @@ impl<B: Backend> Engine<B> {
         let mut loaded = 0;
         for (i, (&hash, &block)) in chain.iter().zip(&fresh).enumerate() {
             let chunk = &tokens[(k + i) * bs..(k + i + 1) * bs];
-            let Some(payload) = disk.read(hash, parent_hash, chunk) else { break };
+            let Some(payload) = disk.load(hash, parent_hash, chunk) else { break };
             let section = payload.len() / self.layout.n_layers;
             let imported = (0..self.layout.n_layers).try_for_each(|l| self.be.kv_import_layer(&mut self.kv, l, &[block], bs, &payload[l * section..(l + 1) * section]));
             if let Err(e) = imported {
@@ -164,6 +164,30 @@ impl<B: Backend> Engine<B> {
         }
         disk.touch(&chain[..loaded]);
         self.disk_hit_tokens += (loaded * bs) as u64;
+    }
+
+    /// A prompt that will start later (it waits in a queue): the blocks of its prefix that the
+    /// pool lacks and the disk tier holds are read ahead now, on the tier's reader thread, so
+    /// starting it takes them from memory ([`crate::kv_disk::DiskTier::prefetch`]). Nothing
+    /// without a tier.
+    pub fn prefetch_prefix(&self, tokens: &[u32], salt: &[u8]) {
+        let Some(disk) = &self.disk else { return };
+        let (bs, root) = (self.layout.block_size, self.root(salt));
+        // At most all but the last token, as a prompt's start takes.
+        let usable = &tokens[..tokens.len().saturating_sub(1)];
+        let pool = self.pool.match_prefix(root, usable, bs);
+        let parent = match pool.last() {
+            Some(&b) => match self.pool.cache().hash_of(b) {
+                Some(h) => h,
+                None => return,
+            },
+            None => root,
+        };
+        let rest = &usable[pool.len() * bs..];
+        let chain = disk.chain(parent, rest, usize::MAX);
+        if !chain.is_empty() {
+            disk.prefetch(parent, rest, &chain);
+        }
     }
 
     /// Offer sealed block `block` (hash `hash`, continuing `parent` with `tokens`) to the disk

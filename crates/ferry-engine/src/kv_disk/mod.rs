@@ -14,6 +14,11 @@
 //!   [`DiskTier::chain`]; the blocks found are read, checked ([`format::decode`]: checksum, name,
 //!   chain, size) and imported into fresh pool blocks. A file that fails any check is deleted and
 //!   counts as a miss: never served.
+//! - **Read ahead.** A prompt that has to wait for its turn (a prefill worker's queue) has its
+//!   disk blocks read by a reader thread meanwhile ([`DiskTier::prefetch`]), while the engine
+//!   steps the prompts ahead of it; when it starts, its blocks are taken from memory
+//!   ([`DiskTier::load`]; a read still under way is waited for, not repeated). A prompt that starts
+//!   at once reads on the engine thread: there is nothing to overlap with.
 //! - **Least recently used leaves first**, a parent never before its children ([`index`]).
 //! - **Kept across restarts.** A tier opened on a directory finds its blocks again; the directory
 //!   names what made them (`manifest.json`: model fingerprint, KV dtype and layout), and a tier
@@ -34,8 +39,9 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::mpsc::{self, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::mpsc::{self, Sender, SyncSender, TrySendError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 use thiserror::Error;
@@ -155,13 +161,90 @@ struct Shared {
     index: Mutex<Index>,
     events: Mutex<Vec<DiskEvent>>,
     counters: Counters,
+    /// Blocks read ahead ([`DiskTier::prefetch`]) and reads under way.
+    staging: Mutex<Staging>,
+    staged: Condvar,
     /// Held for the tier's life: the exclusive lock on `DIR/lock`.
     _lock: File,
+}
+
+/// Most bytes of read-ahead blocks kept waiting for their prompts (the oldest are dropped).
+const STAGING_BYTES: usize = 256 << 20;
+
+/// Blocks read ahead for prompts not started yet.
+#[derive(Default)]
+struct Staging {
+    /// Read (None: the read failed, a miss), oldest first in `order`.
+    ready: HashMap<BlockHash, Option<Vec<u8>>>,
+    order: VecDeque<BlockHash>,
+    bytes: usize,
+    /// Queued for the reader or being read.
+    pending: HashSet<BlockHash>,
+}
+
+impl Staging {
+    fn put(&mut self, hash: BlockHash, got: Option<Vec<u8>>) {
+        self.pending.remove(&hash);
+        self.bytes += got.as_ref().map_or(0, Vec::len);
+        if self.ready.insert(hash, got).is_none() {
+            self.order.push_back(hash);
+        }
+        while self.bytes > STAGING_BYTES {
+            let Some(old) = self.order.pop_front() else { break };
+            if let Some(Some(p)) = self.ready.remove(&old) {
+                self.bytes -= p.len();
+            }
+        }
+    }
+
+    fn take(&mut self, hash: BlockHash) -> Option<Option<Vec<u8>>> {
+        let got = self.ready.remove(&hash)?;
+        self.order.retain(|h| *h != hash);
+        self.bytes -= got.as_ref().map_or(0, Vec::len);
+        Some(got)
+    }
+}
+
+/// A block to read ahead: its hash and the chain it continues.
+struct Want {
+    hash: BlockHash,
+    parent: BlockHash,
+    tokens: Vec<u32>,
 }
 
 impl Shared {
     fn index(&self) -> MutexGuard<'_, Index> {
         self.index.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn staging(&self) -> MutexGuard<'_, Staging> {
+        self.staging.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Read and check block `hash`: its payload, or None when the file is gone or fails a check
+    /// (then it is deleted and forgotten: a miss).
+    fn read(&self, hash: BlockHash, parent: BlockHash, tokens: &[u32]) -> Option<Vec<u8>> {
+        let t0 = Instant::now();
+        let got = fs::read(self.path(hash)).map_err(|e| e.to_string()).and_then(|file| {
+            format::decode(&file, hash, parent, tokens, self.payload_bytes).map(<[u8]>::to_vec).map_err(|e| e.to_string())
+        });
+        self.counters.read_nanos.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+        match got {
+            Ok(payload) => {
+                self.counters.read_blocks.fetch_add(1, Relaxed);
+                self.counters.read_bytes.fetch_add(payload.len() as u64, Relaxed);
+                Some(payload)
+            }
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.display(), "kv disk: block {:016x} not served: {e}", hash.0);
+                self.counters.corrupt.fetch_add(1, Relaxed);
+                if self.index().remove(hash).is_some() {
+                    self.log(false, [hash]);
+                }
+                self.delete(&[hash]);
+                None
+            }
+        }
     }
 
     fn log(&self, stored: bool, hashes: impl IntoIterator<Item = BlockHash>) {
@@ -209,7 +292,8 @@ pub struct Write {
 pub struct DiskTier {
     shared: Arc<Shared>,
     writer: Option<SyncSender<Write>>,
-    thread: Option<JoinHandle<()>>,
+    reader: Option<Sender<Vec<Want>>>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl DiskTier {
@@ -254,14 +338,16 @@ impl DiskTier {
             index: Mutex::new(Index::new(cfg.max_bytes)),
             events: Mutex::new(Vec::new()),
             counters: Counters::default(),
+            staging: Mutex::new(Staging::default()),
+            staged: Condvar::new(),
             _lock: lock,
         });
         scan(&shared).map_err(io("reading blocks/"))?;
         let depth = ((64usize << 20) / payload_bytes.max(1)).max(4);
         let (tx, rx) = mpsc::sync_channel::<Write>(depth);
         let s = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("ferry-kv-disk".into())
+        let writer = std::thread::Builder::new()
+            .name("ferry-kv-disk-write".into())
             .spawn(move || {
                 for job in rx {
                     write_one(&s, &job);
@@ -269,7 +355,21 @@ impl DiskTier {
                 }
             })
             .map_err(io("starting its writer thread"))?;
-        Ok(DiskTier { shared, writer: Some(tx), thread: Some(thread) })
+        let (read_tx, read_rx) = mpsc::channel::<Vec<Want>>();
+        let s = shared.clone();
+        let reader = std::thread::Builder::new()
+            .name("ferry-kv-disk-read".into())
+            .spawn(move || {
+                for wants in read_rx {
+                    for w in wants {
+                        let got = s.read(w.hash, w.parent, &w.tokens);
+                        s.staging().put(w.hash, got);
+                        s.staged.notify_all();
+                    }
+                }
+            })
+            .map_err(io("starting its reader thread"))?;
+        Ok(DiskTier { shared, writer: Some(tx), reader: Some(read_tx), threads: vec![writer, reader] })
     }
 
     pub fn dir(&self) -> &Path {
@@ -308,32 +408,49 @@ impl DiskTier {
         self.shared.index().chain(parent, tokens, self.shared.block_size, max_blocks)
     }
 
-    /// Read and check block `hash` (continuing `parent` with `tokens`): its KV payload, or None
-    /// when the file is gone or fails a check (then it is deleted and forgotten: a miss).
+    /// Read and check block `hash` (continuing `parent` with `tokens`) now: its KV payload, or
+    /// None when the file is gone or fails a check (then it is deleted and forgotten: a miss).
     pub fn read(&self, hash: BlockHash, parent: BlockHash, tokens: &[u32]) -> Option<Vec<u8>> {
-        let s = &self.shared;
-        let t0 = Instant::now();
-        let path = s.path(hash);
-        let got = fs::read(&path).map_err(|e| e.to_string()).and_then(|file| {
-            format::decode(&file, hash, parent, tokens, s.payload_bytes).map(<[u8]>::to_vec).map_err(|e| e.to_string())
-        });
-        s.counters.read_nanos.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
-        match got {
-            Ok(payload) => {
-                s.counters.read_blocks.fetch_add(1, Relaxed);
-                s.counters.read_bytes.fetch_add(payload.len() as u64, Relaxed);
-                Some(payload)
-            }
-            Err(e) => {
-                tracing::warn!(dir = %s.dir.display(), "kv disk: block {:016x} not served: {e}", hash.0);
-                s.counters.corrupt.fetch_add(1, Relaxed);
-                if s.index().remove(hash).is_some() {
-                    s.log(false, [hash]);
+        self.shared.read(hash, parent, tokens)
+    }
+
+    /// Read the blocks of a chain ahead, on the reader thread: `chain[i]` continues `chain[i-1]`
+    /// (`parent` for the first) with the `i`-th full block of `tokens`. Blocks read already or
+    /// under way are not read again.
+    pub fn prefetch(&self, parent: BlockHash, tokens: &[u32], chain: &[BlockHash]) {
+        let Some(tx) = &self.reader else { return };
+        let bs = self.shared.block_size;
+        let mut wants = Vec::new();
+        {
+            let mut st = self.shared.staging();
+            let mut p = parent;
+            for (&hash, chunk) in chain.iter().zip(tokens.chunks_exact(bs)) {
+                if !st.ready.contains_key(&hash) && st.pending.insert(hash) {
+                    wants.push(Want { hash, parent: p, tokens: chunk.to_vec() });
                 }
-                s.delete(&[hash]);
-                None
+                p = hash;
             }
         }
+        if !wants.is_empty() {
+            let _ = tx.send(wants);
+        }
+    }
+
+    /// Block `hash` for a prompt starting now: taken from what was read ahead, waiting for a read
+    /// under way, else read here. None: a miss.
+    pub fn load(&self, hash: BlockHash, parent: BlockHash, tokens: &[u32]) -> Option<Vec<u8>> {
+        let mut st = self.shared.staging();
+        loop {
+            if let Some(got) = st.take(hash) {
+                return got;
+            }
+            if !st.pending.contains(&hash) {
+                break;
+            }
+            st = self.shared.staged.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        drop(st);
+        self.read(hash, parent, tokens)
     }
 
     /// The blocks of a chain were used: they become the most recently used.
@@ -387,7 +504,8 @@ impl DiskTier {
 impl Drop for DiskTier {
     fn drop(&mut self) {
         self.writer.take();
-        if let Some(t) = self.thread.take() {
+        self.reader.take();
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }

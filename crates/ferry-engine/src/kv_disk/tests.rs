@@ -61,3 +61,30 @@ fn blocks_written_are_read_back_checked_and_found_again_after_reopening() {
     drop(t);
     let _ = fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn blocks_read_ahead_are_taken_from_memory_once() {
+    let dir = scratch("prefetch");
+    let cfg = DiskConfig { dir: dir.clone(), max_bytes: 1 << 20 };
+    let root = BlockHash::root(b"m", b"");
+    let tokens = [1, 2, 3, 4, 5, 6];
+    let t = DiskTier::open(&cfg, &identity(), 16).unwrap();
+    let hashes = offer_chain(&t, root, &tokens);
+    // Block 2's file is damaged before it is read ahead: the read-ahead finds it a miss.
+    let path = dir.join("blocks").join(format!("{:016x}.kvb", hashes[2].0));
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[60] ^= 1;
+    fs::write(&path, bytes).unwrap();
+    t.prefetch(root, &tokens, &hashes);
+    t.prefetch(root, &tokens, &hashes);
+    assert_eq!(t.load(hashes[0], root, &[1, 2]), Some(vec![0u8; 16]));
+    assert_eq!(t.load(hashes[1], hashes[0], &[3, 4]), Some(vec![1u8; 16]));
+    assert_eq!(t.load(hashes[2], hashes[1], &[5, 6]), None);
+    let s = t.stats();
+    assert_eq!((s.read_blocks, s.corrupt), (2, 1), "each block read once, though asked for twice");
+    // Taken: a second load reads the file again (it is still on disk).
+    assert_eq!(t.load(hashes[0], root, &[1, 2]), Some(vec![0u8; 16]));
+    assert_eq!(t.stats().read_blocks, 3);
+    drop(t);
+    let _ = fs::remove_dir_all(&dir);
+}

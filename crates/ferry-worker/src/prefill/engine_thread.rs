@@ -104,7 +104,14 @@ impl PrefillThread {
 
     fn handle(&mut self, cmd: Cmd) {
         match cmd {
-            Cmd::Job(j) => self.queue.push_back(j),
+            Cmd::Job(j) => {
+                // Its disk blocks are read while it waits for its turn (the prompts ahead of it
+                // step meanwhile).
+                if j.params.prompt_logprobs.is_none() {
+                    self.engine.prefetch_prefix(&j.prompt, &j.salt);
+                }
+                self.queue.push_back(j)
+            }
             Cmd::Release(seq) => {
                 let id = seq.id();
                 if let Err(e) = self.engine.release_now(seq) {
