@@ -53,6 +53,20 @@ pub struct Profile {
     pub decode: Vec<DecodePoint>,
 }
 
+/// A disk tier's cost (issue 38: `--kv-disk`), read from the same profile file as [`Profile`]:
+/// `"disk_read_s_per_token"` beside the measured points, seconds to load one prompt token's KV
+/// from the tier instead of computing it. Optional (None: not measured; profiles from before the
+/// field, and `ferry profile`, which does not measure a disk tier yet, have none).
+///
+/// Its own struct rather than a field of [`Profile`] for now: a new field would break every
+/// `Profile { .. }` literal, one of them in the engine's tests; it moves into [`Profile`] once
+/// `ferry profile` measures it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DiskTierCost {
+    #[serde(default)]
+    pub disk_read_s_per_token: Option<f64>,
+}
+
 /// One measured prefill step: `prompts` prompts of `prompt_tokens` tokens each, from scratch.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PrefillPoint {

@@ -118,24 +118,24 @@ async fn the_index_holds_what_a_prefill_worker_served(path: &Path) {
     assert!(registry.prefix_overlaps(&chain).is_empty());
 
     serve_prompt(&p_addr, &d_addr, &prompt).await;
-    until("the index to hold the prompt's chain on the prefill worker", || registry.prefix_held(&p, &chains, usize::MAX) == chain.len()).await;
+    until("the index to hold the prompt's chain on the prefill worker", || registry.prefix_held(&p, &chains, usize::MAX).total() == chain.len()).await;
     assert_eq!(registry.prefix_overlaps(&chain).get(&p), Some(&3));
     // Released after the decode worker took the KV, the blocks stay cached; the load says so.
     until("the heartbeat to report cached blocks", || registry.get(&p).is_some_and(|w| w.load.kv_blocks_cached as usize >= chain.len())).await;
     // Another prompt sharing the first two blocks overlaps by two.
     let mut other = prompt.clone();
     other[2 * bs] += 1;
-    assert_eq!(registry.prefix_held(&p, &registry.prefix_chain(b"", &other, bs), usize::MAX), 2);
+    assert_eq!(registry.prefix_held(&p, &registry.prefix_chain(b"", &other, bs), usize::MAX).total(), 2);
     // Another salt's chain is not there.
-    assert_eq!(registry.prefix_held(&p, &registry.prefix_chain(b"tenant", &prompt, bs), usize::MAX), 0);
+    assert_eq!(registry.prefix_held(&p, &registry.prefix_chain(b"tenant", &prompt, bs), usize::MAX).total(), 0);
 
     // The router forgets the worker: it registers again (a new id, a clean entry) and its first
     // heartbeat's snapshot puts the chain back.
     registry.remove(&p).expect("remove");
     until("the prefill worker to register again", || id_of(&registry, WorkerRole::Prefill).is_some_and(|id| id != p)).await;
     let again = id_of(&registry, WorkerRole::Prefill).expect("registered again");
-    until("the snapshot to refill the index", || registry.prefix_held(&again, &chains, usize::MAX) == chain.len()).await;
-    assert_eq!(registry.prefix_held(&p, &chains, usize::MAX), 0, "the old id holds nothing");
+    until("the snapshot to refill the index", || registry.prefix_held(&again, &chains, usize::MAX).total() == chain.len()).await;
+    assert_eq!(registry.prefix_held(&p, &chains, usize::MAX).total(), 0, "the old id holds nothing");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

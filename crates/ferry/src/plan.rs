@@ -8,7 +8,7 @@
 
 use anyhow::{bail, ensure, Context};
 use crate::loadgen::{self, LenDist, Sample, Slo};
-use ferry_core::profile::{CostModel, Profile, PROFILE_FORMAT};
+use ferry_core::profile::{CostModel, DiskTierCost, Profile, PROFILE_FORMAT};
 use ferry_core::sim::{self, Calibration, Fleet, KvLink, SimRequest, Split, Summary};
 use std::path::{Path, PathBuf};
 
@@ -54,6 +54,11 @@ pub struct PlanArgs {
     /// Mooncake --trace: only the trace's first N requests, as `bench serve --max-requests`.
     #[arg(long)]
     pub max_requests: Option<usize>,
+    /// Mooncake --trace: each simulated worker also keeps a disk tier of this many KV blocks (as a
+    /// worker's `--kv-disk`): blocks its pool evicts go there, and a prefix found there is loaded
+    /// instead of computed (at the profile's `disk_read_s_per_token`, when it has one). 0: none.
+    #[arg(long, default_value_t = 0)]
+    pub kv_disk_blocks: usize,
     #[command(flatten)]
     pub slo: crate::bench_serve::SloArgs,
     /// Colocated workers' chunked-prefill budget (as their `--chunked-prefill`); none: prefill first.
@@ -155,15 +160,37 @@ fn read_mooncake(path: &Path, a: &PlanArgs) -> anyhow::Result<Option<Vec<crate::
     Ok(Some(crate::trace_workload::requests(&records, &replay)))
 }
 
+/// The profile's disk tier cost ([`DiskTierCost`], from the same file; none in older profiles).
+pub fn read_disk_cost(path: &Path) -> anyhow::Result<DiskTierCost> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading the profile {}", path.display()))?;
+    let c: DiskTierCost = serde_json::from_str(&text).with_context(|| format!("{}: disk_read_s_per_token", path.display()))?;
+    ensure!(c.disk_read_s_per_token.is_none_or(|s| s.is_finite() && s >= 0.0), "{}: disk_read_s_per_token must be seconds >= 0", path.display());
+    Ok(c)
+}
+
+/// The simulated workers' disk tier (`--kv-disk-blocks`, in the profile's KV blocks) and its cost.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DiskTier {
+    pub blocks: usize,
+    pub cost: DiskTierCost,
+}
+
 /// A Mooncake trace's prefix sharing: the oracle, and per split the hit rate of its prefill (or
-/// colocated) workers' caches, each holding what the profile's KV blocks hold, requests taken in
-/// arrival order ([`crate::trace_workload::CacheModel`]). The simulated latencies do not credit
-/// these hits: every prompt is computed whole.
-fn prefix_cache(fleet: &Fleet, splits: &[Split], reqs: &[crate::trace_workload::TraceRequest], block_tokens: usize) -> serde_json::Value {
+/// colocated) workers' caches, each holding what the profile's KV blocks hold (and, with a disk
+/// tier, what its disk holds behind them), requests taken in arrival order
+/// ([`crate::trace_workload::CacheModel`]). The simulated latencies do not credit these hits:
+/// every prompt is computed whole; with a disk tier and its cost, the seconds of reading the
+/// disk hits are printed beside the seconds of computing them.
+fn prefix_cache(fleet: &Fleet, splits: &[Split], reqs: &[crate::trace_workload::TraceRequest], block_tokens: usize, disk: DiskTier) -> serde_json::Value {
     use crate::trace_workload::{oracle, servable, CacheModel};
     let cache_block = fleet.block_size;
     let o = oracle(reqs, block_tokens, cache_block);
-    let capacity = (fleet.kv_blocks * fleet.block_size / block_tokens.max(1)).max(1);
+    let in_trace_blocks = |engine_blocks: usize| engine_blocks.saturating_mul(fleet.block_size) / block_tokens.max(1);
+    let capacity = in_trace_blocks(fleet.kv_blocks).max(1);
+    let disk_capacity = in_trace_blocks(disk.blocks);
+    let mean_prompt = o.prompt_tokens / reqs.len().max(1);
+    let compute_s_per_token = 1.0 / fleet.cost.prefill_rate(mean_prompt);
+    let rate = |tokens: usize| tokens as f64 / o.prompt_tokens.max(1) as f64;
     let per_split: Vec<serde_json::Value> = splits
         .iter()
         .map(|&split| {
@@ -171,13 +198,31 @@ fn prefix_cache(fleet: &Fleet, splits: &[Split], reqs: &[crate::trace_workload::
                 Split::Disaggregated { prefill, .. } => prefill,
                 Split::Colocated { workers } => workers,
             };
-            let mut model = CacheModel::new(caches, capacity, block_tokens);
-            let served: usize = reqs.iter().map(|r| servable(model.serve(r).1, r.prompt_len, cache_block)).sum();
-            serde_json::json!({ "split": split.to_string(), "caches": caches, "hit_rate": served as f64 / o.prompt_tokens.max(1) as f64 })
+            let mut model = CacheModel::with_disk(caches, capacity, disk_capacity, block_tokens);
+            let (mut pool, mut on_disk) = (0, 0);
+            for r in reqs {
+                let s = model.serve_tiers(r);
+                // What the engine serves is the run cut to whole blocks short of the last token;
+                // the cut is counted off the disk's share first (an approximation where the
+                // tiers interleave).
+                let served = servable(s.total(), r.prompt_len, cache_block);
+                pool += s.pool.min(served);
+                on_disk += served - s.pool.min(served);
+            }
+            let mut v = serde_json::json!({
+                "split": split.to_string(), "caches": caches, "hit_rate": rate(pool + on_disk),
+                "pool_hit_rate": rate(pool), "disk_hit_rate": rate(on_disk),
+            });
+            if let Some(read) = disk.cost.disk_read_s_per_token {
+                v["disk_read_s"] = serde_json::json!(on_disk as f64 * read);
+                v["disk_compute_s"] = serde_json::json!(on_disk as f64 * compute_s_per_token);
+            }
+            v
         })
         .collect();
     serde_json::json!({
         "requests": reqs.len(), "block_tokens": block_tokens, "cache_block": cache_block, "capacity_blocks": capacity,
+        "disk_capacity_blocks": disk_capacity, "disk_read_s_per_token": disk.cost.disk_read_s_per_token,
         "prompt_tokens": o.prompt_tokens, "oracle_hit_rate": o.hit_rate(), "oracle_servable_rate": o.servable_rate(), "splits": per_split,
     })
 }
@@ -283,7 +328,8 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
     let plans = plan(&fleet, &splits, &workload, &a.rates, &slo, a.slo.slo_target);
     let best = best(&plans).map(|p| p.label.clone());
-    let prefix = mooncake.as_ref().map(|reqs| prefix_cache(&fleet, &splits, reqs, a.trace_block_tokens));
+    let disk = DiskTier { blocks: a.kv_disk_blocks, cost: read_disk_cost(a.profile.as_deref().context("--profile")?)? };
+    let prefix = mooncake.as_ref().map(|reqs| prefix_cache(&fleet, &splits, reqs, a.trace_block_tokens, disk));
     if a.json {
         let v = serde_json::json!({
             "profile": a.profile, "model": profile.model, "machine": profile.machine,
@@ -322,7 +368,18 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             p["requests"], p["block_tokens"], pct(&p["oracle_hit_rate"]), pct(&p["oracle_servable_rate"]), p["cache_block"]
         );
         for s in p["splits"].as_array().into_iter().flatten() {
-            println!("  {}: {} caches of {} blocks each: {:.1}% served from cache", s["split"].as_str().unwrap_or("?"), s["caches"], p["capacity_blocks"], pct(&s["hit_rate"]));
+            let split = s["split"].as_str().unwrap_or("?");
+            if disk.blocks == 0 {
+                println!("  {split}: {} caches of {} blocks each: {:.1}% served from cache", s["caches"], p["capacity_blocks"], pct(&s["hit_rate"]));
+                continue;
+            }
+            println!(
+                "  {split}: {} caches of {} blocks each, {} on disk: {:.1}% served from the pool, {:.1}% from disk",
+                s["caches"], p["capacity_blocks"], p["disk_capacity_blocks"], pct(&s["pool_hit_rate"]), pct(&s["disk_hit_rate"])
+            );
+            if let (Some(read), Some(compute)) = (s["disk_read_s"].as_f64(), s["disk_compute_s"].as_f64()) {
+                println!("    the disk hits: {read:.2} s of reading in place of {compute:.2} s of computing");
+            }
         }
     }
     eprintln!("({} splits simulated in {:.2} s)", plans.len(), t0.elapsed().as_secs_f64());
@@ -607,11 +664,32 @@ mod trace_tests {
         assert!(format!("{:#}", read_trace(&trace).unwrap_err()).contains("mooncake_small.jsonl:1"), "plan's own format refuses it, naming the line");
         let (_, fleet) = fleet_of(&p, &a).unwrap();
         let splits = [Split::Disaggregated { prefill: 1, decode: 1 }, Split::Colocated { workers: 2 }];
-        let v = prefix_cache(&fleet, &splits, &reqs, 16);
+        let v = prefix_cache(&fleet, &splits, &reqs, 16, DiskTier::default());
         let oracle = v["oracle_servable_rate"].as_f64().unwrap();
         assert!(oracle > 0.3, "{v}");
         assert_eq!(v["splits"][0]["hit_rate"].as_f64(), Some(oracle), "{v}");
         assert!(v["splits"][1]["hit_rate"].as_f64().unwrap() <= oracle, "{v}");
+        assert_eq!(v["splits"][0]["disk_hit_rate"].as_f64(), Some(0.0), "no disk tier, no disk hits");
+        // The profile has no disk cost (an older file): it still loads. Then a pool too small to
+        // hold the trace, with and without a disk tier behind it: the disk serves what the pool
+        // lost, and the hit rate comes back to the oracle's.
+        assert_eq!(read_disk_cost(&p).unwrap(), DiskTierCost::default());
+        let small = Fleet { kv_blocks: 4, ..fleet };
+        let v = prefix_cache(&small, &splits[..1], &reqs, 16, DiskTier::default());
+        let lost = v["splits"][0]["hit_rate"].as_f64().unwrap();
+        assert!(lost < oracle, "{v}");
+        let disk = DiskTier { blocks: 1 << 20, cost: DiskTierCost { disk_read_s_per_token: Some(1e-5) } };
+        let v = prefix_cache(&small, &splits[..1], &reqs, 16, disk);
+        let s = &v["splits"][0];
+        assert_eq!(s["hit_rate"].as_f64(), Some(oracle), "{v}");
+        let (pool, on_disk) = (s["pool_hit_rate"].as_f64().unwrap(), s["disk_hit_rate"].as_f64().unwrap());
+        assert!(on_disk > 0.0 && (pool + on_disk - oracle).abs() < 1e-12, "{v}");
+        assert!(s["disk_read_s"].as_f64().unwrap() < s["disk_compute_s"].as_f64().unwrap(), "{v}");
+        let mut with_cost = profile.clone();
+        with_cost["disk_read_s_per_token"] = serde_json::json!(2e-5);
+        std::fs::write(&p, with_cost.to_string()).unwrap();
+        assert_eq!(read_disk_cost(&p).unwrap().disk_read_s_per_token, Some(2e-5));
+        assert!(read_profile(&p).is_ok(), "the profile itself ignores the field");
         // And the simulation runs on the trace's arrivals and lengths.
         let sim: Vec<SimRequest> = reqs.iter().map(|r| SimRequest { at: r.at, prompt: r.prompt_len, output: r.output }).collect();
         let w = Workload::Trace { rate: 1.0, requests: sim };

@@ -19,7 +19,10 @@
 //! unbounded cache (size a trace so the workers' caches hold it). [`Oracle::servable`] is what an
 //! engine can serve of that: whole cache blocks, and never the prompt's last token (it must be
 //! computed for the first output token). [`CacheModel`] is the same count over bounded caches
-//! (LRU by block) on several workers, each request sent where most of its prefix is held.
+//! (LRU by block) on several workers, each request sent where most of its prefix is held. With a
+//! disk tier (`ferry plan --kv-disk-blocks`, as workers' `--kv-disk`), each worker's blocks evicted
+//! from its pool go to a second LRU on disk; a prefix run may mix both, and [`Served`] tells the
+//! pool's tokens from the disk's.
 
 use anyhow::{ensure, Context};
 use std::collections::{HashMap, HashSet};
@@ -185,11 +188,16 @@ pub fn oracle(reqs: &[TraceRequest], block_tokens: usize, cache_block: usize) ->
 /// Prefix caches on `workers` workers, each holding at most `capacity` blocks (LRU), as a
 /// simulation counts hits: each request goes to the worker holding the longest run of its blocks
 /// (ties: the one that served least recently, which spreads cold prompts as a load balancer
-/// would, then the lowest index), is served that run, and leaves all its blocks there.
+/// would, then the lowest index), is served that run, and leaves all its blocks there. With a disk
+/// tier ([`CacheModel::with_disk`]) the run counts blocks in the pool or on disk (as the router's
+/// index does), and blocks the pool evicts move to the disk's own LRU.
 pub struct CacheModel {
     block_tokens: usize,
     capacity: usize,
     caches: Vec<Lru>,
+    /// Blocks each worker's disk tier holds at most (0: no disk tier).
+    disk_capacity: usize,
+    disks: Vec<Lru>,
     /// Per worker: the request count when it last served one.
     last_served: Vec<u64>,
     served: u64,
@@ -214,34 +222,105 @@ impl Lru {
         self.order.insert(self.tick, id);
     }
 
-    fn shrink_to(&mut self, capacity: usize) {
+    /// Evict least recently used blocks down to `capacity`; returns them, oldest first.
+    fn shrink_to(&mut self, capacity: usize) -> Vec<u64> {
+        let mut gone = Vec::new();
         while self.used.len() > capacity {
             let Some((_, id)) = self.order.pop_first() else { break };
             self.used.remove(&id);
+            gone.push(id);
         }
+        gone
+    }
+}
+
+/// What one request was served from cache, in prompt tokens, by tier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Served {
+    pub worker: usize,
+    pub pool: usize,
+    pub disk: usize,
+}
+
+impl Served {
+    pub fn total(self) -> usize {
+        self.pool + self.disk
     }
 }
 
 impl CacheModel {
+    /// Pools only (the tests' model; `ferry plan` builds [`CacheModel::with_disk`]).
+    #[cfg(test)]
     pub fn new(workers: usize, capacity_blocks: usize, block_tokens: usize) -> CacheModel {
         let workers = workers.max(1);
-        CacheModel { block_tokens, capacity: capacity_blocks.max(1), caches: vec![Lru::default(); workers], last_served: vec![0; workers], served: 0 }
+        Self::with_disk(workers, capacity_blocks, 0, block_tokens)
     }
 
-    /// Serve `req`: (the worker, its prompt tokens served from cache).
+    /// [`CacheModel::new`] with a disk tier of `disk_blocks` blocks per worker behind each pool.
+    pub fn with_disk(workers: usize, capacity_blocks: usize, disk_blocks: usize, block_tokens: usize) -> CacheModel {
+        let workers = workers.max(1);
+        CacheModel {
+            block_tokens,
+            capacity: capacity_blocks.max(1),
+            caches: vec![Lru::default(); workers],
+            disk_capacity: disk_blocks,
+            disks: vec![Lru::default(); workers],
+            last_served: vec![0; workers],
+            served: 0,
+        }
+    }
+
+    /// Serve `req`: (the worker, its prompt tokens served from cache, pool and disk together).
+    #[cfg(test)]
     pub fn serve(&mut self, req: &TraceRequest) -> (usize, usize) {
+        let s = self.serve_tiers(req);
+        (s.worker, s.total())
+    }
+
+    /// Serve `req`: the worker, and its prompt tokens served from its pool and from its disk.
+    pub fn serve_tiers(&mut self, req: &TraceRequest) -> Served {
         self.served += 1;
         let b = self.block_tokens;
-        let runs: Vec<usize> = self.caches.iter().map(|c| held_prefix(req, b, &|id| c.used.contains_key(&id))).collect();
+        let runs: Vec<Served> = (0..self.caches.len()).map(|w| self.run(w, req)).collect();
         // The longest run, then the least recently served, then the lowest index.
-        let w = (0..runs.len()).min_by(|&i, &j| runs[j].cmp(&runs[i]).then(self.last_served[i].cmp(&self.last_served[j]))).unwrap_or(0);
+        let w = (0..runs.len())
+            .min_by(|&i, &j| runs[j].total().cmp(&runs[i].total()).then(self.last_served[i].cmp(&self.last_served[j])))
+            .unwrap_or(0);
         self.last_served[w] = self.served;
-        let cache = &mut self.caches[w];
+        let (cache, disk) = (&mut self.caches[w], &mut self.disks[w]);
         for &h in req.hash_ids.iter().take(req.prompt_len.div_ceil(b)) {
             cache.touch(h);
+            if disk.used.contains_key(&h) {
+                disk.touch(h);
+            }
         }
-        cache.shrink_to(self.capacity);
-        (w, runs[w])
+        if self.disk_capacity > 0 {
+            for h in cache.shrink_to(self.capacity) {
+                disk.touch(h);
+            }
+            disk.shrink_to(self.disk_capacity);
+        } else {
+            cache.shrink_to(self.capacity);
+        }
+        runs[w]
+    }
+
+    /// Worker `w`'s leading run of `req`'s blocks in its pool or on its disk, in tokens by tier.
+    fn run(&self, w: usize, req: &TraceRequest) -> Served {
+        let (pool, disk) = (&self.caches[w], &self.disks[w]);
+        let total = held_prefix(req, self.block_tokens, &|id| pool.used.contains_key(&id) || disk.used.contains_key(&id));
+        let mut s = Served { worker: w, pool: 0, disk: 0 };
+        for (k, h) in req.hash_ids.iter().enumerate() {
+            let tokens = total.saturating_sub(k * self.block_tokens).min(self.block_tokens);
+            if tokens == 0 {
+                break;
+            }
+            match pool.used.contains_key(h) {
+                true => s.pool += tokens,
+                false => s.disk += tokens,
+            }
+        }
+        s
     }
 }
 
@@ -347,5 +426,30 @@ mod tests {
         // One block of room: nothing is ever still there for the next request.
         let mut tiny = CacheModel::new(1, 1, 32);
         assert!(reqs.iter().all(|r| tiny.serve(r).1 == 0));
+    }
+
+    #[test]
+    fn a_disk_tier_keeps_what_the_pool_evicts() {
+        // One worker, a pool of 2 blocks of 32 tokens, a disk of 3.
+        let mut m = CacheModel::with_disk(1, 2, 3, 32);
+        let s = |m: &mut CacheModel, len, ids: &[u64]| {
+            let s = m.serve_tiers(&req(0.0, len, ids));
+            (s.pool, s.disk)
+        };
+        assert_eq!(s(&mut m, 96, &[1, 2, 3]), (0, 0), "cold; the pool keeps 2, 3 and 1 goes to disk");
+        assert_eq!(s(&mut m, 96, &[1, 2, 3]), (64, 32), "1 from disk, then 2 and 3 from the pool: one run");
+        // The pool holds 2, 3 (touched last); 1 went to disk again. 4 and 5 push 2 and 3 out.
+        assert_eq!(s(&mut m, 64, &[4, 5]), (0, 0));
+        assert_eq!(s(&mut m, 70, &[1, 2, 3]), (0, 70), "all on disk now (the prompt reaches 3 blocks, 70 tokens)");
+        // Without a disk tier, the same requests hit only what the pool still holds.
+        let mut plain = CacheModel::new(1, 2, 32);
+        let hits: Vec<usize> = [&[1u64, 2, 3][..], &[1, 2, 3], &[4, 5], &[1, 2, 3]].iter().map(|ids| plain.serve(&req(0.0, 32 * ids.len(), ids)).1).collect();
+        assert_eq!(hits, vec![0, 0, 0, 0]);
+        // Interleaved: the run counts both tiers, block by block.
+        let mut m = CacheModel::with_disk(1, 2, 8, 32);
+        s(&mut m, 64, &[1, 2]);
+        s(&mut m, 64, &[3, 4]); // 1, 2 to disk
+        s(&mut m, 32, &[1]); // 1 back in the pool (and still on disk); 3 to disk
+        assert_eq!(s(&mut m, 128, &[1, 2, 3, 4]), (64, 64), "1 and 4 in the pool, 2 and 3 on disk");
     }
 }
