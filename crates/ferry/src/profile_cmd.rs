@@ -19,7 +19,7 @@
 
 use crate::ModelArgs;
 use anyhow::Context;
-use ferry_core::profile::{CostModel, DecodePoint, PROFILE_FORMAT, PrefillPoint, Profile};
+use ferry_core::profile::{CostModel, DecodePoint, DiskTierCost, PROFILE_FORMAT, PrefillPoint, Profile};
 use ferry_engine::bench::median;
 use ferry_engine::{Engine, Logits, SeqId, StepItem};
 use std::path::{Path, PathBuf};
@@ -352,8 +352,13 @@ impl OutFile {
         Ok(OutFile { path: path.to_owned(), tmp })
     }
 
-    fn write(&self, p: &Profile) -> anyhow::Result<()> {
-        let json = serde_json::to_string_pretty(p)? + "\n";
+    fn write(&self, p: &Profile, disk: DiskTierCost) -> anyhow::Result<()> {
+        // The disk tier's cost beside the profile's fields, as `ferry plan` reads it.
+        let mut v = serde_json::to_value(p)?;
+        if let (Some(o), serde_json::Value::Object(d)) = (v.as_object_mut(), serde_json::to_value(disk)?) {
+            o.extend(d);
+        }
+        let json = serde_json::to_string_pretty(&v)? + "\n";
         let written = std::fs::write(&self.tmp, json).and_then(|()| std::fs::rename(&self.tmp, &self.path));
         if written.is_err() {
             let _ = std::fs::remove_file(&self.tmp);
@@ -418,6 +423,20 @@ fn summary(p: &Profile, m: &CostModel) -> String {
     out
 }
 
+/// Blocks `ferry profile` writes and reads back to price a disk hit.
+const DISK_PROBE_BLOCKS: usize = 64;
+
+/// What a disk hit costs on this machine ([`ferry_engine::kv_disk::measure_read_cost`]): in a
+/// folder of `kv_disk` when given (the disk a worker would use), else of the temp dir.
+fn disk_read_cost(engine: &Engine, kv_disk: Option<&Path>) -> anyhow::Result<DiskTierCost> {
+    let base = kv_disk.map_or_else(std::env::temp_dir, Path::to_path_buf);
+    let dir = base.join(format!("ferry-profile-disk-probe-{}", std::process::id()));
+    let layout = engine.kv_layout();
+    let identity = ferry_engine::kv_disk::Identity::new(&engine.fingerprint, &layout);
+    let s = ferry_engine::kv_disk::measure_read_cost(&dir, &identity, layout.n_layers * layout.layer_bytes(layout.block_size), DISK_PROBE_BLOCKS)?;
+    Ok(DiskTierCost { disk_read_s_per_token: Some(s) })
+}
+
 pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
     let grid = Grid::new(&a)?;
     let out = OutFile::probe(&a.out)?;
@@ -425,13 +444,17 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
     let mut engine = a.model.load_with(DEFAULT_ACTIVATIONS, |c| {
         c.kv_tokens = a.kv_tokens;
         c.max_batch_tokens = a.max_batch_tokens;
+        // The disk tier is measured apart, below (its own folder, nothing of the steps').
+        c.kv_disk = None;
     })?;
     let name = ferry_tokenizer::served_name(&ferry_engine::fetch::resolve_model(Some(&a.model.model))?);
     let bar = crate::bench_serve::progress_styled(grid.points(engine.max_batch_tokens()) as u64, "{bar:30} {pos}/{len} points  {elapsed}  {wide_msg}");
     let points = measure(&mut engine, &grid, &bar);
     bar.finish_and_clear();
     let p = profile(&engine, name, threads(&engine, a.model.threads), points?);
-    out.write(&p)?;
+    let disk = disk_read_cost(&engine, a.model.kv.kv_disk.as_deref())?;
+    out.write(&p, disk)?;
+    println!("ferry profile: a disk hit (--kv-disk) reads {} of KV per prompt token", human(disk.disk_read_s_per_token.unwrap_or(0.0)));
     println!(
         "ferry profile: {} ({}) on {}: {} prefill and {} decode points in {:.0} s, written to {}",
         p.model,

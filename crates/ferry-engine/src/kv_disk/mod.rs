@@ -511,6 +511,42 @@ impl Drop for DiskTier {
     }
 }
 
+/// The measured cost of a disk hit, for `ferry profile`: seconds to read and check one prompt
+/// token's KV from a tier at `dir` (a fresh folder, removed after), from `blocks` blocks of
+/// `identity`'s layout written there, the tier closed and opened again (as a restarted worker
+/// reads), each block read once. Reads come from the page cache when it holds the files, as they
+/// do for blocks written recently; the copy into the pool (a memcpy) is not included.
+pub fn measure_read_cost(dir: &Path, identity: &Identity, payload_bytes: usize, blocks: usize) -> Result<f64, DiskError> {
+    let cfg = DiskConfig { dir: dir.to_path_buf(), max_bytes: u64::MAX };
+    let root = BlockHash::root(b"ferry-profile-disk-probe", b"");
+    let bs = identity.block_size;
+    let tokens: Vec<u32> = (0..(blocks * bs) as u32).collect();
+    let chain = ferry_core::prefix_cache::block_hashes(root, &tokens, bs);
+    {
+        let t = DiskTier::open(&cfg, identity, payload_bytes)?;
+        let mut parent = root;
+        for (i, (&h, c)) in chain.iter().zip(tokens.chunks(bs)).enumerate() {
+            // Not all zeros, so no layer of the storage stack can shortcut it.
+            let payload: Vec<u8> = (0..payload_bytes).map(|j| (j as u32).wrapping_mul(2_654_435_761).wrapping_add(i as u32).to_le_bytes()[3]).collect();
+            if t.reserve(h) {
+                t.offer(Write { hash: h, parent, tokens: c.to_vec(), payload });
+            }
+            t.flush();
+            parent = h;
+        }
+    }
+    let t = DiskTier::open(&cfg, identity, payload_bytes)?;
+    let mut parent = root;
+    for (&h, c) in chain.iter().zip(tokens.chunks(bs)) {
+        t.read(h, parent, c);
+        parent = h;
+    }
+    let s = t.stats();
+    drop(t);
+    let _ = fs::remove_dir_all(dir);
+    Ok(s.read_seconds / (s.read_blocks.max(1) as usize * bs) as f64)
+}
+
 /// The writer thread's work for one block: its file, then the index (evicting what no longer
 /// fits), then the events.
 fn write_one(s: &Shared, job: &Write) {
