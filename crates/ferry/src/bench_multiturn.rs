@@ -17,12 +17,16 @@ use std::time::Duration;
 /// One turn's outcome.
 #[derive(Clone, Debug)]
 struct TurnRecord {
+    /// The conversation (its place in the workload) and the turn in it.
+    conv: usize,
     turn: usize,
     sample: Sample,
     prompt_tokens: usize,
     cached_tokens: usize,
     oracle_tokens: usize,
     kv_bytes: u64,
+    /// The answer's token ids.
+    answer: Vec<u32>,
 }
 
 /// Run every conversation at one start rate; the records of every turn, and the wall time.
@@ -33,7 +37,7 @@ async fn run_rate(seed: u64, block_size: usize, client: &crate::remote::Client, 
     let oracle = Arc::new(Mutex::new(PrefixOracle::new(block_size)));
     let start = tokio::time::Instant::now();
     let mut tasks = Vec::new();
-    for conv in convs {
+    for (conv_index, conv) in convs.into_iter().enumerate() {
         let (client, system, oracle, bar) = (client.clone(), system.clone(), oracle.clone(), bar.clone());
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep_until(start + Duration::from_secs_f64(conv.start_s)).await;
@@ -47,12 +51,14 @@ async fn run_rate(seed: u64, block_size: usize, client: &crate::remote::Client, 
                 bar.inc(1);
                 let summary = s.summary.clone().unwrap_or_default();
                 out.push(TurnRecord {
+                    conv: conv_index,
                     turn: turn + 1,
                     sample: s.sample.clone(),
                     prompt_tokens: prompt.len(),
                     cached_tokens: summary.cached_tokens as usize,
                     oracle_tokens,
                     kv_bytes: summary.kv.map_or(0, |k| k.bytes),
+                    answer: s.ids.clone(),
                 });
                 if !s.sample.ok {
                     // The conversation cannot go on without its answer.
@@ -69,6 +75,20 @@ async fn run_rate(seed: u64, block_size: usize, client: &crate::remote::Client, 
         records.extend(t.await?);
     }
     Ok((records, start.elapsed().as_secs_f64()))
+}
+
+/// A digest of every answer, in conversation and turn order: two runs of one workload (a cache
+/// tier on and off, say) gave the same answers exactly when their digests agree.
+fn answers_digest(records: &[TurnRecord]) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut rs: Vec<&TurnRecord> = records.iter().collect();
+    rs.sort_by_key(|r| (r.conv, r.turn));
+    // SipHash with fixed keys: the same in every run of this build.
+    let mut h = std::hash::DefaultHasher::new();
+    for r in rs {
+        (r.conv, r.turn, r.sample.ok, &r.answer).hash(&mut h);
+    }
+    format!("{:016x}", h.finish())
 }
 
 fn summary(rate: f64, spec: &MultiturnSpec, records: &[TurnRecord], wall: f64) -> serde_json::Value {
@@ -110,6 +130,7 @@ fn summary(rate: f64, spec: &MultiturnSpec, records: &[TurnRecord], wall: f64) -
         "cached_share_of_oracle": if oracle > 0 { cached as f64 / oracle as f64 } else { 0.0 },
         "kv_bytes": sum(&|r| r.kv_bytes),
         "kv_bytes_per_turn": if ok.is_empty() { 0.0 } else { sum(&|r| r.kv_bytes) as f64 / ok.len() as f64 },
+        "answers_digest": answers_digest(records),
     })
 }
 
@@ -144,9 +165,9 @@ pub fn run(a: &ServeBenchArgs, client: crate::remote::Client, vocab: u32, rt: &t
     for r in &runs {
         let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
         println!(
-            "rate {} conv/s: {}/{} turns completed in {:.1} s; prompt tokens {} (cached {}, oracle {} = {:.1}% of prompts; cached = {:.1}% of the oracle); KV shipped {:.0} KiB/turn",
+            "rate {} conv/s: {}/{} turns completed in {:.1} s; prompt tokens {} (cached {}, oracle {} = {:.1}% of prompts; cached = {:.1}% of the oracle); KV shipped {:.0} KiB/turn; answers digest {}",
             r["rate"], r["completed"], r["requests"], f(&r["wall_s"]), r["prompt_tokens"], r["cached_tokens"], r["oracle_cached_tokens"],
-            f(&r["oracle_hit_rate"]) * 100.0, f(&r["cached_share_of_oracle"]) * 100.0, f(&r["kv_bytes_per_turn"]) / 1024.0
+            f(&r["oracle_hit_rate"]) * 100.0, f(&r["cached_share_of_oracle"]) * 100.0, f(&r["kv_bytes_per_turn"]) / 1024.0, r["answers_digest"].as_str().unwrap_or("")
         );
         println!("  {:>4} {:>9} {:>9} {:>9} {:>13} {:>13} {:>12}", "turn", "completed", "TTFT p50", "TTFT p99", "prompt tokens", "cached tokens", "KV KiB");
         for t in r["turns"].as_array().into_iter().flatten() {
@@ -171,7 +192,7 @@ mod tests {
     use super::*;
 
     fn rec(turn: usize, ttft: f64, prompt: usize, cached: usize, oracle: usize) -> TurnRecord {
-        TurnRecord { turn, sample: Sample { ok: true, ttft_ms: ttft, tpot_ms: 10.0, e2e_ms: 100.0, output_tokens: 4 }, prompt_tokens: prompt, cached_tokens: cached, oracle_tokens: oracle, kv_bytes: 1000 }
+        TurnRecord { conv: 0, turn, sample: Sample { ok: true, ttft_ms: ttft, tpot_ms: 10.0, e2e_ms: 100.0, output_tokens: 4 }, prompt_tokens: prompt, cached_tokens: cached, oracle_tokens: oracle, kv_bytes: 1000, answer: vec![turn as u32] }
     }
 
     #[test]
@@ -188,5 +209,11 @@ mod tests {
         assert_eq!(s["turns"][1]["completed"].as_u64(), Some(1));
         assert_eq!(s["ttft_ms_turns_2_plus"]["p50"].as_f64(), Some(20.0));
         assert_eq!(s["kv_bytes_per_turn"].as_f64(), Some(1000.0));
+        // The digest follows the answers, not the order they finished in.
+        let mut swapped = rs.clone();
+        swapped.swap(0, 2);
+        assert_eq!(answers_digest(&swapped), answers_digest(&rs));
+        swapped[0].answer = vec![99];
+        assert_ne!(answers_digest(&swapped), answers_digest(&rs));
     }
 }
