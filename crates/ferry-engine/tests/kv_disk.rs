@@ -118,10 +118,10 @@ fn a_damaged_block_file_is_a_miss_never_served() {
     // Block 5 of the chain: one byte of its KV flipped. Block 7: cut short.
     let chain = ferry_core::prefix_cache::block_hashes(ferry_core::BlockHash::cache_root(load_fingerprint(&dir).as_bytes(), KvDtype::F32, b""), &p, BS);
     let file = |i: usize| dir.join("blocks").join(format!("{:016x}.kvb", chain[i].0));
-    let mut bytes = std::fs::read(file(5)).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 1;
-    std::fs::write(file(5), &bytes).unwrap();
+    let mut damaged = std::fs::read(file(5)).unwrap();
+    let mid = damaged.len() / 2;
+    damaged[mid] ^= 1;
+    std::fs::write(file(5), &damaged).unwrap();
     let bytes = std::fs::read(file(7)).unwrap();
     std::fs::write(file(7), &bytes[..bytes.len() - 9]).unwrap();
     let mut e = load(&dir, 48);
@@ -131,9 +131,16 @@ fn a_damaged_block_file_is_a_miss_never_served() {
     let (cached, got) = serve(&mut e, &p);
     assert_eq!(cached, 20, "blocks 0-4 served, block 5 a miss");
     assert_eq!(e.kv_disk().unwrap().stats().corrupt, 2);
-    assert!(!file(5).exists(), "a damaged file is deleted");
     let want = reference(&p, 20);
     assert!(max_abs_diff(&got, &want) <= TOL, "{}", max_abs_diff(&got, &want));
+    // The damaged file was deleted; the blocks computed again in its place are written anew.
+    e.kv_disk().unwrap().flush();
+    assert_ne!(std::fs::read(file(5)).ok(), Some(damaged), "the damaged file is gone");
+    drop(e);
+    let mut e = load(&dir, 48);
+    let (cached, got) = serve(&mut e, &p);
+    assert_eq!((cached, e.kv_disk().unwrap().stats().corrupt), (40, 0), "whole again from disk");
+    assert!(max_abs_diff(&got, &reference(&p, 40)) <= TOL);
 }
 
 /// The fingerprint the tier records for the model (its manifest).
