@@ -103,14 +103,20 @@ impl<B: Backend> Engine<B> {
         }
         let (bs, root) = (self.layout.block_size, self.root(salt));
         let pool = self.pool.match_prefix(root, tokens, bs);
-        let disk = match (&self.disk, pool.last()) {
-            (Some(d), last) => {
-                let parent = last.and_then(|&b| self.pool.cache().hash_of(b)).unwrap_or(root);
-                d.chain(parent, &tokens[pool.len() * bs..], usize::MAX).len()
-            }
-            (None, _) => 0,
+        let disk = match (&self.disk, self.chain_end(root, &pool)) {
+            (Some(d), Some(parent)) => d.chain(parent, &tokens[pool.len() * bs..], usize::MAX).len(),
+            _ => 0,
         };
         (pool.len() + disk) * bs
+    }
+
+    /// The hash a chain of pool blocks `blocks` ends at (`root` when empty), where the disk
+    /// tier's part of a prefix continues; None if its last block is not sealed.
+    fn chain_end(&self, root: BlockHash, blocks: &[u32]) -> Option<BlockHash> {
+        match blocks.last() {
+            Some(&b) => self.pool.cache().hash_of(b),
+            None => Some(root),
+        }
     }
 
     /// Continue a prefix hit from disk: the blocks of `tokens` after `blocks` (the pool's hit)
@@ -121,13 +127,7 @@ impl<B: Backend> Engine<B> {
         let Some(disk) = &self.disk else { return };
         let bs = self.layout.block_size;
         let k = blocks.len();
-        let parent = match blocks.last() {
-            Some(&b) => match self.pool.cache().hash_of(b) {
-                Some(h) => h,
-                None => return,
-            },
-            None => root,
-        };
+        let Some(parent) = self.chain_end(root, blocks) else { return };
         let want = max_blocks.saturating_sub(k);
         let chain = disk.chain(parent, &tokens[k * bs..], want);
         if chain.is_empty() {
@@ -176,13 +176,7 @@ impl<B: Backend> Engine<B> {
         // At most all but the last token, as a prompt's start takes.
         let usable = &tokens[..tokens.len().saturating_sub(1)];
         let pool = self.pool.match_prefix(root, usable, bs);
-        let parent = match pool.last() {
-            Some(&b) => match self.pool.cache().hash_of(b) {
-                Some(h) => h,
-                None => return,
-            },
-            None => root,
-        };
+        let Some(parent) = self.chain_end(root, &pool) else { return };
         let rest = &usable[pool.len() * bs..];
         let chain = disk.chain(parent, rest, usize::MAX);
         if !chain.is_empty() {
