@@ -141,6 +141,7 @@ class Cluster:
         self.log = open(os.path.join(out, "ferry-up.log"), "w")
         args = [ferry, "up", "--model", model, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
                 "--prefill", "1", "--decode", "1", "--speculate", "ngram",
+                "--kv-disk", os.path.join(out, "kv-disk"),
                 "--slo-ttft-ms", "2000", "--slo-tpot-ms", "200", "--ready-timeout", "180"]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.log, text=True,
                                      start_new_session=True)

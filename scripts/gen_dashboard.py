@@ -188,6 +188,31 @@ def dashboard():
     b.panel("Prefix cache evictions", "Cached blocks evicted per second, by worker role.",
             [(f"sum by (role) (rate(ferry_worker_prefix_cache_evictions_total[{RI}]))", "{{role}}")], unit="ops")
 
+    b.row("KV disk tier")
+    b.panel("Prefix blocks by tier", "KV blocks the routers' prefix index has on each worker, in its pool and in "
+            "its disk tier (workers run with --kv-disk).",
+            [("max by (worker, tier) (ferry_router_kv_indexed_blocks)", "{{worker}} {{tier}}")])
+    b.panel("Prompt tokens read from disk", "Prompt tokens per second a worker read from its disk tier instead "
+            "of computing them (they count in the prefix cache hit rate too).",
+            [(f"sum by (role, instance) (rate(ferry_worker_kv_disk_hit_tokens_total[{RI}]))", "{{role}} {{instance}}")])
+    b.panel("Disk tier use", "Bytes of block files on each worker's disk tier against its --kv-disk-bytes.",
+            [("sum by (instance) (ferry_worker_kv_disk_bytes) / sum by (instance) (ferry_worker_kv_disk_capacity_bytes)",
+              "{{instance}}")], unit="percentunit", max_=1)
+    b.panel("Disk reads and writes", "Bytes per second written to and read from the disk tiers, and the "
+            "measured read rate the routers price a disk hit at.",
+            [(f"sum by (instance) (rate(ferry_worker_kv_disk_written_bytes_total[{RI}]))", "written {{instance}}"),
+             (f"sum by (instance) (rate(ferry_worker_kv_disk_read_bytes_total[{RI}]))", "read {{instance}}")],
+            unit="Bps")
+    b.panel("Disk writer queue and losses", "Blocks waiting for the writer; blocks dropped because it was "
+            "behind, files found damaged (each a miss, never served) and blocks evicted from disk, per second.",
+            [("sum by (instance) (ferry_worker_kv_disk_write_queue_blocks)", "queued {{instance}}"),
+             (f"sum(rate(ferry_worker_kv_disk_write_dropped_total[{RI}]))", "dropped"),
+             (f"sum(rate(ferry_worker_kv_disk_corrupt_total[{RI}]))", "damaged"),
+             (f"sum(rate(ferry_worker_kv_disk_evictions_total[{RI}]))", "evicted")])
+    b.panel("Disk read rate", "Prompt tokens of KV per second a disk read delivers, as each worker measured "
+            "it (0 until its first read).",
+            [("max by (instance) (ferry_worker_kv_disk_read_tokens_per_second)", "{{instance}}")])
+
     b.row("Faults")
     b.panel("Errors", "Requests per second that ended in something other than ok, by outcome.",
             [(f"sum by (outcome) (rate(ferry_router_requests_total{{outcome!=\"ok\"}}[{RI}]))", "{{outcome}}")],

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 pub mod prefix;
 pub mod sequence;
 
+pub use prefix::Prefetch;
 pub use sequence::Sequence;
 
 /// Steps priced against a profile's cost model ([`Engine::price`]): how many, how long they took,

@@ -21,5 +21,5 @@ pub mod weights;
 pub use backend::cpu::{Activations, CpuBackend};
 pub use backend::{Device, DeviceBackend, KvBuffer};
 pub use config::ModelConfig;
-pub use engine::{Engine, EngineConfig, FinishReason, Generation, KvView, Logits, SeqId, Sequence, StepClock, StepItem};
+pub use engine::{Engine, EngineConfig, FinishReason, Generation, KvView, Logits, Prefetch, SeqId, Sequence, StepClock, StepItem};
 pub use error::{EngineError, ErrorKind, Result};

@@ -182,3 +182,34 @@ fn the_tier_stays_within_its_size() {
     let files = std::fs::read_dir(dir.join("blocks")).unwrap().count() as u64;
     assert_eq!(files, s.blocks, "evicted blocks' files are deleted");
 }
+
+#[test]
+fn a_prefix_read_ahead_is_served_from_memory_with_each_block_read_once() {
+    let p = prompt();
+    let want = reference(&p, 40);
+    let dir = ScratchDir::new("kv-disk-ahead");
+    let mut e = load(&dir, 48);
+    serve(&mut e, &p);
+    e.kv_disk().unwrap().flush();
+    evict_with_other(&mut e, 44);
+    e.kv_disk().unwrap().flush();
+    let before = e.kv_disk().unwrap().stats().read_blocks;
+    // What a decode worker's attach does: ask for the read, step others until it is over, start.
+    let ahead = e.prefetch_prefix(&p, b"");
+    let t0 = std::time::Instant::now();
+    while !e.prefetched(&ahead) {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(20), "the read ahead never ended");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // The blocks the pool lost (all of the prompt's 10 but what the other prompt left cached).
+    let read = e.kv_disk().unwrap().stats().read_blocks - before;
+    assert!((1..=10).contains(&read), "the reader read {read} blocks");
+    let (cached, got) = serve(&mut e, &p);
+    assert_eq!(cached, 40);
+    assert!(max_abs_diff(&got, &want) <= TOL, "{}", max_abs_diff(&got, &want));
+    assert_eq!(e.kv_disk().unwrap().stats().read_blocks - before, read, "starting read nothing more");
+    assert_eq!(e.disk_hit_tokens(), read * BS as u64);
+    // A prefix the pool holds whole has nothing to read: over at once.
+    let held = e.prefetch_prefix(&p, b"");
+    assert!(e.prefetched(&held));
+}

@@ -28,6 +28,8 @@ pub enum BenchCommand {
     KvDecode(crate::bench_kv_dtype::DecodeArgs),
     /// What verifying proposed tokens costs a decode step: step time at 1..r rows of one sequence (interleaved).
     SpecRows(crate::bench_spec::SpecRowsArgs),
+    /// What the KV disk tier costs traffic with nothing to reuse: one engine with it and one without, interleaved.
+    KvDisk(crate::bench_kv_disk::KvDiskBenchArgs),
     /// Draw `bench serve` results (JSON from --out) in one SVG: p99 TTFT and TPOT against the rate.
     Plot(PlotArgs),
     /// The receiving process of `bench kv` (started by it).
@@ -93,6 +95,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::KvFidelity(a) => crate::bench_kv_dtype::fidelity(a),
         BenchCommand::KvDecode(a) => crate::bench_kv_dtype::decode(a),
         BenchCommand::SpecRows(a) => crate::bench_spec::rows(a),
+        BenchCommand::KvDisk(a) => crate::bench_kv_disk::run(a),
     }
 }
 

@@ -7,6 +7,7 @@ mod bench_cluster;
 mod bench_copy;
 mod bench_grammar;
 mod bench_kv;
+mod bench_kv_disk;
 mod bench_kv_dtype;
 mod bench_multiturn;
 mod bench_serve;

@@ -219,7 +219,8 @@ pub fn to_json(w: &v1::WorkerInfo) -> serde_json::Value {
             "kv_blocks_total": load.kv_blocks_total, "kv_blocks_free": load.kv_blocks_free,
             "kv_blocks_reserved": load.kv_blocks_reserved, "active_sequences": load.active_sequences,
             "queued_prefill_tokens": load.queued_prefill_tokens, "block_size": load.block_size,
-            "kv_blocks_cached": load.kv_blocks_cached,
+            "kv_blocks_cached": load.kv_blocks_cached, "kv_disk_blocks": load.kv_disk_blocks,
+            "disk_read_tokens_per_s": load.disk_read_tokens_per_s,
         },
     })
 }
@@ -245,7 +246,7 @@ fn step_time(load: &v1::WorkerLoad) -> String {
 }
 
 pub fn table(workers: &[v1::WorkerInfo]) -> String {
-    let mut rows = vec![["ID", "NAME", "ROLE", "STATE", "ADDR", "INFLIGHT", "PREFILL_TOK", "KV_FREE/TOTAL", "KV_DTYPE", "CACHED", "ACTIVE", "STEP_TIME", "KV_VIA", "HEARTBEAT"].map(String::from).to_vec()];
+    let mut rows = vec![["ID", "NAME", "ROLE", "STATE", "ADDR", "INFLIGHT", "PREFILL_TOK", "KV_FREE/TOTAL", "KV_DTYPE", "CACHED", "ON_DISK", "ACTIVE", "STEP_TIME", "KV_VIA", "HEARTBEAT"].map(String::from).to_vec()];
     for w in workers {
         let load = w.load.unwrap_or_default();
         rows.push(vec![
@@ -259,6 +260,7 @@ pub fn table(workers: &[v1::WorkerInfo]) -> String {
             format!("{}/{}", load.kv_blocks_free, load.kv_blocks_total),
             kv_dtype(w).to_string(),
             load.kv_blocks_cached.to_string(),
+            load.kv_disk_blocks.to_string(),
             load.active_sequences.to_string(),
             step_time(&load),
             kv_transports(w).join(","),

@@ -24,6 +24,12 @@ use crate::backend::{Backend, KvBuffer};
 use crate::error::{EngineError, Result};
 use ferry_core::{BlockHash, BlockTable, CacheEvent, CacheStats, KvPayloadError, KvSpan, Parent};
 
+/// The disk blocks [`Engine::prefetch_prefix`] asked the reader for.
+#[derive(Clone, Debug, Default)]
+pub struct Prefetch {
+    chain: Vec<BlockHash>,
+}
+
 /// One sequence: its blocks and what the prefix cache needs to know of it.
 pub(crate) struct Seq {
     pub(crate) table: BlockTable,
@@ -166,21 +172,32 @@ impl<B: Backend> Engine<B> {
         self.disk_hit_tokens += (loaded * bs) as u64;
     }
 
-    /// A prompt that will start later (it waits in a queue): the blocks of its prefix that the
-    /// pool lacks and the disk tier holds are read ahead now, on the tier's reader thread, so
-    /// starting it takes them from memory ([`crate::kv_disk::DiskTier::prefetch`]). Nothing
-    /// without a tier.
-    pub fn prefetch_prefix(&self, tokens: &[u32], salt: &[u8]) {
-        let Some(disk) = &self.disk else { return };
+    /// A prompt that will start later (it waits in a queue, or for its KV): the blocks of its
+    /// prefix that the pool lacks and the disk tier holds are read ahead now, on the tier's
+    /// reader thread, so starting it takes them from memory
+    /// ([`crate::kv_disk::DiskTier::prefetch`]). Returns what is being read, for
+    /// [`Engine::prefetched`]; nothing without a tier.
+    pub fn prefetch_prefix(&self, tokens: &[u32], salt: &[u8]) -> Prefetch {
+        let Some(disk) = &self.disk else { return Prefetch::default() };
         let (bs, root) = (self.layout.block_size, self.root(salt));
         // At most all but the last token, as a prompt's start takes.
         let usable = &tokens[..tokens.len().saturating_sub(1)];
         let pool = self.pool.match_prefix(root, usable, bs);
-        let Some(parent) = self.chain_end(root, &pool) else { return };
+        let Some(parent) = self.chain_end(root, &pool) else { return Prefetch::default() };
         let rest = &usable[pool.len() * bs..];
         let chain = disk.chain(parent, rest, usize::MAX);
         if !chain.is_empty() {
             disk.prefetch(parent, rest, &chain);
+        }
+        Prefetch { chain }
+    }
+
+    /// Whether a read ahead is over: every block of it in memory (or found missing), so a prompt
+    /// starting now waits for no disk read.
+    pub fn prefetched(&self, p: &Prefetch) -> bool {
+        match &self.disk {
+            Some(disk) => !disk.reading(&p.chain),
+            None => true,
         }
     }
 
@@ -192,8 +209,10 @@ impl<B: Backend> Engine<B> {
         if !disk.reserve(hash) {
             return;
         }
+        let t0 = std::time::Instant::now();
         let mut payload = Vec::with_capacity(disk.payload_bytes());
         let copied = (0..self.layout.n_layers).try_for_each(|l| self.be.kv_export_layer(&self.kv, l, &[block], self.layout.block_size, &mut payload));
+        disk.copied(t0.elapsed());
         match copied {
             Ok(()) if payload.len() == disk.payload_bytes() => disk.offer(crate::kv_disk::Write { hash, parent, tokens: tokens.to_vec(), payload }),
             Ok(()) => {

@@ -116,6 +116,8 @@ pub struct DiskStats {
     pub written_blocks: u64,
     pub written_bytes: u64,
     pub write_seconds: f64,
+    /// Seconds the engine thread spent copying sealed blocks' KV out for the writer.
+    pub copy_seconds: f64,
     /// Blocks waiting for the writer now.
     pub write_queue: u64,
     /// Blocks not written because the writer's queue was full or the write failed.
@@ -143,6 +145,7 @@ struct Counters {
     written_blocks: AtomicU64,
     written_bytes: AtomicU64,
     write_nanos: AtomicU64,
+    copy_nanos: AtomicU64,
     write_queue: AtomicU64,
     write_dropped: AtomicU64,
     read_blocks: AtomicU64,
@@ -403,6 +406,12 @@ impl DiskTier {
         }
     }
 
+    /// The engine thread spent `d` copying a block out for [`DiskTier::offer`] (counted in
+    /// [`DiskStats::copy_seconds`]).
+    pub fn copied(&self, d: std::time::Duration) {
+        self.shared.counters.copy_nanos.fetch_add(d.as_nanos() as u64, Relaxed);
+    }
+
     /// The blocks on disk continuing the chain at `parent` with the full blocks of `tokens`.
     pub fn chain(&self, parent: BlockHash, tokens: &[u32], max_blocks: usize) -> Vec<BlockHash> {
         self.shared.index().chain(parent, tokens, self.shared.block_size, max_blocks)
@@ -434,6 +443,13 @@ impl DiskTier {
         if !wants.is_empty() {
             let _ = tx.send(wants);
         }
+    }
+
+    /// Whether any block of `chain` is still queued for the reader or being read (false once
+    /// each is in memory, found missing, or was never asked for).
+    pub fn reading(&self, chain: &[BlockHash]) -> bool {
+        let st = self.shared.staging();
+        chain.iter().any(|h| st.pending.contains(h))
     }
 
     /// Block `hash` for a prompt starting now: taken from what was read ahead, waiting for a read
@@ -483,6 +499,7 @@ impl DiskTier {
             written_blocks: c.written_blocks.load(Relaxed),
             written_bytes: c.written_bytes.load(Relaxed),
             write_seconds: c.write_nanos.load(Relaxed) as f64 * 1e-9,
+            copy_seconds: c.copy_nanos.load(Relaxed) as f64 * 1e-9,
             write_queue: c.write_queue.load(Relaxed),
             write_dropped: c.write_dropped.load(Relaxed),
             read_blocks: c.read_blocks.load(Relaxed),

@@ -63,6 +63,15 @@ pub async fn prefill(
             .into());
         };
         crate::metrics::prefix_routed(pw_held.main_tier());
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let priced: Vec<String> = cands
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.state == WorkerState::Ready)
+                .map(|(i, c)| format!("{}: {} cached, {:.0} tok/s, {:.3} s", c.id, held[i].total() * bs, c.tokens_per_s, c.expected_seconds_for(work(i)).unwrap_or(f64::NAN)))
+                .collect();
+            tracing::debug!(request_id = %job.request_id, worker = %pw.id, "prefill pick: {}", priced.join("; "));
+        }
         let chosen = crate::workers::transport::choose(shared.cfg.kv_transport, &pw.kv_transports, &dw.kv_transports);
         let req = v1::PrefillRequest {
             request_id: job.request_id.clone(),

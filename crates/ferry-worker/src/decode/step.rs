@@ -31,13 +31,23 @@ use crate::pick::{first_tokens, Rules};
 use ferry_core::logprobs::token_logprob;
 use ferry_core::schedule::{plan_step, PromptLeft, StepPolicy};
 use ferry_core::{SamplingParams, TokenLogprob};
-use ferry_engine::{Engine, EngineError, FinishReason, Logits, Sequence, StepItem};
+use ferry_engine::{Engine, EngineError, FinishReason, Logits, Prefetch, Sequence, StepItem};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
-use std::time::Instant;
-use tokio::sync::mpsc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+
+/// An attach waiting for its prefix's disk blocks, which the disk tier's reader thread reads
+/// meanwhile (the engine thread steps the running sequences instead of reading them itself).
+struct Attaching {
+    tokens: Vec<u32>,
+    salt: Vec<u8>,
+    max: usize,
+    reply: oneshot::Sender<(Sequence, usize)>,
+    reading: Prefetch,
+}
 
 /// A colocated prompt being prefilled.
 struct Prefilling {
@@ -67,6 +77,7 @@ pub(super) struct DecodeThread {
     /// Seconds the loop was busy around its steps ([`LoadGauge::publish`]).
     busy: f64,
     speculator: Speculator,
+    attaching: Vec<Attaching>,
 }
 
 /// One row group of a step.
@@ -78,7 +89,7 @@ enum RowGroup {
 impl DecodeThread {
     pub(super) fn new(engine: Engine, load: Arc<LoadGauge>, scheduling: Scheduling, role: &'static str, faults: FaultInjection) -> Self {
         let speculator = Speculator::for_engine(scheduling.spec, &engine);
-        DecodeThread { engine, running: Vec::new(), prefilling: VecDeque::new(), load, scheduling, role, faults, steps: 0, busy: 0.0, speculator }
+        DecodeThread { engine, running: Vec::new(), prefilling: VecDeque::new(), load, scheduling, role, faults, steps: 0, busy: 0.0, speculator, attaching: Vec::new() }
     }
 
     /// Step until every handle is gone (Ok) or the backend fails (Err: the engine is broken).
@@ -87,9 +98,15 @@ impl DecodeThread {
         loop {
             self.publish();
             if self.running.is_empty() && self.prefilling.is_empty() {
-                match rx.recv() {
+                // Idle but for attaches waiting on disk reads: look at them every millisecond.
+                let cmd = match self.attaching.is_empty() {
+                    true => rx.recv().map_err(|_| std_mpsc::RecvTimeoutError::Disconnected),
+                    false => rx.recv_timeout(Duration::from_millis(1)),
+                };
+                match cmd {
                     Ok(cmd) => self.handle(cmd)?,
-                    Err(_) => return Ok(()),
+                    Err(std_mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(std_mpsc::RecvTimeoutError::Disconnected) => return Ok(()),
                 }
             }
             // Busy from here to the step's end: the admissions (a decode worker imports arriving
@@ -98,6 +115,7 @@ impl DecodeThread {
             while let Ok(cmd) = rx.try_recv() {
                 self.handle(cmd)?;
             }
+            self.attach_read();
             self.drop_cancelled();
             if self.running.is_empty() && self.prefilling.is_empty() {
                 continue;
@@ -112,9 +130,11 @@ impl DecodeThread {
         match cmd {
             Cmd::Admit(a) => return self.admit(a),
             Cmd::Attach { tokens, salt, max, reply } => {
-                let (seq, cached) = self.engine.new_sequence_with_prefix(&tokens, &salt, max.min(tokens.len()));
-                // Nobody waits any more: the sequence drops with the reply, freeing its blocks.
-                let _ = reply.send((self.engine.own(seq), cached));
+                // The disk part of the prefix is read ahead; the attach waits for it (see
+                // `attach_read`), the pool part is taken then.
+                let reading = self.engine.prefetch_prefix(&tokens[..(max + 1).min(tokens.len())], &salt);
+                self.attaching.push(Attaching { tokens, salt, max, reply, reading });
+                self.attach_read();
             }
             Cmd::Release(seq) => {
                 let id = seq.id();
@@ -124,6 +144,22 @@ impl DecodeThread {
             }
         }
         Ok(())
+    }
+
+    /// Attach the waiting prefixes whose disk blocks are in memory now (or whose requester went
+    /// away: nothing to attach).
+    fn attach_read(&mut self) {
+        let engine = &self.engine;
+        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.attaching).into_iter().partition(|a| a.reply.is_closed() || engine.prefetched(&a.reading));
+        self.attaching = waiting;
+        for Attaching { tokens, salt, max, reply, .. } in ready {
+            if reply.is_closed() {
+                continue;
+            }
+            let (seq, cached) = self.engine.new_sequence_with_prefix(&tokens, &salt, max.min(tokens.len()));
+            // Nobody waits any more: the sequence drops with the reply, freeing its blocks.
+            let _ = reply.send((self.engine.own(seq), cached));
+        }
     }
 
     /// The engine failed: every request held ends, tagged `engine` (the router moves them).
