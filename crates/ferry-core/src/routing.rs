@@ -71,7 +71,9 @@ pub struct PrefillCandidate {
     pub inflight: u32,
     /// Prompt tokens the router has sent it and not yet seen finish prefill.
     pub outstanding_tokens: u64,
-    /// Prompt tokens the worker reported queued at its last heartbeat.
+    /// Prompt tokens the worker reported queued (or in progress) at its last heartbeat, every
+    /// router's, less those this router has seen finish there since (a report lags by up to a
+    /// heartbeat; the prompt that just finished is still in it).
     pub reported_queue_tokens: u64,
     /// The worker's measured prefill throughput (tokens/s; 0 until it has run a step).
     pub tokens_per_s: f64,
@@ -104,9 +106,12 @@ impl PrefillWork {
 pub const DISK_TOKEN_COST: f64 = 0.1;
 
 impl PrefillCandidate {
-    /// Prompt tokens ahead of a new request there.
+    /// Prompt tokens ahead of a new request there: the worker's report holds this router's
+    /// outstanding prompts as well as other routers', so the larger of the two (their sum would
+    /// count this router's prompts twice, and steer a conversation's next turn away from the
+    /// worker that holds its prefix).
     pub fn queued_tokens(&self) -> u64 {
-        self.outstanding_tokens.saturating_add(self.reported_queue_tokens)
+        self.outstanding_tokens.max(self.reported_queue_tokens)
     }
 
     /// Expected seconds until a new prompt of `prompt_tokens` finishes prefill there: the queue
@@ -311,7 +316,9 @@ mod tests {
             assert_eq!(pick_prefill(&cands, prompt), want, "{name}");
         }
         let c = rated(p("a", Ready, 0, 300, 100), 1000.0);
-        assert_eq!(c.expected_seconds(600), Some(1.0));
+        assert_eq!(c.expected_seconds(600), Some(0.9), "the report's 100 are among the router's 300");
+        let c = rated(p("a", Ready, 0, 300, 700), 1000.0);
+        assert_eq!(c.expected_seconds(300), Some(1.0), "another router's 400 more");
         assert_eq!(p("a", Ready, 0, 0, 0).expected_seconds(1), None);
     }
 

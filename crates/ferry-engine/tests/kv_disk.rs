@@ -197,7 +197,7 @@ fn a_prefix_read_ahead_is_served_from_memory_with_each_block_read_once() {
     // What a decode worker's attach does: ask for the read, step others until it is over, start.
     let ahead = e.prefetch_prefix(&p, b"");
     let t0 = std::time::Instant::now();
-    while !e.prefetched(&ahead) {
+    while !e.prefetched(&ahead, std::time::Duration::ZERO) {
         assert!(t0.elapsed() < std::time::Duration::from_secs(20), "the read ahead never ended");
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
@@ -211,5 +211,5 @@ fn a_prefix_read_ahead_is_served_from_memory_with_each_block_read_once() {
     assert_eq!(e.disk_hit_tokens(), read * BS as u64);
     // A prefix the pool holds whole has nothing to read: over at once.
     let held = e.prefetch_prefix(&p, b"");
-    assert!(e.prefetched(&held));
+    assert!(e.prefetched(&held, std::time::Duration::ZERO));
 }

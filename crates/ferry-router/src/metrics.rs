@@ -261,7 +261,8 @@ pub fn set_worker_gauges(registry: &Registry) {
         metrics::gauge!(names::WORKER_INFLIGHT_REQUESTS, &labels).set(w.inflight as f64);
         match crate::wire::role_from_wire(w.role) {
             Some(ferry_core::WorkerRole::Prefill) => {
-                let queued = w.outstanding_prefill_tokens + load.queued_prefill_tokens;
+                // As routing counts it (`PrefillCandidate::queued_tokens`).
+                let queued = w.outstanding_prefill_tokens.max(load.queued_prefill_tokens);
                 metrics::gauge!(names::WORKER_OUTSTANDING_PREFILL_TOKENS, &labels)
                     .set(w.outstanding_prefill_tokens as f64);
                 metrics::gauge!(names::WORKER_QUEUED_PREFILL_TOKENS, &labels)

@@ -256,7 +256,7 @@ pub fn table(workers: &[v1::WorkerInfo]) -> String {
             state(w),
             w.grpc_addr.clone(),
             w.inflight.to_string(),
-            (w.outstanding_prefill_tokens + load.queued_prefill_tokens).to_string(),
+            w.outstanding_prefill_tokens.max(load.queued_prefill_tokens).to_string(),
             format!("{}/{}", load.kv_blocks_free, load.kv_blocks_total),
             kv_dtype(w).to_string(),
             load.kv_blocks_cached.to_string(),

@@ -40,8 +40,11 @@ pub struct WorkerTemplate {
     pub drain_timeout: u64,
     /// Added to every worker's environment (the admin token: not on the command line).
     pub env: Vec<(&'static str, String)>,
-    /// A worker's own arguments by its name (`--kv-disk` in a subfolder named after it, so a
-    /// restarted worker finds its blocks again).
+    /// A worker's own arguments by its slot's name (`prefill-1`: `--kv-disk` in a subfolder of
+    /// that name). A restarted worker keeps its slot, so it finds its blocks again; a worker
+    /// started after a scale-down takes the lowest slot free (see [`lowest_free_slot`]), so it
+    /// finds a retired worker's blocks, and the folders never outnumber the most workers the pool
+    /// had at once.
     pub per_worker: Box<dyn Fn(&str) -> Vec<String> + Send>,
 }
 
@@ -99,11 +102,11 @@ impl Supervisor {
     }
 
     /// Add a process and start it; it is `Starting` until its ready line comes.
-    fn add(&mut self, kind: Kind, name: String, what: String, args: Vec<String>, env: Vec<(&'static str, String)>) -> anyhow::Result<usize> {
+    fn add(&mut self, kind: Kind, name: String, what: String, args: Vec<String>, env: Vec<(&'static str, String)>, slot: usize) -> anyhow::Result<usize> {
         let (child, ready) = launch(&args, &env).with_context(|| format!("starting {what}"))?;
         let backoff = Backoff::new(BackoffPolicy::default());
         let state = State::Starting { child, ready };
-        self.procs.push(Proc { kind, name, what, args, env, state, started: Instant::now(), up_since: None, restarts: 0, backoff });
+        self.procs.push(Proc { kind, name, what, args, env, state, started: Instant::now(), up_since: None, restarts: 0, backoff, slot });
         Ok(self.procs.len() - 1)
     }
 
@@ -140,7 +143,7 @@ impl Supervisor {
     /// --metrics-listen …`) and wait until it serves. Its restarts reuse the ports it bound.
     pub fn start_router(&mut self, mut args: Vec<String>, env: Vec<(&'static str, String)>) -> anyhow::Result<RouterAddrs> {
         let n = 1 + self.procs.iter().filter(|p| matches!(p.kind, Kind::Router(_))).count();
-        let i = self.add(Kind::Router(n), format!("router-{n}"), format!("router {n}"), args.clone(), env)?;
+        let i = self.add(Kind::Router(n), format!("router-{n}"), format!("router {n}"), args.clone(), env, 0)?;
         let line = self.wait_ready(i)?;
         let addrs = RouterAddrs {
             grpc: field(&line, "grpc=").context("the router's ready line has no grpc=")?.to_string(),
@@ -166,7 +169,11 @@ impl Supervisor {
         let mut args = vec![role.to_string(), "--name".into(), name.clone()];
         args.extend(t.common.iter().cloned());
         args.extend(["--drain-timeout".into(), t.drain_timeout.to_string()]);
-        args.extend((t.per_worker)(&name));
+        // Slots held by workers of the role that run, start, wait to restart or drain (a
+        // draining one holds its folder's lock until it exits).
+        let held = self.procs.iter().filter(|p| p.kind == Kind::Worker(role) && !matches!(p.state, State::Gone)).map(|p| p.slot);
+        let slot = lowest_free_slot(held);
+        args.extend((t.per_worker)(&format!("{role}-{slot}")));
         if role != WorkerRole::Prefill {
             args.extend(t.decoding.iter().cloned());
         }
@@ -184,7 +191,7 @@ impl Supervisor {
             args.extend(["--cpus".into(), cpus.join(",")]);
         }
         let env = self.template.env.clone();
-        let p = self.add(Kind::Worker(role), name.clone(), format!("{role} worker {i}"), args, env)?;
+        let p = self.add(Kind::Worker(role), name.clone(), format!("{role} worker {i}"), args, env, slot)?;
         self.wait_ready(p)?;
         Ok(name)
     }
@@ -317,6 +324,12 @@ impl v1::scaler_server::Scaler for LocalScaler {
     }
 }
 
+/// The lowest slot, from 1, not among `held`.
+fn lowest_free_slot(held: impl Iterator<Item = usize>) -> usize {
+    let held: std::collections::HashSet<usize> = held.collect();
+    (1..).find(|k| !held.contains(k)).unwrap_or(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -327,5 +340,15 @@ mod tests {
         set_flag(&mut a, "--listen", "127.0.0.1:7700");
         set_flag(&mut a, "--metrics-listen", "127.0.0.1:9");
         assert_eq!(a, ["router", "--listen", "127.0.0.1:7700", "--model", "m", "--metrics-listen", "127.0.0.1:9"]);
+    }
+
+    #[test]
+    fn a_new_worker_takes_the_lowest_slot_no_live_worker_holds() {
+        assert_eq!(lowest_free_slot([].into_iter()), 1);
+        assert_eq!(lowest_free_slot([1, 2, 3].into_iter()), 4);
+        // prefill-2 was scaled down and is gone: the next worker gets its slot (and its folder).
+        assert_eq!(lowest_free_slot([1, 3].into_iter()), 2);
+        // Slot 0 is the routers'; it never counts.
+        assert_eq!(lowest_free_slot([0, 2].into_iter()), 1);
     }
 }

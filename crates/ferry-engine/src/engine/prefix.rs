@@ -192,11 +192,11 @@ impl<B: Backend> Engine<B> {
         Prefetch { chain }
     }
 
-    /// Whether a read ahead is over: every block of it in memory (or found missing), so a prompt
-    /// starting now waits for no disk read.
-    pub fn prefetched(&self, p: &Prefetch) -> bool {
+    /// Whether a read ahead is over, after waiting at most `wait` for it: every block of it in
+    /// memory (or found missing), so a prompt starting now waits for no disk read.
+    pub fn prefetched(&self, p: &Prefetch, wait: std::time::Duration) -> bool {
         match &self.disk {
-            Some(disk) => !disk.reading(&p.chain),
+            Some(disk) => !disk.reading(&p.chain, wait),
             None => true,
         }
     }

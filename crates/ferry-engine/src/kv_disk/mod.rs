@@ -446,10 +446,21 @@ impl DiskTier {
     }
 
     /// Whether any block of `chain` is still queued for the reader or being read (false once
-    /// each is in memory, found missing, or was never asked for).
-    pub fn reading(&self, chain: &[BlockHash]) -> bool {
-        let st = self.shared.staging();
-        chain.iter().any(|h| st.pending.contains(h))
+    /// each is in memory, found missing, or was never asked for), after waiting at most `wait`
+    /// for the reads to end.
+    pub fn reading(&self, chain: &[BlockHash], wait: std::time::Duration) -> bool {
+        let deadline = Instant::now() + wait;
+        let mut st = self.shared.staging();
+        loop {
+            if !chain.iter().any(|h| st.pending.contains(h)) {
+                return false;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return true;
+            }
+            st = self.shared.staged.wait_timeout(st, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
     }
 
     /// Block `hash` for a prompt starting now: taken from what was read ahead, waiting for a read

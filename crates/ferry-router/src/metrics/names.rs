@@ -121,7 +121,7 @@ pub const ALL: &[Family] = &[
     Family::gauge(WORKER_OUTSTANDING_PREFILL_TOKENS, "Per prefill worker, prompt tokens the router sent it and has no answer for yet."),
     Family::gauge(
         WORKER_QUEUED_PREFILL_TOKENS,
-        "Per prefill worker, the prompt tokens ahead of a new prompt: the router's outstanding count plus the worker's report.",
+        "Per prefill worker, the prompt tokens ahead of a new prompt: the larger of the router's outstanding count and the worker's report (less what finished since it).",
     ),
     Family::gauge(WORKER_PREFILL_TOKENS_PER_SECOND, "Per prefill worker, its reported prefill rate in tokens per second."),
     Family::gauge(WORKER_ESTIMATED_QUEUE, "Per prefill worker, its queued prompt tokens over its prefill rate, in seconds."),

@@ -111,6 +111,11 @@ impl Registry {
             w.inflight = (w.inflight as i64 + inflight).max(0) as u32;
             w.outstanding_prefill_tokens =
                 (w.outstanding_prefill_tokens as i64 + tokens).max(0) as u64;
+            // A prompt that finished prefill is in the worker's last report still (until its next
+            // heartbeat): out of it now.
+            if tokens < 0 {
+                w.load.queued_prefill_tokens = w.load.queued_prefill_tokens.saturating_sub(tokens.unsigned_abs());
+            }
             w.promised_blocks = (w.promised_blocks as i64 + blocks).max(0) as u64;
         }
         if inflight < 0 {

@@ -149,3 +149,24 @@ async fn drain_undrain_remove_and_guards() {
         Err(RouterError::UnknownWorker(_))
     ));
 }
+
+// A worker's heartbeat reports the prompts it holds, this router's among them, and lags by up to
+// a heartbeat: a prompt the router saw finish leaves the report at once, and the router's own
+// outstanding prompts are not counted a second time.
+#[tokio::test]
+async fn a_finished_prompt_leaves_the_worker_s_last_queue_report() {
+    let r = Arc::new(registry());
+    let id = r.register(&reg_req(v1::WorkerRole::Prefill, "127.0.0.1:1", "fp")).unwrap().worker_id;
+    let queued = |r: &Registry| r.prefill_candidates()[0].queued_tokens();
+    let first = InflightGuard::new(&r, &id, 300);
+    let second = InflightGuard::new(&r, &id, 200);
+    assert_eq!(queued(&r), 500);
+    // The heartbeat taken while both were queued there, with another router's 100.
+    let load = v1::WorkerLoad { queued_prefill_tokens: 600, ..Default::default() };
+    r.heartbeat(&v1::HeartbeatRequest { worker_id: id.clone(), load: Some(load), ..Default::default() }, Instant::now()).unwrap();
+    assert_eq!(queued(&r), 600, "the report holds the router's 500: not 1,100");
+    drop(first);
+    assert_eq!(queued(&r), 300, "the finished 300 leave the report before the next heartbeat");
+    drop(second);
+    assert_eq!(queued(&r), 100, "another router's prompt is still there");
+}

@@ -41,6 +41,8 @@ use tokio::sync::{mpsc, oneshot};
 
 /// An attach waiting for its prefix's disk blocks, which the disk tier's reader thread reads
 /// meanwhile (the engine thread steps the running sequences instead of reading them itself).
+/// It waits up to [`ATTACH_READ_WAIT`] first: reads from the page cache end within it, and the
+/// attach then answers at once rather than after the next step (a step can take far longer).
 struct Attaching {
     tokens: Vec<u32>,
     salt: Vec<u8>,
@@ -48,6 +50,11 @@ struct Attaching {
     reply: oneshot::Sender<(Sequence, usize)>,
     reading: Prefetch,
 }
+
+/// How long the engine thread waits for an attach's disk reads before it steps the running
+/// sequences and looks again after the step: a bounded stall (a 2,048-token prefix of SmolLM2
+/// reads from the page cache in ~20 ms) against a read from a slow disk stalling every sequence.
+const ATTACH_READ_WAIT: Duration = Duration::from_millis(20);
 
 /// A colocated prompt being prefilled.
 struct Prefilling {
@@ -133,6 +140,7 @@ impl DecodeThread {
                 // The disk part of the prefix is read ahead; the attach waits for it (see
                 // `attach_read`), the pool part is taken then.
                 let reading = self.engine.prefetch_prefix(&tokens[..(max + 1).min(tokens.len())], &salt);
+                let _ = self.engine.prefetched(&reading, ATTACH_READ_WAIT);
                 self.attaching.push(Attaching { tokens, salt, max, reply, reading });
                 self.attach_read();
             }
@@ -150,7 +158,7 @@ impl DecodeThread {
     /// away: nothing to attach).
     fn attach_read(&mut self) {
         let engine = &self.engine;
-        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.attaching).into_iter().partition(|a| a.reply.is_closed() || engine.prefetched(&a.reading));
+        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.attaching).into_iter().partition(|a| a.reply.is_closed() || engine.prefetched(&a.reading, Duration::ZERO));
         self.attaching = waiting;
         for Attaching { tokens, salt, max, reply, .. } in ready {
             if reply.is_closed() {

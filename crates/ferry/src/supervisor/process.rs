@@ -45,6 +45,8 @@ pub(super) struct Proc {
     pub(super) up_since: Option<Instant>,
     pub(super) restarts: u32,
     pub(super) backoff: Backoff,
+    /// A worker's slot in its pool (from 1; 0 for a router): what names its per-worker state.
+    pub(super) slot: usize,
 }
 
 impl Proc {
