@@ -137,12 +137,14 @@ impl DecodeThread {
         match cmd {
             Cmd::Admit(a) => return self.admit(a),
             Cmd::Attach { tokens, salt, max, reply } => {
-                // The disk part of the prefix is read ahead; the attach waits for it (see
-                // `attach_read`), the pool part is taken then.
+                // The disk part of the prefix is read ahead; the attach waits for it (here for up
+                // to ATTACH_READ_WAIT, then in `attach_read`), the pool part is taken then.
                 let reading = self.engine.prefetch_prefix(&tokens[..(max + 1).min(tokens.len())], &salt);
-                let _ = self.engine.prefetched(&reading, ATTACH_READ_WAIT);
-                self.attaching.push(Attaching { tokens, salt, max, reply, reading });
-                self.attach_read();
+                let waiting = Attaching { tokens, salt, max, reply, reading };
+                match self.engine.prefetched(&waiting.reading, ATTACH_READ_WAIT) {
+                    true => self.attach(waiting),
+                    false => self.attaching.push(waiting),
+                }
             }
             Cmd::Release(seq) => {
                 let id = seq.id();
@@ -160,14 +162,20 @@ impl DecodeThread {
         let engine = &self.engine;
         let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.attaching).into_iter().partition(|a| a.reply.is_closed() || engine.prefetched(&a.reading, Duration::ZERO));
         self.attaching = waiting;
-        for Attaching { tokens, salt, max, reply, .. } in ready {
-            if reply.is_closed() {
-                continue;
-            }
-            let (seq, cached) = self.engine.new_sequence_with_prefix(&tokens, &salt, max.min(tokens.len()));
-            // Nobody waits any more: the sequence drops with the reply, freeing its blocks.
-            let _ = reply.send((self.engine.own(seq), cached));
+        for a in ready {
+            self.attach(a);
         }
+    }
+
+    /// Start the sequence on the prefix cached now (its disk blocks read) and hand it over;
+    /// nothing when the requester went away.
+    fn attach(&mut self, Attaching { tokens, salt, max, reply, .. }: Attaching) {
+        if reply.is_closed() {
+            return;
+        }
+        let (seq, cached) = self.engine.new_sequence_with_prefix(&tokens, &salt, max.min(tokens.len()));
+        // Nobody waits any more: the sequence drops with the reply, freeing its blocks.
+        let _ = reply.send((self.engine.own(seq), cached));
     }
 
     /// The engine failed: every request held ends, tagged `engine` (the router moves them).
