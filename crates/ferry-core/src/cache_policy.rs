@@ -10,7 +10,10 @@
 //!   ships only the blocks the decode worker lacks. Short suffixes are cheaper locally: one step
 //!   of a few tokens in the decode batch, against a round trip to a prefill worker that must
 //!   recompute whatever it does not hold itself (the answers a decode worker generated have KV
-//!   only there).
+//!   only there). But the decode worker's steps are shared: when prompts already queue there
+//!   (several turns arriving at once) while a prefill worker would be done sooner, the turn goes
+//!   remote. Conditional disaggregation, as Dynamo's disaggregated router and llm-d do it: each
+//!   prompt takes the path expected to give its first token first ([`TurnTimes`]).
 
 use crate::routing::{rank_decode, DecodeCandidate};
 
@@ -76,15 +79,42 @@ pub struct TurnFacts {
     pub block_size: usize,
 }
 
+/// What is known of how soon each path would finish the prompt (each part unknown until
+/// measured; then the token counts alone decide).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TurnTimes {
+    /// The decode worker's measured prompt throughput in its own steps, beside the decodes it
+    /// runs (tokens/s; 0: not measured yet).
+    pub local_tokens_per_s: f64,
+    /// Prompt tokens already waiting for the decode worker's steps (other turns computed there).
+    pub local_queued: usize,
+    /// The router's expected seconds for the best prefill worker to compute this prompt: its
+    /// queue, and the prompt less the prefix it holds ([`crate::routing::PrefillCandidate::expected_seconds_for`]).
+    pub remote_seconds: Option<f64>,
+}
+
+impl TurnTimes {
+    /// Seconds until the decode worker would have computed `compute` more tokens.
+    pub fn local_seconds(&self, compute: usize) -> Option<f64> {
+        (self.local_tokens_per_s > 0.0).then(|| (self.local_queued + compute) as f64 / self.local_tokens_per_s)
+    }
+
+    /// Both times are known and the prefill worker's is the shorter.
+    fn remote_sooner(&self, compute: usize) -> bool {
+        matches!((self.local_seconds(compute), self.remote_seconds), (Some(local), Some(remote)) if remote < local)
+    }
+}
+
 /// Local when at most `local_max` tokens are left to compute on the decode worker (and it holds
-/// something: a cold prompt always goes to a prefill worker), else remote.
-pub fn plan_turn(f: TurnFacts, local_max: usize) -> TurnPlan {
+/// something: a cold prompt always goes to a prefill worker) and a prefill worker is not
+/// expected to finish sooner ([`TurnTimes`]); else remote.
+pub fn plan_turn(f: TurnFacts, local_max: usize, times: TurnTimes) -> TurnPlan {
     let bs = f.block_size.max(1);
     // At least the last token is computed somewhere (its logits give the first new token).
     let usable = |held: usize| (held / bs * bs).min(f.prompt_tokens.saturating_sub(1) / bs * bs);
     let (decode_held, prefill_held) = (usable(f.decode_held), usable(f.prefill_held));
     let compute = f.prompt_tokens - decode_held;
-    if decode_held > 0 && compute <= local_max {
+    if decode_held > 0 && compute <= local_max && !times.remote_sooner(compute) {
         TurnPlan::Local { compute }
     } else {
         TurnPlan::Remote { prefill_from: prefill_held, ship_from_block: decode_held / bs }
@@ -135,8 +165,31 @@ mod tests {
             ("prefill holds more than decode", f(1000, 32, 900), TurnPlan::Remote { prefill_from: 896, ship_from_block: 2 }),
         ];
         for (name, facts, want) in cases {
-            assert_eq!(plan_turn(facts, 128), want, "{name}");
+            assert_eq!(plan_turn(facts, 128, TurnTimes::default()), want, "{name}");
         }
-        assert_eq!(plan_turn(f(300, 256, 0), 0), TurnPlan::Remote { prefill_from: 0, ship_from_block: 16 }, "local off");
+        assert_eq!(plan_turn(f(300, 256, 0), 0, TurnTimes::default()), TurnPlan::Remote { prefill_from: 0, ship_from_block: 16 }, "local off");
+    }
+
+    #[test]
+    fn plan_turn_takes_the_sooner_path_once_both_are_known() {
+        let facts = TurnFacts { prompt_tokens: 300, decode_held: 256, prefill_held: 0, block_size: 16 };
+        let local = TurnPlan::Local { compute: 44 };
+        let remote = TurnPlan::Remote { prefill_from: 0, ship_from_block: 16 };
+        let t = |rate, queued, remote| TurnTimes { local_tokens_per_s: rate, local_queued: queued, remote_seconds: remote };
+        let cases = [
+            ("nothing measured: the token counts decide", t(0.0, 500, Some(0.01)), local),
+            ("no prefill worker estimate: local", t(100.0, 500, None), local),
+            // (0 + 44) / 100 = 0.44 s here against 1 s there.
+            ("idle decode worker, busy prefill worker: local", t(100.0, 0, Some(1.0)), local),
+            // (200 + 44) / 100 = 2.44 s here against 1 s there.
+            ("turns queued here, the prefill worker sooner: remote", t(100.0, 200, Some(1.0)), remote),
+            ("a tie stays local (nothing moves)", t(100.0, 56, Some(1.0)), local),
+        ];
+        for (name, times, want) in cases {
+            assert_eq!(plan_turn(facts, 128, times), want, "{name}");
+        }
+        // A suffix over the cap is remote however slow the prefill worker is.
+        let long = TurnFacts { prompt_tokens: 600, ..facts };
+        assert_eq!(plan_turn(long, 128, t(1000.0, 0, Some(60.0))), TurnPlan::Remote { prefill_from: 0, ship_from_block: 16 });
     }
 }

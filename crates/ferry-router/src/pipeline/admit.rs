@@ -14,6 +14,7 @@ use tonic::{Status, Streaming};
 use crate::config::PrefixRouting;
 use crate::pipeline::call::{Interrupt, watched};
 use crate::pipeline::failure::failed;
+use crate::pipeline::price::{chain_for, expected_prefill_seconds};
 use crate::pipeline::request::{CutShort, Failed, Job, Progress, Tx};
 use crate::RouterError;
 use crate::workers::dial::MAX_MESSAGE_BYTES;
@@ -72,9 +73,9 @@ pub async fn admit(
     }
     // KV-aware: a worker holding the prompt's prefix goes first while it has room (its events
     // tell the router which blocks it holds); load alone otherwise.
+    let chain = chain_for(shared, job, prompt, block_size as usize);
     let order = match shared.cfg.prefix_routing {
         PrefixRouting::KvAware => {
-            let chain = reg.prefix_chain(&job.cache_salt, prompt, block_size as usize);
             // A decode worker loads its disk blocks on attach, so both tiers spare the transfer.
             let held: Vec<u32> = cands.iter().map(|c| reg.prefix_held(&c.id, &chain, usize::MAX).total() as u32).collect();
             rank_decode_with_prefix(&cands, &held, need, PrefixWeights::default())
@@ -82,6 +83,16 @@ pub async fn admit(
         PrefixRouting::LoadOnly => rank_decode(&cands, need),
     };
     let transfer_token = if colocated { String::new() } else { mint_transfer_token() };
+    // Prompt logprobs need the whole prompt computed: never a local suffix.
+    let local_prefill_max = match (colocated, params.prompt_logprobs) {
+        (false, None) => shared.cfg.local_prefill_max.min(u32::MAX as usize) as u32,
+        _ => 0,
+    };
+    // What a prefill worker would take, for the decode worker to weigh against its own queue.
+    let remote_prefill_ms = match local_prefill_max {
+        0 => 0.0,
+        _ => expected_prefill_seconds(shared, &chain, prompt.len(), &prog.avoid, block_size as usize).map_or(0.0, |s| s * 1e3),
+    };
     let (sampling, stop) = ferry_proto::sampling_to_wire(params);
     let (mut full, mut tried) = (order.is_empty(), 0);
     let mut last = None;
@@ -101,11 +112,8 @@ pub async fn admit(
             // For the worker's prefix cache: it attaches what it holds and waits only for the rest.
             prompt_ids: if colocated { Vec::new() } else { prompt.to_vec() },
             cache_salt: job.cache_salt.clone().into(),
-            // Prompt logprobs need the whole prompt computed: never a local suffix.
-            local_prefill_max: match params.prompt_logprobs {
-                Some(_) => 0,
-                None => shared.cfg.local_prefill_max.min(u32::MAX as usize) as u32,
-            },
+            local_prefill_max,
+            remote_prefill_ms,
             ..Default::default()
         };
         let guard = InflightGuard::decode(reg, &w.id, need as u64);

@@ -1,7 +1,7 @@
 //! One request's life on the cluster (the lifecycle in `proto/ferry/v1/worker.proto`), in the
 //! order a request meets the stages: [`start`] (the checks both client APIs share, then a task
-//! per request), [`drive`] (attempts, retries, migrations), admission on a decode worker ([`admit`]), prefill with that KV target ([`prefill`]), then the
-//! decode stream relayed to the client ([`relay`]). Every call is watched ([`call`]): a deadline,
+//! per request), [`drive`] (attempts, retries, migrations), admission on a decode worker ([`admit`]), prefill with that KV target ([`prefill`]), both
+//! priced by what each prefill worker would take ([`price`]), then the decode stream relayed to the client ([`relay`]). Every call is watched ([`call`]): a deadline,
 //! the client, and the death of the workers it involves end it.
 //!
 //! When a call fails, `ferry_core::failure::classify` decides from the status alone ([`failure`]): start again
@@ -24,6 +24,7 @@ pub mod call;
 pub mod drive;
 pub mod failure;
 pub mod prefill;
+pub mod price;
 pub mod queue;
 pub mod relay;
 pub mod request;

@@ -8,12 +8,11 @@ use ferry_core::SamplingParams;
 use ferry_core::WorkerRole;
 use ferry_core::WorkerState;
 use ferry_core::failure::{Decision, Phase};
-use ferry_core::kv_index::Overlap;
-use ferry_core::routing::{PrefillWork, pick_prefill_for};
+use ferry_core::routing::pick_prefill_for;
 use ferry_proto::v1;
 
-use crate::config::PrefixRouting;
 use crate::pipeline::admit::Admission;
+use crate::pipeline::price::{Priced, chain_for, priced, work_at};
 use crate::pipeline::call::{Interrupt, watched};
 use crate::pipeline::failure::failed;
 use crate::pipeline::request::{CutShort, Failed, Job, Progress, Tx};
@@ -35,24 +34,12 @@ pub async fn prefill(
     let dw = &adm.dw;
     let (sampling, stop) = ferry_proto::sampling_to_wire(params);
     // Workers that were full for this attempt: skipped now, tried again after a wait.
-    let mut full = Vec::new();
-    // KV-aware: each worker's cached prefix of the prompt is work it need not do.
+    let mut full: Vec<String> = Vec::new();
     let bs = adm.block_size as usize;
-    let chain = match shared.cfg.prefix_routing {
-        PrefixRouting::KvAware => reg.prefix_chain(&job.cache_salt, prompt, bs),
-        PrefixRouting::LoadOnly => Default::default(),
-    };
-    // At least the last token is computed (its logits give the first token).
-    let usable = prompt.len().saturating_sub(1) / bs.max(1);
+    let chain = chain_for(shared, job, prompt, bs);
     loop {
-        let mut cands = reg.prefill_candidates();
-        for c in cands.iter_mut().filter(|c| prog.avoid.contains(&c.id) || full.contains(&c.id)) {
-            c.state = WorkerState::Dead;
-        }
-        // Each worker's cached run, in its pool or on its disk: pool blocks are attached, disk
-        // blocks loaded (priced at the worker's read rate), the rest computed.
-        let held: Vec<Overlap> = cands.iter().map(|c| if chain.is_empty() { Overlap::default() } else { reg.prefix_held(&c.id, &chain, usable) }).collect();
-        let work = |i: usize| PrefillWork { compute: prompt.len() - held[i].total() * bs, disk: held[i].disk * bs };
+        let Priced { cands, held } = priced(shared, &chain, prompt.len(), bs, |id| prog.avoid.iter().chain(&full).any(|a| a == id));
+        let work = |i: usize| work_at(prompt.len(), held[i], bs);
         let picked = pick_prefill_for(&cands, &work).and_then(|i| reg.get(&cands[i].id).map(|w| (w, held[i])));
         let Some((pw, pw_held)) = picked else {
             let error = RouterError::NoWorker { role: WorkerRole::Prefill };

@@ -9,6 +9,7 @@ use crate::pick::{rules_for, Rules};
 use crate::load::Reservation;
 use crate::error::{Result, WorkerError};
 use ferry_core::SamplingParams;
+use ferry_core::cache_policy::TurnTimes;
 use ferry_engine::FinishReason;
 use ferry_proto::v1::{decode_response, Admitted, DecodeFinal, DecodeRequest, DecodeResponse, DecodeTokens, PromptLogprobs};
 use ferry_proto::MIN_TRANSFER_TOKEN_LEN;
@@ -48,11 +49,12 @@ enum Plan {
 }
 
 impl Plan {
-    /// The router's `local_max` and what this worker holds decide (`ferry_core::cache_policy::plan_turn`).
-    fn of(colocated: bool, prompt: usize, cached: usize, local_max: usize, block_size: usize) -> Plan {
+    /// The router's `local_max`, what this worker holds, and how soon each path would be done
+    /// decide (`ferry_core::cache_policy::plan_turn`).
+    fn of(colocated: bool, prompt: usize, cached: usize, local_max: usize, block_size: usize, times: TurnTimes) -> Plan {
         use ferry_core::cache_policy::{plan_turn, TurnFacts, TurnPlan};
         let facts = TurnFacts { prompt_tokens: prompt, decode_held: cached, prefill_held: 0, block_size };
-        match (colocated, plan_turn(facts, local_max)) {
+        match (colocated, plan_turn(facts, local_max, times)) {
             (true, _) => Plan::Colocated,
             (false, TurnPlan::Local { .. }) => Plan::Local,
             (false, TurnPlan::Remote { .. }) => Plan::Receive,
@@ -264,7 +266,19 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
         // Prompt logprobs come from a whole computation: never a local suffix after the prefix
         // (a prefill worker computes it all; this worker's prefix still saves shipping).
         let local_max = if prompt_logprobs { 0 } else { req.local_prefill_max as usize };
-        let plan = Plan::of(colocated, ids.len(), cached, local_max, self.engine.facts.layout.block_size);
+        // This worker's prompts queued now and its measured pace at them, against the router's
+        // estimate for a prefill worker: a suffix is computed here only if it would not be later.
+        let load = &self.engine.load;
+        let remote = req.remote_prefill_ms;
+        let times = TurnTimes {
+            local_tokens_per_s: load.prefill_rate(),
+            local_queued: load.queued_prefill_tokens.load(Relaxed) as usize,
+            remote_seconds: (remote.is_finite() && remote > 0.0).then(|| remote / 1e3),
+        };
+        let plan = Plan::of(colocated, ids.len(), cached, local_max, self.engine.facts.layout.block_size, times);
+        if !colocated && cached > 0 {
+            tracing::debug!(request_id = %req.request_id, ?plan, cached, prompt_tokens = ids.len(), local_s = ?times.local_seconds(ids.len() - cached), remote_s = ?times.remote_seconds, "where the prompt's suffix is computed");
+        }
         let layout = &self.engine.facts.layout;
         let not_shipped = match plan {
             Plan::Receive => layout.layer_bytes(cached) * layout.n_layers,

@@ -260,7 +260,12 @@ impl DecodeThread {
         let t0 = Instant::now();
         let outcomes = step_isolating(&mut self.engine, &items, &mut |_, _, _| {});
         drop(items);
-        metrics::histogram!(crate::cluster::metrics::names::STEP_SECONDS, "role" => self.role).record(t0.elapsed().as_secs_f64());
+        let seconds = t0.elapsed().as_secs_f64();
+        metrics::histogram!(crate::cluster::metrics::names::STEP_SECONDS, "role" => self.role).record(seconds);
+        // The pace at which prompts advance here, beside the decodes they share the step with:
+        // what a turn computed here would wait for (`ferry_core::cache_policy::TurnTimes`).
+        let prompt_tokens: usize = parts.iter().map(|p| if let RowGroup::Prefill(_, r) = p { r.len() } else { 0 }).sum();
+        self.load.record_prefill_step(prompt_tokens, seconds);
         let decodes = parts.iter().filter(|p| matches!(p, RowGroup::Decode(_))).count();
         metrics::histogram!(crate::cluster::metrics::names::DECODE_BATCH_SIZE).record(decodes as f64);
         let outcomes: Vec<Outcome> = outcomes?;
