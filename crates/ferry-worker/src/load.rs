@@ -40,8 +40,11 @@ pub struct LoadGauge {
     pub waiting_requests: AtomicU64,
     pub queued_prefill_tokens: AtomicU64,
     pub block_size: AtomicU64,
-    /// Prefill throughput (tokens/s, f64 bits): an exponential moving average over steps.
+    /// Prefill throughput (tokens/s, f64 bits): moving averages over steps of the tokens and
+    /// of the seconds, divided ([`LoadGauge::record_prefill_step`]).
     pub prefill_rate_bits: AtomicU64,
+    prefill_tokens_avg_bits: AtomicU64,
+    prefill_seconds_avg_bits: AtomicU64,
     /// When the oldest prompt still waiting to start was queued: microseconds since [`epoch`]
     /// plus one; 0 when none waits.
     oldest_queued_us: AtomicU64,
@@ -107,15 +110,23 @@ impl LoadGauge {
         f64::from_bits(self.prefill_rate_bits.load(Relaxed))
     }
 
-    /// Fold one step's throughput into the moving average (weight 0.3 for the newest).
+    /// Fold one step into the throughput: moving averages (weight 0.3 for the newest) of the
+    /// tokens and of the seconds, and their ratio, so that each step counts by its size: a step
+    /// of a few tokens (a suffix after a cached prefix), dominated by what every step costs, does
+    /// not drag the rate a long prompt is priced at (an average of per-step rates would).
     pub fn record_prefill_step(&self, tokens: usize, seconds: f64) {
         if tokens == 0 || seconds <= 0.0 {
             return;
         }
-        let now = tokens as f64 / seconds;
-        let old = self.prefill_rate();
-        let avg = if old > 0.0 { 0.7 * old + 0.3 * now } else { now };
-        self.prefill_rate_bits.store(avg.to_bits(), Relaxed);
+        let fold = |avg: &AtomicU64, now: f64| {
+            let old = f64::from_bits(avg.load(Relaxed));
+            let new = if old > 0.0 { 0.7 * old + 0.3 * now } else { now };
+            avg.store(new.to_bits(), Relaxed);
+            new
+        };
+        let tokens = fold(&self.prefill_tokens_avg_bits, tokens as f64);
+        let seconds = fold(&self.prefill_seconds_avg_bits, seconds);
+        self.prefill_rate_bits.store((tokens / seconds).to_bits(), Relaxed);
     }
 
     /// Committed blocks not yet allocated in the pool (what the free count does not show yet).
@@ -292,6 +303,20 @@ mod tests {
         assert!((g.prefill_rate() - 1300.0).abs() < 1e-9);
         g.record_prefill_step(0, 1.0);
         assert!((g.snapshot().prefill_tokens_per_s - 1300.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_short_prefill_step_counts_by_its_size() {
+        let g = LoadGauge::default();
+        g.record_prefill_step(1000, 1.0);
+        // 10 tokens in 0.1 s (100 tokens/s, a fixed cost per step): tokens 703, seconds 0.73.
+        g.record_prefill_step(10, 0.1);
+        assert!((g.prefill_rate() - 703.0 / 0.73).abs() < 1e-6, "{}", g.prefill_rate());
+        // Steps of one size alone: their own rate.
+        for _ in 0..50 {
+            g.record_prefill_step(10, 0.1);
+        }
+        assert!((g.prefill_rate() - 100.0).abs() < 1e-3);
     }
 
     #[test]
