@@ -3,6 +3,7 @@
 
 mod gguf;
 mod hf;
+pub mod kbasis;
 pub mod synthetic;
 
 use crate::config::ModelConfig;
@@ -54,13 +55,18 @@ pub fn load(path: &Path) -> Result<LoadedModel> {
             format!("tokenizer has {} tokens but the model's vocabulary is {}", m.tokenizer.vocab_size(), m.config.vocab_size),
         ));
     }
-    m.fingerprint = fingerprint(&m);
+    // Every KV dtype gets the same basis, so workers of different KV dtypes still agree on K.
+    let basis = if std::env::var_os("FERRY_KBASIS_OFF").is_some() { kbasis::KBasis { exps: Vec::new() } } else { kbasis::fold(&m.config, &mut m.weights)? }; // TMP env
+    m.fingerprint = fingerprint(&m, &basis);
     Ok(m)
 }
 
-fn fingerprint(m: &LoadedModel) -> String {
+/// The model's identity for KV exchange, prefix caching and the disk tier: its config, its
+/// tensors' names, types, shapes and edge bytes, and the K basis ([`kbasis::KBasis::tag`]).
+fn fingerprint(m: &LoadedModel, basis: &kbasis::KBasis) -> String {
     let mut h = Sha256::new();
     h.update(format!("{:?}", m.config).as_bytes());
+    h.update(basis.tag().as_bytes());
     let mut names: Vec<_> = m.weights.tensors.iter().collect();
     names.sort_by(|a, b| a.1.name.cmp(&b.1.name));
     for (_, w) in names {
