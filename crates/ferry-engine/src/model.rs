@@ -145,20 +145,6 @@ impl<B: Backend> Model<B> {
             }
             be.rope(&mut s.q, &batch, c.head_dim);
             be.rope(&mut s.k, &batch, c.head_dim);
-            if n >= 256 && std::env::var_os("FERRY_KSTATS").is_some() {
-                // TMP instrumentation
-                let k = be.to_host(&s.k);
-                let (kd, hd) = (c.kv_dim(), c.head_dim);
-                for g in 0..c.n_kv_heads {
-                    for p in 0..hd / 2 {
-                        let (a, b) = (g * hd + p, g * hd + p + hd / 2);
-                        let m = (0..n).map(|r| (k[r * kd + a].powi(2) + k[r * kd + b].powi(2)).sqrt()).fold(0f32, f32::max);
-                        let mean = (0..n).map(|r| (k[r * kd + a].powi(2) + k[r * kd + b].powi(2)).sqrt()).sum::<f32>() / n as f32;
-                        eprintln!("KACT {l} {g} {p} {m}");
-                        eprintln!("KMEAN {l} {g} {p} {mean}");
-                    }
-                }
-            }
             be.kv_write(kv, l, &s.k, &s.v, &batch);
             be.attention(&s.q, kv, l, &batch, &mut s.attn);
             be.matmul(&s.attn, &[(&w.o, w.o_bias.as_ref())], &mut [&mut s.o]);

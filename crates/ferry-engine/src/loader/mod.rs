@@ -3,7 +3,6 @@
 
 mod gguf;
 mod hf;
-pub mod kbasis;
 pub mod synthetic;
 
 use crate::config::ModelConfig;
@@ -55,18 +54,13 @@ pub fn load(path: &Path) -> Result<LoadedModel> {
             format!("tokenizer has {} tokens but the model's vocabulary is {}", m.tokenizer.vocab_size(), m.config.vocab_size),
         ));
     }
-    // Every KV dtype gets the same basis, so workers of different KV dtypes still agree on K.
-    let basis = if std::env::var_os("FERRY_KBASIS_OFF").is_some() { kbasis::KBasis { exps: Vec::new() } } else { kbasis::fold(&m.config, &mut m.weights)? }; // TMP env
-    m.fingerprint = fingerprint(&m, &basis);
+    m.fingerprint = fingerprint(&m);
     Ok(m)
 }
 
-/// The model's identity for KV exchange, prefix caching and the disk tier: its config, its
-/// tensors' names, types, shapes and edge bytes, and the K basis ([`kbasis::KBasis::tag`]).
-fn fingerprint(m: &LoadedModel, basis: &kbasis::KBasis) -> String {
+fn fingerprint(m: &LoadedModel) -> String {
     let mut h = Sha256::new();
     h.update(format!("{:?}", m.config).as_bytes());
-    h.update(basis.tag().as_bytes());
     let mut names: Vec<_> = m.weights.tensors.iter().collect();
     names.sort_by(|a, b| a.1.name.cmp(&b.1.name));
     for (_, w) in names {
