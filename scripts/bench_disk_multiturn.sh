@@ -4,7 +4,8 @@
 # exact activations so that answers can be compared; a fresh tier directory per seed).
 # Usage: scripts/bench_disk_multiturn.sh [OUT_DIR]
 #   (FERRY: the binary [target/release/ferry]; SEEDS ["386 387"]; RATE conversations/s [1];
-#   UP_FLAGS: more `ferry up` flags for both arms, e.g. "--local-prefill-max 0")
+#   UP_FLAGS: more `ferry up` flags for both arms, e.g. "--local-prefill-max 0"; KV_TOKENS: each
+#   worker's pool [1024]: the conversations' history at the last turn is ~7,300 tokens, 7x that)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/lib/up.sh
@@ -17,7 +18,7 @@ for seed in ${SEEDS:-386 387}; do
           --output-len 16 --think-ms 15000 --seed "$seed")
     rm -rf "$out/kv-disk"
     for arm in off disk; do
-        flags=(--prefill 1 --decode 1 --kv-tokens 1024 --activations exact "${extra[@]}")
+        flags=(--prefill 1 --decode 1 --kv-tokens "${KV_TOKENS:-1024}" --activations exact "${extra[@]}")
         [ "$arm" = disk ] && flags+=(--kv-disk "$out/kv-disk")
         up_cluster "$ferry" "$out/up-$arm-$seed.log" "${flags[@]}"
         "$ferry" bench serve --router "$ROUTER" "${work[@]}" --label "$arm-$seed" --out "$out/$arm-$seed.json" | tee "$out/$arm-$seed.log"

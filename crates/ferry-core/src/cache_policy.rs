@@ -12,8 +12,12 @@
 //!   recompute whatever it does not hold itself (the answers a decode worker generated have KV
 //!   only there). But the decode worker's steps are shared: when prompts already queue there
 //!   (several turns arriving at once) while a prefill worker would be done sooner, the turn goes
-//!   remote. Conditional disaggregation, as Dynamo's disaggregated router and llm-d do it: each
-//!   prompt takes the path expected to give its first token first ([`TurnTimes`]).
+//!   remote. Conditional disaggregation, as Dynamo's disaggregated router and llm-d do it, with
+//!   the interference DistServe (arXiv:2401.09670) disaggregates to avoid priced in: computing a
+//!   suffix locally delays the new prompt's first token by its queue and its compute, and every
+//!   sequence decoding there by the compute (they share the steps); sending it to a prefill
+//!   worker delays that prompt alone, by the prefill worker's queue and work. The path that adds
+//!   the least delay in all is taken ([`TurnTimes`]).
 
 use crate::routing::{rank_decode, DecodeCandidate};
 
@@ -88,6 +92,8 @@ pub struct TurnTimes {
     pub local_tokens_per_s: f64,
     /// Prompt tokens already waiting for the decode worker's steps (other turns computed there).
     pub local_queued: usize,
+    /// Sequences decoding on the decode worker: each waits out a suffix computed in its steps.
+    pub local_running: usize,
     /// The router's expected seconds for the best prefill worker to compute this prompt: its
     /// queue, and the prompt less the prefix it holds ([`crate::routing::PrefillCandidate::expected_seconds_for`]).
     pub remote_seconds: Option<f64>,
@@ -99,15 +105,22 @@ impl TurnTimes {
         (self.local_tokens_per_s > 0.0).then(|| (self.local_queued + compute) as f64 / self.local_tokens_per_s)
     }
 
-    /// Both times are known and the prefill worker's is the shorter.
+    /// The delay computing `compute` tokens here adds in all: the prompt's own wait, and the
+    /// compute time again for each running sequence whose steps carry it.
+    pub fn local_cost(&self, compute: usize) -> Option<f64> {
+        let own = self.local_seconds(compute)?;
+        Some(own + self.local_running as f64 * compute as f64 / self.local_tokens_per_s)
+    }
+
+    /// Both are known and the prefill worker adds less delay.
     fn remote_sooner(&self, compute: usize) -> bool {
-        matches!((self.local_seconds(compute), self.remote_seconds), (Some(local), Some(remote)) if remote < local)
+        matches!((self.local_cost(compute), self.remote_seconds), (Some(local), Some(remote)) if remote < local)
     }
 }
 
 /// Local when at most `local_max` tokens are left to compute on the decode worker (and it holds
-/// something: a cold prompt always goes to a prefill worker) and a prefill worker is not
-/// expected to finish sooner ([`TurnTimes`]); else remote.
+/// something: a cold prompt always goes to a prefill worker) and a prefill worker would not add
+/// less delay ([`TurnTimes::local_cost`]); else remote.
 pub fn plan_turn(f: TurnFacts, local_max: usize, times: TurnTimes) -> TurnPlan {
     let bs = f.block_size.max(1);
     // At least the last token is computed somewhere (its logits give the first new token).
@@ -171,11 +184,11 @@ mod tests {
     }
 
     #[test]
-    fn plan_turn_takes_the_sooner_path_once_both_are_known() {
+    fn plan_turn_takes_the_path_that_adds_less_delay_once_both_are_known() {
         let facts = TurnFacts { prompt_tokens: 300, decode_held: 256, prefill_held: 0, block_size: 16 };
         let local = TurnPlan::Local { compute: 44 };
         let remote = TurnPlan::Remote { prefill_from: 0, ship_from_block: 16 };
-        let t = |rate, queued, remote| TurnTimes { local_tokens_per_s: rate, local_queued: queued, remote_seconds: remote };
+        let t = |rate, queued, remote| TurnTimes { local_tokens_per_s: rate, local_queued: queued, local_running: 0, remote_seconds: remote };
         let cases = [
             ("nothing measured: the token counts decide", t(0.0, 500, Some(0.01)), local),
             ("no prefill worker estimate: local", t(100.0, 500, None), local),
@@ -188,6 +201,11 @@ mod tests {
         for (name, times, want) in cases {
             assert_eq!(plan_turn(facts, 128, times), want, "{name}");
         }
+        // 44 tokens at 100/s: 0.44 s for the prompt, and 0.44 s for each of 3 running sequences
+        // (1.76 s in all) against 1 s there: remote; with one running (0.88 s): local.
+        let busy = |running| TurnTimes { local_running: running, ..t(100.0, 0, Some(1.0)) };
+        assert_eq!(plan_turn(facts, 128, busy(3)), remote, "three decoding here would each wait out the suffix");
+        assert_eq!(plan_turn(facts, 128, busy(1)), local, "one decoding here");
         // A suffix over the cap is remote however slow the prefill worker is.
         let long = TurnFacts { prompt_tokens: 600, ..facts };
         assert_eq!(plan_turn(long, 128, t(1000.0, 0, Some(60.0))), TurnPlan::Remote { prefill_from: 0, ship_from_block: 16 });

@@ -255,3 +255,79 @@ async fn speculation_changes_no_answer_on_a_golden_model() {
         assert!(proposed > 0, "{}: nothing was proposed", s.what);
     }
 }
+
+/// `count` unseeded copies of `req` (4 in flight at a time) on a colocated worker with `mode`:
+/// each answer's ids, and the proposed and accepted token counts summed.
+async fn unseeded_answers(mode: SpecMode, req: &GenerateRequest, count: usize) -> (Vec<Vec<u32>>, u32, u32) {
+    let r = common::Router::start(RouterConfig { heartbeat: Duration::from_millis(100), ..RouterConfig::new(model()) }).await;
+    let opts = EngineOptions { spec: SpecConfig { mode, max_tokens: 5 }, ..Default::default() };
+    let stop = common::spawn_worker_with(Role::Colocated, &r.addr, engine(), opts).await;
+    let (mut out, mut proposed, mut accepted) = (Vec::new(), 0, 0);
+    for _ in 0..count / 4 {
+        let batch: Vec<_> = (0..4).map(|_| tokio::spawn(choices_owned(r.addr.clone(), req.clone()))).collect();
+        for t in batch {
+            let mut a = t.await.expect("request task");
+            let (ids, _, f) = a.remove(0);
+            proposed += f.spec_proposed_tokens;
+            accepted += f.spec_accepted_tokens;
+            out.push(ids);
+        }
+    }
+    drop(stop);
+    r.stop().await;
+    (out, proposed, accepted)
+}
+
+async fn choices_owned(router: String, req: GenerateRequest) -> Answer {
+    choices(&router, req).await
+}
+
+/// Unseeded sampling keeps its distribution with speculation on: the answers of 240 unseeded
+/// requests at temperature 1 with prompt lookup on, against 240 with it off, on a prompt whose
+/// continuation the model mostly copies (so proposals are made and accepted) but not always (so
+/// the answers vary). A two-sample chi-square test over the answers seen at least 8 times (the
+/// rest pooled) must not reject at p = 1e-6 (Wilson-Hilferty's normal approximation, z > 4.75):
+/// a verifier that accepted a proposal more (or less) often than the sampler draws it would shift
+/// the copy's share, and at these counts a shift of a few points is found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unseeded_sampling_keeps_its_distribution_with_speculation() {
+    let e = engine();
+    let list = "apples, bread, cheese, dates, eggs, flour, grapes, honey, ice, jam, kale, lemons, milk, nuts, oats";
+    let copy = e.encode(&format!("Shopping list: {list}.\nThe same list again: {list}.\nAnd once more: apples,")).unwrap();
+    let req = request(&copy, 6, v1::SamplingParams { temperature: 1.0, ..Default::default() }, vec![]);
+    let (off, p0, _) = unseeded_answers(SpecMode::Off, &req, 240).await;
+    let (on, proposed, accepted) = unseeded_answers(SpecMode::Ngram, &req, 240).await;
+    assert_eq!(p0, 0, "off proposed");
+    assert!(accepted * 4 > proposed && accepted > 100, "speculation must be exercised: {accepted} of {proposed} accepted");
+
+    let mut counts: std::collections::BTreeMap<&[u32], (f64, f64)> = Default::default();
+    for a in &off {
+        counts.entry(a).or_default().0 += 1.0;
+    }
+    for a in &on {
+        counts.entry(a).or_default().1 += 1.0;
+    }
+    let (mut cells, mut other) = (Vec::new(), (0.0, 0.0));
+    for (_, (x, y)) in counts {
+        match x + y >= 8.0 {
+            true => cells.push((x, y)),
+            false => other = (other.0 + x, other.1 + y),
+        }
+    }
+    if other.0 + other.1 > 0.0 {
+        cells.push(other);
+    }
+    assert!(cells.len() >= 3, "the answers must vary for the test to mean anything: {} cells", cells.len());
+    let (n1, n2) = (off.len() as f64, on.len() as f64);
+    let chi2: f64 = cells
+        .iter()
+        .map(|&(x, y)| {
+            let (e1, e2) = ((x + y) * n1 / (n1 + n2), (x + y) * n2 / (n1 + n2));
+            (x - e1).powi(2) / e1 + (y - e2).powi(2) / e2
+        })
+        .sum();
+    let k = (cells.len() - 1) as f64;
+    let z = ((chi2 / k).cbrt() - (1.0 - 2.0 / (9.0 * k))) / (2.0 / (9.0 * k)).sqrt();
+    eprintln!("{} cells, chi2 {chi2:.2} on {k} degrees of freedom (z {z:.2}); {accepted} of {proposed} proposed tokens accepted", cells.len());
+    assert!(z < 4.75, "speculation changed the unseeded distribution: chi2 {chi2:.2} on {k} df (z {z:.2}), cells {cells:?}");
+}

@@ -273,11 +273,12 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
         let times = TurnTimes {
             local_tokens_per_s: load.prefill_rate(),
             local_queued: load.queued_prefill_tokens.load(Relaxed) as usize,
+            local_running: load.active_sequences.load(Relaxed) as usize,
             remote_seconds: (remote.is_finite() && remote > 0.0).then(|| remote / 1e3),
         };
         let plan = Plan::of(colocated, ids.len(), cached, local_max, self.engine.facts.layout.block_size, times);
         if !colocated && cached > 0 {
-            tracing::debug!(request_id = %req.request_id, ?plan, cached, prompt_tokens = ids.len(), local_queued = times.local_queued, local_s = ?times.local_seconds(ids.len() - cached), remote_s = ?times.remote_seconds, "where the prompt's suffix is computed");
+            tracing::debug!(request_id = %req.request_id, ?plan, cached, prompt_tokens = ids.len(), local_queued = times.local_queued, running = times.local_running, local_s = ?times.local_cost(ids.len() - cached), remote_s = ?times.remote_seconds, "where the prompt's suffix is computed");
         }
         let layout = &self.engine.facts.layout;
         let not_shipped = match plan {
