@@ -282,8 +282,8 @@ async fn choices_owned(router: String, req: GenerateRequest) -> Answer {
     choices(&router, req).await
 }
 
-/// Unseeded sampling keeps its distribution with speculation on: the answers of 240 unseeded
-/// requests at temperature 1 with prompt lookup on, against 240 with it off, on a prompt whose
+/// Unseeded sampling keeps its distribution with speculation on: the answers (5 tokens) of 160
+/// unseeded requests at temperature 1 with prompt lookup on, against 160 with it off, on a prompt whose
 /// continuation the model mostly copies (so proposals are made and accepted) but not always (so
 /// the answers vary). A two-sample chi-square test over the answers seen at least 8 times (the
 /// rest pooled) must not reject at p = 1e-6 (Wilson-Hilferty's normal approximation, z > 4.75):
@@ -294,11 +294,11 @@ async fn unseeded_sampling_keeps_its_distribution_with_speculation() {
     let e = engine();
     let list = "apples, bread, cheese, dates, eggs, flour, grapes, honey, ice, jam, kale, lemons, milk, nuts, oats";
     let copy = e.encode(&format!("Shopping list: {list}.\nThe same list again: {list}.\nAnd once more: apples,")).unwrap();
-    let req = request(&copy, 6, v1::SamplingParams { temperature: 1.0, ..Default::default() }, vec![]);
-    let (off, p0, _) = unseeded_answers(SpecMode::Off, &req, 240).await;
-    let (on, proposed, accepted) = unseeded_answers(SpecMode::Ngram, &req, 240).await;
+    let req = request(&copy, 5, v1::SamplingParams { temperature: 1.0, ..Default::default() }, vec![]);
+    let (off, p0, _) = unseeded_answers(SpecMode::Off, &req, 160).await;
+    let (on, proposed, accepted) = unseeded_answers(SpecMode::Ngram, &req, 160).await;
     assert_eq!(p0, 0, "off proposed");
-    assert!(accepted * 4 > proposed && accepted > 100, "speculation must be exercised: {accepted} of {proposed} accepted");
+    assert!(accepted * 4 > proposed && accepted > 60, "speculation must be exercised: {accepted} of {proposed} accepted");
 
     let mut counts: std::collections::BTreeMap<&[u32], (f64, f64)> = Default::default();
     for a in &off {
