@@ -18,7 +18,7 @@ use crate::pipeline::price::{chain_for, expected_prefill_seconds};
 use crate::pipeline::request::{CutShort, Failed, Job, Progress, Tx};
 use crate::RouterError;
 use crate::workers::dial::MAX_MESSAGE_BYTES;
-use crate::workers::load::InflightGuard;
+use crate::workers::load::{InflightGuard, PrefixChains};
 use crate::workers::registry::Worker;
 use crate::state::Shared;
 
@@ -35,6 +35,9 @@ pub struct Admission {
     pub start_block: u32,
     /// The pool's KV block size (tokens).
     pub block_size: u32,
+    /// The prompt's block chain (empty when routing by load alone), which the prefill step
+    /// prices the prefill workers' cached prefixes by too.
+    pub chain: PrefixChains,
     _guard: InflightGuard,
 }
 
@@ -131,7 +134,7 @@ pub async fn admit(
                         return Err(f.into());
                     }
                 };
-                return Ok(Admission { dw: w, stream, admitted, colocated, transfer_token, start_block, block_size, _guard: guard });
+                return Ok(Admission { dw: w, stream, admitted, colocated, transfer_token, start_block, block_size, chain, _guard: guard });
             }
             Err(Interrupt::ClientGone) => return Err(CutShort::ClientGone),
             Err(Interrupt::Failed(s)) => s,

@@ -12,7 +12,7 @@ use ferry_core::routing::pick_prefill_for;
 use ferry_proto::v1;
 
 use crate::pipeline::admit::Admission;
-use crate::pipeline::price::{Priced, chain_for, priced, work_at};
+use crate::pipeline::price::{Priced, priced, work_at};
 use crate::pipeline::call::{Interrupt, watched};
 use crate::pipeline::failure::failed;
 use crate::pipeline::request::{CutShort, Failed, Job, Progress, Tx};
@@ -36,9 +36,8 @@ pub async fn prefill(
     // Workers that were full for this attempt: skipped now, tried again after a wait.
     let mut full: Vec<String> = Vec::new();
     let bs = adm.block_size as usize;
-    let chain = chain_for(shared, job, prompt, bs);
     loop {
-        let Priced { cands, held } = priced(shared, &chain, prompt.len(), bs, |id| prog.avoid.iter().chain(&full).any(|a| a == id));
+        let Priced { cands, held } = priced(shared, &adm.chain, prompt.len(), bs, |id| prog.avoid.iter().chain(&full).any(|a| a == id));
         let work = |i: usize| work_at(prompt.len(), held[i], bs);
         let picked = pick_prefill_for(&cands, &work).and_then(|i| reg.get(&cands[i].id).map(|w| (w, held[i])));
         let Some((pw, pw_held)) = picked else {

@@ -266,8 +266,9 @@ impl ferry_proto::v1::decode_server::Decode for DecodeService {
         // Prompt logprobs come from a whole computation: never a local suffix after the prefix
         // (a prefill worker computes it all; this worker's prefix still saves shipping).
         let local_max = if prompt_logprobs { 0 } else { req.local_prefill_max as usize };
-        // This worker's prompts queued now and its measured pace at them, against the router's
-        // estimate for a prefill worker: a suffix is computed here only if it would not be later.
+        // This worker's queued prompts, running sequences and measured pace at prompts, against
+        // the router's estimate for a prefill worker: a suffix is computed here only if that adds
+        // no more delay in all (`TurnTimes::local_cost`).
         let load = &self.engine.load;
         let remote = req.remote_prefill_ms;
         let times = TurnTimes {
