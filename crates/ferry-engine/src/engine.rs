@@ -210,9 +210,11 @@ impl Engine<DeviceBackend> {
     pub fn load(path: &Path, cfg: &EngineConfig) -> Result<Self> {
         match cfg.device {
             Device::Cpu => {
-                let be = CpuBackend::with_activations(cfg.threads, cfg.activations)?;
+                let mut be = CpuBackend::with_activations(cfg.threads, cfg.activations)?;
                 let mut loaded = loader::load(path)?;
-                crate::backend::cpu::pack_weights(&mut loaded.weights, loaded.config.n_layers, cfg.activations == crate::backend::cpu::Activations::Q8)?;
+                if crate::backend::cpu::pack_weights(&mut loaded.weights, loaded.config.n_layers, cfg.activations == crate::backend::cpu::Activations::Q8)? {
+                    be.set_all_interleaved();
+                }
                 Self::from_loaded(DeviceBackend::Cpu(be), loaded, cfg)
             }
             Device::Cuda(ordinal) => Self::load_cuda(path, cfg, ordinal),

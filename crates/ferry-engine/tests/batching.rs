@@ -141,13 +141,20 @@ fn decode_batches_either_side_of_the_matmul_switch_equal_alone() {
 fn q8_decode_is_batch_invariant() {
     // With 8-bit activations, decode rows run the interleaved kernels, whose result for one
     // sequence does not depend on the others in the step: batched decode logits are bit for bit
-    // those of the sequence alone (the prefill stays exact f32 either way). That holds only up to
-    // the row-dot path's `GEMV_MAX_ROWS` rows, the batch tested here: a longer step takes the GEMM
-    // path with exact f32 activations, so its logits are not the q8 ones a sequence gets alone
-    // (docs/architecture.md and docs/benchmarks.md state this limit).
+    // those of the sequence alone. That holds only up to the row-dot path's `gemv_max_rows()`
+    // rows (`Q8_GEMV_MAX_ROWS`: every SmolLM2 matrix has an interleaved copy), the batch tested
+    // here: a longer step takes the GEMM path with exact f32 activations, so its logits are not
+    // the q8 ones a sequence gets alone (docs/architecture.md and docs/benchmarks.md state this
+    // limit).
     let cfg = ferry_engine::EngineConfig { threads: 2, activations: ferry_engine::Activations::Q8, ..Default::default() };
     let mut e = Engine::load(&smollm2_path(), &cfg).unwrap();
-    let ps = numbered_prompts(&e, ferry_engine::backend::cpu::GEMV_MAX_ROWS);
+    let rows = match e.backend() {
+        ferry_engine::DeviceBackend::Cpu(cpu) => cpu.gemv_max_rows(),
+        #[allow(unreachable_patterns)]
+        _ => unreachable!("a CPU engine"),
+    };
+    assert_eq!(rows, ferry_engine::backend::cpu::Q8_GEMV_MAX_ROWS, "every SmolLM2 matrix has an interleaved copy");
+    let ps = numbered_prompts(&e, rows);
     let seqs: Vec<SeqId> = ps.iter().map(|_| e.new_sequence()).collect();
     let mut next: Vec<u32> = seqs.iter().zip(&ps).map(|(&s, p)| ferry_engine::sampler::argmax(&e.prefill(s, p).unwrap())).collect();
     for _ in 0..4 {

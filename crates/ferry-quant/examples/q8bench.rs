@@ -7,6 +7,10 @@
 //! from memory), m = 1 and 8 activation rows. Reported in G weights/s (each weight feeds m
 //! products). "q8+quant" includes quantizing the activations on every matvec; "x8" is the
 //! 8-bit-activation kernel on the same matrices with eight rows interleaved (`dot_x8_q8`, m = 1).
+//!
+//! A second table runs the interleaved kernel at 1-16 activation rows (batched decode, speculative
+//! verification) at every SIMD level the CPU has, the levels alternating trial by trial so that
+//! the machine's drift falls on all alike; "vs m=1" is a matvec of m rows against one of one row.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -14,7 +18,7 @@ mod common;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use ferry_quant::{Q8Activations, WeightType, dot_many, dot_many_q8, dot_x8_q8, interleave_x8, simd_level, supports_x8};
+use ferry_quant::{Q8Activations, SimdLevel, WeightType, dot_many, dot_many_q8, dot_x8_q8, dot_x8_q8_with, interleave_x8, simd_level, supports_x8};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
@@ -101,6 +105,63 @@ fn main() {
                     x8_gws
                 );
             }
+        }
+    }
+    x8_by_rows(&mut rng);
+}
+
+/// `dot_x8_q8` at several activation rows and every supported level, in and out of cache.
+fn x8_by_rows(rng: &mut StdRng) {
+    let levels: Vec<SimdLevel> = SimdLevel::ALL.into_iter().filter(|l| *l != SimdLevel::Scalar && l.is_supported()).collect();
+    println!();
+    println!("interleaved kernel by activation rows (ms per matvec, median of {TRIALS} alternating trials; vs m=1: against the same level at one row)");
+    print!("{:<5} {:>10} {:>2}", "type", "rows x k", "m");
+    for l in &levels {
+        print!(" {:>9} {:>7}", format!("{} ms", l.name()), "vs m=1");
+    }
+    println!();
+    let ty = WeightType::Q4_1;
+    for (rows, k, out_of_cache) in [(1536usize, 576usize, false), (49152, 576, true)] {
+        let rb = ty.row_bytes(k).expect("whole blocks");
+        let copies = if out_of_cache { OUT_OF_CACHE_BYTES.div_ceil(rows * rb) } else { 1 };
+        let mats: Vec<Vec<u8>> = (0..copies)
+            .map(|_| {
+                let mut w = vec![0u8; rows * rb];
+                common::fill_random(ty, &mut w, rng);
+                let mut d = vec![0u8; w.len()];
+                interleave_x8(ty, &w, k, &mut d);
+                d
+            })
+            .collect();
+        let mut one = vec![0f64; levels.len()];
+        for m in [1usize, 2, 4, 8, 12, 16] {
+            let xq = Q8Activations::quantize(&common::random_x(m * k, rng), k);
+            let mut out = vec![0f32; rows * m];
+            let mut trials = vec![Vec::new(); levels.len()];
+            let mut c = 0;
+            for _ in 0..TRIALS {
+                for (li, &level) in levels.iter().enumerate() {
+                    let start = Instant::now();
+                    let mut n = 0u32;
+                    while n < 2 || start.elapsed() < TRIAL_TIME {
+                        dot_x8_q8_with(level, ty, &mats[c % copies], &xq, &mut out);
+                        c += 1;
+                        n += 1;
+                        black_box(&out);
+                    }
+                    trials[li].push(start.elapsed().as_secs_f64() * 1e3 / f64::from(n));
+                }
+            }
+            print!("{:<5} {:>10} {:>2}", ty.name(), format!("{rows}x{k}"), m);
+            for (li, t) in trials.iter_mut().enumerate() {
+                t.sort_by(f64::total_cmp);
+                let ms = t[t.len() / 2];
+                if m == 1 {
+                    one[li] = ms;
+                }
+                print!(" {:>9.3} {:>7.2}", ms, ms / one[li]);
+            }
+            println!();
         }
     }
 }

@@ -23,6 +23,7 @@
 //! bit-identical to the scalar one. K-quants are in `avx512/kquant.rs`.
 
 mod kquant;
+pub(crate) mod x8;
 
 use core::arch::x86_64::*;
 

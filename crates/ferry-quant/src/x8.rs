@@ -19,9 +19,9 @@
 //! accumulated separately and added at the end (`c_w = m_w` for `Q4_1`; `-8 d_w` folded in as a
 //! final `fma(-8, ·, ·)` for `Q4_0`; none for `Q8_0`). An activation row's result does not depend
 //! on the other rows of the batch: batched decode gives each sequence the bits it gets alone.
-//! The scalar kernel here does exactly these operations, so the AVX2 kernel matches it bit for
-//! bit; against [`dot_many_q8`](crate::dot_many_q8) the sums are the same but summed in another
-//! order.
+//! The scalar kernel here does exactly these operations, so the AVX2 kernel, and the AVX-512
+//! VNNI one that does its integer sums with `vpdpbusd` (`avx512/x8.rs`), match it bit for bit;
+//! against [`dot_many_q8`](crate::dot_many_q8) the sums are the same but summed in another order.
 
 use crate::SimdLevel;
 use crate::q8::Q8Activations;
@@ -85,7 +85,8 @@ pub fn dot_x8_q8(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) 
     dot_x8_q8_at(SimdLevel::selected(), ty, w, xq, out);
 }
 
-/// [`dot_x8_q8`] with the kernels of a given level (`Avx512` uses the AVX2 kernel).
+/// [`dot_x8_q8`] with the kernels of a given level (`Avx512` uses the AVX-512 VNNI kernel where
+/// the CPU has VNNI, else the AVX2 kernel; all are bit-identical).
 ///
 /// # Panics
 /// As [`dot_x8_q8`], and if `level` is not supported by this CPU.
@@ -107,6 +108,11 @@ fn dot_x8_q8_at(level: SimdLevel, ty: WeightType, w: &[u8], xq: &Q8Activations, 
     );
     match level {
         SimdLevel::Scalar => dot_x8_scalar(ty, w, xq, out),
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512 if crate::avx512::x8::supported() => {
+            // SAFETY: `supported` checked the CPU; the lengths were checked above.
+            unsafe { crate::avx512::x8::dot(ty, w, xq, out) }
+        }
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx2 | SimdLevel::Avx512 => {
             // SAFETY: callers pass only supported levels (Avx512 includes AVX2, FMA and F16C);

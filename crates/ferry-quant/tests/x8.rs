@@ -104,3 +104,37 @@ fn unsupported_types() {
         assert!(!supports_x8(ty));
     }
 }
+
+/// The largest integer sums a block can make: every nibble 15 (or every `Q8_0` quant -128 or 127)
+/// against activations all +127 or all -127. The SIMD kernels sum in 16 bits (AVX2) or 32 bits
+/// (AVX-512 VNNI) before converting; neither may saturate or wrap, so all agree with the scalar.
+#[test]
+fn extreme_quants_stay_exact() {
+    let k = 64;
+    for ty in TYPES {
+        let rb = ty.row_bytes(k).unwrap();
+        for quant in [0xFFu8, 0x80, 0x7F] {
+            let mut w = vec![quant; rb * X8_ROWS];
+            for blk in w.chunks_exact_mut(ty.block_bytes()) {
+                // Scales (and mins) of 1.0 in f16.
+                let hb = if ty == WeightType::Q4_1 { 4 } else { 2 };
+                for h in (0..hb).step_by(2) {
+                    blk[h..h + 2].copy_from_slice(&0x3C00u16.to_le_bytes());
+                }
+            }
+            for sign in [1.0f32, -1.0] {
+                let xq = Q8Activations::quantize(&vec![sign * 3.0; 3 * k], k);
+                assert!(xq.quants().iter().all(|&q| q == (sign * 127.0) as i8));
+                let mut inter = vec![0u8; w.len()];
+                interleave_x8(ty, &w, k, &mut inter);
+                let mut scalar = vec![f32::NAN; X8_ROWS * 3];
+                dot_x8_q8_with(SimdLevel::Scalar, ty, &inter, &xq, &mut scalar);
+                for level in levels() {
+                    let mut got = vec![f32::NAN; X8_ROWS * 3];
+                    dot_x8_q8_with(level, ty, &inter, &xq, &mut got);
+                    assert_eq!(got.iter().map(|f| f.to_bits()).collect::<Vec<_>>(), scalar.iter().map(|f| f.to_bits()).collect::<Vec<_>>(), "{ty} quant {quant:#x} sign {sign} {level:?}");
+                }
+            }
+        }
+    }
+}

@@ -10,15 +10,98 @@
 
 use core::arch::x86_64::*;
 
-use super::prefetch_ahead;
 use crate::q8::Q8Activations;
-use crate::types::{QK, WeightType};
+use crate::types::WeightType;
 use crate::x8::{X8_ROWS, header_bytes};
+
+/// Activation rows taken together over one pass of a group's blocks (each block unpacked once
+/// for all of them); their accumulators stay in registers.
+pub(crate) const TILE: usize = 4;
+
+/// Defines `groups::<F>` and `tile::<F, T>`, the loops that run a [`Format`] over a matrix of
+/// groups, compiled for the target features `$features` (the AVX2 kernel's, or those of the
+/// AVX-512 VNNI kernel, whose `Format`s need them to inline). Used inside the kernel's entry
+/// point, so each instance is private to it.
+macro_rules! driver {
+    ($features:literal) => {
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn groups<F: $crate::avx2::x8::Format>(w: &[u8], xq: &$crate::q8::Q8Activations, out: &mut [f32]) {
+            use $crate::avx2::x8::TILE;
+            use $crate::types::QK;
+            use $crate::x8::X8_ROWS;
+            let (nb, m) = (xq.k() / QK, xq.rows());
+            let bb = F::TY.block_bytes() * X8_ROWS;
+            let (xq8, xd, xs) = (xq.quants(), xq.scales(), xq.sums());
+            // These make every access below in bounds.
+            assert!(xq8.len() >= m * nb * QK && xd.len() >= m * nb && xs.len() >= m * nb && w.len() >= out.len() / (X8_ROWS * m) * nb * bb);
+            for (gi, o) in out.chunks_exact_mut(X8_ROWS * m).enumerate() {
+                let mut i0 = 0;
+                while i0 < m {
+                    let n = (m - i0).min(TILE);
+                    // SAFETY: rows i0..i0 + n exist (n >= 1) and the assert above bounds every access.
+                    unsafe {
+                        match n {
+                            4 => tile::<F, 4>(w, xq8, xd, xs, nb, m, gi, i0, o),
+                            3 => tile::<F, 3>(w, xq8, xd, xs, nb, m, gi, i0, o),
+                            2 => tile::<F, 2>(w, xq8, xd, xs, nb, m, gi, i0, o),
+                            _ => tile::<F, 1>(w, xq8, xd, xs, nb, m, gi, i0, o),
+                        }
+                    }
+                    i0 += n;
+                }
+            }
+        }
+
+        /// Activation rows `i0..i0 + T` against group `gi` (outputs `o`, the group's `8 · m`).
+        ///
+        /// # Safety
+        /// `i0 + T <= m`, and `w`, `xq8`, `xd`, `xs` hold group `gi`'s blocks and those rows' blocks (as
+        /// `groups` asserts).
+        #[allow(clippy::too_many_arguments)]
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn tile<F: $crate::avx2::x8::Format, const T: usize>(w: &[u8], xq8: &[i8], xd: &[f32], xs: &[f32], nb: usize, m: usize, gi: usize, i0: usize, o: &mut [f32]) {
+            use core::arch::x86_64::*;
+            use $crate::types::QK;
+            use $crate::x8::X8_ROWS;
+            let bb = F::TY.block_bytes() * X8_ROWS;
+            let (mut acc, mut macc) = ([_mm256_setzero_ps(); T], [_mm256_setzero_ps(); T]);
+            let (wp, xp) = (w.as_ptr(), xq8.as_ptr());
+            for b in 0..nb {
+                let off = (gi * nb + b) * bb;
+                if i0 == 0 {
+                    // The first rows stream the group from memory (a block's bytes a page ahead are
+                    // asked for, as in the row-layout kernels); later tiles find it in L1.
+                    $crate::avx2::prefetch_ahead(w, bb, gi * nb + b);
+                }
+                // SAFETY: group gi's block b is bytes off..off + bb of w (caller's contract).
+                let blk = unsafe { F::load(wp.add(off)) };
+                for t in 0..T {
+                    let xb = (i0 + t) * nb + b;
+                    // SAFETY: row i0 + t's x block b is quants 32 xb..32 xb + 32, and xd[xb], xs[xb]
+                    // exist (caller's contract).
+                    unsafe { F::apply(&blk, xp.add(xb * QK), *xd.as_ptr().add(xb), *xs.as_ptr().add(xb), &mut acc[t], &mut macc[t]) };
+                }
+            }
+            for t in 0..T {
+                let mut v = [0f32; X8_ROWS];
+                // SAFETY: v holds exactly 8 floats; AVX2 and FMA are enabled here.
+                unsafe { _mm256_storeu_ps(v.as_mut_ptr(), F::finish(acc[t], macc[t])) };
+                for (row, v) in v.into_iter().enumerate() {
+                    o[row * m + i0 + t] = v;
+                }
+            }
+        }
+    };
+}
+pub(crate) use driver;
 
 /// `out[r * m + i]` for every row `r` of the interleaved groups `w` and activation row `i`
 /// (lengths checked by the caller).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
+    driver!("avx2,fma,f16c");
     match ty {
         WeightType::Q4_1 => groups::<Q4<true>>(w, xq, out),
         WeightType::Q4_0 => groups::<Q4<false>>(w, xq, out),
@@ -31,7 +114,7 @@ pub(crate) fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32])
 /// once ([`Format::load`]), then each activation row's terms from it ([`Format::apply`]), so a
 /// step of several rows unpacks each weight block once. Each row's operations, and their order,
 /// are those of a row alone: the result does not depend on the other rows (bit for bit).
-trait Format {
+pub(crate) trait Format {
     const TY: WeightType;
     /// A block of the group's 8 rows, unpacked.
     type Block: Copy;
@@ -53,16 +136,16 @@ trait Format {
 }
 
 /// `Q4_1` (`MIN`: mins in the header) or `Q4_0` (min term `-8 d_w s_x`).
-struct Q4<const MIN: bool>;
-struct Q8_0;
+pub(crate) struct Q4<const MIN: bool>;
+pub(crate) struct Q8_0;
 
 /// A Q4 block of 8 rows: the low and high nibbles of its four 32-byte slices (lo0, hi0, lo1,
 /// ...), the rows' scales, and their mins (Q4_1) or scales again (Q4_0).
 #[derive(Clone, Copy)]
-struct Q4Block {
-    q: [__m256i; 8],
-    d: __m256,
-    c: __m256,
+pub(crate) struct Q4Block {
+    pub q: [__m256i; 8],
+    pub d: __m256,
+    pub c: __m256,
 }
 
 impl<const MIN: bool> Format for Q4<MIN> {
@@ -113,10 +196,10 @@ impl<const MIN: bool> Format for Q4<MIN> {
 /// A Q8_0 block of 8 rows: its eight 32-byte slices (their signs go to the activations) and
 /// their magnitudes, and the rows' scales.
 #[derive(Clone, Copy)]
-struct Q8Block {
-    v: [__m256i; 8],
-    a: [__m256i; 8],
-    d: __m256,
+pub(crate) struct Q8Block {
+    pub v: [__m256i; 8],
+    pub a: [__m256i; 8],
+    pub d: __m256,
 }
 
 /// Signed weights: `vpmaddubsw` takes `|w|` and the activations with `w`'s signs (`vpsignb`); a
@@ -160,70 +243,3 @@ impl Format for Q8_0 {
     }
 }
 
-/// Activation rows taken together over one pass of a group's blocks (each block unpacked once
-/// for all of them); their accumulators stay in registers.
-const TILE: usize = 4;
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn groups<F: Format>(w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
-    let (nb, m) = (xq.k() / QK, xq.rows());
-    let bb = F::TY.block_bytes() * X8_ROWS;
-    let (xq8, xd, xs) = (xq.quants(), xq.scales(), xq.sums());
-    // These make every access below in bounds.
-    assert!(xq8.len() >= m * nb * QK && xd.len() >= m * nb && xs.len() >= m * nb && w.len() >= out.len() / (X8_ROWS * m) * nb * bb);
-    for (gi, o) in out.chunks_exact_mut(X8_ROWS * m).enumerate() {
-        let mut i0 = 0;
-        while i0 < m {
-            let n = (m - i0).min(TILE);
-            // SAFETY: rows i0..i0 + n exist (n >= 1) and the assert above bounds every access.
-            unsafe {
-                match n {
-                    4 => tile::<F, 4>(w, xq8, xd, xs, nb, m, gi, i0, o),
-                    3 => tile::<F, 3>(w, xq8, xd, xs, nb, m, gi, i0, o),
-                    2 => tile::<F, 2>(w, xq8, xd, xs, nb, m, gi, i0, o),
-                    _ => tile::<F, 1>(w, xq8, xd, xs, nb, m, gi, i0, o),
-                }
-            }
-            i0 += n;
-        }
-    }
-}
-
-/// Activation rows `i0..i0 + T` against group `gi` (outputs `o`, the group's `8 · m`).
-///
-/// # Safety
-/// `i0 + T <= m`, and `w`, `xq8`, `xd`, `xs` hold group `gi`'s blocks and those rows' blocks (as
-/// `groups` asserts).
-#[allow(clippy::too_many_arguments)]
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile<F: Format, const T: usize>(w: &[u8], xq8: &[i8], xd: &[f32], xs: &[f32], nb: usize, m: usize, gi: usize, i0: usize, o: &mut [f32]) {
-    let bb = F::TY.block_bytes() * X8_ROWS;
-    let (mut acc, mut macc) = ([_mm256_setzero_ps(); T], [_mm256_setzero_ps(); T]);
-    let (wp, xp) = (w.as_ptr(), xq8.as_ptr());
-    for b in 0..nb {
-        let off = (gi * nb + b) * bb;
-        if i0 == 0 {
-            // The first rows stream the group from memory (a block's bytes a page ahead are
-            // asked for, as in the row-layout kernels); later tiles find it in L1.
-            prefetch_ahead(w, bb, gi * nb + b);
-        }
-        // SAFETY: group gi's block b is bytes off..off + bb of w (caller's contract).
-        let blk = unsafe { F::load(wp.add(off)) };
-        for t in 0..T {
-            let xb = (i0 + t) * nb + b;
-            // SAFETY: row i0 + t's x block b is quants 32 xb..32 xb + 32, and xd[xb], xs[xb]
-            // exist (caller's contract).
-            unsafe { F::apply(&blk, xp.add(xb * QK), *xd.as_ptr().add(xb), *xs.as_ptr().add(xb), &mut acc[t], &mut macc[t]) };
-        }
-    }
-    for t in 0..T {
-        let mut v = [0f32; X8_ROWS];
-        // SAFETY: v holds exactly 8 floats; AVX2 and FMA are enabled here.
-        unsafe { _mm256_storeu_ps(v.as_mut_ptr(), F::finish(acc[t], macc[t])) };
-        for (row, v) in v.into_iter().enumerate() {
-            o[row * m + i0 + t] = v;
-        }
-    }
-}

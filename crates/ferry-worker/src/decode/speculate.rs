@@ -126,12 +126,12 @@ impl Speculator {
     }
 
     /// The speculation of a worker serving `engine`: the budget and row cost of its backend. On
-    /// the CPU, steps of up to `GEMV_MAX_ROWS` rows take the row-dot matmul, which computes each
+    /// the CPU, steps of up to `gemv_max_rows()` rows take the row-dot matmul, which computes each
     /// row as it would alone, at the measured `CPU_ROW_COST`. On a GPU a decode step is bound by
     /// reading the weights far beyond a few rows (the values are estimates: untested on a GPU).
     pub(super) fn for_engine(cfg: SpecConfig, engine: &ferry_engine::Engine) -> Self {
         let (budget, cost) = match engine.backend() {
-            ferry_engine::DeviceBackend::Cpu(_) => (ferry_engine::backend::cpu::GEMV_MAX_ROWS, CPU_ROW_COST),
+            ferry_engine::DeviceBackend::Cpu(cpu) => (cpu.gemv_max_rows(), CPU_ROW_COST),
             // A GPU (the variant exists when the engine is built with CUDA).
             #[allow(unreachable_patterns)]
             _ => (GPU_ROW_BUDGET, GPU_ROW_COST),

@@ -20,6 +20,12 @@ use rayon::prelude::*;
 /// sequences took 0.68-0.96x as long by row-dot as by GEMM in 22 of 24 paired runs (1 and 2
 /// threads), 16 about the same, 20 and more longer (docs/benchmarks.md, issue #2's section).
 pub const GEMV_MAX_ROWS: usize = 12;
+/// The same switch with 8-bit activations when every matrix has an interleaved copy (the x8
+/// kernels, `CpuWeight::x8`): a row there costs a fraction of an exact row-dot row, while the
+/// GEMM path still dequantizes every weight to f32 once per call, so the row-dot path stays
+/// cheaper far longer (docs/benchmarks.md, "The q8 switch"). Up to here q8 steps are
+/// batch-invariant bit for bit.
+pub const Q8_GEMV_MAX_ROWS: usize = 64;
 
 /// One unit of parallel work: output columns `r0..r1` of projection `w`.
 #[derive(Clone, Copy)]
@@ -55,7 +61,7 @@ pub(crate) fn matmul(be: &CpuBackend, x: &CpuTensor, ws: &[(&CpuWeight, Option<&
     }
     let ptrs: Vec<SyncPtr> = outs.iter_mut().map(|o| SyncPtr(o.data.as_mut_ptr())).collect();
     let threads = be.threads();
-    if m <= GEMV_MAX_ROWS {
+    if m <= be.gemv_max_rows() {
         // Long runs of rows per task: each thread streams a few long ranges of weights, which the
         // kernels' software prefetch (a page ahead) keeps ahead of; two tasks per thread still
         // balance the work. (Tasks cut to equal bytes across Q/K/V, or four per thread, measured

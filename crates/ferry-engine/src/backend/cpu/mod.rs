@@ -6,7 +6,7 @@ mod kv_rows;
 mod matmul;
 /// The matmul switch: steps of at most this many rows take the row-dot path (and, with 8-bit
 /// activations, quantize them), longer ones the GEMM path. Public so tests read it.
-pub use matmul::GEMV_MAX_ROWS;
+pub use matmul::{GEMV_MAX_ROWS, Q8_GEMV_MAX_ROWS};
 pub(crate) mod simd;
 
 use super::{Backend, BatchPlan, RopeTable};
@@ -138,6 +138,8 @@ pub struct CpuBackend {
     pool: rayon::ThreadPool,
     threads: usize,
     pub(crate) activations: Activations,
+    /// Most activation rows a matmul runs by row-dot kernels (see [`CpuBackend::gemv_max_rows`]).
+    gemv_max_rows: usize,
 }
 
 impl CpuBackend {
@@ -153,10 +155,22 @@ impl CpuBackend {
             .thread_name(|i| format!("ferry-cpu-{i}"))
             .build()
             .map_err(|e| EngineError::DeviceUnavailable("cpu".into(), e.to_string()))?;
-        Ok(Self { pool, threads, activations })
+        Ok(Self { pool, threads, activations, gemv_max_rows: matmul::GEMV_MAX_ROWS })
     }
     pub fn threads(&self) -> usize {
         self.threads
+    }
+    /// Most activation rows a matmul computes with the row-dot kernels, each row exactly as it
+    /// would be alone (so decode steps of up to this many rows are batch-invariant): `GEMV_MAX_ROWS`,
+    /// or `Q8_GEMV_MAX_ROWS` once [`pack_weights`] gave every matrix an interleaved copy for
+    /// 8-bit activations. Longer steps dequantize the weights for an f32 GEMM.
+    pub fn gemv_max_rows(&self) -> usize {
+        self.gemv_max_rows
+    }
+    /// Raise the row-dot switch to `Q8_GEMV_MAX_ROWS` (when every matrix has an interleaved
+    /// copy and the activations are 8-bit; the caller checks).
+    pub(crate) fn set_all_interleaved(&mut self) {
+        self.gemv_max_rows = matmul::Q8_GEMV_MAX_ROWS;
     }
     pub(crate) fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.pool.install(f)
@@ -235,7 +249,7 @@ impl Backend for CpuBackend {
 
     fn add(&self, x: &mut CpuTensor, y: &CpuTensor) {
         let add = |a: &mut [f32], b: &[f32]| a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
-        if x.rows <= matmul::GEMV_MAX_ROWS {
+        if x.rows <= self.gemv_max_rows {
             add(&mut x.data, &y.data);
             return;
         }
@@ -262,7 +276,7 @@ impl Backend for CpuBackend {
             }
         };
         let cols = x.cols;
-        if x.rows <= matmul::GEMV_MAX_ROWS {
+        if x.rows <= self.gemv_max_rows {
             x.data.chunks_mut(cols).enumerate().for_each(|(r, row)| rotate(r, row));
             return;
         }
@@ -367,9 +381,10 @@ impl Backend for CpuBackend {
 /// With `interleave` (the 8-bit-activation mode), every matrix the interleaved decode kernel
 /// supports (`Q4_0`/`Q4_1`/`Q8_0`, rows a multiple of 8) also gets a copy with its rows in groups
 /// of 8 (`HostWeight::x8`), after all the row-layout matrices: matmuls of at most
-/// `GEMV_MAX_ROWS` rows (decode) read only those copies, longer prompts only the originals. It
-/// costs their size again in memory.
-pub fn pack_weights(w: &mut crate::weights::WeightSet, n_layers: usize, interleave: bool) -> Result<()> {
+/// [`CpuBackend::gemv_max_rows`] rows (decode) read only those copies, longer prompts only the
+/// originals. It costs their size again in memory. Returns whether every matrix a matmul reads
+/// got such a copy (then the backend's row-dot switch may rise to `Q8_GEMV_MAX_ROWS`).
+pub fn pack_weights(w: &mut crate::weights::WeightSet, n_layers: usize, interleave: bool) -> Result<bool> {
     const ALIGN: usize = 64;
     let x8_ok = |t: &HostWeight| interleave && ferry_quant::supports_x8(t.ty) && t.rows().is_multiple_of(ferry_quant::X8_ROWS) && t.rows() > 0;
     // Arena size: every matrix, plus room for an interleaved copy of each that may get one.
@@ -379,7 +394,7 @@ pub fn pack_weights(w: &mut crate::weights::WeightSet, n_layers: usize, interlea
         total += if x8_ok(t) { 2 * n } else { n };
     }
     if total == 0 {
-        return Ok(());
+        return Ok(false);
     }
     let mut arena = memmap2::MmapMut::map_anon(total).map_err(|e| EngineError::DeviceUnavailable("cpu".into(), format!("cannot map {total} bytes for weights: {e}")))?;
     #[cfg(target_os = "linux")]
@@ -398,9 +413,11 @@ pub fn pack_weights(w: &mut crate::weights::WeightSet, n_layers: usize, interlea
     }
     // The embedding table is only looked up by row, unless it doubles as the output projection.
     let untied = w.tensors.contains_key(&crate::weights::WeightKey::LmHead);
+    let multiplied = |k: &crate::weights::WeightKey| !(untied && *k == crate::weights::WeightKey::Embed);
+    let all_interleaved = interleave && keys.iter().filter(|k| multiplied(k)).all(|k| x8_ok(&w.tensors[k]));
     for k in &keys {
         let t = &w.tensors[k];
-        if x8_ok(t) && !(untied && *k == crate::weights::WeightKey::Embed) {
+        if x8_ok(t) && multiplied(k) {
             let n = t.bytes().len();
             ferry_quant::interleave_x8(t.ty, t.bytes(), t.cols(), &mut arena[off..off + n]);
             placed.push((*k, off, n, true));
@@ -414,5 +431,5 @@ pub fn pack_weights(w: &mut crate::weights::WeightSet, n_layers: usize, interlea
             if x8 { t.x8 = Some(s) } else { t.storage = s }
         }
     }
-    Ok(())
+    Ok(all_interleaved)
 }

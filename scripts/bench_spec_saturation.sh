@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Issue 36 after the q8 row-dot switch moved to 64 rows (and the AVX-512 VNNI kernel): speculation
+# off, prompt lookup and suffix decoding on the copy workload at two rates: 0.1 req/s (one
+# sequence decoding at a time: TPOT is the single stream's) and 4 req/s (all 8 requests within 2 s:
+# the decode worker runs them as one batch, and its output tokens/s is what it serves). A step may
+# now carry up to 64 rows, so a batch of 8 has room to verify 7 proposed tokens for each sequence.
+# One prefill and one decode worker, one pinned core each, prefix cache off, as in
+# scripts/bench_spec.sh; the configurations in turn, ROUNDS times; every run's `outputs_digest`
+# must agree. FERRY_QUANT_SIMD=avx2 in the environment caps the decode kernels at AVX2.
+# Usage: scripts/bench_spec_saturation.sh [OUT_DIR]   (build first: cargo build --release -p ferry)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+. scripts/lib/up.sh
+out="${1:-target/spec-saturation}"
+mkdir -p "$out"
+ferry="${FERRY:-./target/release/ferry}"
+slo=(--seed 5 --slo-ttft-ms 60000 --slo-tpot-ms 200)
+
+for round in $(seq 1 "${ROUNDS:-2}"); do
+    for spec in ${SPECS:-off ngram suffix}; do
+        echo "== round $round: speculation $spec"
+        up_cluster "$ferry" "$out/$spec.$round.up.log" --threads 1 --pin --no-prefix-cache --prefill 1 --decode 1 --speculate "$spec"
+        "$ferry" bench serve --router "$ROUTER" --workload copy --requests 8 --output-len 400 --rates "${RATES:-0.1,4}" "${slo[@]}" --label "copy $spec" --out "$out/copy-$spec.$round.json"
+        down_cluster
+    done
+done
+python3 scripts/lib/serve_summary.py "$out" copy
