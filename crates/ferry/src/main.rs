@@ -92,9 +92,10 @@ pub struct ModelArgs {
     /// CPU threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
-    /// How decode matmuls (steps of up to 12 rows) treat activations on the CPU. q8: the
-    /// activation rows are quantized to 8 bits per block of 32 and meet Q4_0/Q4_1/Q8_0 weights in
-    /// integer dot products (llama.cpp's method), over a row-interleaved copy of those weights:
+    /// How decode matmuls (steps of up to 64 rows in q8 mode when every matrix is Q4_0/Q4_1/Q8_0,
+    /// else 12) treat activations on the CPU. q8: the activation rows are quantized to 8 bits per
+    /// block of 32 and meet Q4_0/Q4_1/Q8_0 weights in integer dot products (llama.cpp's method),
+    /// over a row-interleaved copy of those weights:
     /// faster decode (about 2x for SmolLM2 on AVX-512), twice those weights' memory, not the
     /// exact f32 math. exact: f32 activations against exactly dequantized weights, the math the
     /// tests hold against HF transformers. Other weight types and GPUs compute exactly either

@@ -48,8 +48,9 @@ pub struct ProfileArgs {
     /// Prefill: timed steps per point in each pass, after one warm-up.
     #[arg(long, default_value_t = 1)]
     pub repeats: usize,
-    /// Decode: sequences per step (12 and 13 straddle the CPU matmul's switch from its row-dot
-    /// to its GEMM path: the fit follows that jump only from points on both sides).
+    /// Decode: sequences per step (with exact activations 12 and 13 straddle the CPU matmul's
+    /// switch from its row-dot to its GEMM path, and the fit follows that jump only from points on
+    /// both sides; in q8 mode with every matrix interleaved the switch is at 64).
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,12,13,16")]
     pub batches: Vec<usize>,
     /// Decode: tokens each sequence holds when the timed steps start.
