@@ -27,7 +27,7 @@ esac
 for round in $(seq 1 "${ROUNDS:-2}"); do
     for spec in ${SPECS:-off ngram suffix}; do
         echo "== round $round: speculation $spec"
-        up_cluster "$ferry" "$out/$spec.$round.up.log" --threads 1 --pin --no-prefix-cache --prefill 1 --decode 1 --speculate "$spec"
+        up_cluster "$ferry" "$out/$workload-$spec.$round.up.log" --threads 1 --pin --no-prefix-cache --prefill 1 --decode 1 --speculate "$spec"
         "$ferry" bench serve --router "$ROUTER" "${load[@]}" "${slo[@]}" --label "$workload $spec" --out "$out/$workload-$spec.$round.json"
         down_cluster
     done

@@ -95,11 +95,10 @@ pub struct ModelArgs {
     /// How decode matmuls (steps of up to 64 rows in q8 mode when every matrix is Q4_0/Q4_1/Q8_0,
     /// else 12) treat activations on the CPU. q8: the activation rows are quantized to 8 bits per
     /// block of 32 and meet Q4_0/Q4_1/Q8_0 weights in integer dot products (llama.cpp's method),
-    /// over a row-interleaved copy of those weights:
-    /// faster decode (about 2x for SmolLM2 on AVX-512), twice those weights' memory, not the
-    /// exact f32 math. exact: f32 activations against exactly dequantized weights, the math the
-    /// tests hold against HF transformers. Other weight types and GPUs compute exactly either
-    /// way. Default: q8 where speed is the point (the workers, `ferry up`, `generate`, `bench
+    /// over a row-interleaved copy of those weights: faster decode (about 2x for SmolLM2 on
+    /// AVX-512), twice those weights' memory, not the exact f32 math. exact: f32 activations
+    /// against exactly dequantized weights, the math the tests hold against HF transformers.
+    /// Other weight types and GPUs compute exactly either way. Default: q8 where speed is the point (the workers, `ferry up`, `generate`, `bench
     /// disagg|grammar`, and `profile`, which measures what the workers run); exact for `score`
     /// (a fidelity tool, its logits compared with references); `bench engine` measures both.
     #[arg(long, value_enum)]

@@ -13,18 +13,23 @@
 //! speculative verification) cost about half as much.
 
 use core::arch::x86_64::*;
+use std::sync::OnceLock;
 
 use crate::avx2::x8::{Format, Q4, Q4Block, Q8_0, Q8Block, driver};
 use crate::q8::Q8Activations;
 use crate::types::WeightType;
 
 /// Whether this CPU has the instructions (AVX-512 VNNI and VL, besides the AVX2 kernel's).
+/// Detected once: every matmul task of a decode step asks.
 pub(crate) fn supported() -> bool {
-    std::is_x86_feature_detected!("avx512vnni")
-        && std::is_x86_feature_detected!("avx512vl")
-        && std::is_x86_feature_detected!("avx2")
-        && std::is_x86_feature_detected!("fma")
-        && std::is_x86_feature_detected!("f16c")
+    static SUPPORTED: OnceLock<bool> = OnceLock::new();
+    *SUPPORTED.get_or_init(|| {
+        std::is_x86_feature_detected!("avx512vnni")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::is_x86_feature_detected!("f16c")
+    })
 }
 
 /// `out[r * m + i]` for every row `r` of the interleaved groups `w` and activation row `i`
