@@ -5,7 +5,9 @@
 # Usage: scripts/bench_disk_multiturn.sh [OUT_DIR]
 #   (FERRY: the binary [target/release/ferry]; SEEDS ["386 387"]; RATE conversations/s [1];
 #   UP_FLAGS: more `ferry up` flags for both arms, e.g. "--local-prefill-max 0"; KV_TOKENS: each
-#   worker's pool [1024]: the conversations' history at the last turn is ~7,300 tokens, 7x that)
+#   worker's pool [1024]: the conversations' history at the last turn is ~7,300 tokens, 7x that;
+#   the workload's shape: USERS [16], TURNS [4], SYSTEM_TOKENS [32], USER_TOKENS [64..128],
+#   OUTPUT_LEN [16], THINK_MS [15000])
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/lib/up.sh
@@ -14,8 +16,9 @@ mkdir -p "$out"
 ferry="${FERRY:-./target/release/ferry}"
 read -r -a extra <<< "${UP_FLAGS:-}"
 for seed in ${SEEDS:-386 387}; do
-    work=(--workload multiturn --rates "${RATE:-1}" --users 16 --turns 4 --system-tokens 32 --user-tokens 64..128
-          --output-len 16 --think-ms 15000 --seed "$seed")
+    work=(--workload multiturn --rates "${RATE:-1}" --users "${USERS:-16}" --turns "${TURNS:-4}"
+          --system-tokens "${SYSTEM_TOKENS:-32}" --user-tokens "${USER_TOKENS:-64..128}"
+          --output-len "${OUTPUT_LEN:-16}" --think-ms "${THINK_MS:-15000}" --seed "$seed")
     rm -rf "$out/kv-disk"
     for arm in off disk; do
         flags=(--prefill 1 --decode 1 --kv-tokens "${KV_TOKENS:-1024}" --activations exact "${extra[@]}")
