@@ -15,10 +15,11 @@
 //!
 //! Kernels exist for three [`SimdLevel`]s: AVX-512 (F+BW+VL), AVX2 (+FMA+F16C) and portable
 //! scalar code. At the AVX-512 level the interleaved kernel uses VNNI (`vpdpbusd`) where the CPU
-//! has it, and the AVX2 kernel where it does not. The best level the CPU supports is detected
-//! once, at first use; the environment variable `FERRY_QUANT_SIMD` (`scalar`, `avx2`, `avx512`)
-//! can lower it, for debugging and benchmarks. Each SIMD kernel file keeps the structure of the others, and the scalar module is
-//! the oracle the tests compare them against (llm.c's habit: kernel and reference side by side).
+//! has it, and the AVX2 kernel where it does not. The best level the CPU supports is detected once,
+//! at first use; the environment variable `FERRY_QUANT_SIMD` (`scalar`, `avx2`, `avx512`) can lower
+//! it, for debugging and benchmarks. Each SIMD kernel file keeps the structure of the others, and
+//! the scalar module is the oracle the tests compare them against (llm.c's habit: kernel and
+//! reference side by side).
 
 mod q8;
 mod scalar;

@@ -97,10 +97,11 @@ pub struct ModelArgs {
     /// block of 32 and meet Q4_0/Q4_1/Q8_0 weights in integer dot products (llama.cpp's method),
     /// over a row-interleaved copy of those weights: faster decode (about 2x for SmolLM2 on
     /// AVX-512), twice those weights' memory, not the exact f32 math. exact: f32 activations
-    /// against exactly dequantized weights, the math the tests hold against HF transformers.
-    /// Other weight types and GPUs compute exactly either way. Default: q8 where speed is the point (the workers, `ferry up`, `generate`, `bench
-    /// disagg|grammar`, and `profile`, which measures what the workers run); exact for `score`
-    /// (a fidelity tool, its logits compared with references); `bench engine` measures both.
+    /// against exactly dequantized weights, the math the tests hold against HF transformers. Other
+    /// weight types and GPUs compute exactly either way. Default: q8 where speed is the point (the
+    /// workers, `ferry up`, `generate`, `bench disagg|grammar`, and `profile`, which measures what
+    /// the workers run); exact for `score` (a fidelity tool, its logits compared with references);
+    /// `bench engine` measures both.
     #[arg(long, value_enum)]
     pub activations: Option<ActivationsArg>,
     /// The old spelling of `--activations q8`.
