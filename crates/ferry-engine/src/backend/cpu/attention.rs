@@ -3,7 +3,8 @@
 //! cache's stored type and widened in registers (`kv_rows`).
 //!
 //! Decode rows (few per sequence) take a direct path: dot each cached key, softmax, accumulate
-//! values. Prefill chunks gather a tile's keys and values from their pages into contiguous
+//! values, with each KV block read once for all of a sequence's rows and its KV head's query
+//! group (grouped-query heads share it; speculative verification brings several rows). Prefill chunks gather a tile's keys and values from their pages into contiguous
 //! f32 scratch (widened as they are copied) and use two f32 GEMMs per head (S = Q·Kᵀ, O = P·V), the causal mask applied between.
 
 use super::kv_rows::{accumulate, dots, widen};
@@ -12,8 +13,6 @@ use super::{CpuBackend, CpuKv, CpuTensor, SyncPtr};
 use crate::backend::BatchPlan;
 use rayon::prelude::*;
 
-/// Query rows per parallel task.
-const ROWS_PER_TASK: usize = 16;
 /// Sequences with more query rows than this use the GEMM path.
 const GEMM_MIN_ROWS: usize = 8;
 /// Query rows per GEMM tile (keys needed grow with the tile's last row, so tiles cut causal waste).
@@ -98,62 +97,98 @@ struct Scratch {
     o: Vec<f32>,
 }
 
-pub(crate) fn attention(be: &CpuBackend, q: &CpuTensor, kv: &CpuKv, layer: usize, plan: &BatchPlan, out: &mut CpuTensor) {
+/// A direct-path work item: the decode rows of one sequence for query heads `h0..h1`, all of
+/// one KV head's group.
+struct Item {
+    seq: usize,
+    h0: usize,
+    h1: usize,
+}
+
+/// Direct-path attention for one item: each KV block is read once for all the item's query
+/// rows (its heads × the sequence's rows) and stays in L1 while they use it. Every query row's
+/// arithmetic (its dot per key, its softmax, its value sum block by block) is the same whatever
+/// else the item holds, so a row's output does not depend on the batch or on how items are cut.
+#[allow(clippy::too_many_arguments)]
+fn attention_rows(q: &CpuTensor, kv: &CpuKv, layer: usize, plan: &BatchPlan, it: &Item, out: SyncPtr, out_cols: usize, group: usize, scores: &mut Vec<f32>) {
     let l = kv.layout;
     let (hd, bs) = (l.head_dim, l.block_size);
-    let n_heads = q.cols / hd;
-    let group = n_heads / l.n_kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
     let (kc, vc) = (kv.k(layer), kv.v(layer));
     let (dt, rb) = (l.dtype, l.row_bytes());
-    // (sequence, head, first row) work items for the direct path; tiles for the GEMM path.
-    let mut items = Vec::new();
-    let mut tiles = Vec::new();
-    for (s, sp) in plan.seqs.iter().enumerate() {
-        if sp.q_len > GEMM_MIN_ROWS {
-            for g in 0..l.n_kv_heads {
-                for r0 in (0..sp.q_len).step_by(GEMM_TILE_ROWS) {
-                    tiles.push(Tile { seq: s, kv_head: g, r0, r1: (r0 + GEMM_TILE_ROWS).min(sp.q_len) });
-                }
-            }
-            continue;
-        }
-        for h in 0..n_heads {
-            for r0 in (0..sp.q_len).step_by(ROWS_PER_TASK) {
-                items.push((s, h, r0));
+    let sp = &plan.seqs[it.seq];
+    let g = it.h0 / group;
+    let first_pos = sp.ctx_len - sp.q_len;
+    let n_last = sp.ctx_len; // keys visible to the last row
+    // Query (head, row) pairs in order; each owns a score row of n_last.
+    let queries = || (it.h0..it.h1).flat_map(|h| (0..sp.q_len).map(move |r| (h, r)));
+    let n_q = (it.h1 - it.h0) * sp.q_len;
+    scores.resize(n_q * n_last, 0.0);
+    let q_of = |h: usize, r: usize| {
+        let row = sp.q_start + r;
+        &q.data[row * q.cols + h * hd..row * q.cols + (h + 1) * hd]
+    };
+    // Keys block by block, every query of the item per block; row r sees first_pos + r + 1 keys.
+    for b in 0..n_last.div_ceil(bs) {
+        let o = kv.offset(sp.blocks[b], g, 0);
+        for (i, (h, r)) in queries().enumerate() {
+            let (lo, hi) = (b * bs, (b * bs + bs).min(first_pos + r + 1));
+            if lo < hi {
+                dots(dt, q_of(h, r), &kc[o..o + (hi - lo) * rb], &mut scores[i * n_last + lo..i * n_last + hi]);
             }
         }
     }
+    let scale = 1.0 / (hd as f32).sqrt();
+    for (i, (_, r)) in queries().enumerate() {
+        softmax_scaled(&mut scores[i * n_last..i * n_last + first_pos + r + 1], scale);
+    }
+    let dst = |h: usize, r: usize| {
+        // SAFETY: each (row, head) pair belongs to exactly one item, so this head_dim-long slice
+        // of the output is written by this item alone.
+        unsafe { std::slice::from_raw_parts_mut(out.get().add((sp.q_start + r) * out_cols + h * hd), hd) }
+    };
+    for (h, r) in queries() {
+        dst(h, r).fill(0.0);
+    }
+    for b in 0..n_last.div_ceil(bs) {
+        let o = kv.offset(sp.blocks[b], g, 0);
+        for (i, (h, r)) in queries().enumerate() {
+            let (lo, hi) = (b * bs, (b * bs + bs).min(first_pos + r + 1));
+            if lo < hi {
+                accumulate(dt, dst(h, r), &scores[i * n_last + lo..i * n_last + hi], &vc[o..o + (hi - lo) * rb]);
+            }
+        }
+    }
+}
+
+pub(crate) fn attention(be: &CpuBackend, q: &CpuTensor, kv: &CpuKv, layer: usize, plan: &BatchPlan, out: &mut CpuTensor) {
+    let l = kv.layout;
+    let hd = l.head_dim;
+    let n_heads = q.cols / hd;
+    let group = n_heads / l.n_kv_heads;
     let out_ptr = SyncPtr(out.data.as_mut_ptr());
     let out_cols = out.cols;
     be.install(|| {
+        // Tiles for the GEMM path; the direct path's items serve a KV head's whole query group
+        // (one read of its blocks), or single heads where there would be too few items to keep
+        // every thread busy (the rows' results are the same either way).
+        let mut tiles = Vec::new();
+        let mut direct = Vec::new();
+        for (s, sp) in plan.seqs.iter().enumerate() {
+            if sp.q_len > GEMM_MIN_ROWS {
+                for g in 0..l.n_kv_heads {
+                    for r0 in (0..sp.q_len).step_by(GEMM_TILE_ROWS) {
+                        tiles.push(Tile { seq: s, kv_head: g, r0, r1: (r0 + GEMM_TILE_ROWS).min(sp.q_len) });
+                    }
+                }
+            } else if sp.q_len > 0 {
+                direct.push(s);
+            }
+        }
+        let per = if direct.len() * l.n_kv_heads >= 2 * rayon::current_num_threads() { group } else { 1 };
+        let items: Vec<Item> = direct.iter().flat_map(|&seq| (0..n_heads).step_by(per).map(move |h0| Item { seq, h0, h1: h0 + per })).collect();
         // Largest tiles (most keys) first, for balance.
         tiles.sort_by_key(|t| std::cmp::Reverse(plan.seqs[t.seq].ctx_len - plan.seqs[t.seq].q_len + t.r1));
         tiles.par_iter().for_each_init(Scratch::default, |scr, t| attention_tile(q, kv, layer, plan, t, out_ptr, out_cols, group, scr));
-        items.par_iter().for_each_init(Vec::new, |scores: &mut Vec<f32>, &(s, h, r0)| {
-            let sp = &plan.seqs[s];
-            let g = h / group;
-            let first_pos = sp.ctx_len - sp.q_len;
-            for r in r0..(r0 + ROWS_PER_TASK).min(sp.q_len) {
-                let row = sp.q_start + r;
-                let n_ctx = first_pos + r + 1;
-                let qv = &q.data[row * q.cols + h * hd..row * q.cols + (h + 1) * hd];
-                scores.resize(n_ctx, 0.0);
-                // Each KV block holds this head's keys (and values) of `bs` positions contiguously.
-                for (b, sc) in scores.chunks_mut(bs).enumerate() {
-                    let o = kv.offset(sp.blocks[b], g, 0);
-                    dots(dt, qv, &kc[o..o + sc.len() * rb], sc);
-                }
-                softmax_scaled(scores, scale);
-                // SAFETY: each (row, head) pair belongs to exactly one work item, so this
-                // head_dim-long slice of the output is written by this task alone.
-                let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(row * out_cols + h * hd), hd) };
-                dst.fill(0.0);
-                for (b, p) in scores.chunks(bs).enumerate() {
-                    let o = kv.offset(sp.blocks[b], g, 0);
-                    accumulate(dt, dst, p, &vc[o..o + p.len() * rb]);
-                }
-            }
-        });
+        items.par_iter().for_each_init(Vec::new, |scores, it| attention_rows(q, kv, layer, plan, it, out_ptr, out_cols, group, scores));
     });
 }

@@ -129,7 +129,29 @@ macro_rules! row_kernels {
         #[target_feature(enable = $features)]
         fn dots_of<const T: u8>(dtype: KvDtype, q: &[f32], rows: &[u8], rb: usize, out: &mut [f32]) {
             let d = q.len();
-            for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb)) {
+            // Four rows at a time: each query vector loaded once for the four, one accumulator
+            // per row, and the four sums reduced together.
+            let n = out.len();
+            let mut quads = out.chunks_exact_mut(4);
+            for (o, rows) in (&mut quads).zip(rows.chunks_exact(4 * rb)) {
+                let mut a = [$zero(); 4];
+                let mut j = 0;
+                while j < d {
+                    // SAFETY: j + lanes <= d; q holds d floats.
+                    let qv = unsafe { $loadu(q.as_ptr().add(j)) };
+                    for (r, a) in a.iter_mut().enumerate() {
+                        // SAFETY: row r's values j..j + lanes lie within its rb bytes.
+                        *a = $fmadd(qv, unsafe { load::<T>(rows.as_ptr().add(r * rb + j * size(T))) }, *a);
+                    }
+                    j += $lanes;
+                }
+                let s = hsum4(a);
+                for (r, o) in o.iter_mut().enumerate() {
+                    *o = s[r] * row_scale(dtype, &rows[r * rb..(r + 1) * rb]);
+                }
+            }
+            let done = n - quads.into_remainder().len();
+            for (o, row) in out[done..].iter_mut().zip(rows[done * rb..].chunks_exact(rb)) {
                 let (mut a0, mut a1) = ($zero(), $zero());
                 let mut j = 0;
                 while j < d {
@@ -199,6 +221,14 @@ mod x512 {
     fn hsum(v: __m512) -> f32 {
         _mm512_reduce_add_ps(v)
     }
+
+    /// The lane sums of four vectors: each folded to 8 lanes, then as AVX2's.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    fn hsum4(a: [__m512; 4]) -> [f32; 4] {
+        let half = |v: __m512| _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))));
+        super::x256::hsum4([half(a[0]), half(a[1]), half(a[2]), half(a[3])])
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -225,6 +255,18 @@ mod x256 {
     }
 
     use super::super::simd::hsum_avx2 as hsum;
+
+    /// The lane sums of four vectors.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn hsum4(a: [__m256; 4]) -> [f32; 4] {
+        // [a0 a0 a1 a1 | a0 a0 a1 a1] pairs, then [a0 a1 a2 a3 | ...]: lane sums of each a.
+        let h = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+        let mut s = [0f32; 4];
+        // SAFETY: s holds four floats.
+        unsafe { _mm_storeu_ps(s.as_mut_ptr(), _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h))) };
+        s
+    }
 }
 
 #[cfg(test)]
