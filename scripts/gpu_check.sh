@@ -36,7 +36,13 @@
 #    bytes and against TCP from device memory;
 # 7. `ferry profile --device cuda` of Llama-3-8B shapes (for `ferry plan`);
 # 8. Llama-3-8B shapes with random bf16 weights made on the device: Ferry's prefill and decode
-#    against the measured HBM and GEMM limits, then HF transformers (sdpa) on the same shapes.
+#    against the measured HBM and GEMM limits, then HF transformers (sdpa) on the same shapes;
+# 9. speculation's ceiling on the GPU (issue 36): `ferry bench spec-rows` on Llama-3-8B shapes at
+#    batch 1, 8 and 32, 512 tokens of context: what a step of r rows per sequence costs against
+#    one row, so `r * t1 / tr` is the most output tok/s any proposer can give at that batch;
+# 10. the KV dtypes on the GPU (issue 35): `ferry bench kv-decode` on Llama-3-1B shapes with f32,
+#    f16, bf16 and int8 caches, batch 8, at 1,024 and 4,096 tokens (one engine per type: the 1B
+#    shapes keep four of them within an H100's memory).
 # Needs: python3 with numpy and safetensors (step 2), torch and transformers (step 8); libcuda.
 set -uo pipefail
 
@@ -57,7 +63,7 @@ fi
 CLUSTER_MODEL="$MODEL"
 [ -f "$MODEL" ] || CLUSTER_MODEL=tests/fixtures/golden/llama-gqa
 mkdir -p "$OUT"
-STEPS="${STEPS:-1 2 3 4 5 6 7 8}"
+STEPS="${STEPS:-1 2 3 4 5 6 7 8 9 10}"
 failed=0
 T0=$SECONDS
 step() { echo; echo "== [$((SECONDS - T0)) s] $*"; }
@@ -250,6 +256,22 @@ cat "$OUT/bench-ferry.json"
 PYTHONUNBUFFERED=1 timeout 180 python3 scripts/bench_hf_gpu.py --model llama3-8b --prompt-len 2048 --gen 64 --repeats 3 --batch 32 \
     >"$OUT/bench-hf.json" 2>"$OUT/bench-hf.log" || { fail "HF transformers benchmark"; tail -20 "$OUT/bench-hf.log" >&2; }
 cat "$OUT/bench-hf.json"
+fi
+
+if want 9; then
+step "9. speculation's ceiling on the GPU: bench spec-rows, Llama-3-8B shapes, 512 tokens, batch 1, 8 and 32"
+for b in 1 8 32; do
+    timeout 150 "$FERRY_BIN" bench spec-rows --device cuda --model synthetic:llama3-8b --batch "$b" --context 512 --rows 2,4,8 --rounds 8 \
+        >"$OUT/spec-rows-b$b.json" 2>"$OUT/spec-rows-b$b.log" || { fail "ferry bench spec-rows --batch $b"; tail -20 "$OUT/spec-rows-b$b.log" >&2; }
+    cat "$OUT/spec-rows-b$b.json"
+done
+fi
+
+if want 10; then
+step "10. KV dtypes on the GPU: bench kv-decode, Llama-3-1B shapes, f32 / f16 / bf16 / int8, batch 8"
+timeout 180 "$FERRY_BIN" bench kv-decode --device cuda --model synthetic:llama3-1b --dtypes f32,f16,bf16,int8 --contexts 1024,4096 --batch 8 --rounds 5 --steps 8 \
+    >"$OUT/kv-decode.json" 2>"$OUT/kv-decode.log" || { fail "ferry bench kv-decode"; tail -20 "$OUT/kv-decode.log" >&2; }
+cat "$OUT/kv-decode.json"
 fi
 
 echo
