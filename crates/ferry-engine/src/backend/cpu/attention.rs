@@ -4,8 +4,10 @@
 //!
 //! Decode rows (few per sequence) take a direct path: dot each cached key, softmax, accumulate
 //! values, with each KV block read once for all of a sequence's rows and its KV head's query
-//! group (grouped-query heads share it; speculative verification brings several rows). Prefill chunks gather a tile's keys and values from their pages into contiguous
-//! f32 scratch (widened as they are copied) and use two f32 GEMMs per head (S = Q·Kᵀ, O = P·V), the causal mask applied between.
+//! group (grouped-query heads share it; speculative verification brings several rows). Prefill
+//! chunks gather a tile's keys and values from their pages into contiguous f32 scratch (widened
+//! as they are copied) and use two f32 GEMMs per head (S = Q·Kᵀ, O = P·V), the causal mask
+//! applied between.
 
 use super::kv_rows::{accumulate, dots, widen};
 use super::simd::softmax_scaled;

@@ -227,7 +227,7 @@ mod x512 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     fn hsum4(a: [__m512; 4]) -> [f32; 4] {
         let half = |v: __m512| _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))));
-        super::x256::hsum4([half(a[0]), half(a[1]), half(a[2]), half(a[3])])
+        super::super::simd::hsum4_avx2([half(a[0]), half(a[1]), half(a[2]), half(a[3])])
     }
 }
 
@@ -254,19 +254,7 @@ mod x256 {
         }
     }
 
-    use super::super::simd::hsum_avx2 as hsum;
-
-    /// The lane sums of four vectors.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) fn hsum4(a: [__m256; 4]) -> [f32; 4] {
-        // [a0 a0 a1 a1 | a0 a0 a1 a1] pairs, then [a0 a1 a2 a3 | ...]: lane sums of each a.
-        let h = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-        let mut s = [0f32; 4];
-        // SAFETY: s holds four floats.
-        unsafe { _mm_storeu_ps(s.as_mut_ptr(), _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h))) };
-        s
-    }
+    use super::super::simd::{hsum_avx2 as hsum, hsum4_avx2 as hsum4};
 }
 
 #[cfg(test)]

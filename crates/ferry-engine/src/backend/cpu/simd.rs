@@ -96,10 +96,7 @@ unsafe fn dots_avx2(q: &[f32], keys: &[f32], out: &mut [f32]) {
                 }
                 j += 8;
             }
-            // [a0 a0 a1 a1 | a0 a0 a1 a1] pairs, then [a0 a1 a2 a3 | ...]: lane sums of each a.
-            let h = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-            let s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
-            _mm_storeu_ps(out.as_mut_ptr().add(t), s);
+            out[t..t + 4].copy_from_slice(&hsum4_avx2(a));
             t += 4;
         }
     }
@@ -316,6 +313,19 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Sum of the eight lanes.
+/// The lane sums of four vectors, reduced together.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn hsum4_avx2(a: [__m256; 4]) -> [f32; 4] {
+    // [a0 a0 a1 a1 | a0 a0 a1 a1] pairs, then [a0 a1 a2 a3 | ...]: lane sums of each a.
+    let h = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    let mut s = [0f32; 4];
+    // SAFETY: s holds four floats.
+    unsafe { _mm_storeu_ps(s.as_mut_ptr(), _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h))) };
+    s
+}
+
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2,fma")]
