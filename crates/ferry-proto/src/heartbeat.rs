@@ -26,6 +26,8 @@ pub enum LinkEvent<'a> {
     Answered(&'a HeartbeatResponse),
     /// The router no longer knows the worker (NOT_FOUND): it registers again.
     Forgotten,
+    /// A registration or heartbeat failed or was not answered in time (the router may be gone).
+    Unanswered,
     /// Whether the lease is current, after a registration and after each heartbeat.
     Lease(bool),
 }
@@ -67,6 +69,7 @@ pub async fn keep_registered(
             None => match tokio::time::timeout(REGISTER_TIMEOUT, client.register(who.register_request())).await {
                 Ok(Ok(r)) => r.into_inner(),
                 Ok(Err(status)) => {
+                    who.observe(LinkEvent::Unanswered);
                     if matches!(status.code(), tonic::Code::FailedPrecondition | tonic::Code::Unauthenticated) {
                         tracing::error!("the router refused registration: {}", status.message());
                     } else {
@@ -77,6 +80,7 @@ pub async fn keep_registered(
                     continue;
                 }
                 Err(_) => {
+                    who.observe(LinkEvent::Unanswered);
                     tracing::debug!("registering with {router}: no answer within {REGISTER_TIMEOUT:?}");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(2));
@@ -109,8 +113,14 @@ pub async fn keep_registered(
                     who.observe(LinkEvent::Lease(false));
                     break;
                 }
-                Ok(Err(status)) => tracing::debug!("heartbeat to {router}: {}", status.message()),
-                Err(_) => tracing::debug!("heartbeat to {router}: no answer within the lease ({lease:?})"),
+                Ok(Err(status)) => {
+                    who.observe(LinkEvent::Unanswered);
+                    tracing::debug!("heartbeat to {router}: {}", status.message());
+                }
+                Err(_) => {
+                    who.observe(LinkEvent::Unanswered);
+                    tracing::debug!("heartbeat to {router}: no answer within the lease ({lease:?})");
+                }
             }
             if !lease_current(last_ok, Instant::now(), lease) {
                 who.observe(LinkEvent::Lease(false));

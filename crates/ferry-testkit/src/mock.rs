@@ -237,7 +237,7 @@ impl Registrant for MockRegistrant {
         match event {
             LinkEvent::Registered(r) => *self.id.lock().unwrap_or_else(|p| p.into_inner()) = r.worker_id.clone(),
             // The mock keeps no readiness of its own, and keeps its id until it registers again.
-            LinkEvent::Answered(_) | LinkEvent::Forgotten | LinkEvent::Lease(_) => {}
+            LinkEvent::Answered(_) | LinkEvent::Forgotten | LinkEvent::Unanswered | LinkEvent::Lease(_) => {}
         }
     }
 

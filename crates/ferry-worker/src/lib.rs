@@ -214,6 +214,14 @@ pub async fn serve(
         ::metrics::gauge!(cluster::metrics::names::DRAINING).set(1.0);
         match failed {
             None => {
+                // Tell the routers and take what they dispatched before they heard; refuse after.
+                drain.announce();
+                if let Some(r) = &router_set {
+                    if !r.drain_heard(DRAIN_HEARD_WITHIN).await {
+                        tracing::warn!("draining: not every router acknowledged the drain within {} s", DRAIN_HEARD_WITHIN.as_secs_f64());
+                    }
+                    tokio::time::sleep(DISPATCH_GRACE).await;
+                }
                 tracing::info!(inflight = drain.inflight(), timeout_s = timeout.as_secs_f64(), "draining: refusing new requests, waiting for in-flight ones");
                 match drain.drain(timeout).await {
                     drain::DrainOutcome::Idle => tracing::info!("drained: every request finished"),
@@ -248,6 +256,14 @@ pub async fn serve(
     }
     result
 }
+
+/// How long a draining worker waits for its routers to acknowledge the drain before it refuses
+/// new requests (a router it cannot reach is not waited for longer).
+const DRAIN_HEARD_WITHIN: Duration = Duration::from_secs(3);
+
+/// After the routers have acknowledged the drain, how long the worker still takes requests: those
+/// a router dispatched just before it heard may still be on their way.
+const DISPATCH_GRACE: Duration = Duration::from_millis(250);
 
 /// How long a worker whose engine failed waits for the failures of the requests it held to reach
 /// their callers before it exits.

@@ -1,8 +1,10 @@
-//! Graceful drain. On SIGTERM (or `ferry pool drain` followed by a stop) a worker stops taking new
-//! work, tells the router at once (so nothing more is routed to it), lets every request it holds
-//! run to its end — for a prefill worker that means until the decode worker has acknowledged the
-//! KV it was sent — and only then deregisters and exits. Kubernetes' scale-down and rolling
-//! updates go through the same path, so they lose no in-flight request.
+//! Graceful drain. On SIGTERM (or `ferry pool drain` followed by a stop) a worker first tells its
+//! routers at once ([`Drain::announce`]; nothing more is routed to it), keeps taking what they
+//! dispatched before they heard, then stops taking new work and lets every request it holds run
+//! to its end ([`Drain::drain`]) — for a prefill worker that means until the decode worker has
+//! acknowledged the KV it was sent — and only then deregisters and exits. Kubernetes' scale-down
+//! and rolling updates go through the same path, so they lose no in-flight request and cost no
+//! retry.
 //!
 //! Every unit of work holds a [`Work`] guard from [`Drain::begin`]; the count can only fall back
 //! to zero through `Drop`, so an early return, an error or a cancelled request cannot wedge a
@@ -22,7 +24,7 @@ pub struct Drain {
     draining: AtomicBool,
     inflight: AtomicUsize,
     idle: Notify,
-    /// Turns true when the drain starts (the registration task reports it to the router).
+    /// Turns true when the drain is announced (the registration tasks report it to the routers).
     signal: watch::Sender<bool>,
 }
 
@@ -81,10 +83,17 @@ impl Drain {
         self.signal.subscribe()
     }
 
-    /// Stop taking work and wait until everything held has finished, at most `timeout`.
-    pub async fn drain(&self, timeout: Duration) -> DrainOutcome {
-        self.draining.store(true, SeqCst);
+    /// Tell the routers (through the registration tasks) and the readiness probe that this
+    /// worker is leaving; work is still taken until [`Drain::drain`].
+    pub fn announce(&self) {
         self.signal.send_replace(true);
+    }
+
+    /// Stop taking work and wait until everything held has finished, at most `timeout`
+    /// (announcing the drain first if that was not done).
+    pub async fn drain(&self, timeout: Duration) -> DrainOutcome {
+        self.announce();
+        self.draining.store(true, SeqCst);
         let idle = async {
             loop {
                 let notified = self.idle.notified();
@@ -136,6 +145,24 @@ mod tests {
         let d = Drain::new("w");
         let _held = d.begin().expect("open");
         assert_eq!(d.drain(Duration::from_millis(30)).await, DrainOutcome::TimedOut { left: 1 });
+    }
+
+    #[tokio::test]
+    async fn an_announced_drain_still_takes_work_until_it_drains() {
+        let d = Drain::new("w");
+        let mut rx = d.subscribe();
+        d.announce();
+        assert!(*rx.borrow_and_update(), "the routers hear of the drain");
+        assert!(!d.is_draining());
+        let late = d.begin().expect("a request dispatched before the routers heard is taken");
+        let d2 = d.clone();
+        let waiter = tokio::spawn(async move { d2.drain(Duration::from_secs(5)).await });
+        while !d.is_draining() {
+            tokio::task::yield_now().await;
+        }
+        assert!(d.begin().is_err(), "refused once draining");
+        drop(late);
+        assert_eq!(waiter.await.expect("join"), DrainOutcome::Idle);
     }
 
     #[tokio::test]

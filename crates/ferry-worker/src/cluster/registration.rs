@@ -4,7 +4,8 @@
 //! heartbeat has been acknowledged for a whole lease (the router is gone or unreachable: it has
 //! dropped us by now), and ready again when heartbeats are acknowledged or we register anew.
 //! When the worker starts draining, every router hears it at once (not at the next heartbeat),
-//! and once drained the worker deregisters from all of them.
+//! each link reports when its router has answered a message that said so
+//! ([`LeaseFlag::drain_heard`]), and once drained the worker deregisters from all of them.
 //!
 //! Several routers serve the same pools ([`routers`]): the worker is given a list, and each
 //! entry that is a DNS name resolving to several addresses (a headless Service) counts as one
@@ -48,6 +49,10 @@ fn set_id(id: &WorkerId, value: Option<String>) {
 /// Where one router link reports whether its lease is current.
 pub trait LeaseFlag: Send + Sync {
     fn set(&self, current: bool);
+    /// The router answered a registration or heartbeat that said the worker is draining (it
+    /// routes nothing new here), or could not be reached with one (it is gone, or cannot route
+    /// here either).
+    fn drain_heard(&self) {}
 }
 
 /// One router, one flag (the worker's readiness when it has a single router).
@@ -72,11 +77,27 @@ struct Worker {
     cursor: Cursor,
     /// The last event in the heartbeat in flight.
     upto: u64,
+    /// Whether the registration or heartbeat in flight says the worker is draining.
+    says_draining: bool,
+}
+
+impl Worker {
+    fn draining_now(&mut self) -> bool {
+        self.says_draining = *self.draining.borrow();
+        self.says_draining
+    }
+
+    /// The router answered the message in flight, or failed to.
+    fn answered(&self) {
+        if self.says_draining {
+            self.ready.drain_heard();
+        }
+    }
 }
 
 impl Registrant for Worker {
     fn register_request(&mut self) -> RegisterRequest {
-        RegisterRequest { load: Some(self.load.snapshot()), draining: *self.draining.borrow(), ..self.template.clone() }
+        RegisterRequest { load: Some(self.load.snapshot()), draining: self.draining_now(), ..self.template.clone() }
     }
 
     fn heartbeat_request(&mut self, worker_id: &str) -> HeartbeatRequest {
@@ -92,7 +113,7 @@ impl Registrant for Worker {
                 None
             }
         };
-        HeartbeatRequest { worker_id: worker_id.to_string(), load: Some(self.load.snapshot()), draining: *self.draining.borrow(), grpc_addr: self.template.grpc_addr.clone(), kv_events }
+        HeartbeatRequest { worker_id: worker_id.to_string(), load: Some(self.load.snapshot()), draining: self.draining_now(), grpc_addr: self.template.grpc_addr.clone(), kv_events }
     }
 
     fn observe(&mut self, event: LinkEvent<'_>) {
@@ -100,9 +121,14 @@ impl Registrant for Worker {
             LinkEvent::Registered(resp) => {
                 set_id(&self.id, Some(resp.worker_id.clone()));
                 self.cursor = Cursor::registered();
+                self.answered();
             }
-            LinkEvent::Answered(answer) => self.cursor.acknowledged(self.upto, answer.kv_resync),
+            LinkEvent::Answered(answer) => {
+                self.cursor.acknowledged(self.upto, answer.kv_resync);
+                self.answered();
+            }
             LinkEvent::Forgotten => set_id(&self.id, None),
+            LinkEvent::Unanswered => self.answered(),
             LinkEvent::Lease(current) => {
                 self.ready.set(current);
                 if self.was != Some(current) {
@@ -143,7 +169,7 @@ pub async fn keep_registered(link: RouterLink, template: RegisterRequest, load: 
             return;
         }
     };
-    let mut worker = Worker { router: router.clone(), template, load, ready, draining, id, was: None, cursor: Cursor::registered(), upto: 0 };
+    let mut worker = Worker { router: router.clone(), template, load, ready, draining, id, was: None, cursor: Cursor::registered(), upto: 0, says_draining: false };
     heartbeat::keep_registered(client, &router, &mut worker, None, HEARTBEAT_FLOOR).await;
 }
 

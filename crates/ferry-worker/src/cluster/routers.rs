@@ -155,9 +155,11 @@ struct Link {
     task: JoinHandle<()>,
 }
 
-/// One link's lease flag; a change recomputes the worker's readiness.
+/// One link's lease flag (a change recomputes the worker's readiness), and whether its router
+/// has heard that the worker drains.
 struct Flag {
     current: std::sync::atomic::AtomicBool,
+    heard_drain: std::sync::atomic::AtomicBool,
     shared: std::sync::Weak<Shared>,
 }
 
@@ -167,6 +169,10 @@ impl LeaseFlag for Flag {
         if let Some(s) = self.shared.upgrade() {
             s.refresh();
         }
+    }
+
+    fn drain_heard(&self) {
+        self.heard_drain.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -259,6 +265,24 @@ impl RouterSet {
             .collect()
     }
 
+    /// Wait until every router this worker holds a current lease with has answered a message
+    /// saying it drains, or failed to (a router that refuses the connection is not waited for),
+    /// at most `bound`. True when all of them have.
+    pub async fn drain_heard(&self, bound: Duration) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        let deadline = Instant::now() + bound;
+        loop {
+            let all = self.shared.lock().values().all(|l| !l.ready.current.load(SeqCst) || l.ready.heard_drain.load(SeqCst));
+            if all {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// Stop every link and deregister from every router that knows us (concurrently, each
     /// bounded).
     pub async fn deregister_all(self) {
@@ -308,7 +332,7 @@ fn apply(s: &Arc<Shared>, link: &RouterLink, template: &RegisterRequest, load: &
     }
     for w in p.add {
         tracing::info!(router = %w.dial, entry = %w.entry, "registering with a router");
-        let flag = Arc::new(Flag { current: false.into(), shared: Arc::downgrade(s) });
+        let flag = Arc::new(Flag { current: false.into(), heard_drain: false.into(), shared: Arc::downgrade(s) });
         let id = WorkerId::default();
         let r = RouterLink { router: w.dial.clone(), ..link.clone() };
         let task = tokio::spawn(keep_registered(r, template.clone(), load.clone(), flag.clone(), draining.clone(), id.clone()));
