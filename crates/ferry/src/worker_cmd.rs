@@ -80,8 +80,9 @@ pub struct WorkerArgs {
     #[arg(long)]
     pub profile: Option<std::path::PathBuf>,
     /// On SIGTERM/Ctrl-C: seconds to wait for in-flight requests (and, on a prefill worker, for
-    /// the decode worker's acknowledgement of every KV sent) before exiting anyway. Keep it below
-    /// Kubernetes' terminationGracePeriodSeconds.
+    /// the decode worker's acknowledgement of every KV sent) before exiting anyway, counted from
+    /// when the routers have acknowledged the drain (at most 3.25 s after the signal). Keep it,
+    /// plus that, below Kubernetes' terminationGracePeriodSeconds.
     #[arg(long, default_value_t = 60)]
     pub drain_timeout: u64,
     /// The cluster secret: this worker's gRPC services and KV data port serve only callers that
