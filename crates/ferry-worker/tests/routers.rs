@@ -38,6 +38,28 @@ async fn workers(addr: &str) -> Vec<WorkerInfo> {
     c.list_workers(ListWorkersRequest {}).await.expect("list workers").into_inner().workers
 }
 
+/// A prefill worker on the fixture model, registering with `routers`; it drains when `stop` fires.
+struct Worker {
+    addr: String,
+    registered: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), ferry_worker::WorkerError>>,
+}
+
+async fn prefill_worker(routers: String, name: &str) -> Worker {
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = grpc.local_addr().unwrap().to_string();
+    let cfg = WorkerConfig { model: "test".into(), router: Some(routers), drain_timeout: Duration::from_secs(5), ..WorkerConfig::new(Role::Prefill, name) };
+    let engine = Engine::load(&fixture(), &EngineConfig { threads: 1, ..Default::default() }).expect("load the fixture model");
+    let engine = ferry_worker::EngineHandle::start(Role::Prefill, engine, "test", None);
+    let (ready, registered) = tokio::sync::watch::channel(false);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(ferry_worker::serve(cfg, engine, Listeners { grpc, data: None, metrics: None, health: None }, async move {
+        let _ = stopped.await;
+    }, ready));
+    Worker { addr, registered, stop, task }
+}
+
 /// Bounded wait until `f` holds (polling the routers' own listing: a readiness wait).
 async fn until<F: std::future::Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -50,20 +72,7 @@ async fn until<F: std::future::Future<Output = bool>>(what: &str, mut f: impl Fn
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_worker_registers_with_every_router_and_survives_one_going() {
     let (a, b) = (router().await, router().await);
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let cfg = WorkerConfig {
-        model: "test".into(),
-        router: Some(format!("{}, {}", a.addr, b.addr)),
-        drain_timeout: Duration::from_secs(5),
-        ..WorkerConfig::new(Role::Prefill, "two-routers")
-    };
-    let engine = Engine::load(&fixture(), &EngineConfig { threads: 1, ..Default::default() }).expect("load the fixture model");
-    let engine = ferry_worker::EngineHandle::start(Role::Prefill, engine, "test", None);
-    let (ready, mut registered) = tokio::sync::watch::channel(false);
-    let (stop_worker, stopped) = tokio::sync::oneshot::channel::<()>();
-    let worker = tokio::spawn(ferry_worker::serve(cfg, engine, Listeners { grpc, data: None, metrics: None, health: None }, async move {
-        let _ = stopped.await;
-    }, ready));
+    let Worker { registered: mut registered, stop: stop_worker, task: worker, .. } = prefill_worker(format!("{}, {}", a.addr, b.addr), "two-routers").await;
 
     // Registered with both, each router listing it under its own id.
     until("both registrations", || async { workers(&a.addr).await.len() == 1 && workers(&b.addr).await.len() == 1 }).await;
@@ -128,16 +137,7 @@ async fn a_draining_worker_takes_work_until_its_router_has_heard() {
     let svc = ferry_proto::v1::registry_server::RegistryServer::new(SlowToHear { hold, heard });
     tokio::spawn(tonic::transport::Server::builder().add_service(svc).serve_with_incoming(tonic::transport::server::TcpIncoming::from(l)));
 
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = grpc.local_addr().unwrap().to_string();
-    let cfg = WorkerConfig { model: "test".into(), router: Some(router), drain_timeout: Duration::from_secs(5), ..WorkerConfig::new(Role::Prefill, "slow-router") };
-    let engine = Engine::load(&fixture(), &EngineConfig { threads: 1, ..Default::default() }).expect("load the fixture model");
-    let engine = ferry_worker::EngineHandle::start(Role::Prefill, engine, "test", None);
-    let (ready, mut registered) = tokio::sync::watch::channel(false);
-    let (stop_worker, stopped) = tokio::sync::oneshot::channel::<()>();
-    let worker = tokio::spawn(ferry_worker::serve(cfg, engine, Listeners { grpc, data: None, metrics: None, health: None }, async move {
-        let _ = stopped.await;
-    }, ready));
+    let Worker { addr, registered: mut registered, stop: stop_worker, task: worker } = prefill_worker(router, "slow-router").await;
     tokio::time::timeout(Duration::from_secs(20), registered.wait_for(|r| *r)).await.expect("registered in time").unwrap();
 
     // An empty prefill request is refused, and by what: `draining` if the worker no longer takes

@@ -20,7 +20,7 @@ use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
 pub struct FidelityArgs {
-    /// The model and engine flags (`--kv-dtype` is ignored: every type of `--dtypes` is measured).
+    /// The model and engine flags (`--kv-dtype` is refused: every type of `--dtypes` is measured).
     #[command(flatten)]
     pub model: ModelArgs,
     /// The types to compare with f32 (f32 is always measured, as the reference).
@@ -57,6 +57,14 @@ fn forced_logprobs(e: &mut Engine, prompt: &[u32], cont: &[u32]) -> anyhow::Resu
         .collect())
 }
 
+/// These benches measure every type of `--dtypes`: a `--kv-dtype` would be ignored, so it is refused.
+fn no_kv_dtype(model: &ModelArgs, bench: &str) -> anyhow::Result<()> {
+    match model.kv.kv_dtype {
+        Some(d) => anyhow::bail!("`bench {bench}` measures each type of --dtypes; --kv-dtype {d} does not apply (name the types with --dtypes)"),
+        None => Ok(()),
+    }
+}
+
 fn load(model: &ModelArgs, dtype: KvDtype) -> anyhow::Result<Engine> {
     let mut m = model.clone();
     m.kv.kv_dtype = Some(dtype);
@@ -66,6 +74,7 @@ fn load(model: &ModelArgs, dtype: KvDtype) -> anyhow::Result<Engine> {
 
 pub fn fidelity(a: FidelityArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.prompts >= 1 && a.prompt_len >= 1 && a.gen_tokens >= 1 && a.score_tokens >= 2, "--prompts, --prompt-len, --gen and --score-tokens must be positive");
+    no_kv_dtype(&a.model, "kv-fidelity")?;
     let text = match &a.text {
         Some(p) => std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
         None => DEFAULT_TEXT.to_string(),
@@ -125,6 +134,8 @@ pub fn fidelity(a: FidelityArgs) -> anyhow::Result<()> {
             "perplexity_vs_f32": ppl / ppl_f32 - 1.0,
             "greedy_identical": identical,
             "greedy_prompts": prompts.len(),
+            // A count out of 20 is a coarse rate: its 95% interval says how coarse.
+            "greedy_identical_ci95": wilson95(identical, prompts.len()),
             "first_difference_at": first_diff,
             "max_abs_dlogprob": max_dlp,
             "mean_abs_dlogprob": sum_dlp / n_dlp.max(1) as f64,
@@ -145,9 +156,23 @@ pub fn fidelity(a: FidelityArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The 95% Wilson score interval of a rate of `k` in `n` (sound at 0 and at n, unlike the normal
+/// approximation).
+fn wilson95(k: usize, n: usize) -> [f64; 2] {
+    if n == 0 {
+        return [0.0, 1.0];
+    }
+    let (k, n, z) = (k as f64, n as f64, 1.959_964);
+    let p = k / n;
+    let d = 1.0 + z * z / n;
+    let centre = (p + z * z / (2.0 * n)) / d;
+    let half = z * (p * (1.0 - p) / n + z * z / (4.0 * n * n)).sqrt() / d;
+    [(centre - half).max(0.0), (centre + half).min(1.0)]
+}
+
 #[derive(clap::Args, Debug)]
 pub struct DecodeArgs {
-    /// The model and engine flags (`--kv-dtype` is ignored: every type of `--dtypes` is
+    /// The model and engine flags (`--kv-dtype` is refused: every type of `--dtypes` is
     /// measured; `--kv-memory`, default 1 GiB, sizes the capacity figures).
     #[command(flatten)]
     pub model: ModelArgs,
@@ -193,6 +218,7 @@ fn made_up_payload(e: &Engine, tokens: usize) -> Vec<u8> {
 
 pub fn decode(a: DecodeArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.batch >= 1 && a.steps >= 1 && a.rounds >= 1 && !a.contexts.is_empty() && a.contexts.iter().all(|&c| c >= 1), "--batch, --steps, --rounds and every context must be positive");
+    no_kv_dtype(&a.model, "kv-decode")?;
     let max_ctx = *a.contexts.iter().max().expect("checked non-empty");
     let threads = match a.model.threads {
         0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
@@ -281,4 +307,19 @@ pub fn decode(a: DecodeArgs) -> anyhow::Result<()> {
     });
     println!("{out}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn wilson_intervals_match_the_textbook() {
+        // Reference values: Wilson (1927) score interval, z = 1.96, as tabulated by Newcombe
+        // (1998, Statistics in Medicine 17:857, Table I: 81/263 -> 0.2553-0.3662; 15/148 ->
+        // 0.0624-0.1605; 0/20 -> 0-0.1611; 1/29 -> 0.0061-0.1718).
+        for (k, n, lo, hi) in [(81, 263, 0.2553, 0.3662), (15, 148, 0.0624, 0.1605), (0, 20, 0.0, 0.1611), (1, 29, 0.0061, 0.1718)] {
+            let [l, h] = super::wilson95(k, n);
+            assert!((l - lo).abs() < 6e-5 && (h - hi).abs() < 6e-5, "{k}/{n}: {l:.4}-{h:.4}, want {lo}-{hi}");
+        }
+        assert_eq!(super::wilson95(5, 0), [0.0, 1.0]);
+    }
 }
