@@ -72,7 +72,7 @@ async fn until<F: std::future::Future<Output = bool>>(what: &str, mut f: impl Fn
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_worker_registers_with_every_router_and_survives_one_going() {
     let (a, b) = (router().await, router().await);
-    let Worker { registered: mut registered, stop: stop_worker, task: worker, .. } = prefill_worker(format!("{}, {}", a.addr, b.addr), "two-routers").await;
+    let Worker { mut registered, stop: stop_worker, task: worker, .. } = prefill_worker(format!("{}, {}", a.addr, b.addr), "two-routers").await;
 
     // Registered with both, each router listing it under its own id.
     until("both registrations", || async { workers(&a.addr).await.len() == 1 && workers(&b.addr).await.len() == 1 }).await;
@@ -137,7 +137,7 @@ async fn a_draining_worker_takes_work_until_its_router_has_heard() {
     let svc = ferry_proto::v1::registry_server::RegistryServer::new(SlowToHear { hold, heard });
     tokio::spawn(tonic::transport::Server::builder().add_service(svc).serve_with_incoming(tonic::transport::server::TcpIncoming::from(l)));
 
-    let Worker { addr, registered: mut registered, stop: stop_worker, task: worker } = prefill_worker(router, "slow-router").await;
+    let Worker { addr, mut registered, stop: stop_worker, task: worker } = prefill_worker(router, "slow-router").await;
     tokio::time::timeout(Duration::from_secs(20), registered.wait_for(|r| *r)).await.expect("registered in time").unwrap();
 
     // An empty prefill request is refused, and by what: `draining` if the worker no longer takes
