@@ -87,8 +87,9 @@ impl Worker {
         self.says_draining
     }
 
-    /// The router answered the message in flight, or failed to.
-    fn answered(&self) {
+    /// The message in flight was answered, or failed: if it said the worker drains, the router
+    /// has heard it (or cannot route here either).
+    fn call_settled(&self) {
         if self.says_draining {
             self.ready.drain_heard();
         }
@@ -121,14 +122,14 @@ impl Registrant for Worker {
             LinkEvent::Registered(resp) => {
                 set_id(&self.id, Some(resp.worker_id.clone()));
                 self.cursor = Cursor::registered();
-                self.answered();
+                self.call_settled();
             }
             LinkEvent::Answered(answer) => {
                 self.cursor.acknowledged(self.upto, answer.kv_resync);
-                self.answered();
+                self.call_settled();
             }
             LinkEvent::Forgotten => set_id(&self.id, None),
-            LinkEvent::Unanswered => self.answered(),
+            LinkEvent::Unanswered => self.call_settled(),
             LinkEvent::Lease(current) => {
                 self.ready.set(current);
                 if self.was != Some(current) {
