@@ -1,17 +1,21 @@
 // The paged KV cache (per layer one buffer for K and one for V, laid out [num_blocks, kv_heads,
 // block_size] rows, as ferry_core::KvLayout and the CPU backend). A row holds one token's values
 // of one KV head in the cache's dtype (ferry_core::kv_dtype): f32, bf16 or f16 values, or int8:
-// head_dim signed bytes then the row's f32 scale (max|x| / 127).
+// head_dim signed bytes then the row's f32 scale (max|y| / 127), of the row turned by the
+// normalized Walsh-Hadamard transform (y = H·x / sqrt(n), ferry_core::kv_dtype::hadamard).
 // - kv_write_<dtype>: store each token row's K and V at its slot (block * block_size + offset),
-//   converted from f32. int8: one warp per row finds its absmax (a warp reduction) and quantizes.
+//   converted from f32. int8: one warp per row turns it in shared memory, finds its absmax (a
+//   warp reduction) and quantizes.
+// - hadamard_rows_f32: turn rows of head_dim values in place by the same transform (its own
+//   inverse): attention over an int8 cache turns (a copy of) the query before and its output after.
 // - kv_gather_u32: copy a sequence's rows out of its blocks into a contiguous [tokens, kv_heads]
 //   rows buffer: the per-layer section of the KV export payload. Rows move as 32-bit words
 //   (row_words = row_bytes / 4; the backend refuses a layout whose rows are not whole words),
 //   so one kernel serves every dtype; for f32 (row_words = head_dim) it is also the dense gather.
 // - kv_scatter_u32: the inverse, for import.
 // - kv_widen_<dtype>: gather as kv_gather_u32 does, widened to f32 [tokens, kv_heads, head_dim]
-//   (the long-prefill GEMM path reads dense f32 K and V).
-// CPU oracles: ferry_core::kv_dtype::encode_row / decode_row, CpuBackend::kv_write,
+//   (the long-prefill GEMM path reads dense f32 K and V; int8 rows stay turned, as the query is).
+// CPU oracles: ferry_core::kv_dtype::encode_row / stored_values / hadamard, CpuBackend::kv_write,
 // kv_export_layer, kv_import_layer.
 
 // Index of row (block, head, within) of a layer's cache, in rows.
@@ -102,7 +106,48 @@ __device__ __forceinline__ void kv_quantize_row(const float* x, unsigned char* d
     if (lane == 0) *(float*)(dst + head_dim) = scale;
 }
 
-// k, v: [rows, kv_heads * head_dim]; one warp per (row, KV head), K then V.
+// The longest row the turning kernels hold in shared memory (the attention kernels' limit too),
+// and the warps of their 256-thread blocks.
+#define KV_TURN_MAX 256
+#define KV_TURN_WARPS 8
+
+// Turn one row of head_dim values (s: the warp's own shared-memory row), in place, by the
+// normalized Walsh-Hadamard transform over segments of n values, n the largest power of two
+// dividing head_dim: stage h = 1, 2, 4, ... pairs (i, i + h) as (a + b, a - b), then a product by
+// 1 / sqrt(n): the operations of ferry_core::kv_dtype::hadamard in its order, so the rows match
+// the CPU's bit for bit (IEEE sqrt and division: NVRTC's default -prec-sqrt / -prec-div).
+__device__ __forceinline__ void kv_hadamard(float* s, int head_dim, int lane) {
+    const int n = head_dim & -head_dim;
+    __syncwarp();
+    if (n < 2) return;
+    const int half = n / 2;
+    for (int h = 1; h < n; h <<= 1) {
+        for (int b = lane; b < head_dim / 2; b += 32) {
+            const int seg = b / half, w = b % half;
+            const int i = seg * n + (w / h) * 2 * h + w % h;
+            const float a = s[i], c = s[i + h];
+            s[i] = a + c;
+            s[i + h] = a - c;
+        }
+        __syncwarp();
+    }
+    const float norm = 1.0f / sqrtf((float)n);
+    for (int d = lane; d < head_dim; d += 32) s[d] *= norm;
+    __syncwarp();
+}
+
+// Copy a row into the warp's shared row and turn it there.
+__device__ __forceinline__ float* kv_turned(const float* x, int head_dim, int lane) {
+    __shared__ float rows[KV_TURN_WARPS][KV_TURN_MAX];
+    float* s = rows[threadIdx.x >> 5];
+    __syncwarp();
+    for (int d = lane; d < head_dim; d += 32) s[d] = x[d];
+    kv_hadamard(s, head_dim, lane);
+    return s;
+}
+
+// k, v: [rows, kv_heads * head_dim]; one warp per (row, KV head), K then V; head_dim <=
+// KV_TURN_MAX (the backend refuses longer int8 rows).
 extern "C" __global__ void __launch_bounds__(256)
 kv_write_int8(const float* k, const float* v, unsigned char* k_cache, unsigned char* v_cache, const unsigned int* slots,
               int rows, int kv_heads, int head_dim, int block_size) {
@@ -116,8 +161,20 @@ kv_write_int8(const float* k, const float* v, unsigned char* k_cache, unsigned c
         const unsigned int slot = slots[r];
         const size_t dst = kv_row(slot / block_size, h, slot % block_size, kv_heads, block_size) * row_bytes;
         const size_t src = w * head_dim;
-        kv_quantize_row(k + src, k_cache + dst, head_dim, lane);
-        kv_quantize_row(v + src, v_cache + dst, head_dim, lane);
+        kv_quantize_row(kv_turned(k + src, head_dim, lane), k_cache + dst, head_dim, lane);
+        kv_quantize_row(kv_turned(v + src, head_dim, lane), v_cache + dst, head_dim, lane);
+    }
+}
+
+// Turn n_rows rows of head_dim values in place (a warp reads its whole row into shared memory
+// before writing it back). One warp per row; head_dim <= KV_TURN_MAX.
+extern "C" __global__ void __launch_bounds__(256)
+hadamard_rows_f32(float* x, int n_rows, int head_dim) {
+    const int lane = threadIdx.x & 31;
+    const size_t warps = (size_t)gridDim.x * (blockDim.x >> 5);
+    for (size_t w = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); w < (size_t)n_rows; w += warps) {
+        const float* s = kv_turned(x + w * head_dim, head_dim, lane);
+        for (int d = lane; d < head_dim; d += 32) x[w * head_dim + d] = s[d];
     }
 }
 

@@ -49,13 +49,14 @@ impl BlockHash {
         Self::from_digest(h)
     }
 
-    /// The root of a cache that stores its KV as `dtype`: the dtype is part of what a block is, so
-    /// the same tokens cached as int8 and as f32 are different blocks. An f32 cache's root is
+    /// The root of a cache that stores its KV as `dtype`: the stored layout is part of what a
+    /// block is ([`crate::KvDtype::layout_name`]), so the same tokens cached as int8 and as f32,
+    /// or as int8 of an earlier layout, are different blocks. An f32 cache's root is
     /// [`BlockHash::root`] of the fingerprint alone (the addresses every earlier worker used).
     pub fn cache_root(fingerprint: &[u8], dtype: crate::KvDtype, salt: &[u8]) -> Self {
         match dtype {
             crate::KvDtype::F32 => Self::root(fingerprint, salt),
-            d => Self::root(&[fingerprint, b"\0kv-dtype=", d.name().as_bytes()].concat(), salt),
+            d => Self::root(&[fingerprint, b"\0kv-dtype=", d.layout_name().as_bytes()].concat(), salt),
         }
     }
 

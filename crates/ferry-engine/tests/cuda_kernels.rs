@@ -226,7 +226,7 @@ fn random_weights_on_the_device_match_the_host() {
 
 /// Exported rows of `dtype` from the GPU against the CPU's: float types bit for bit; int8 rows'
 /// scales within 1 ulp and their values within ±1 (the kernel's division and rounding may land
-/// on the other side of a tie).
+/// on the other side of a tie; its Hadamard turn is the CPU's operations in the CPU's order).
 fn assert_rows_match(dtype: KvDtype, head_dim: usize, gpu: &[u8], cpu: &[u8], what: &str) {
     assert_eq!(gpu.len(), cpu.len(), "{what}: payload lengths");
     if dtype != KvDtype::Int8 {
@@ -286,7 +286,8 @@ fn attention_and_transfer(g: &CudaBackend, dtype: KvDtype, hd: usize) {
     let q = random(&mut rng, rows * nh * hd, 1.0);
     let mut k = random(&mut rng, rows * kvh * hd, 1.0);
     let v = random(&mut rng, rows * kvh * hd, 1.0);
-    // A row of zeros (int8: scale 0) and one with a large value (int8: the rest rounds to 0 or ±1).
+    // A row of zeros (int8: scale 0) and one with a large value (int8: spread over the row by the
+    // Hadamard turn, which the kernel does in shared memory as the CPU does in order).
     k[..hd].fill(0.0);
     k[hd * 3] = 300.0;
     let check = |plan: &BatchPlan, q: &[f32], gkv: &ferry_engine::backend::cuda::CudaKv, ckv: &ferry_engine::backend::cpu::CpuKv, what: &str| {

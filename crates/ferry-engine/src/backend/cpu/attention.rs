@@ -1,6 +1,8 @@
 //! Causal attention over the paged KV cache for a mixed batch (prefill chunks and decode tokens),
 //! with grouped-query heads (GQA/MQA). Exact softmax in f32; keys and values are read in the
-//! cache's stored type and widened in registers (`kv_rows`).
+//! cache's stored type and widened in registers (`kv_rows`). An int8 cache stores its rows turned
+//! by the Hadamard transform (`ferry_core::kv_dtype`): the query is turned the same way and the
+//! output turned back, around the same kernels.
 //!
 //! Decode rows (few per sequence) take a direct path: dot each cached key, softmax, accumulate
 //! values, with each KV block read once for all of a sequence's rows and its KV head's query
@@ -13,6 +15,7 @@ use super::kv_rows::{accumulate, dots, widen};
 use super::simd::softmax_scaled;
 use super::{CpuBackend, CpuKv, CpuTensor, SyncPtr};
 use crate::backend::BatchPlan;
+use ferry_core::kv_dtype::hadamard;
 use rayon::prelude::*;
 
 /// Sequences with more query rows than this use the GEMM path.
@@ -163,6 +166,20 @@ fn attention_rows(q: &CpuTensor, kv: &CpuKv, layer: usize, plan: &BatchPlan, it:
 }
 
 pub(crate) fn attention(be: &CpuBackend, q: &CpuTensor, kv: &CpuKv, layer: usize, plan: &BatchPlan, out: &mut CpuTensor) {
+    if !kv.layout.dtype.turned() {
+        return attention_as_stored(be, q, kv, layer, plan, out);
+    }
+    // The cache holds each row turned by the Hadamard transform (int8): attend in that basis
+    // (q·k = Hq·Hk) and turn the weighted sums of turned values back.
+    let hd = kv.layout.head_dim;
+    let mut turned = CpuTensor { rows: q.rows, cols: q.cols, data: q.data.clone() };
+    turned.data.chunks_exact_mut(hd).for_each(hadamard);
+    attention_as_stored(be, &turned, kv, layer, plan, out);
+    out.data.chunks_exact_mut(hd).for_each(hadamard);
+}
+
+/// Attention over the cache's rows as stored, with `q` in the rows' basis.
+fn attention_as_stored(be: &CpuBackend, q: &CpuTensor, kv: &CpuKv, layer: usize, plan: &BatchPlan, out: &mut CpuTensor) {
     let l = kv.layout;
     let hd = l.head_dim;
     let n_heads = q.cols / hd;

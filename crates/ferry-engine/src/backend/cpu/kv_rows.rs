@@ -3,13 +3,16 @@
 //! registers (int8 rows multiplied by their scale once per row, after the dot product or into the
 //! probability), so no f32 copy of the cache is made. f32 rows use the f32 kernels in `simd.rs`.
 //!
+//! They read a row's values as stored (`stored_values`: an int8 row's values in the Hadamard-turned
+//! basis, which attention meets with a query turned the same way, see `attention.rs`).
+//!
 //! One kernel body per width (AVX-512: 16 lanes, AVX2 + F16C: 8 lanes), generic over how a type
-//! widens its lanes; the scalar path (`decode_row` per row) is the oracle the tests hold every
+//! widens its lanes; the scalar path (`stored_values` per row) is the oracle the tests hold every
 //! level to. The level follows `ferry_quant::SimdLevel::selected()` (so `FERRY_QUANT_SIMD` caps it).
 
 use super::simd;
 use ferry_core::KvDtype;
-use ferry_core::kv_dtype::{decode_row, int8_row_scale};
+use ferry_core::kv_dtype::{int8_row_scale, stored_values};
 use ferry_quant::SimdLevel;
 
 /// `out[t] = q · row_t` over `out.len()` consecutive rows of `q.len()` values stored as `dtype`.
@@ -41,7 +44,7 @@ pub(crate) fn dots_at(level: SimdLevel, dtype: KvDtype, q: &[f32], rows: &[u8], 
     }
     let mut tmp = vec![0f32; d];
     for (o, r) in out.iter_mut().zip(rows.chunks_exact(rb)) {
-        decode_row(dtype, r, &mut tmp);
+        stored_values(dtype, r, &mut tmp);
         *o = simd::dot(q, &tmp);
     }
 }
@@ -65,7 +68,7 @@ pub(crate) fn accumulate_at(level: SimdLevel, dtype: KvDtype, acc: &mut [f32], p
     }
     let mut tmp = vec![0f32; d];
     for (&pt, r) in p.iter().zip(rows.chunks_exact(rb)) {
-        decode_row(dtype, r, &mut tmp);
+        stored_values(dtype, r, &mut tmp);
         simd::axpy(acc, pt, &tmp);
     }
 }
@@ -76,15 +79,15 @@ fn row_scale(dtype: KvDtype, row: &[u8]) -> f32 {
     if dtype == KvDtype::Int8 { int8_row_scale(row) } else { 1.0 }
 }
 
-/// Widen consecutive rows of `hd` values to f32 (`out.len()` = rows · `hd`): the GEMM path's
-/// tile gather.
+/// Widen consecutive rows of `hd` values to f32 (`out.len()` = rows · `hd`), as stored (int8:
+/// turned): the GEMM path's tile gather.
 pub(crate) fn widen(dtype: KvDtype, hd: usize, rows: &[u8], out: &mut [f32]) {
     if dtype == KvDtype::F32 {
         // The cache's f32 rows are word-aligned: a plain copy.
         return out.copy_from_slice(bytemuck::cast_slice(rows));
     }
     for (r, o) in rows.chunks_exact(dtype.row_bytes(hd)).zip(out.chunks_exact_mut(hd)) {
-        decode_row(dtype, r, o);
+        stored_values(dtype, r, o);
     }
 }
 
@@ -300,13 +303,16 @@ mod tests {
     }
 
     #[test]
-    fn widened_rows_are_the_decoded_rows() {
+    fn widened_rows_are_the_stored_turned_values() {
         let (bytes, vals) = rows(KvDtype::Int8, 4, 16);
         let mut out = vec![0f32; 64];
         widen(KvDtype::Int8, 16, &bytes, &mut out);
-        let scale = vals.chunks(16).map(|r| r.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0);
-        for ((o, v), s) in out.chunks(16).zip(vals.chunks(16)).zip(scale) {
-            assert!(o.iter().zip(v).all(|(a, b)| (a - b).abs() <= s * 0.5 + 1e-6));
+        for ((o, v), b) in out.chunks(16).zip(vals.chunks(16)).zip(bytes.chunks(KvDtype::Int8.row_bytes(16))) {
+            // The row's values turned (int8 stores them so), within half a step of its scale.
+            let mut turned = v.to_vec();
+            ferry_core::kv_dtype::hadamard(&mut turned);
+            let s = int8_row_scale(b);
+            assert!(o.iter().zip(&turned).all(|(a, b)| (a - b).abs() <= s * 0.5 + 1e-6));
         }
     }
 }

@@ -16,7 +16,14 @@ pub struct KvKernels {
     pub widen: &'static str,
     /// 32-bit words per stored row (`kv_gather_u32` / `kv_scatter_u32` take this).
     pub row_words: usize,
+    /// The kernel that turns query and output rows into and out of the rows' basis, where the
+    /// cache stores its rows turned (int8: `hadamard_rows_f32`, see `ferry_core::kv_dtype`).
+    pub turn: Option<&'static str>,
 }
+
+/// The longest int8 row the turning kernels hold in shared memory (`KV_TURN_MAX` in
+/// `kernels/kv_cache.cu`; the attention kernels' limit too).
+pub const TURN_MAX_HEAD_DIM: usize = 256;
 
 /// The row copies, whatever the dtype.
 pub const GATHER: &str = "kv_gather_u32";
@@ -36,13 +43,17 @@ impl KvKernels {
             };
             return Err(format!("the CUDA backend moves KV rows as 32-bit words: a {dtype} row of head_dim {hd} is {row_bytes} bytes (head_dim must be a non-zero multiple of {multiple})"));
         }
+        if dtype.turned() && hd > TURN_MAX_HEAD_DIM {
+            return Err(format!("the CUDA backend turns {dtype} rows in shared memory: head_dim {hd} is over its {TURN_MAX_HEAD_DIM}"));
+        }
         let (write, prefill, decode, widen) = match dtype {
             KvDtype::F32 => ("kv_write_f32", "paged_attention_prefill_f32", "paged_attention_decode_f32", GATHER),
             KvDtype::BF16 => ("kv_write_bf16", "paged_attention_prefill_bf16", "paged_attention_decode_bf16", "kv_widen_bf16"),
             KvDtype::F16 => ("kv_write_f16", "paged_attention_prefill_f16", "paged_attention_decode_f16", "kv_widen_f16"),
             KvDtype::Int8 => ("kv_write_int8", "paged_attention_prefill_int8", "paged_attention_decode_int8", "kv_widen_int8"),
         };
-        Ok(KvKernels { write, prefill, decode, widen, row_words: row_bytes / 4 })
+        let turn = dtype.turned().then_some("hadamard_rows_f32");
+        Ok(KvKernels { write, prefill, decode, widen, row_words: row_bytes / 4, turn })
     }
 
     /// Whether `kv_write` runs one warp per (token, KV head) row (int8 reduces each row to its
@@ -74,7 +85,8 @@ mod tests {
             let k = KvKernels::for_layout(&layout(dtype, hd)).unwrap();
             assert_eq!((k.row_words, k.write), (words, write), "{dtype} head_dim {hd}");
             assert_eq!(k.write_per_row(), dtype == KvDtype::Int8);
-            for f in [k.write, k.prefill, k.decode, k.widen, GATHER, SCATTER] {
+            assert_eq!(k.turn.is_some(), dtype == KvDtype::Int8);
+            for f in [k.write, k.prefill, k.decode, k.widen, GATHER, SCATTER].into_iter().chain(k.turn) {
                 assert!(source_of(f).is_some(), "{f} is not in the kernel list");
             }
         }
@@ -82,7 +94,7 @@ mod tests {
 
     #[test]
     fn rows_that_are_not_whole_words_are_refused() {
-        for (dtype, hd) in [(KvDtype::Int8, 6), (KvDtype::Int8, 2), (KvDtype::BF16, 3), (KvDtype::F16, 5), (KvDtype::F32, 0)] {
+        for (dtype, hd) in [(KvDtype::Int8, 6), (KvDtype::Int8, 2), (KvDtype::BF16, 3), (KvDtype::F16, 5), (KvDtype::F32, 0), (KvDtype::Int8, 512)] {
             let e = KvKernels::for_layout(&layout(dtype, hd)).unwrap_err();
             assert!(e.contains(dtype.name()) && e.contains(&format!("head_dim {hd}")), "{e}");
         }

@@ -193,6 +193,18 @@ impl CudaBackend {
         Some(())
     }
 
+    /// Turn `n_rows` rows of `head_dim` f32 values in `x` in place by the Hadamard transform
+    /// (`turn`: `hadamard_rows_f32`, one warp per row).
+    fn turn_rows(&self, turn: &str, x: &mut CudaSlice<f32>, n_rows: usize, head_dim: i32) -> Option<()> {
+        let f = self.func(turn)?;
+        let n = i32_of(turn, self, n_rows)?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(x).arg(&n).arg(&head_dim);
+        // SAFETY: x holds n_rows·head_dim f32 (the caller's query copy or attention output), and
+        // head_dim is at most the kernel's shared row (KvKernels::for_layout refuses longer).
+        self.check(turn, unsafe { b.launch(Self::grid(n_rows * 32)) }).map(drop)
+    }
+
     /// One cuBLAS GEMM as `g` describes it (column-major, beta 0, f32 alpha), over operands
     /// at device addresses a, b, c of the given types: `cublasGemmEx` for one product,
     /// `cublasGemmStridedBatchedEx` for a batch. Failures are recorded under `what`.
@@ -512,13 +524,27 @@ impl Backend for CudaBackend {
         let (Some(bb), Some(qb), Some(ob)) = (batch.bufs.as_ref(), q.buf.as_ref(), out.buf.as_mut()) else { return };
         let ints = [q.rows, n_heads, l.n_kv_heads, l.head_dim, l.block_size, batch.seqs].map(|x| i32_of("attention", self, x));
         let [Some(rows), Some(nh), Some(kvh), Some(hd), Some(bs), Some(seqs)] = ints else { return };
+        // Rows stored turned (int8): attend with the query turned the same way (a copy), then
+        // turn the output back (q·k = Hq·Hk; the weighted sum of turned values is the turned sum).
+        let turned_q;
+        let qb = match kv.kernels.turn {
+            Some(turn) => {
+                let Some(mut t) = self.uninit::<f32>("attention", q.rows * q.cols) else { return };
+                if self.check("attention: copy the query", self.stream.memcpy_dtod(qb, &mut t)).is_none() || self.turn_rows(turn, &mut t, q.rows * n_heads, hd).is_none() {
+                    return;
+                }
+                turned_q = t;
+                &turned_q
+            }
+            None => qb,
+        };
         let scale = 1.0 / (l.head_dim as f32).sqrt();
         let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
         let block = (ATT_THREADS, 1, 1);
         if batch.decode_only {
             let Some(f) = self.func(kv.kernels.decode) else { return };
             let mut b = self.stream.launch_builder(f);
-            b.arg(qb).arg(kc).arg(vc).arg(ob).arg(&bb.q_start).arg(&bb.ctx_len).arg(&bb.block_start).arg(&bb.blocks);
+            b.arg(qb).arg(kc).arg(vc).arg(&mut *ob).arg(&bb.q_start).arg(&bb.ctx_len).arg(&bb.block_start).arg(&bb.blocks);
             b.arg(&seqs).arg(&nh).arg(&kvh).arg(&hd).arg(&bs).arg(&scale);
             let cfg = LaunchConfig { grid_dim: (batch.seqs as u32, n_heads as u32, 1), block_dim: block, shared_mem_bytes: 0 };
             // SAFETY: the plan's block tables cover each sequence's ctx_len tokens (the engine
@@ -540,6 +566,9 @@ impl Backend for CudaBackend {
                     return;
                 }
             }
+        }
+        if let Some(turn) = kv.kernels.turn {
+            self.turn_rows(turn, ob, q.rows * n_heads, hd);
         }
     }
 
