@@ -79,6 +79,16 @@ impl KvDtype {
         }
     }
 
+    /// The dtype whose [`KvDtype::layout_name`] is `name` (what workers register), or why not:
+    /// `int8` names the layout of workers from before int8 rows were turned, whose KV this
+    /// version cannot read, so such a worker is refused rather than paired.
+    pub fn from_layout_name(name: &str) -> Result<KvDtype, String> {
+        if name == "int8" {
+            return Err("\"int8\" is int8 KV without the Hadamard turn (a worker from before 2026-12-07), which this version cannot read: upgrade the worker".into());
+        }
+        KvDtype::ALL.into_iter().find(|d| d.layout_name() == name).ok_or_else(|| format!("unknown KV layout {name:?}: expected f32, bf16, f16 or int8-hadamard"))
+    }
+
     /// The code in a KV payload header. 3 was int8 without the Hadamard turn (before
     /// 2026-12-07): a payload with it is refused as an unknown dtype, never misread.
     pub(crate) fn code(self) -> u32 {
@@ -341,6 +351,12 @@ mod tests {
         assert_eq!(KvDtype::BF16.layout_name(), "bf16");
         // Code 3 was the layout without the turn: refused, never read as this one.
         assert_eq!(KvDtype::from_code(3), None);
+        for d in KvDtype::ALL {
+            assert_eq!(KvDtype::from_layout_name(d.layout_name()), Ok(d));
+        }
+        let e = KvDtype::from_layout_name("int8").unwrap_err();
+        assert!(e.contains("Hadamard") && e.contains("upgrade"), "{e}");
+        assert!(KvDtype::from_layout_name("fp4").unwrap_err().contains("fp4"));
         assert!(KvDtype::ALL.iter().all(|d| d.turned() == (*d == KvDtype::Int8)));
     }
 

@@ -197,7 +197,7 @@ pub async fn serve(
             draining: false,
             kv_transports,
             prefix_cache: load.prefix_cache.load(std::sync::atomic::Ordering::Relaxed),
-            kv_dtype: facts.layout.dtype.to_string(),
+            kv_dtype: facts.layout.dtype.layout_name().to_string(),
             kv_bytes_per_token: facts.layout.bytes_per_token() as u64,
         };
         let link = registration::RouterLink { router: String::new(), tls: client_tls.clone(), cluster: cfg.cluster_secret.clone() };

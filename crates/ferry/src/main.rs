@@ -145,8 +145,8 @@ impl ActivationsArg {
 /// `ferry up` for its workers).
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct KvArgs {
-    /// What the KV cache stores: f32 (exact), bf16, f16, or int8 (a scale per token, KV head and
-    /// K/V). Attention reads the stored type; KV ships as stored, and a receiver with another
+    /// What the KV cache stores: f32 (exact), bf16, f16, or int8 (each row turned by a Hadamard
+    /// transform, then a scale per token, KV head and K/V). Attention reads the stored type; KV ships as stored, and a receiver with another
     /// type converts on import. Default: f16 on the fast path (`--activations q8`, what serving
     /// runs: half the bytes of f32, its perplexity and greedy output unchanged in the
     /// measurements), f32 on the exact one (`--activations exact`), so one flag gives the whole

@@ -81,7 +81,9 @@ impl Identity {
         Identity {
             format: 1,
             fingerprint: fingerprint.to_string(),
-            kv_dtype: layout.dtype.name().to_string(),
+            // The stored layout's name (int8: "int8-hadamard"), so a directory of an earlier int8
+            // layout is refused by name rather than kept full of blocks no chain reaches.
+            kv_dtype: layout.dtype.layout_name().to_string(),
             block_size: layout.block_size,
             n_layers: layout.n_layers,
             n_kv_heads: layout.n_kv_heads,

@@ -88,3 +88,12 @@ fn blocks_read_ahead_are_taken_from_memory_once() {
     drop(t);
     let _ = fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn an_int8_directory_of_the_unturned_layout_is_foreign() {
+    let layout = ferry_core::KvLayout { dtype: ferry_core::KvDtype::Int8, block_size: 2, n_layers: 1, n_kv_heads: 1, head_dim: 4 };
+    let now = Identity::new("m", &layout);
+    assert_eq!(now.kv_dtype, "int8-hadamard");
+    let before = Identity { kv_dtype: "int8".into(), ..now.clone() };
+    assert_eq!(before.differs(&now).as_deref(), Some("KV dtype int8, this worker's int8-hadamard"));
+}

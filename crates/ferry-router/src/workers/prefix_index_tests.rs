@@ -192,7 +192,7 @@ async fn the_chain_is_the_workers_chain() {
 async fn each_worker_is_asked_with_the_chain_of_its_kv_dtype() {
     let r = registry();
     let f = register(&r, v1::WorkerRole::Decode, "127.0.0.1:1");
-    let req = v1::RegisterRequest { role: v1::WorkerRole::Decode as i32, grpc_addr: "127.0.0.1:2".into(), fingerprint: "fp".into(), prefix_cache: true, kv_dtype: "int8".into(), ..Default::default() };
+    let req = v1::RegisterRequest { role: v1::WorkerRole::Decode as i32, grpc_addr: "127.0.0.1:2".into(), fingerprint: "fp".into(), prefix_cache: true, kv_dtype: "int8-hadamard".into(), ..Default::default() };
     let i = r.register(&req).expect("register").worker_id;
     let tokens: Vec<u32> = (0..32).collect();
     let chains = r.prefix_chain(b"", &tokens, 16);
@@ -209,6 +209,11 @@ async fn each_worker_is_asked_with_the_chain_of_its_kv_dtype() {
     let bad = v1::RegisterRequest { kv_dtype: "fp4".into(), grpc_addr: "127.0.0.1:3".into(), ..req };
     let e = r.register(&bad).unwrap_err().to_string();
     assert!(e.contains("kv_dtype") && e.contains("fp4"), "{e}");
+    // A worker of the int8 layout before the Hadamard turn: its KV cannot be read, so it is
+    // refused at registration, not paired.
+    let old = v1::RegisterRequest { kv_dtype: "int8".into(), grpc_addr: "127.0.0.1:4".into(), ..bad };
+    let e = r.register(&old).unwrap_err().to_string();
+    assert!(e.contains("kv_dtype") && e.contains("Hadamard"), "{e}");
 }
 
 fn f32_chain(chain: &[u64]) -> crate::workers::load::PrefixChains {

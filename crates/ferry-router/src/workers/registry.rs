@@ -143,7 +143,7 @@ impl Registry {
         }
         let kv_dtype = match req.kv_dtype.as_str() {
             "" => KvDtype::F32,
-            name => name.parse().map_err(|e: String| RouterError::BadRegistration(format!("kv_dtype: {e}")))?,
+            name => KvDtype::from_layout_name(name).map_err(|e| RouterError::BadRegistration(format!("kv_dtype: {e}")))?,
         };
         let channel = dial::channel(&req.grpc_addr, &self.dial)?;
         let mut inner = self.lock();
