@@ -88,6 +88,170 @@ pub struct CpuKv {
     pub(crate) layout: KvLayout,
     k: Vec<Vec<u32>>,
     v: Vec<Vec<u32>>,
+    /// Measurement only: int8 rounding simulated in an f32 cache (see [`KvSim`]).
+    sim: Option<KvSim>,
+    /// Measurement only: the growing per-channel scales of [`SimMode::ChannelGrow`], per
+    /// (layer, block, kv head, V?), `head_dim` each; a block's entry restarts at its first row.
+    sim_grow: std::collections::HashMap<(usize, u32, usize, bool), Vec<f32>>,
+    /// Measurement only: the exact rows of the open blocks of [`SimMode::ChannelGrowExact`].
+    sim_exact: std::collections::HashMap<(usize, u32, usize, bool), Vec<f32>>,
+    /// Measurement only: per layer, the slots written by the last step, still exact
+    /// ([`KvSim::defer`]).
+    sim_pending: Vec<Vec<u32>>,
+}
+
+/// How one of K/V is rounded through int8 in a simulated cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SimMode {
+    /// Exact.
+    None,
+    /// One scale per row (token, head), applied when the row is written (today's int8).
+    Token,
+    /// One scale per channel over a block's rows, applied when the block fills (open block exact).
+    Channel,
+    /// One scale per row, applied when the block fills (open block exact).
+    TokenLate,
+    /// One scale per channel over the block's rows written so far, each row rounded when written
+    /// (no exact open block): a row exceeding a channel's range raises that channel's scale and
+    /// re-rounds the block's earlier (already int8-rounded) values of the channel with it.
+    ChannelGrow,
+    /// Diagnostic: as [`SimMode::ChannelGrow`], but a grown scale re-rounds the block's earlier
+    /// rows from their exact values (no double rounding; a real cache would need them).
+    ChannelGrowExact,
+    /// One scale per 32 values of a row (token, head), applied when the row is written.
+    Token32,
+    /// As [`SimMode::Token32`], applied when the block fills (open block exact).
+    Token32Late,
+    /// Rounded to bf16 when the row is written (the bf16 cache).
+    Bf16,
+    /// Rounded to bf16 when the block fills (open block exact).
+    Bf16Late,
+    /// Rounded to f16 when the block fills (open block exact).
+    F16Late,
+    /// A row turned by the normalized Hadamard transform, rounded with one scale per row, turned back.
+    TokenRot,
+    /// As [`SimMode::TokenRot`] with one scale per 32 values of the turned row.
+    Token32Rot,
+    /// As [`SimMode::TokenRot`] with fixed pseudo-random signs before the transform (QuaRot's D·H).
+    TokenRrot,
+    /// One scale per 16 values of the turned row.
+    Token16Rot,
+}
+
+/// Fixed pseudo-random signs for [`SimMode::TokenRrot`].
+fn rsign(i: usize) -> f32 {
+    let mut z = (i as u64).wrapping_add(0x9E3779B97F4A7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+    z ^= z >> 31;
+    if z & 1 != 0 { -1.0 } else { 1.0 }
+}
+
+/// The normalized fast Walsh-Hadamard transform of `x` (a power-of-two length), in place; its own inverse.
+fn fwht(x: &mut [f32]) {
+    let n = x.len();
+    let mut h = 1;
+    while h < n {
+        for i in (0..n).step_by(2 * h) {
+            for j in i..i + h {
+                let (a, b) = (x[j], x[j + h]);
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+        }
+        h *= 2;
+    }
+    let s = 1.0 / (n as f32).sqrt();
+    x.iter_mut().for_each(|v| *v *= s);
+}
+
+/// A simulation of int8 KV quantization schemes in an f32 cache (measurement only: the stored
+/// rows stay f32, their values are rounded through int8 and back in place).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvSim {
+    pub k: SimMode,
+    pub v: SimMode,
+    /// Round a step's rows only after the step's attention (at the layer's next write): a
+    /// prompt chunk attends to its own K/V exactly, a decode step to its own row.
+    pub defer: bool,
+}
+
+impl std::str::FromStr for KvSim {
+    type Err = String;
+    /// `K:channel,V:token-late` (modes: none, token, channel, token-late, channel-grow, channel-grow-exact, token32).
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let mut sim = KvSim { k: SimMode::None, v: SimMode::None, defer: false };
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            if part == "step" {
+                sim.defer = true;
+                continue;
+            }
+            let (which, mode) = part.split_once(':').ok_or_else(|| format!("{part:?}: expected K:<mode> or V:<mode>"))?;
+            let mode = match mode.to_ascii_lowercase().as_str() {
+                "none" => SimMode::None,
+                "token" => SimMode::Token,
+                "channel" => SimMode::Channel,
+                "token-late" => SimMode::TokenLate,
+                "channel-grow" => SimMode::ChannelGrow,
+                "channel-grow-exact" => SimMode::ChannelGrowExact,
+                "token32" => SimMode::Token32,
+                "token32-late" => SimMode::Token32Late,
+                "bf16" => SimMode::Bf16,
+                "bf16-late" => SimMode::Bf16Late,
+                "f16-late" => SimMode::F16Late,
+                "token-rot" => SimMode::TokenRot,
+                "token32-rot" => SimMode::Token32Rot,
+                "token-rrot" => SimMode::TokenRrot,
+                "token16-rot" => SimMode::Token16Rot,
+                m => return Err(format!("unknown simulation mode {m:?}")),
+            };
+            match which {
+                "K" | "k" => sim.k = mode,
+                "V" | "v" => sim.v = mode,
+                w => return Err(format!("{w:?}: expected K or V")),
+            }
+        }
+        Ok(sim)
+    }
+}
+
+/// The simulation the next [`Backend::kv_alloc`] of a CPU backend takes (and clears).
+static NEXT_SIM: std::sync::Mutex<Option<KvSim>> = std::sync::Mutex::new(None);
+
+/// Make the next CPU KV cache allocated (the next engine loaded) simulate `sim` when it is f32.
+pub fn simulate_next_kv(sim: Option<KvSim>) {
+    *NEXT_SIM.lock().unwrap() = sim;
+}
+
+/// Round `x` through symmetric int8 with `scale = max|x| / 127` (as `encode_row` does), in place.
+fn qdq_row(x: &mut [f32]) {
+    let (scale, inv) = ferry_core::kv_dtype::int8_scale(x);
+    for v in x.iter_mut() {
+        *v = (*v * inv).round().clamp(-127.0, 127.0) * scale;
+    }
+}
+
+/// Round a full block's rows (`rows`, `hd` values each) of one head through int8 per `mode`.
+fn qdq_block(rows: &mut [f32], hd: usize, mode: SimMode) {
+    match mode {
+        SimMode::TokenRot | SimMode::Token32Rot | SimMode::TokenRrot | SimMode::Token16Rot => {}
+        SimMode::None | SimMode::Token | SimMode::ChannelGrow | SimMode::ChannelGrowExact | SimMode::Token32 | SimMode::Bf16 => {}
+        SimMode::TokenLate => rows.chunks_exact_mut(hd).for_each(qdq_row),
+        SimMode::Token32Late => rows.chunks_mut(32).for_each(qdq_row),
+        SimMode::Bf16Late => rows.iter_mut().for_each(|x| *x = half::bf16::from_f32(*x).to_f32()),
+        SimMode::F16Late => rows.iter_mut().for_each(|x| *x = half::f16::from_f32(*x).to_f32()),
+        SimMode::Channel => {
+            let n = rows.len() / hd;
+            for c in 0..hd {
+                let max = (0..n).fold(0f32, |m, t| m.max(rows[t * hd + c].abs()));
+                let (scale, inv) = if max > 0.0 && max.is_finite() { (max / 127.0, 127.0 / max) } else { (0.0, 0.0) };
+                for t in 0..n {
+                    let v = &mut rows[t * hd + c];
+                    *v = (*v * inv).round().clamp(-127.0, 127.0) * scale;
+                }
+            }
+        }
+    }
 }
 
 /// Byte offset of row (block, kv head, offset in block) in a layer's K or V bytes of a cache laid
@@ -300,15 +464,149 @@ impl Backend for CpuBackend {
     fn kv_write(&self, kv: &mut CpuKv, layer: usize, k: &CpuTensor, v: &CpuTensor, batch: &CpuBatch) {
         let l = kv.layout;
         let (hd, rb, bs) = (l.head_dim, l.row_bytes(), l.block_size);
+        let sim = kv.sim.filter(|_| l.dtype == ferry_core::KvDtype::F32);
+        if let Some(s) = sim.filter(|s| s.defer) {
+            let pending = std::mem::replace(&mut kv.sim_pending[layer], batch.plan.slots.clone());
+            let (kb, vb) = kv.kv_mut(layer);
+            for &slot in &pending {
+                let (block, within) = (slot / bs as u32, slot as usize % bs);
+                for h in 0..l.n_kv_heads {
+                    let dst = row_offset(&l, block, h, within);
+                    for (store, mode) in [(&mut *kb, s.k), (&mut *vb, s.v)] {
+                        let row: &mut [f32] = bytemuck::cast_slice_mut(&mut store[dst..dst + rb]);
+                        match mode {
+                            SimMode::Token => qdq_row(row),
+                            SimMode::Token32 => row.chunks_mut(32).for_each(qdq_row),
+                            SimMode::Bf16 => row.iter_mut().for_each(|x| *x = half::bf16::from_f32(*x).to_f32()),
+                            _ => {}
+                        }
+                    }
+                    if within == bs - 1 {
+                        let start = row_offset(&l, block, h, 0);
+                        for (store, mode) in [(&mut *kb, s.k), (&mut *vb, s.v)] {
+                            qdq_block(bytemuck::cast_slice_mut(&mut store[start..start + bs * rb]), hd, mode);
+                        }
+                    }
+                }
+            }
+            for (r, &slot) in batch.plan.slots.iter().enumerate() {
+                for h in 0..l.n_kv_heads {
+                    let dst = row_offset(&l, slot / bs as u32, h, slot as usize % bs);
+                    let src = r * k.cols + h * hd;
+                    encode_row(l.dtype, &k.data[src..src + hd], &mut kb[dst..dst + rb]);
+                    encode_row(l.dtype, &v.data[src..src + hd], &mut vb[dst..dst + rb]);
+                }
+            }
+            return;
+        }
+        let mut grow = std::mem::take(&mut kv.sim_grow);
+        let mut exact = std::mem::take(&mut kv.sim_exact);
         let (kb, vb) = kv.kv_mut(layer);
+        let mut tmp = vec![0f32; hd];
         for (r, &slot) in batch.plan.slots.iter().enumerate() {
+            let (block, within) = (slot / bs as u32, slot as usize % bs);
             for h in 0..l.n_kv_heads {
-                let dst = row_offset(&l, slot / bs as u32, h, slot as usize % bs);
+                let dst = row_offset(&l, block, h, within);
                 let src = r * k.cols + h * hd;
-                encode_row(l.dtype, &k.data[src..src + hd], &mut kb[dst..dst + rb]);
-                encode_row(l.dtype, &v.data[src..src + hd], &mut vb[dst..dst + rb]);
+                for (is_v, data, store, mode) in [(false, &k.data, &mut *kb, sim.map(|s| s.k)), (true, &v.data, &mut *vb, sim.map(|s| s.v))] {
+                    match mode {
+                        Some(SimMode::Token) => {
+                            tmp.copy_from_slice(&data[src..src + hd]);
+                            qdq_row(&mut tmp);
+                            encode_row(l.dtype, &tmp, &mut store[dst..dst + rb]);
+                        }
+                        Some(SimMode::Bf16) => {
+                            for (t, x) in tmp.iter_mut().zip(&data[src..src + hd]) {
+                                *t = half::bf16::from_f32(*x).to_f32();
+                            }
+                            encode_row(l.dtype, &tmp, &mut store[dst..dst + rb]);
+                        }
+                        Some(SimMode::Token32) => {
+                            tmp.copy_from_slice(&data[src..src + hd]);
+                            tmp.chunks_mut(32).for_each(qdq_row);
+                            encode_row(l.dtype, &tmp, &mut store[dst..dst + rb]);
+                        }
+                        Some(m @ (SimMode::TokenRot | SimMode::Token32Rot | SimMode::TokenRrot | SimMode::Token16Rot)) => {
+                            tmp.copy_from_slice(&data[src..src + hd]);
+                            if m == SimMode::TokenRrot {
+                                tmp.iter_mut().enumerate().for_each(|(i, x)| *x *= rsign(i));
+                            }
+                            fwht(&mut tmp);
+                            match m {
+                                SimMode::Token32Rot => tmp.chunks_mut(32).for_each(qdq_row),
+                                SimMode::Token16Rot => tmp.chunks_mut(16).for_each(qdq_row),
+                                _ => qdq_row(&mut tmp),
+                            }
+                            fwht(&mut tmp);
+                            if m == SimMode::TokenRrot {
+                                tmp.iter_mut().enumerate().for_each(|(i, x)| *x *= rsign(i));
+                            }
+                            encode_row(l.dtype, &tmp, &mut store[dst..dst + rb]);
+                        }
+                        Some(m @ (SimMode::ChannelGrow | SimMode::ChannelGrowExact)) => {
+                            let key = (layer, block, h, is_v);
+                            if within == 0 {
+                                grow.remove(&key);
+                                exact.remove(&key);
+                            }
+                            let ex = if m == SimMode::ChannelGrowExact {
+                                let e = exact.entry(key).or_insert_with(|| vec![f32::NAN; bs * hd]);
+                                e[within * hd..(within + 1) * hd].copy_from_slice(&data[src..src + hd]);
+                                Some(&*e)
+                            } else {
+                                None
+                            };
+                            // Earlier rows of this block, already rounded (f32 values q * scale).
+                            let row_at = |o: usize| row_offset(&l, block, h, o);
+                            let scales = grow.entry(key).or_insert_with(|| {
+                                // No state (a block imported or written before): the largest
+                                // stored magnitude of a channel is 127 * its scale.
+                                let mut s = vec![0f32; hd];
+                                for o in 0..within {
+                                    let row: &[f32] = bytemuck::cast_slice(&store[row_at(o)..row_at(o) + rb]);
+                                    for c in 0..hd {
+                                        s[c] = s[c].max(row[c].abs() / 127.0);
+                                    }
+                                }
+                                s
+                            });
+                            for c in 0..hd {
+                                let x = data[src + c];
+                                let a = x.abs();
+                                if a > 0.0 && a.is_finite() && (scales[c] == 0.0 || a > scales[c] * 127.0) {
+                                    let new = a / 127.0;
+                                    for o in 0..within {
+                                        let row: &mut [f32] = bytemuck::cast_slice_mut(&mut store[row_at(o)..row_at(o) + rb]);
+                                        // Exact value where kept (ChannelGrowExact), else the stored one.
+                                        let x0 = ex.map(|e| e[o * hd + c]).filter(|x| !x.is_nan()).unwrap_or(row[c]);
+                                        row[c] = (x0 / new).round().clamp(-127.0, 127.0) * new;
+                                    }
+                                    scales[c] = new;
+                                }
+                                tmp[c] = if scales[c] > 0.0 { (x / scales[c]).round().clamp(-127.0, 127.0) * scales[c] } else { 0.0 };
+                            }
+                            encode_row(l.dtype, &tmp, &mut store[dst..dst + rb]);
+                        }
+                        _ => encode_row(l.dtype, &data[src..src + hd], &mut store[dst..dst + rb]),
+                    }
+                }
             }
         }
+        // Blocks this step filled (prefill chunks or a decode step writing a block's last row):
+        // the late modes round them now; the open block stays exact.
+        if let Some(s) = sim {
+            for &slot in batch.plan.slots.iter().filter(|&&slot| slot as usize % bs == bs - 1) {
+                for h in 0..l.n_kv_heads {
+                    let start = row_offset(&l, slot / bs as u32, h, 0);
+                    for (store, mode) in [(&mut *kb, s.k), (&mut *vb, s.v)] {
+                        let rows: &mut [f32] = bytemuck::cast_slice_mut(&mut store[start..start + bs * rb]);
+                        qdq_block(rows, hd, mode);
+                    }
+                }
+            }
+        }
+        kv.sim_grow = grow;
+        kv.sim_exact = exact;
     }
 
     fn attention(&self, q: &CpuTensor, kv: &CpuKv, layer: usize, batch: &CpuBatch, out: &mut CpuTensor) {
@@ -335,7 +633,8 @@ impl Backend for CpuBackend {
         let words = (num_blocks * layout.n_kv_heads * layout.block_size * layout.row_bytes()).div_ceil(4);
         // vec![0; n] maps zeroed pages lazily: untouched blocks cost no memory.
         let layer = || vec![0u32; words];
-        Ok(CpuKv { layout: *layout, k: (0..layout.n_layers).map(|_| layer()).collect(), v: (0..layout.n_layers).map(|_| layer()).collect() })
+        let sim = NEXT_SIM.lock().unwrap().take();
+        Ok(CpuKv { layout: *layout, k: (0..layout.n_layers).map(|_| layer()).collect(), v: (0..layout.n_layers).map(|_| layer()).collect(), sim, sim_grow: Default::default(), sim_exact: Default::default(), sim_pending: vec![Vec::new(); layout.n_layers] })
     }
 
     fn kv_export_layer(&self, kv: &CpuKv, layer: usize, blocks: &[u32], tokens: usize, out: &mut Vec<u8>) -> Result<()> {
