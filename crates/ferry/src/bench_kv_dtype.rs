@@ -85,21 +85,6 @@ pub fn fidelity(a: FidelityArgs) -> anyhow::Result<()> {
     for &d in &dtypes {
         engines.push(load(&a.model, d)?);
     }
-    // Measurement only: FERRY_SIM_KV="K:channel,V:token-late;K:token,V:token" adds, per
-    // configuration, an f32 engine whose cache rounds K/V through int8 as configured (the
-    // reference f32 engine above was loaded without it and stays exact).
-    let mut labels: Vec<String> = dtypes.iter().map(|d| d.name().to_string()).collect();
-    if let Ok(cfgs) = std::env::var("FERRY_SIM_KV") {
-        for c in cfgs.split(';').map(str::trim).filter(|c| !c.is_empty()) {
-            let sim: ferry_engine::backend::cpu::KvSim = c.parse().map_err(|e: String| anyhow::anyhow!(e))?;
-            ferry_engine::backend::cpu::simulate_next_kv(Some(sim));
-            let e = load(&a.model, KvDtype::F32);
-            ferry_engine::backend::cpu::simulate_next_kv(None);
-            engines.push(e?);
-            dtypes.push(KvDtype::F32);
-            labels.push(format!("sim[{c}]"));
-        }
-    }
     let ids = engines[0].encode(&text)?;
     let scored = &ids[..ids.len().min(a.score_tokens).min(engines[0].config().max_position - 1)];
     anyhow::ensure!(ids.len() >= a.prompt_len + 1, "the text holds {} tokens, fewer than one prompt", ids.len());
@@ -118,17 +103,16 @@ pub fn fidelity(a: FidelityArgs) -> anyhow::Result<()> {
     }
     let mut rows = Vec::new();
     let mut ppl_f32 = 0.0;
-    for (i, (label, e)) in labels.iter().zip(engines.iter_mut()).enumerate() {
-        let is_ref = i == 0;
+    for (d, e) in dtypes.iter().zip(engines.iter_mut()) {
         let t = Instant::now();
         let logits = e.score(scored)?;
         let ppl = crate::score::perplexity(&logits, scored, vocab);
-        if is_ref {
+        if *d == KvDtype::F32 {
             ppl_f32 = ppl;
         }
         let (mut identical, mut first_diff, mut max_dlp, mut sum_dlp, mut n_dlp) = (0, Vec::new(), 0f64, 0f64, 0usize);
         // f32 is the reference: its continuations were generated above, not again here.
-        let against = if is_ref { 0 } else { prompts.len() };
+        let against = if *d == KvDtype::F32 { 0 } else { prompts.len() };
         identical += prompts.len() - against;
         for ((p, want), want_lp) in prompts.iter().zip(&reference).zip(&reference_lp).take(against) {
             let got = e.generate(p, &params, &mut |_| {})?.tokens;
@@ -145,7 +129,7 @@ pub fn fidelity(a: FidelityArgs) -> anyhow::Result<()> {
             }
         }
         rows.push(serde_json::json!({
-            "kv_dtype": label,
+            "kv_dtype": d.name(),
             "perplexity": ppl,
             "perplexity_vs_f32": ppl / ppl_f32 - 1.0,
             "greedy_identical": identical,
@@ -157,7 +141,7 @@ pub fn fidelity(a: FidelityArgs) -> anyhow::Result<()> {
             "mean_abs_dlogprob": sum_dlp / n_dlp.max(1) as f64,
             "seconds": t.elapsed().as_secs_f64(),
         }));
-        eprintln!("kv-fidelity: {label} done: ppl {ppl:.4}, identical {identical}/{}, first differences {first_diff:?}, max |dlogprob| {max_dlp:.4}, mean {:.5}", prompts.len(), sum_dlp / n_dlp.max(1) as f64);
+        eprintln!("kv-fidelity: {d} done");
     }
     let out = serde_json::json!({
         "bench": "kv-fidelity",
