@@ -172,8 +172,8 @@ pub struct KvArgs {
 
 /// The KV dtype of the fast path. Measured (docs/benchmarks.md, issue #35): f16 keeps f32's
 /// perplexity (within 0.01%) and greedy continuations (20 of 20 on SmolLM2) at half the bytes and
-/// 1.35-1.4x faster decode at 1k-4k tokens; bf16 and int8 move greedy output more (15-17 and 1-3 of
-/// 20; over 60 prompts f16 keeps 95% of continuations, bf16 82%, int8 33%).
+/// 1.35-1.4x faster decode at 1k-4k tokens; bf16 and int8 move greedy output more (15-17 and 9 of
+/// 20; over 60 prompts f16 keeps 95% of continuations, bf16 82%, int8 60% with its rows turned).
 pub const FAST_KV_DTYPE: ferry_core::KvDtype = ferry_core::KvDtype::F16;
 
 impl KvArgs {
