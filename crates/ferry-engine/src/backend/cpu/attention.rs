@@ -12,10 +12,9 @@
 //! applied between.
 
 use super::kv_rows::{accumulate, dots, widen};
-use super::simd::softmax_scaled;
+use super::simd::{hadamard_rows, softmax_scaled};
 use super::{CpuBackend, CpuKv, CpuTensor, SyncPtr};
 use crate::backend::BatchPlan;
-use ferry_core::kv_dtype::hadamard;
 use rayon::prelude::*;
 
 /// Sequences with more query rows than this use the GEMM path.
@@ -173,9 +172,9 @@ pub(crate) fn attention(be: &CpuBackend, q: &CpuTensor, kv: &CpuKv, layer: usize
     // (q·k = Hq·Hk) and turn the weighted sums of turned values back.
     let hd = kv.layout.head_dim;
     let mut turned = CpuTensor { rows: q.rows, cols: q.cols, data: q.data.clone() };
-    turned.data.chunks_exact_mut(hd).for_each(hadamard);
+    hadamard_rows(&mut turned.data, hd);
     attention_as_stored(be, &turned, kv, layer, plan, out);
-    out.data.chunks_exact_mut(hd).for_each(hadamard);
+    hadamard_rows(&mut out.data, hd);
 }
 
 /// Attention over the cache's rows as stored, with `q` in the rows' basis.

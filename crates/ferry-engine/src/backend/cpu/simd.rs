@@ -268,6 +268,63 @@ unsafe fn exp_avx2(v: &mut [f32]) {
     v[i..].iter_mut().for_each(|x| *x = x.exp());
 }
 
+/// Turn each row of `hd` values in `x` (`x.len()` a multiple of `hd`) by the normalized
+/// Walsh-Hadamard transform, bit for bit as `ferry_core::kv_dtype::hadamard` (the definition):
+/// the same butterflies in the same stage order, each one rounding, then the same product.
+pub fn hadamard_rows(x: &mut [f32], hd: usize) {
+    assert!(hd > 0 && x.len().is_multiple_of(hd), "hadamard_rows: {} values in rows of {hd}", x.len());
+    #[cfg(target_arch = "x86_64")]
+    {
+        let n = ferry_core::kv_dtype::hadamard_width(hd);
+        if has_avx2() && n >= 8 {
+            // SAFETY: AVX2 and FMA were detected at run time; x is whole segments of n values
+            // (n divides hd, which divides x.len()), n a multiple of 8.
+            return unsafe { hadamard_avx2(x, n) };
+        }
+    }
+    x.chunks_exact_mut(hd).for_each(ferry_core::kv_dtype::hadamard);
+}
+
+/// [`hadamard_rows`] on segments of `n` values (a power of two, at least 8). Stages 1, 2 and 4
+/// pair lanes inside one vector: `v·sign + swapped(v)` gives `a + b` in the first lane of each
+/// pair and `a − b` in the second with one rounding each (the product by ±1 is exact); stages of
+/// 8 and more pair whole vectors.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn hadamard_avx2(x: &mut [f32], n: usize) {
+    let norm = _mm256_set1_ps(1.0 / (n as f32).sqrt());
+    let s1 = _mm256_setr_ps(1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0);
+    let s2 = _mm256_setr_ps(1.0, 1.0, -1.0, -1.0, 1.0, 1.0, -1.0, -1.0);
+    let s4 = _mm256_setr_ps(1.0, 1.0, 1.0, 1.0, -1.0, -1.0, -1.0, -1.0);
+    for seg in x.chunks_exact_mut(n) {
+        let p = seg.as_mut_ptr();
+        // SAFETY (all loads and stores below): offsets stay below n, within seg.
+        unsafe {
+            for c in (0..n).step_by(8) {
+                let mut v = _mm256_loadu_ps(p.add(c));
+                v = _mm256_fmadd_ps(v, s1, _mm256_permute_ps::<0b10_11_00_01>(v));
+                v = _mm256_fmadd_ps(v, s2, _mm256_permute_ps::<0b01_00_11_10>(v));
+                v = _mm256_fmadd_ps(v, s4, _mm256_permute2f128_ps::<0x01>(v, v));
+                _mm256_storeu_ps(p.add(c), v);
+            }
+            let mut h = 8;
+            while h < n {
+                for base in (0..n).step_by(2 * h) {
+                    for c in (base..base + h).step_by(8) {
+                        let (a, b) = (_mm256_loadu_ps(p.add(c)), _mm256_loadu_ps(p.add(c + h)));
+                        _mm256_storeu_ps(p.add(c), _mm256_add_ps(a, b));
+                        _mm256_storeu_ps(p.add(c + h), _mm256_sub_ps(a, b));
+                    }
+                }
+                h *= 2;
+            }
+            for c in (0..n).step_by(8) {
+                _mm256_storeu_ps(p.add(c), _mm256_mul_ps(_mm256_loadu_ps(p.add(c)), norm));
+            }
+        }
+    }
+}
+
 fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let chunks = a.len() / 8;
@@ -360,6 +417,19 @@ unsafe fn axpy_avx2(y: &mut [f32], alpha: f32, x: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hadamard_rows_are_the_definitions_bit_for_bit() {
+        // 64 and 128: whole rows; 96: segments of 32; 8; 6: segments of 2 (the scalar path).
+        for hd in [64usize, 128, 96, 8, 6] {
+            let x: Vec<f32> = (0..hd * 5).map(|i| ((i as f32 * 0.731).sin() * 3.0) * if i % 11 == 0 { 20.0 } else { 1.0 }).collect();
+            let mut got = x.clone();
+            hadamard_rows(&mut got, hd);
+            let mut want = x.clone();
+            want.chunks_exact_mut(hd).for_each(ferry_core::kv_dtype::hadamard);
+            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "head_dim {hd}");
+        }
+    }
 
     #[test]
     fn exp_matches_libm() {
