@@ -8,7 +8,10 @@
 # scripts/bench_spec.sh; the configurations in turn, ROUNDS times; every run's `outputs_digest`
 # must agree. FERRY_QUANT_SIMD=avx2 in the environment caps the decode kernels at AVX2.
 # WORKLOAD=random runs scripts/bench_spec.sh's nothing-to-copy workload instead (random prompts,
-# answers sampled at temperature 1 with a seed per request) at RATES (default 0.2,1).
+# answers sampled at temperature 1 with a seed per request) at RATES (default 0.2,1). REQUESTS
+# sets the copy workload's requests per rate (default 8). FERRY_QUANT_AMX=off keeps the decode
+# kernels off AMX where the CPU has it. The summary's "while decoding" is the decode worker's
+# output tokens/s over the time it held requests (scripts/lib/serve_summary.py).
 # Usage: scripts/bench_spec_saturation.sh [OUT_DIR]   (build first: cargo build --release -p ferry)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -19,7 +22,7 @@ ferry="${FERRY:-./target/release/ferry}"
 slo=(--seed 5 --slo-ttft-ms 60000 --slo-tpot-ms 200)
 workload="${WORKLOAD:-copy}"
 case "$workload" in
-    copy) load=(--workload copy --requests 8 --output-len 400 --rates "${RATES:-0.1,4}") ;;
+    copy) load=(--workload copy --requests "${REQUESTS:-8}" --output-len 400 --rates "${RATES:-0.1,4}") ;;
     random) load=(--workload random --temperature 1 --requests 8 --prompt-len 64..512 --output-len 128 --rates "${RATES:-0.2,1}") ;;
     *) echo "WORKLOAD is copy or random, not $workload" >&2; exit 2 ;;
 esac

@@ -8,9 +8,10 @@
 //! products). "q8+quant" includes quantizing the activations on every matvec; "x8" is the
 //! 8-bit-activation kernel on the same matrices with eight rows interleaved (`dot_x8_q8`, m = 1).
 //!
-//! A second table runs the interleaved kernel at 1-16 activation rows (batched decode, speculative
-//! verification) at every SIMD level the CPU has, the levels alternating trial by trial so that
-//! the machine's drift falls on all alike; "vs m=1" is a matvec of m rows against one of one row.
+//! A second table runs the interleaved kernel at 1-64 activation rows (batched decode, speculative
+//! verification) with every kernel the CPU has (`X8Kernel`: AVX2, AVX-512 VNNI, AMX), the kernels
+//! alternating trial by trial so that the machine's drift falls on all alike; "vs m=1" is a matvec
+//! of m rows against one of one row with the same kernel.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -18,7 +19,7 @@ mod common;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use ferry_quant::{Q8Activations, SimdLevel, WeightType, dot_many, dot_many_q8, dot_x8_q8, dot_x8_q8_with, interleave_x8, simd_level, supports_x8};
+use ferry_quant::{Q8Activations, WeightType, X8Kernel, dot_many, dot_many_q8, dot_x8_q8, dot_x8_q8_by, interleave_x8, simd_level, supports_x8};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
@@ -110,11 +111,11 @@ fn main() {
     x8_by_rows(&mut rng);
 }
 
-/// `dot_x8_q8` at several activation rows and every supported level, in and out of cache.
+/// `dot_x8_q8` at several activation rows and every supported kernel, in and out of cache.
 fn x8_by_rows(rng: &mut StdRng) {
-    let levels: Vec<SimdLevel> = SimdLevel::ALL.into_iter().filter(|l| *l != SimdLevel::Scalar && l.is_supported()).collect();
+    let levels: Vec<X8Kernel> = X8Kernel::ALL.into_iter().filter(|l| *l != X8Kernel::Scalar && l.is_supported()).collect();
     println!();
-    println!("interleaved kernel by activation rows (ms per matvec, median of {TRIALS} alternating trials; vs m=1: against the same level at one row)");
+    println!("interleaved kernel by activation rows (ms per matvec, median of {TRIALS} alternating trials; vs m=1: against the same kernel at one row)");
     print!("{:<5} {:>10} {:>2}", "type", "rows x k", "m");
     for l in &levels {
         print!(" {:>9} {:>7}", format!("{} ms", l.name()), "vs m=1");
@@ -134,7 +135,7 @@ fn x8_by_rows(rng: &mut StdRng) {
             })
             .collect();
         let mut one = vec![0f64; levels.len()];
-        for m in [1usize, 2, 4, 8, 12, 16] {
+        for m in [1usize, 2, 4, 8, 12, 16, 32, 64] {
             let xq = Q8Activations::quantize(&common::random_x(m * k, rng), k);
             let mut out = vec![0f32; rows * m];
             let mut trials = vec![Vec::new(); levels.len()];
@@ -144,7 +145,7 @@ fn x8_by_rows(rng: &mut StdRng) {
                     let start = Instant::now();
                     let mut n = 0u32;
                     while n < 2 || start.elapsed() < TRIAL_TIME {
-                        dot_x8_q8_with(level, ty, &mats[c % copies], &xq, &mut out);
+                        dot_x8_q8_by(level, ty, &mats[c % copies], &xq, &mut out);
                         c += 1;
                         n += 1;
                         black_box(&out);

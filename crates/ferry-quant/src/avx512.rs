@@ -22,6 +22,7 @@
 //! The same unpacking, stored instead of multiplied, gives a SIMD `dequantize` that is
 //! bit-identical to the scalar one. K-quants are in `avx512/kquant.rs`.
 
+pub(crate) mod amx;
 mod kquant;
 pub(crate) mod x8;
 

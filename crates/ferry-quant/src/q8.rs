@@ -38,6 +38,9 @@ pub struct Q8Activations {
     q: Vec<QBlock>,
     k: usize,
     m: usize,
+    /// The same rows packed for the AMX kernel, made by the first matmul that takes it.
+    #[cfg(target_arch = "x86_64")]
+    amx: std::sync::OnceLock<crate::avx512::amx::Packed>,
 }
 
 impl Q8Activations {
@@ -64,6 +67,10 @@ impl Q8Activations {
         self.q.resize(nblocks, QBlock::default());
         self.k = k;
         self.m = x.len() / k;
+        #[cfg(target_arch = "x86_64")]
+        {
+            self.amx = std::sync::OnceLock::new();
+        }
         let blocks = x.chunks_exact(QK).zip(self.q.iter_mut()).zip(self.d.iter_mut().zip(self.s.iter_mut()));
         #[cfg(target_arch = "x86_64")]
         if SimdLevel::selected() >= SimdLevel::Avx2 {
@@ -108,6 +115,12 @@ impl Q8Activations {
 
     pub(crate) fn blocks(&self) -> &[QBlock] {
         &self.q
+    }
+
+    /// These rows packed for the AMX kernel (made on first use, then shared).
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn amx_packed(&self) -> &crate::avx512::amx::Packed {
+        self.amx.get_or_init(|| crate::avx512::amx::Packed::new(self))
     }
 }
 

@@ -85,8 +85,9 @@ pub fn dot_x8_q8(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) 
     dot_x8_q8_at(SimdLevel::selected(), ty, w, xq, out);
 }
 
-/// [`dot_x8_q8`] with the kernels of a given level (`Avx512` uses the AVX-512 VNNI kernel where
-/// the CPU has VNNI, else the AVX2 kernel; all are bit-identical).
+/// [`dot_x8_q8`] with the kernels of a given level (`Avx512` takes the AMX kernel from
+/// [`X8Kernel::chosen`]'s row count where the CPU has AMX-INT8, else the AVX-512 VNNI kernel
+/// where it has VNNI, else the AVX2 kernel; all are bit-identical).
 ///
 /// # Panics
 /// As [`dot_x8_q8`], and if `level` is not supported by this CPU.
@@ -95,7 +96,81 @@ pub fn dot_x8_q8_with(level: SimdLevel, ty: WeightType, w: &[u8], xq: &Q8Activat
     dot_x8_q8_at(level, ty, w, xq, out);
 }
 
+/// The kernels behind [`dot_x8_q8`], bit-identical to each other, for measuring and testing them
+/// side by side ([`dot_x8_q8_by`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum X8Kernel {
+    /// The reference.
+    Scalar,
+    /// AVX2 + FMA + F16C (`vpmaddubsw`).
+    Avx2,
+    /// AVX-512 VNNI on 256-bit vectors (`vpdpbusd`).
+    Vnni,
+    /// AMX-INT8 tiles for the integer sums, AVX-512 for the rest (`avx512/amx.rs`).
+    Amx,
+}
+
+impl X8Kernel {
+    /// Every kernel, slowest first.
+    pub const ALL: [X8Kernel; 4] = [X8Kernel::Scalar, X8Kernel::Avx2, X8Kernel::Vnni, X8Kernel::Amx];
+
+    /// "scalar", "avx2", "avx512-vnni" or "amx".
+    pub fn name(self) -> &'static str {
+        match self {
+            X8Kernel::Scalar => "scalar",
+            X8Kernel::Avx2 => "avx2",
+            X8Kernel::Vnni => "avx512-vnni",
+            X8Kernel::Amx => "amx",
+        }
+    }
+
+    /// Whether this CPU (and, for AMX, the OS's grant of the tile state) can run it.
+    /// `FERRY_QUANT_AMX=off` makes AMX unsupported.
+    pub fn is_supported(self) -> bool {
+        match self {
+            X8Kernel::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            X8Kernel::Avx2 => SimdLevel::Avx2.is_supported(),
+            #[cfg(target_arch = "x86_64")]
+            X8Kernel::Vnni => crate::avx512::x8::supported(),
+            #[cfg(target_arch = "x86_64")]
+            X8Kernel::Amx => crate::avx512::amx::supported(),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The kernel [`dot_x8_q8_with`] runs at `level` (a supported one) for `m` activation rows:
+    /// AMX from a few rows up, where its tiles pay for their set-up.
+    pub fn chosen(level: SimdLevel, m: usize) -> X8Kernel {
+        match level {
+            SimdLevel::Scalar => X8Kernel::Scalar,
+            SimdLevel::Avx2 => X8Kernel::Avx2,
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx512 if m >= crate::avx512::amx::MIN_ROWS && X8Kernel::Amx.is_supported() => X8Kernel::Amx,
+            SimdLevel::Avx512 if X8Kernel::Vnni.is_supported() => X8Kernel::Vnni,
+            SimdLevel::Avx512 => X8Kernel::Avx2,
+        }
+    }
+}
+
+/// [`dot_x8_q8`] with a given kernel.
+///
+/// # Panics
+/// As [`dot_x8_q8`], and if `kernel` is not supported here.
+pub fn dot_x8_q8_by(kernel: X8Kernel, ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
+    assert!(kernel.is_supported(), "ferry_quant::dot_x8_q8: the {} kernel is not supported here", kernel.name());
+    check_x8(ty, w, xq, out);
+    run(kernel, ty, w, xq, out);
+}
+
 fn dot_x8_q8_at(level: SimdLevel, ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
+    check_x8(ty, w, xq, out);
+    run(X8Kernel::chosen(level, xq.rows()), ty, w, xq, out);
+}
+
+/// The caller's lengths: whole groups of 8 weight rows, an output per row and activation row.
+fn check_x8(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &[f32]) {
     assert!(supports_x8(ty), "ferry_quant::dot_x8_q8: weight type {ty} is not supported");
     let m = xq.rows();
     assert!(m > 0, "ferry_quant::dot_x8_q8: no activation rows");
@@ -106,21 +181,30 @@ fn dot_x8_q8_at(level: SimdLevel, ty: WeightType, w: &[u8], xq: &Q8Activations, 
         w.len(),
         out.len()
     );
-    match level {
-        SimdLevel::Scalar => dot_x8_scalar(ty, w, xq, out),
+}
+
+/// Run a supported kernel on checked lengths.
+fn run(kernel: X8Kernel, ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
+    match kernel {
+        X8Kernel::Scalar => dot_x8_scalar(ty, w, xq, out),
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx512 if crate::avx512::x8::supported() => {
-            // SAFETY: `supported` checked the CPU; the lengths were checked above.
+        X8Kernel::Amx => {
+            // SAFETY: the caller's kernel is supported (the CPU and the tile permission); the
+            // lengths were checked.
+            unsafe { crate::avx512::amx::dot(ty, w, xq, out) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        X8Kernel::Vnni => {
+            // SAFETY: as above, for AVX-512 VNNI.
             unsafe { crate::avx512::x8::dot(ty, w, xq, out) }
         }
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 | SimdLevel::Avx512 => {
-            // SAFETY: callers pass only supported levels (Avx512 includes AVX2, FMA and F16C);
-            // the lengths were checked above.
+        X8Kernel::Avx2 => {
+            // SAFETY: as above, for AVX2, FMA and F16C.
             unsafe { crate::avx2::x8::dot(ty, w, xq, out) }
         }
         #[cfg(not(target_arch = "x86_64"))]
-        SimdLevel::Avx2 | SimdLevel::Avx512 => unreachable!("not supported on this architecture"),
+        _ => unreachable!("not supported on this architecture"),
     }
 }
 

@@ -5,7 +5,7 @@
 mod common;
 
 use common::random_row;
-use ferry_quant::{Q8Activations, SimdLevel, WeightType, X8_ROWS, dot_many_q8_with, dot_x8_q8, dot_x8_q8_with, interleave_x8, supports_x8};
+use ferry_quant::{Q8Activations, SimdLevel, WeightType, X8_ROWS, X8Kernel, dot_many_q8_with, dot_x8_q8, dot_x8_q8_by, dot_x8_q8_with, interleave_x8, supports_x8};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -13,6 +13,13 @@ const TYPES: [WeightType; 3] = [WeightType::Q4_0, WeightType::Q4_1, WeightType::
 
 fn levels() -> Vec<SimdLevel> {
     SimdLevel::ALL.into_iter().filter(|l| l.is_supported()).collect()
+}
+
+/// Every kernel this machine has (AMX only on CPUs with AMX-INT8 whose OS grants the tiles).
+fn kernels() -> Vec<X8Kernel> {
+    let k: Vec<X8Kernel> = X8Kernel::ALL.into_iter().filter(|k| k.is_supported()).collect();
+    eprintln!("x8 kernels here: {:?}", k.iter().map(|k| k.name()).collect::<Vec<_>>());
+    k
 }
 
 fn check(ty: WeightType, rows: usize, k: usize, m: usize, rng: &mut StdRng) {
@@ -33,7 +40,13 @@ fn check(ty: WeightType, rows: usize, k: usize, m: usize, rng: &mut StdRng) {
         let mut got = vec![f32::NAN; rows * m];
         dot_x8_q8_with(level, ty, &inter, &xq, &mut got);
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&got), bits(&scalar), "{ty} {level:?} rows {rows} k {k}: not bit-identical to the scalar kernel");
+        assert_eq!(bits(&got), bits(&scalar), "{ty} {level:?} rows {rows} k {k} m {m}: not bit-identical to the scalar kernel");
+    }
+    for kernel in kernels() {
+        let mut got = vec![f32::NAN; rows * m];
+        dot_x8_q8_by(kernel, ty, &inter, &xq, &mut got);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&scalar), "{ty} kernel {} rows {rows} k {k} m {m}: not bit-identical to the scalar kernel", kernel.name());
     }
     // Same per-block terms as the row layout, summed in another order: within f32 rounding of
     // the sum of their magnitudes.
@@ -56,8 +69,10 @@ fn interleaved_rows_match_the_row_layout() {
     for ty in TYPES {
         assert!(supports_x8(ty));
         for k in [32, 576, 1536] {
-            for rows in [8, 16, 48] {
-                for m in [1, 2, 5, 8] {
+            // 24 rows: a pair of groups for the AMX kernel's tiles and a trailing group; 17 and 40
+            // activation rows: a tile and a part, and two and a half tiles.
+            for rows in [8, 16, 24, 48] {
+                for m in [1, 2, 5, 8, 17, 40] {
                     check(ty, rows, k, m, &mut rng);
                 }
             }
@@ -107,14 +122,15 @@ fn unsupported_types() {
 
 /// The largest integer sums a block can make: every nibble 15 (or every `Q8_0` quant -128 or 127)
 /// against activations all +127 or all -127. The SIMD kernels sum in 16 bits (AVX2) or 32 bits
-/// (AVX-512 VNNI) before converting; neither may saturate or wrap, so all agree with the scalar.
+/// (AVX-512 VNNI, AMX) before converting; none may saturate or wrap, so all agree with the scalar.
+/// Two groups and five activation rows: the AMX kernel where the CPU has it.
 #[test]
 fn extreme_quants_stay_exact() {
-    let k = 64;
+    let (k, rows, m) = (64, 2 * X8_ROWS, 5);
     for ty in TYPES {
         let rb = ty.row_bytes(k).unwrap();
         for quant in [0xFFu8, 0x80, 0x7F] {
-            let mut w = vec![quant; rb * X8_ROWS];
+            let mut w = vec![quant; rb * rows];
             for blk in w.chunks_exact_mut(ty.block_bytes()) {
                 // Scales (and mins) of 1.0 in f16.
                 let hb = if ty == WeightType::Q4_1 { 4 } else { 2 };
@@ -123,16 +139,16 @@ fn extreme_quants_stay_exact() {
                 }
             }
             for sign in [1.0f32, -1.0] {
-                let xq = Q8Activations::quantize(&vec![sign * 3.0; 3 * k], k);
+                let xq = Q8Activations::quantize(&vec![sign * 3.0; m * k], k);
                 assert!(xq.quants().iter().all(|&q| q == (sign * 127.0) as i8));
                 let mut inter = vec![0u8; w.len()];
                 interleave_x8(ty, &w, k, &mut inter);
-                let mut scalar = vec![f32::NAN; X8_ROWS * 3];
+                let mut scalar = vec![f32::NAN; rows * m];
                 dot_x8_q8_with(SimdLevel::Scalar, ty, &inter, &xq, &mut scalar);
-                for level in levels() {
-                    let mut got = vec![f32::NAN; X8_ROWS * 3];
-                    dot_x8_q8_with(level, ty, &inter, &xq, &mut got);
-                    assert_eq!(got.iter().map(|f| f.to_bits()).collect::<Vec<_>>(), scalar.iter().map(|f| f.to_bits()).collect::<Vec<_>>(), "{ty} quant {quant:#x} sign {sign} {level:?}");
+                for kernel in kernels() {
+                    let mut got = vec![f32::NAN; rows * m];
+                    dot_x8_q8_by(kernel, ty, &inter, &xq, &mut got);
+                    assert_eq!(got.iter().map(|f| f.to_bits()).collect::<Vec<_>>(), scalar.iter().map(|f| f.to_bits()).collect::<Vec<_>>(), "{ty} quant {quant:#x} sign {sign} {}", kernel.name());
                 }
             }
         }
