@@ -34,13 +34,11 @@ pub struct Q8Activations {
     d: Vec<f32>,
     /// `d * Σq` per block, same layout as `d`.
     s: Vec<f32>,
-    /// Quants, `m * k / 32` blocks, row-major.
+    /// Quants, `m * k / 32` blocks, row-major, then up to 15 rows more (whatever values) so that
+    /// the AMX kernel may load whole tiles of 16 rows.
     q: Vec<QBlock>,
     k: usize,
     m: usize,
-    /// The same rows packed for the AMX kernel, made by the first matmul that takes it.
-    #[cfg(target_arch = "x86_64")]
-    amx: std::sync::OnceLock<crate::avx512::amx::Packed>,
 }
 
 impl Q8Activations {
@@ -64,13 +62,9 @@ impl Q8Activations {
         let nblocks = x.len() / QK;
         self.d.resize(nblocks, 0.0);
         self.s.resize(nblocks, 0.0);
-        self.q.resize(nblocks, QBlock::default());
+        self.q.resize(nblocks.next_multiple_of(16 * k / QK), QBlock::default());
         self.k = k;
         self.m = x.len() / k;
-        #[cfg(target_arch = "x86_64")]
-        {
-            self.amx = std::sync::OnceLock::new();
-        }
         let blocks = x.chunks_exact(QK).zip(self.q.iter_mut()).zip(self.d.iter_mut().zip(self.s.iter_mut()));
         #[cfg(target_arch = "x86_64")]
         if SimdLevel::selected() >= SimdLevel::Avx2 {
@@ -110,17 +104,19 @@ impl Q8Activations {
     pub fn quants(&self) -> &[i8] {
         // SAFETY: `QBlock` is `repr(C)` around `[i8; 32]` with size 32 (its alignment 32 adds no
         // padding), so `len` blocks are `32 * len` contiguous, initialized `i8`.
-        unsafe { std::slice::from_raw_parts(self.q.as_ptr().cast::<i8>(), self.q.len() * QK) }
+        unsafe { std::slice::from_raw_parts(self.q.as_ptr().cast::<i8>(), self.m * self.k) }
     }
 
     pub(crate) fn blocks(&self) -> &[QBlock] {
-        &self.q
+        &self.q[..self.m * self.k / QK]
     }
 
-    /// These rows packed for the AMX kernel (made on first use, then shared).
+    /// The quants with the rows after the last up to a multiple of 16 (values unspecified):
+    /// whole 16-row tiles for the AMX kernel, whose results for those rows are dropped.
     #[cfg(target_arch = "x86_64")]
-    pub(crate) fn amx_packed(&self) -> &crate::avx512::amx::Packed {
-        self.amx.get_or_init(|| crate::avx512::amx::Packed::new(self))
+    pub(crate) fn quants_in_tiles(&self) -> &[i8] {
+        // SAFETY: as in `quants`, over the whole buffer.
+        unsafe { std::slice::from_raw_parts(self.q.as_ptr().cast::<i8>(), self.q.len() * QK) }
     }
 }
 

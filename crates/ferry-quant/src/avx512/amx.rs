@@ -1,19 +1,22 @@
 //! AMX-INT8 kernel for interleaved weight rows against several Q8 activation rows (Intel Xeon
-//! since Sapphire Rapids): the tile unit multiplies a 16 × 32 byte tile of weights with a tile of
-//! 16 activation rows' 32 quants in one instruction (`tdpbusd`: unsigned nibbles × signed
-//! activations; `tdpbssd` for `Q8_0`'s signed weights), where VNNI takes 64 `vpdpbusd`. That is
-//! what speculative verification and batched decode need: extra activation rows nearly free.
+//! since Sapphire Rapids): the tile unit multiplies a tile of up to 16 activation rows' 32 quants
+//! of a block with the block of 16 weight rows in one instruction (`tdpbsud`: signed activations
+//! × unsigned nibbles; `tdpbssd` for `Q8_0`'s signed weights), where VNNI takes 32 `vpdpbusd` per
+//! 8 activation rows. That is what speculative verification and batched decode need: extra
+//! activation rows nearly free.
 //!
-//! Per pair of 8-row groups (16 weight rows) and block of 32: the two groups' quants are unpacked
-//! (`Q4`: nibbles to bytes) into one 16 × 32 byte tile, each row its block's 32 elements in order,
-//! for all blocks at once; the activations are packed once per [`Q8Activations`] into tiles of 16
-//! rows × 32 quants in the tile unit's pairs-of-four layout (row `kk` holds quants `4kk..4kk + 4`
-//! of each of the 16 rows). Each block's integer sums (exact, 16 × 16 of them) go through memory
-//! to the AVX-512 part, which does what every other level does per (weight row, activation row)
-//! and block, in the same order: `acc = fma(Σ, d_w · d_x, acc)`, `macc = fma(c_w, s_x, macc)`,
-//! and at the end `Q4_1` `acc + macc`, `Q4_0` `fma(-8, macc, acc)`, `Q8_0` `acc`. So the results
-//! are bit for bit the scalar kernel's (`crate::x8`), and a row's result does not depend on the
-//! other rows of the batch.
+//! The activation tile is loaded straight from [`Q8Activations`] (row `i` of block `b` at
+//! `32 (i · nb + b)`, rows `k` bytes apart; its buffer holds whole tiles of 16 rows). The weight
+//! tile is the tile unit's pairs-of-four layout, row `kk` holding elements `4kk..4kk + 4` of each
+//! of the 16 rows, which the interleaved layout nearly is: its slice `g` holds bytes
+//! `4g..4g + 4` of the 8 rows of a group, so row `kk` is the low nibbles of slice `kk` of the two
+//! groups of a pair, row `4 + kk` their high nibbles (`Q8_0`: slice `kk` as is). Each block's
+//! integer sums (exact) go through memory to the AVX-512 part, one vector of 16 weight rows per
+//! activation row, which does what every other level does per (weight row, activation row) and
+//! block, in the same order: `acc = fma(Σ, d_w · d_x, acc)`, `macc = fma(c_w, s_x, macc)`, and at
+//! the end `Q4_1` `acc + macc`, `Q4_0` `fma(-8, macc, acc)`, `Q8_0` `acc`. So the results are bit
+//! for bit the scalar kernel's (`crate::x8`), and a row's result does not depend on the other
+//! rows of the batch.
 //!
 //! A trailing group of 8 rows (an odd number of groups) runs the VNNI kernel. Linux grants a
 //! process the tile state only when asked (`arch_prctl(ARCH_REQ_XCOMP_PERM)`); [`supported`] asks
@@ -27,14 +30,15 @@ use crate::q8::Q8Activations;
 use crate::types::{QK, WeightType};
 use crate::x8::{X8_ROWS, header_bytes};
 
-/// Activation rows from which the x8 matmul takes this kernel (below it the VNNI kernel, whose
-/// cost grows with the rows from a lower start, is as fast; measured with `examples/q8bench`).
+/// Activation rows from which the x8 matmul takes this kernel: from 8 rows it beats VNNI alone
+/// (`examples/q8bench`), but through the engine a batch of 8 decoded ~3% slower with it (the
+/// tile set-up per matmul task), so VNNI keeps steps of up to 11 rows.
 pub(crate) const MIN_ROWS: usize = 12;
 
 /// Weight rows per tile (two interleaved groups) and activation rows per tile.
 const WT: usize = 2 * X8_ROWS;
 const AT: usize = 16;
-/// Bytes of one 16 × 32 tile (weights, and the activations' 8 × 64).
+/// Bytes of one weight tile (8 rows of 64).
 const TILE_BYTES: usize = 512;
 
 /// Whether this CPU has AMX-TILE and AMX-INT8 (besides the VNNI kernel's features), the kernel
@@ -67,44 +71,9 @@ fn tile_permission() -> bool {
     false
 }
 
-/// The activations packed for the tile unit, made once per [`Q8Activations`] (every matmul task
-/// of a step shares them).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Packed {
-    /// Per activation tile `t` and block `b`: 8 rows of 64 bytes, row `kk` holding quants
-    /// `4kk..4kk + 4` of the tile's rows in turn (rows past `m` zero).
-    quants: Vec<i8>,
-    /// Per tile and block: the 16 rows' scales `d_x` and sums `s_x` (0 past `m`).
-    d: Vec<[f32; AT]>,
-    s: Vec<[f32; AT]>,
-}
-
-impl Packed {
-    pub(crate) fn new(xq: &Q8Activations) -> Packed {
-        let (nb, m) = (xq.k() / QK, xq.rows());
-        let tiles = m.div_ceil(AT);
-        let mut p = Packed { quants: vec![0; tiles * nb * TILE_BYTES], d: vec![[0.0; AT]; tiles * nb], s: vec![[0.0; AT]; tiles * nb] };
-        let (q, d, s) = (xq.quants(), xq.scales(), xq.sums());
-        for i in 0..m {
-            let (t, n) = (i / AT, i % AT);
-            for b in 0..nb {
-                let tb = t * nb + b;
-                let src = &q[(i * nb + b) * QK..][..QK];
-                let dst = &mut p.quants[tb * TILE_BYTES..][..TILE_BYTES];
-                for (kk, four) in src.chunks_exact(4).enumerate() {
-                    dst[kk * 64 + 4 * n..][..4].copy_from_slice(four);
-                }
-                p.d[tb][n] = d[i * nb + b];
-                p.s[tb][n] = s[i * nb + b];
-            }
-        }
-        p
-    }
-}
-
 /// The tile configuration: two sets of three tiles, so that two blocks' products are in flight
-/// at once (tmm0 / tmm3 the 16 × 16 `i32` sums, tmm1 / tmm4 the weights, 16 rows of 32 bytes,
-/// tmm2 / tmm5 the activations, 8 rows of 64 bytes).
+/// at once (tmm0 / tmm3 the 16 × 16 `i32` sums, tmm1 / tmm4 the activations, 16 rows of 32
+/// bytes, tmm2 / tmm5 the weights, 8 rows of 64 bytes).
 #[repr(C, align(64))]
 struct TileConfig([u8; 64]);
 
@@ -120,9 +89,23 @@ impl TileConfig {
     }
 }
 
-/// Two blocks' integer sums, 16 rows of 16 `i32` each.
+/// Two blocks' integer sums, 16 activation rows of 16 `i32` each.
 #[repr(C, align(64))]
-struct Sums([[i32; WT * AT]; 2]);
+struct Sums([[i32; AT * WT]; 2]);
+
+/// The activations' scales `d_x` and sums `s_x` per activation tile and block (16 rows, 0 past
+/// the last).
+struct Scales<'a> {
+    d: &'a [[f32; AT]],
+    s: &'a [[f32; AT]],
+}
+
+/// A pair of groups unpacked: per block the weight tile, the 16 rows' scales and min terms.
+struct Pair {
+    tiles: Vec<u8>,
+    d: Vec<__m512>,
+    c: Vec<__m512>,
+}
 
 /// `out[r * m + i]` for every row `r` of the interleaved groups `w` and activation row `i`
 /// (lengths checked by the caller, `m >= 1`).
@@ -134,101 +117,43 @@ pub(crate) unsafe fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut
     let (nb, m) = (xq.k() / QK, xq.rows());
     let bb = ty.block_bytes() * X8_ROWS;
     let groups = out.len() / (X8_ROWS * m);
-    assert!(w.len() >= groups * nb * bb && out.len() == groups * X8_ROWS * m);
-    let packed = xq.amx_packed();
+    let xt = xq.quants_in_tiles();
+    assert!(w.len() >= groups * nb * bb && out.len() == groups * X8_ROWS * m && xt.len() >= m.next_multiple_of(AT) * nb * QK);
+    let mut pair = Pair { tiles: vec![0u8; nb * TILE_BYTES], d: vec![_mm512_setzero_ps(); nb], c: vec![_mm512_setzero_ps(); nb] };
+    // The activations' scales and sums by tile and block, 0 past the last row.
     let tiles = m.div_ceil(AT);
-    let mut a = vec![0u8; nb * TILE_BYTES];
-    let (mut dw, mut cw) = (vec![[0f32; WT]; nb], vec![[0f32; WT]; nb]);
-    let mut sums = Sums([[0; WT * AT]; 2]);
+    let (mut dx, mut sx) = (vec![[0f32; AT]; tiles * nb], vec![[0f32; AT]; tiles * nb]);
+    for i in 0..m {
+        for b in 0..nb {
+            dx[(i / AT) * nb + b][i % AT] = xq.scales()[i * nb + b];
+            sx[(i / AT) * nb + b][i % AT] = xq.sums()[i * nb + b];
+        }
+    }
+    let scales = Scales { d: &dx, s: &sx };
     let cfg = TileConfig::new();
     // SAFETY: the configuration is a valid palette-1 layout (64 bytes, aligned).
     unsafe { asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly)) };
-    let pairs = groups / 2;
-    for pair in 0..pairs {
+    for p in 0..groups / 2 {
         for b in 0..nb {
-            for g in 0..2 {
-                let blk = &w[((2 * pair + g) * nb + b) * bb..][..bb];
-                // SAFETY: blk is one block of a group (header then quant slices, as x8.rs lays
-                // it out) and a[b]'s rows 8g..8g + 8 are 256 bytes of a.
-                unsafe { unpack(ty, blk, a.as_mut_ptr().add(b * TILE_BYTES + g * X8_ROWS * 32), &mut dw[b][8 * g..8 * g + 8], &mut cw[b][8 * g..8 * g + 8]) };
-            }
+            let blk = |g: usize| &w[((2 * p + g) * nb + b) * bb..][..bb];
+            // SAFETY: the pair's two blocks b, and its tile b (512 bytes of `tiles`).
+            unsafe { unpack(ty, blk(0), blk(1), pair.tiles.as_mut_ptr().add(b * TILE_BYTES), &mut pair.d[b], &mut pair.c[b]) };
         }
-        let next = &w[((2 * pair + 2) * nb * bb).min(w.len())..((2 * pair + 4) * nb * bb).min(w.len())];
-        for t in 0..tiles {
-            let mut acc = [_mm512_setzero_ps(); WT];
-            let mut b = 0;
-            while b < nb {
-                let two = b + 1 < nb;
-                if t == 0 {
-                    // The next pair's bytes, asked for while this pair computes (it is unpacked
-                    // in a burst, which the hardware prefetcher does not run ahead of).
-                    prefetch(next, 2 * b * next.len() / (2 * nb).max(1), 2 * next.len().div_ceil(nb));
-                }
-                let (a0, b0) = (a[b * TILE_BYTES..].as_ptr(), packed.quants[(t * nb + b) * TILE_BYTES..].as_ptr());
-                let (s0, s1) = (sums.0[0].as_mut_ptr(), sums.0[1].as_mut_ptr());
-                // SAFETY: a's and the packed activations' blocks b (and b + 1 when `two`) are whole
-                // tiles (512 bytes, rows 32 and 64 bytes apart); sums holds two 16 × 16 results of
-                // 64-byte rows.
-                unsafe {
-                    match (ty == WeightType::Q8_0, two) {
-                        (false, true) => asm!(
-                            "tilezero tmm0", "tilezero tmm3",
-                            "tileloadd tmm1, [{a0} + {s32}*1]", "tileloadd tmm2, [{b0} + {s64}*1]",
-                            "tileloadd tmm4, [{a1} + {s32}*1]", "tileloadd tmm5, [{b1} + {s64}*1]",
-                            "tdpbusd tmm0, tmm1, tmm2", "tdpbusd tmm3, tmm4, tmm5",
-                            "tilestored [{s0} + {s64}*1], tmm0", "tilestored [{s1} + {s64}*1], tmm3",
-                            a0 = in(reg) a0, b0 = in(reg) b0, a1 = in(reg) a0.add(TILE_BYTES), b1 = in(reg) b0.add(TILE_BYTES),
-                            s0 = in(reg) s0, s1 = in(reg) s1, s32 = in(reg) 32usize, s64 = in(reg) 64usize, options(nostack)),
-                        (true, true) => asm!(
-                            "tilezero tmm0", "tilezero tmm3",
-                            "tileloadd tmm1, [{a0} + {s32}*1]", "tileloadd tmm2, [{b0} + {s64}*1]",
-                            "tileloadd tmm4, [{a1} + {s32}*1]", "tileloadd tmm5, [{b1} + {s64}*1]",
-                            "tdpbssd tmm0, tmm1, tmm2", "tdpbssd tmm3, tmm4, tmm5",
-                            "tilestored [{s0} + {s64}*1], tmm0", "tilestored [{s1} + {s64}*1], tmm3",
-                            a0 = in(reg) a0, b0 = in(reg) b0, a1 = in(reg) a0.add(TILE_BYTES), b1 = in(reg) b0.add(TILE_BYTES),
-                            s0 = in(reg) s0, s1 = in(reg) s1, s32 = in(reg) 32usize, s64 = in(reg) 64usize, options(nostack)),
-                        (false, false) => asm!(
-                            "tilezero tmm0", "tileloadd tmm1, [{a0} + {s32}*1]", "tileloadd tmm2, [{b0} + {s64}*1]",
-                            "tdpbusd tmm0, tmm1, tmm2", "tilestored [{s0} + {s64}*1], tmm0",
-                            a0 = in(reg) a0, b0 = in(reg) b0, s0 = in(reg) s0, s32 = in(reg) 32usize, s64 = in(reg) 64usize, options(nostack)),
-                        (true, false) => asm!(
-                            "tilezero tmm0", "tileloadd tmm1, [{a0} + {s32}*1]", "tileloadd tmm2, [{b0} + {s64}*1]",
-                            "tdpbssd tmm0, tmm1, tmm2", "tilestored [{s0} + {s64}*1], tmm0",
-                            a0 = in(reg) a0, b0 = in(reg) b0, s0 = in(reg) s0, s32 = in(reg) 32usize, s64 = in(reg) 64usize, options(nostack)),
-                    }
-                }
-                // The blocks in order, as every kernel sums them.
-                for (j, sums) in sums.0.iter().enumerate().take(1 + usize::from(two)) {
-                    // SAFETY: a [f32; 16] is one vector.
-                    let dx = unsafe { _mm512_loadu_ps(packed.d[t * nb + b + j].as_ptr()) };
-                    for (r, acc) in acc.iter_mut().enumerate() {
-                        // SAFETY: row r of the sums is 16 aligned i32.
-                        let isum = unsafe { _mm512_load_si512(sums[r * AT..].as_ptr().cast()) };
-                        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(_mm512_set1_ps(dw[b + j][r]), dx), *acc);
-                    }
-                }
-                b += 1 + usize::from(two);
-            }
-            if ty != WeightType::Q8_0 {
-                let mut macc = [_mm512_setzero_ps(); WT];
-                for b in 0..nb {
-                    // SAFETY: as dx above.
-                    let sx = unsafe { _mm512_loadu_ps(packed.s[t * nb + b].as_ptr()) };
-                    for (r, macc) in macc.iter_mut().enumerate() {
-                        *macc = _mm512_fmadd_ps(_mm512_set1_ps(cw[b][r]), sx, *macc);
-                    }
-                }
-                for (acc, macc) in acc.iter_mut().zip(macc) {
-                    *acc = if ty == WeightType::Q4_1 { _mm512_add_ps(*acc, macc) } else { _mm512_fmadd_ps(_mm512_set1_ps(-8.0), macc, *acc) };
+        let next = &w[((2 * p + 2) * nb * bb).min(w.len())..((2 * p + 4) * nb * bb).min(w.len())];
+        let mut i0 = 0;
+        while i0 < m {
+            let rows = (m - i0).min(AT);
+            // SAFETY: rows i0..i0 + 16 are within xt's tiles (asserted), the pair's tiles are
+            // unpacked, and the outputs of rows i0..i0 + rows exist.
+            unsafe {
+                match rows.div_ceil(4) {
+                    1 => tile::<4>(ty, &pair, xq, xt, &scales, i0, rows, next, p, out),
+                    2 => tile::<8>(ty, &pair, xq, xt, &scales, i0, rows, next, p, out),
+                    3 => tile::<12>(ty, &pair, xq, xt, &scales, i0, rows, next, p, out),
+                    _ => tile::<16>(ty, &pair, xq, xt, &scales, i0, rows, next, p, out),
                 }
             }
-            let n = (m - t * AT).min(AT);
-            let mask: __mmask16 = if n == AT { !0 } else { (1u16 << n) - 1 };
-            for (r, acc) in acc.into_iter().enumerate() {
-                let o = &mut out[(pair * WT + r) * m + t * AT..][..n];
-                // SAFETY: the mask writes exactly o's n values.
-                unsafe { _mm512_mask_storeu_ps(o.as_mut_ptr(), mask, acc) };
-            }
+            i0 += AT;
         }
     }
     // SAFETY: releases the tile state this function configured.
@@ -237,6 +162,89 @@ pub(crate) unsafe fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut
         let last = groups - 1;
         // supported() implies the VNNI kernel's features; the group's bytes and outputs are whole.
         super::x8::dot(ty, &w[last * nb * bb..][..nb * bb], xq, &mut out[last * X8_ROWS * m..]);
+    }
+}
+
+/// Activation rows `i0..i0 + rows` (`rows <= R`, a multiple of 4 at least `rows`: the tile's
+/// sums for the rows past `rows` are computed and dropped) against pair `p`.
+///
+/// # Safety
+/// As [`dot`]'s loop states.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn tile<const R: usize>(ty: WeightType, pair: &Pair, xq: &Q8Activations, xt: &[i8], scales: &Scales, i0: usize, rows: usize, next: &[u8], p: usize, out: &mut [f32]) {
+    let (nb, m, k) = (xq.k() / QK, xq.rows(), xq.k());
+    let (xd, xs) = (&scales.d[i0 / AT * nb..][..nb], &scales.s[i0 / AT * nb..][..nb]);
+    let mut sums = Sums([[0; AT * WT]; 2]);
+    let mut acc = [_mm512_setzero_ps(); R];
+    let mut b = 0;
+    while b < nb {
+        let two = b + 1 < nb;
+        if i0 == 0 {
+            // The next pair's bytes, asked for while this pair computes (they are unpacked in a
+            // burst, which the hardware prefetcher does not run ahead of).
+            prefetch(next, b * next.len() / nb, 2 * next.len().div_ceil(nb));
+        }
+        let (a0, w0) = (xt[(i0 * nb + b) * QK..].as_ptr(), pair.tiles[b * TILE_BYTES..].as_ptr());
+        let (s0, s1) = (sums.0[0].as_mut_ptr(), sums.0[1].as_mut_ptr());
+        // One block's product (`$op`: tdpbsud or tdpbssd) into tmm0, or two into tmm0 and tmm3.
+        macro_rules! products {
+            ($op:literal, 1) => {
+                asm!(
+                    "tilezero tmm0", "tileloadd tmm1, [{a0} + {k}*1]", "tileloadd tmm2, [{w0} + {s64}*1]",
+                    concat!($op, " tmm0, tmm1, tmm2"), "tilestored [{s0} + {s64}*1], tmm0",
+                    a0 = in(reg) a0, w0 = in(reg) w0, s0 = in(reg) s0, k = in(reg) k, s64 = in(reg) 64usize, options(nostack))
+            };
+            ($op:literal, 2) => {
+                asm!(
+                    "tilezero tmm0", "tilezero tmm3",
+                    "tileloadd tmm1, [{a0} + {k}*1]", "tileloadd tmm2, [{w0} + {s64}*1]",
+                    "tileloadd tmm4, [{a1} + {k}*1]", "tileloadd tmm5, [{w1} + {s64}*1]",
+                    concat!($op, " tmm0, tmm1, tmm2"), concat!($op, " tmm3, tmm4, tmm5"),
+                    "tilestored [{s0} + {s64}*1], tmm0", "tilestored [{s1} + {s64}*1], tmm3",
+                    a0 = in(reg) a0, w0 = in(reg) w0, a1 = in(reg) a0.add(QK), w1 = in(reg) w0.add(TILE_BYTES),
+                    s0 = in(reg) s0, s1 = in(reg) s1, k = in(reg) k, s64 = in(reg) 64usize, options(nostack))
+            };
+        }
+        // SAFETY: activation tile b (and b + 1): 16 rows of 32 bytes, k apart, within xt; weight
+        // tiles b (and b + 1) within pair.tiles; sums holds two 16 × 16 results of 64-byte rows.
+        unsafe {
+            match (ty == WeightType::Q8_0, two) {
+                (false, true) => products!("tdpbsud", 2),
+                (true, true) => products!("tdpbssd", 2),
+                (false, false) => products!("tdpbsud", 1),
+                (true, false) => products!("tdpbssd", 1),
+            }
+        }
+        // The blocks in order, as every kernel sums them.
+        for (j, sums) in sums.0.iter().enumerate().take(1 + usize::from(two)) {
+            let dx = &xd[b + j];
+            for (n, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: row n of the sums is 16 aligned i32.
+                let isum = unsafe { _mm512_load_si512(sums[n * WT..].as_ptr().cast()) };
+                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(pair.d[b + j], _mm512_set1_ps(dx[n])), *acc);
+            }
+        }
+        b += 1 + usize::from(two);
+    }
+    if ty != WeightType::Q8_0 {
+        let mut macc = [_mm512_setzero_ps(); R];
+        for (&c, sx) in pair.c.iter().zip(xs) {
+            for (n, macc) in macc.iter_mut().enumerate() {
+                *macc = _mm512_fmadd_ps(c, _mm512_set1_ps(sx[n]), *macc);
+            }
+        }
+        for (acc, macc) in acc.iter_mut().zip(macc) {
+            *acc = if ty == WeightType::Q4_1 { _mm512_add_ps(*acc, macc) } else { _mm512_fmadd_ps(_mm512_set1_ps(-8.0), macc, *acc) };
+        }
+    }
+    // Weight row r of activation row i0 + n goes to out[(16 p + r) m + i0 + n].
+    let stride = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(m as i32));
+    assert!((WT * p + WT - 1) * m + i0 + rows <= out.len() && out.len() <= i32::MAX as usize);
+    for (n, acc) in acc.into_iter().enumerate().take(rows) {
+        // SAFETY: the 16 offsets r · m from out[16 p m + i0 + n] are within out (asserted).
+        unsafe { _mm512_i32scatter_ps::<4>(out.as_mut_ptr().add(WT * p * m + i0 + n), stride, acc) };
     }
 }
 
@@ -252,58 +260,42 @@ fn prefetch(bytes: &[u8], start: usize, len: usize) {
     }
 }
 
-/// Unpack one interleaved block of 8 rows (`blk`: header, then the quant slices) into 8 tile rows
-/// of 32 bytes at `dst` (each row its 32 elements in order: `Q4` nibbles as bytes, `Q8_0` as is),
-/// with the rows' scales into `d` and their min terms (`Q4_1` mins, `Q4_0` scales) into `c`.
+/// Unpack block `b` of a pair of groups (`g0`, `g1`: each a header, then the quant slices) into
+/// the weight tile at `dst` (8 rows of 64 bytes: row `kk` the two groups' slice `kk` low nibbles,
+/// row `4 + kk` their high nibbles; `Q8_0`: row `kk` the two slices `kk`), with the 16 rows'
+/// scales into `d` and their min terms (`Q4_1` mins, `Q4_0` scales) into `c`.
 ///
 /// # Safety
-/// `dst` must be valid for 256 bytes; the CPU as for [`dot`].
+/// `dst` must be valid for 512 bytes; the CPU as for [`dot`].
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn unpack(ty: WeightType, blk: &[u8], dst: *mut u8, d: &mut [f32], c: &mut [f32]) {
+unsafe fn unpack(ty: WeightType, g0: &[u8], g1: &[u8], dst: *mut u8, d: &mut __m512, c: &mut __m512) {
     let hb = header_bytes(ty);
-    let f16s = |off: usize, out: &mut [f32]| {
-        assert!(out.len() == X8_ROWS);
-        // SAFETY: 16 bytes of blk (8 f16) in, 8 f32 of out out.
-        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(blk[off..off + 16].as_ptr().cast()))) };
+    // 8 f16 of each group's header at `off`, as 16 f32.
+    let halves = |off: usize| {
+        // SAFETY: 16 bytes of each block's header.
+        let (h0, h1) = unsafe { (_mm_loadu_si128(g0[off..off + 16].as_ptr().cast()), _mm_loadu_si128(g1[off..off + 16].as_ptr().cast())) };
+        _mm512_cvtph_ps(_mm256_set_m128i(h1, h0))
     };
-    f16s(0, d);
-    match ty {
-        WeightType::Q4_1 => f16s(2 * X8_ROWS, c),
-        WeightType::Q4_0 => c.copy_from_slice(d),
-        _ => {}
-    }
-    // Dword (row q, slice g) of the slices 0..4 (slice g's 8 rows' dwords at 8g..8g + 8) for rows
-    // 0..4 and 4..8: output dword 4q + g.
-    let rows_lo = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
-    let rows_hi = _mm512_add_epi32(rows_lo, _mm512_set1_epi32(4));
-    // Two rows of 32 bytes from the first and second halves of two 4-row sources: 16-byte lanes
-    // (a0, b0, a1, b1) and (a2, b2, a3, b3).
-    let pair01 = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
-    let pair23 = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-    let q = blk[hb..].as_ptr();
-    // SAFETY: the quant slices are 128 (Q4) or 256 (Q8_0) bytes after the header, within blk;
-    // the stores write dst's 256 bytes.
-    unsafe {
-        let store = |off: usize, a: __m512i, b: __m512i| {
-            _mm512_storeu_si512(dst.add(off).cast(), _mm512_permutex2var_epi64(a, pair01, b));
-            _mm512_storeu_si512(dst.add(off + 64).cast(), _mm512_permutex2var_epi64(a, pair23, b));
-        };
-        if ty == WeightType::Q8_0 {
-            let z = [0, 1, 2, 3].map(|i| _mm512_loadu_si512(q.add(64 * i).cast()));
-            // Slices 0..4 and 4..8 of rows 0..4 and 4..8; a row is the first's 16 bytes, then the second's.
-            let (t0, t1) = (_mm512_permutex2var_epi32(z[0], rows_lo, z[1]), _mm512_permutex2var_epi32(z[0], rows_hi, z[1]));
-            let (t2, t3) = (_mm512_permutex2var_epi32(z[2], rows_lo, z[3]), _mm512_permutex2var_epi32(z[2], rows_hi, z[3]));
-            store(0, t0, t2);
-            store(128, t1, t3);
-        } else {
-            let (z0, z1) = (_mm512_loadu_si512(q.cast()), _mm512_loadu_si512(q.add(64).cast()));
-            let nib = _mm512_set1_epi8(0x0F);
-            for (half, idx) in [rows_lo, rows_hi].into_iter().enumerate() {
-                let p = _mm512_permutex2var_epi32(z0, idx, z1);
-                // Elements 0..16 are the low nibbles of a row's 16 bytes, 16..32 the high ones.
-                let (lo, hi) = (_mm512_and_si512(p, nib), _mm512_and_si512(_mm512_srli_epi16(p, 4), nib));
-                store(128 * half, lo, hi);
+    *d = halves(0);
+    *c = match ty {
+        WeightType::Q4_1 => halves(2 * X8_ROWS),
+        WeightType::Q4_0 => *d,
+        _ => _mm512_setzero_ps(),
+    };
+    let slices = if ty == WeightType::Q8_0 { 8 } else { 4 };
+    assert!(g0.len() >= hb + 32 * slices && g1.len() >= hb + 32 * slices);
+    let nib = _mm512_set1_epi8(0x0F);
+    for kk in 0..slices {
+        // SAFETY: slice kk of each block (asserted above); rows kk and 4 + kk of dst's 512 bytes.
+        unsafe {
+            let (l0, l1) = (_mm256_loadu_si256(g0[hb + 32 * kk..].as_ptr().cast()), _mm256_loadu_si256(g1[hb + 32 * kk..].as_ptr().cast()));
+            let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(l0), l1);
+            if ty == WeightType::Q8_0 {
+                _mm512_storeu_si512(dst.add(64 * kk).cast(), both);
+            } else {
+                _mm512_storeu_si512(dst.add(64 * kk).cast(), _mm512_and_si512(both, nib));
+                _mm512_storeu_si512(dst.add(64 * (4 + kk)).cast(), _mm512_and_si512(_mm512_srli_epi16::<4>(both), nib));
             }
         }
     }
