@@ -239,12 +239,24 @@ unsafe fn tile<const R: usize>(ty: WeightType, pair: &Pair, xq: &Q8Activations, 
             *acc = if ty == WeightType::Q4_1 { _mm512_add_ps(*acc, macc) } else { _mm512_fmadd_ps(_mm512_set1_ps(-8.0), macc, *acc) };
         }
     }
-    // Weight row r of activation row i0 + n goes to out[(16 p + r) m + i0 + n].
-    let stride = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(m as i32));
-    assert!((WT * p + WT - 1) * m + i0 + rows <= out.len() && out.len() <= i32::MAX as usize);
-    for (n, acc) in acc.into_iter().enumerate().take(rows) {
-        // SAFETY: the 16 offsets r · m from out[16 p m + i0 + n] are within out (asserted).
-        unsafe { _mm512_i32scatter_ps::<4>(out.as_mut_ptr().add(WT * p * m + i0 + n), stride, acc) };
+    // Weight row r of activation row i0 + n goes to out[(16 p + r) m + i0 + n]: the R vectors
+    // (one per activation row) are turned into 16 runs of `rows` values through a small buffer.
+    let mut t = Sums([[0; AT * WT]; 2]);
+    let buf = t.0[0].as_mut_ptr().cast::<f32>();
+    for (n, acc) in acc.into_iter().enumerate() {
+        // SAFETY: row n of the 16 × 16 buffer.
+        unsafe { _mm512_store_ps(buf.add(n * WT), acc) };
+    }
+    let column = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(WT as i32));
+    let mask: __mmask16 = if rows == AT { !0 } else { (1u16 << rows) - 1 };
+    for r in 0..WT {
+        let o = &mut out[(WT * p + r) * m + i0..][..rows];
+        // SAFETY: the gather reads rows n < `rows` of column r of the buffer (the mask), the
+        // store writes exactly o's values.
+        unsafe {
+            let v = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), mask, column, buf.add(r).cast_const());
+            _mm512_mask_storeu_ps(o.as_mut_ptr(), mask, v);
+        }
     }
 }
 
