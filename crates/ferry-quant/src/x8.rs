@@ -141,7 +141,7 @@ impl X8Kernel {
     }
 
     /// The kernel [`dot_x8_q8_with`] runs at `level` (a supported one) for `m` activation rows:
-    /// AMX from a few rows up, where its tiles pay for their set-up.
+    /// AMX from `MIN_ROWS` (12) rows up, where its tiles pay for their set-up.
     pub fn chosen(level: SimdLevel, m: usize) -> X8Kernel {
         match level {
             SimdLevel::Scalar => X8Kernel::Scalar,
