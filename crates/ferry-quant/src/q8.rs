@@ -39,6 +39,9 @@ pub struct Q8Activations {
     q: Vec<QBlock>,
     k: usize,
     m: usize,
+    /// The scales and sums laid out for the AMX kernel, made by the first matmul that takes it.
+    #[cfg(target_arch = "x86_64")]
+    amx: std::sync::OnceLock<crate::avx512::amx::Scales>,
 }
 
 impl Q8Activations {
@@ -65,6 +68,10 @@ impl Q8Activations {
         self.q.resize(nblocks.next_multiple_of(16 * k / QK), QBlock::default());
         self.k = k;
         self.m = x.len() / k;
+        #[cfg(target_arch = "x86_64")]
+        {
+            self.amx = std::sync::OnceLock::new();
+        }
         let blocks = x.chunks_exact(QK).zip(self.q.iter_mut()).zip(self.d.iter_mut().zip(self.s.iter_mut()));
         #[cfg(target_arch = "x86_64")]
         if SimdLevel::selected() >= SimdLevel::Avx2 {
@@ -109,6 +116,12 @@ impl Q8Activations {
 
     pub(crate) fn blocks(&self) -> &[QBlock] {
         &self.q[..self.m * self.k / QK]
+    }
+
+    /// The scales and sums by 16-row tile for the AMX kernel (made on first use, then shared).
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn amx_scales(&self) -> &crate::avx512::amx::Scales {
+        self.amx.get_or_init(|| crate::avx512::amx::Scales::new(self))
     }
 
     /// The quants with the rows after the last up to a multiple of 16 (values unspecified):

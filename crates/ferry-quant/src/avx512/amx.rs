@@ -31,8 +31,9 @@ use crate::types::{QK, WeightType};
 use crate::x8::{X8_ROWS, header_bytes};
 
 /// Activation rows from which the x8 matmul takes this kernel: from 8 rows it beats VNNI alone
-/// (`examples/q8bench`), but through the engine a batch of 8 decoded ~3% slower with it (the
-/// tile set-up per matmul task), so VNNI keeps steps of up to 11 rows.
+/// (`examples/q8bench`), but through the engine a batch of 8 gained nothing measurable with it
+/// (the tile set-up per matmul task; 3% slower before the per-thread scratch and the shared
+/// scales), while a batch of 12 steps 5-7% faster; so VNNI keeps steps of up to 11 rows.
 pub(crate) const MIN_ROWS: usize = 12;
 
 /// Weight rows per tile (two interleaved groups) and activation rows per tile.
@@ -94,17 +95,39 @@ impl TileConfig {
 struct Sums([[i32; AT * WT]; 2]);
 
 /// The activations' scales `d_x` and sums `s_x` per activation tile and block (16 rows, 0 past
-/// the last).
-struct Scales<'a> {
-    d: &'a [[f32; AT]],
-    s: &'a [[f32; AT]],
+/// the last), made once per [`Q8Activations`] and shared by every matmul task that reads them.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Scales {
+    d: Vec<[f32; AT]>,
+    s: Vec<[f32; AT]>,
 }
 
-/// A pair of groups unpacked: per block the weight tile, the 16 rows' scales and min terms.
+impl Scales {
+    pub(crate) fn new(xq: &Q8Activations) -> Scales {
+        let (nb, m) = (xq.k() / QK, xq.rows());
+        let tiles = m.div_ceil(AT);
+        let mut t = Scales { d: vec![[0.0; AT]; tiles * nb], s: vec![[0.0; AT]; tiles * nb] };
+        for i in 0..m {
+            for b in 0..nb {
+                t.d[(i / AT) * nb + b][i % AT] = xq.scales()[i * nb + b];
+                t.s[(i / AT) * nb + b][i % AT] = xq.sums()[i * nb + b];
+            }
+        }
+        t
+    }
+}
+
+/// A pair of groups unpacked: per block the weight tile, the 16 rows' scales and min terms. One
+/// per thread, kept between calls (a decode step makes ~1,000 of them).
+#[derive(Default)]
 struct Pair {
     tiles: Vec<u8>,
     d: Vec<__m512>,
     c: Vec<__m512>,
+}
+
+thread_local! {
+    static PAIR: std::cell::RefCell<Pair> = std::cell::RefCell::default();
 }
 
 /// `out[r * m + i]` for every row `r` of the interleaved groups `w` and activation row `i`
@@ -119,17 +142,11 @@ pub(crate) unsafe fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut
     let groups = out.len() / (X8_ROWS * m);
     let xt = xq.quants_in_tiles();
     assert!(w.len() >= groups * nb * bb && out.len() == groups * X8_ROWS * m && xt.len() >= m.next_multiple_of(AT) * nb * QK);
-    let mut pair = Pair { tiles: vec![0u8; nb * TILE_BYTES], d: vec![_mm512_setzero_ps(); nb], c: vec![_mm512_setzero_ps(); nb] };
-    // The activations' scales and sums by tile and block, 0 past the last row.
-    let tiles = m.div_ceil(AT);
-    let (mut dx, mut sx) = (vec![[0f32; AT]; tiles * nb], vec![[0f32; AT]; tiles * nb]);
-    for i in 0..m {
-        for b in 0..nb {
-            dx[(i / AT) * nb + b][i % AT] = xq.scales()[i * nb + b];
-            sx[(i / AT) * nb + b][i % AT] = xq.sums()[i * nb + b];
-        }
-    }
-    let scales = Scales { d: &dx, s: &sx };
+    let mut pair = PAIR.take();
+    pair.tiles.resize(nb * TILE_BYTES, 0);
+    pair.d.resize(nb, _mm512_setzero_ps());
+    pair.c.resize(nb, _mm512_setzero_ps());
+    let scales = xq.amx_scales();
     let cfg = TileConfig::new();
     // SAFETY: the configuration is a valid palette-1 layout (64 bytes, aligned).
     unsafe { asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly)) };
@@ -147,10 +164,10 @@ pub(crate) unsafe fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut
             // unpacked, and the outputs of rows i0..i0 + rows exist.
             unsafe {
                 match rows.div_ceil(4) {
-                    1 => tile::<4>(ty, &pair, xq, xt, &scales, i0, rows, next, p, out),
-                    2 => tile::<8>(ty, &pair, xq, xt, &scales, i0, rows, next, p, out),
-                    3 => tile::<12>(ty, &pair, xq, xt, &scales, i0, rows, next, p, out),
-                    _ => tile::<16>(ty, &pair, xq, xt, &scales, i0, rows, next, p, out),
+                    1 => tile::<4>(ty, &pair, xq, xt, scales, i0, rows, next, p, out),
+                    2 => tile::<8>(ty, &pair, xq, xt, scales, i0, rows, next, p, out),
+                    3 => tile::<12>(ty, &pair, xq, xt, scales, i0, rows, next, p, out),
+                    _ => tile::<16>(ty, &pair, xq, xt, scales, i0, rows, next, p, out),
                 }
             }
             i0 += AT;
@@ -158,6 +175,7 @@ pub(crate) unsafe fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut
     }
     // SAFETY: releases the tile state this function configured.
     unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    PAIR.set(pair);
     if groups % 2 == 1 {
         let last = groups - 1;
         // supported() implies the VNNI kernel's features; the group's bytes and outputs are whole.
