@@ -34,8 +34,7 @@ pub struct Q8Activations {
     d: Vec<f32>,
     /// `d * Σq` per block, same layout as `d`.
     s: Vec<f32>,
-    /// Quants, `m * k / 32` blocks, row-major, then up to 15 rows more (whatever values) so that
-    /// the AMX kernel may load whole tiles of 16 rows.
+    /// Quants, `m * k / 32` blocks, row-major.
     q: Vec<QBlock>,
     k: usize,
     m: usize,
@@ -65,7 +64,7 @@ impl Q8Activations {
         let nblocks = x.len() / QK;
         self.d.resize(nblocks, 0.0);
         self.s.resize(nblocks, 0.0);
-        self.q.resize(nblocks.next_multiple_of(16 * k / QK), QBlock::default());
+        self.q.resize(nblocks, QBlock::default());
         self.k = k;
         self.m = x.len() / k;
         #[cfg(target_arch = "x86_64")]
@@ -115,21 +114,13 @@ impl Q8Activations {
     }
 
     pub(crate) fn blocks(&self) -> &[QBlock] {
-        &self.q[..self.m * self.k / QK]
+        &self.q
     }
 
-    /// The scales and sums by 16-row tile for the AMX kernel (made on first use, then shared).
+    /// The scales, sums and padded last tile for the AMX kernel (made on first use, then shared).
     #[cfg(target_arch = "x86_64")]
     pub(crate) fn amx_scales(&self) -> &crate::avx512::amx::Scales {
         self.amx.get_or_init(|| crate::avx512::amx::Scales::new(self))
-    }
-
-    /// The quants with the rows after the last up to a multiple of 16 (values unspecified):
-    /// whole 16-row tiles for the AMX kernel, whose results for those rows are dropped.
-    #[cfg(target_arch = "x86_64")]
-    pub(crate) fn quants_in_tiles(&self) -> &[i8] {
-        // SAFETY: as in `quants`, over the whole buffer.
-        unsafe { std::slice::from_raw_parts(self.q.as_ptr().cast::<i8>(), self.q.len() * QK) }
     }
 }
 

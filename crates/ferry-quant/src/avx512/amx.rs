@@ -6,7 +6,8 @@
 //! activation rows nearly free.
 //!
 //! The activation tile is loaded straight from [`Q8Activations`] (row `i` of block `b` at
-//! `32 (i · nb + b)`, rows `k` bytes apart; its buffer holds whole tiles of 16 rows). The weight
+//! `32 (i · nb + b)`, rows `k` bytes apart); a last tile of fewer than 16 rows from a copy padded
+//! with zero rows ([`Scales`], made once per activations). The weight
 //! tile is the tile unit's pairs-of-four layout, row `kk` holding elements `4kk..4kk + 4` of each
 //! of the 16 rows, which the interleaved layout nearly is: its slice `g` holds bytes
 //! `4g..4g + 4` of the 8 rows of a group, so row `kk` is the low nibbles of slice `kk` of the two
@@ -95,18 +96,26 @@ impl TileConfig {
 struct Sums([[i32; AT * WT]; 2]);
 
 /// The activations' scales `d_x` and sums `s_x` per activation tile and block (16 rows, 0 past
-/// the last), made once per [`Q8Activations`] and shared by every matmul task that reads them.
+/// the last), and the quants of a last tile of fewer than 16 rows padded to 16 with zero rows;
+/// made once per [`Q8Activations`] and shared by every matmul task that reads them.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Scales {
     d: Vec<[f32; AT]>,
     s: Vec<[f32; AT]>,
+    tail: Vec<i8>,
 }
 
 impl Scales {
     pub(crate) fn new(xq: &Q8Activations) -> Scales {
         let (nb, m) = (xq.k() / QK, xq.rows());
         let tiles = m.div_ceil(AT);
-        let mut t = Scales { d: vec![[0.0; AT]; tiles * nb], s: vec![[0.0; AT]; tiles * nb] };
+        let full = m / AT * AT;
+        let mut tail = Vec::new();
+        if full < m {
+            tail = vec![0i8; AT * xq.k()];
+            tail[..(m - full) * xq.k()].copy_from_slice(&xq.quants()[full * xq.k()..]);
+        }
+        let mut t = Scales { d: vec![[0.0; AT]; tiles * nb], s: vec![[0.0; AT]; tiles * nb], tail };
         for i in 0..m {
             for b in 0..nb {
                 t.d[(i / AT) * nb + b][i % AT] = xq.scales()[i * nb + b];
@@ -140,8 +149,7 @@ pub(crate) unsafe fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut
     let (nb, m) = (xq.k() / QK, xq.rows());
     let bb = ty.block_bytes() * X8_ROWS;
     let groups = out.len() / (X8_ROWS * m);
-    let xt = xq.quants_in_tiles();
-    assert!(w.len() >= groups * nb * bb && out.len() == groups * X8_ROWS * m && xt.len() >= m.next_multiple_of(AT) * nb * QK);
+    assert!(w.len() >= groups * nb * bb && out.len() == groups * X8_ROWS * m);
     let mut pair = PAIR.take();
     pair.tiles.resize(nb * TILE_BYTES, 0);
     pair.d.resize(nb, _mm512_setzero_ps());
@@ -160,8 +168,11 @@ pub(crate) unsafe fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut
         let mut i0 = 0;
         while i0 < m {
             let rows = (m - i0).min(AT);
-            // SAFETY: rows i0..i0 + 16 are within xt's tiles (asserted), the pair's tiles are
-            // unpacked, and the outputs of rows i0..i0 + rows exist.
+            // The tile's 16 rows: the activations' own, or the padded copy of the last few.
+            let xt = if rows == AT { &xq.quants()[i0 * nb * QK..] } else { &scales.tail[..] };
+            assert!(xt.len() >= AT * nb * QK);
+            // SAFETY: xt holds the tile's 16 rows (asserted), the pair's tiles are unpacked, and
+            // the outputs of rows i0..i0 + rows exist.
             unsafe {
                 match rows.div_ceil(4) {
                     1 => tile::<4>(ty, &pair, xq, xt, scales, i0, rows, next, p, out),
@@ -204,7 +215,7 @@ unsafe fn tile<const R: usize>(ty: WeightType, pair: &Pair, xq: &Q8Activations, 
             // burst, which the hardware prefetcher does not run ahead of).
             prefetch(next, b * next.len() / nb, 2 * next.len().div_ceil(nb));
         }
-        let (a0, w0) = (xt[(i0 * nb + b) * QK..].as_ptr(), pair.tiles[b * TILE_BYTES..].as_ptr());
+        let (a0, w0) = (xt[b * QK..].as_ptr(), pair.tiles[b * TILE_BYTES..].as_ptr());
         let (s0, s1) = (sums.0[0].as_mut_ptr(), sums.0[1].as_mut_ptr());
         // One block's product (`$op`: tdpbsud or tdpbssd) into tmm0, or two into tmm0 and tmm3.
         macro_rules! products {
