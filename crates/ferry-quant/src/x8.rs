@@ -74,8 +74,9 @@ pub fn interleave_x8(ty: WeightType, src: &[u8], k: usize, dst: &mut [u8]) {
     }
 }
 
-/// `out[r * m + i]` = weight row `r` · activation row `i` of `xq` (`m = xq.rows()`), for the
-/// interleaved rows `w` (`out.len() / m` rows, a multiple of 8). Each group of 8 weight rows is
+/// `out[i * n + r]` = weight row `r` · activation row `i` of `xq`, for the interleaved rows `w`
+/// (`n = out.len() / xq.rows()` rows, a multiple of 8): one run of `n` outputs per activation
+/// row, as a matmul's output rows are laid out. Each group of 8 weight rows is
 /// read from memory once and runs against every activation row from the L1 cache (batched
 /// decode). Uses the kernels of [`SimdLevel::selected`].
 ///
@@ -191,17 +192,17 @@ fn run(kernel: X8Kernel, ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut
         X8Kernel::Amx => {
             // SAFETY: the caller's kernel is supported (the CPU and the tile permission); the
             // lengths were checked.
-            unsafe { crate::avx512::amx::dot(ty, w, xq, out) }
+            unsafe { crate::avx512::amx::dot(ty, w, xq, out, out.len() / xq.rows()) }
         }
         #[cfg(target_arch = "x86_64")]
         X8Kernel::Vnni => {
             // SAFETY: as above, for AVX-512 VNNI.
-            unsafe { crate::avx512::x8::dot(ty, w, xq, out) }
+            unsafe { crate::avx512::x8::dot(ty, w, xq, out, out.len() / xq.rows()) }
         }
         #[cfg(target_arch = "x86_64")]
         X8Kernel::Avx2 => {
             // SAFETY: as above, for AVX2, FMA and F16C.
-            unsafe { crate::avx2::x8::dot(ty, w, xq, out) }
+            unsafe { crate::avx2::x8::dot(ty, w, xq, out, out.len() / xq.rows()) }
         }
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("not supported on this architecture"),
@@ -212,9 +213,11 @@ fn run(kernel: X8Kernel, ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut
 fn dot_x8_scalar(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
     let (nb, m) = (xq.k() / QK, xq.rows());
     let (bb, hb) = (ty.block_bytes() * X8_ROWS, header_bytes(ty));
-    for (group, out) in w.chunks_exact(bb * nb).zip(out.chunks_exact_mut(X8_ROWS * m)) {
-        for (ri, o) in out.iter_mut().enumerate() {
+    let ld = out.len() / m;
+    for (gi, group) in w.chunks_exact(bb * nb).enumerate() {
+        for ri in 0..X8_ROWS * m {
             let (r, i) = (ri / m, ri % m);
+            let o = &mut out[i * ld + gi * X8_ROWS + r];
             let (q, d, s) = (&xq.quants()[i * nb * QK..], &xq.scales()[i * nb..], &xq.sums()[i * nb..]);
             let (mut acc, mut macc) = (0f32, 0f32);
             for b in 0..nb {

@@ -57,7 +57,7 @@ fn check(ty: WeightType, rows: usize, k: usize, m: usize, rng: &mut StdRng) {
         ferry_quant::dequantize(ty, &w[r * rb..(r + 1) * rb], &mut deq);
         for (i, xr) in xh.chunks_exact(k).enumerate() {
             let abs: f64 = xr.iter().zip(&deq).map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs()).sum();
-            let (g, e) = (f64::from(scalar[r * m + i]), f64::from(want[r * m + i]));
+            let (g, e) = (f64::from(scalar[i * rows + r]), f64::from(want[r * m + i]));
             assert!((g - e).abs() <= 1e-5 * abs + 1e-6, "{ty} rows {rows} k {k} m {m} row {r} act {i}: interleaved {g}, row layout {e}");
         }
     }

@@ -26,7 +26,7 @@ macro_rules! driver {
     ($features:literal) => {
         #[inline]
         #[target_feature(enable = $features)]
-        fn groups<F: $crate::avx2::x8::Format>(w: &[u8], xq: &$crate::q8::Q8Activations, out: &mut [f32]) {
+        fn groups<F: $crate::avx2::x8::Format>(w: &[u8], xq: &$crate::q8::Q8Activations, out: &mut [f32], ld: usize) {
             use $crate::avx2::x8::TILE;
             use $crate::types::QK;
             use $crate::x8::X8_ROWS;
@@ -34,18 +34,19 @@ macro_rules! driver {
             let bb = F::TY.block_bytes() * X8_ROWS;
             let (xq8, xd, xs) = (xq.quants(), xq.scales(), xq.sums());
             // These make every access below in bounds.
-            assert!(xq8.len() >= m * nb * QK && xd.len() >= m * nb && xs.len() >= m * nb && w.len() >= out.len() / (X8_ROWS * m) * nb * bb);
-            for (gi, o) in out.chunks_exact_mut(X8_ROWS * m).enumerate() {
+            let groups = w.len() / (nb * bb);
+            assert!(xq8.len() >= m * nb * QK && xd.len() >= m * nb && xs.len() >= m * nb && out.len() >= (m - 1) * ld + groups * X8_ROWS);
+            for gi in 0..groups {
                 let mut i0 = 0;
                 while i0 < m {
                     let n = (m - i0).min(TILE);
                     // SAFETY: rows i0..i0 + n exist (n >= 1) and the assert above bounds every access.
                     unsafe {
                         match n {
-                            4 => tile::<F, 4>(w, xq8, xd, xs, nb, m, gi, i0, o),
-                            3 => tile::<F, 3>(w, xq8, xd, xs, nb, m, gi, i0, o),
-                            2 => tile::<F, 2>(w, xq8, xd, xs, nb, m, gi, i0, o),
-                            _ => tile::<F, 1>(w, xq8, xd, xs, nb, m, gi, i0, o),
+                            4 => tile::<F, 4>(w, xq8, xd, xs, nb, gi, i0, out, ld),
+                            3 => tile::<F, 3>(w, xq8, xd, xs, nb, gi, i0, out, ld),
+                            2 => tile::<F, 2>(w, xq8, xd, xs, nb, gi, i0, out, ld),
+                            _ => tile::<F, 1>(w, xq8, xd, xs, nb, gi, i0, out, ld),
                         }
                     }
                     i0 += n;
@@ -53,15 +54,15 @@ macro_rules! driver {
             }
         }
 
-        /// Activation rows `i0..i0 + T` against group `gi` (outputs `o`, the group's `8 · m`).
+        /// Activation rows `i0..i0 + T` against group `gi` (outputs `out[i * ld + 8 gi ..][..8]`).
         ///
         /// # Safety
-        /// `i0 + T <= m`, and `w`, `xq8`, `xd`, `xs` hold group `gi`'s blocks and those rows' blocks (as
-        /// `groups` asserts).
+        /// `i0 + T <= m`, `w`, `xq8`, `xd`, `xs` hold group `gi`'s blocks and those rows' blocks,
+        /// and `out` those rows' outputs (as `groups` asserts).
         #[allow(clippy::too_many_arguments)]
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn tile<F: $crate::avx2::x8::Format, const T: usize>(w: &[u8], xq8: &[i8], xd: &[f32], xs: &[f32], nb: usize, m: usize, gi: usize, i0: usize, o: &mut [f32]) {
+        unsafe fn tile<F: $crate::avx2::x8::Format, const T: usize>(w: &[u8], xq8: &[i8], xd: &[f32], xs: &[f32], nb: usize, gi: usize, i0: usize, out: &mut [f32], ld: usize) {
             use core::arch::x86_64::*;
             use $crate::types::QK;
             use $crate::x8::X8_ROWS;
@@ -85,27 +86,24 @@ macro_rules! driver {
                 }
             }
             for t in 0..T {
-                let mut v = [0f32; X8_ROWS];
-                // SAFETY: v holds exactly 8 floats; AVX2 and FMA are enabled here.
-                unsafe { _mm256_storeu_ps(v.as_mut_ptr(), F::finish(acc[t], macc[t])) };
-                for (row, v) in v.into_iter().enumerate() {
-                    o[row * m + i0 + t] = v;
-                }
+                let o = &mut out[(i0 + t) * ld + gi * X8_ROWS..][..X8_ROWS];
+                // SAFETY: o holds exactly 8 floats; AVX2 and FMA are enabled here.
+                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), F::finish(acc[t], macc[t])) };
             }
         }
     };
 }
 pub(crate) use driver;
 
-/// `out[r * m + i]` for every row `r` of the interleaved groups `w` and activation row `i`
+/// `out[i * ld + r]` for every row `r` of the interleaved groups `w` and activation row `i`
 /// (lengths checked by the caller).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
+pub(crate) fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32], ld: usize) {
     driver!("avx2,fma,f16c");
     match ty {
-        WeightType::Q4_1 => groups::<Q4<true>>(w, xq, out),
-        WeightType::Q4_0 => groups::<Q4<false>>(w, xq, out),
-        WeightType::Q8_0 => groups::<Q8_0>(w, xq, out),
+        WeightType::Q4_1 => groups::<Q4<true>>(w, xq, out, ld),
+        WeightType::Q4_0 => groups::<Q4<false>>(w, xq, out, ld),
+        WeightType::Q8_0 => groups::<Q8_0>(w, xq, out, ld),
         _ => unreachable!("checked by the caller"),
     }
 }

@@ -139,17 +139,17 @@ thread_local! {
     static PAIR: std::cell::RefCell<Pair> = std::cell::RefCell::default();
 }
 
-/// `out[r * m + i]` for every row `r` of the interleaved groups `w` and activation row `i`
+/// `out[i * ld + r]` for every row `r` of the interleaved groups `w` and activation row `i`
 /// (lengths checked by the caller, `m >= 1`).
 ///
 /// # Safety
 /// The CPU must pass [`supported`] (and so the VNNI kernel's `supported`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
+pub(crate) unsafe fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32], ld: usize) {
     let (nb, m) = (xq.k() / QK, xq.rows());
     let bb = ty.block_bytes() * X8_ROWS;
-    let groups = out.len() / (X8_ROWS * m);
-    assert!(w.len() >= groups * nb * bb && out.len() == groups * X8_ROWS * m);
+    let groups = w.len() / (nb * bb);
+    assert!(out.len() >= (m - 1) * ld + groups * X8_ROWS);
     let mut pair = PAIR.take();
     pair.tiles.resize(nb * TILE_BYTES, 0);
     pair.d.resize(nb, _mm512_setzero_ps());
@@ -175,10 +175,10 @@ pub(crate) unsafe fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut
             // the outputs of rows i0..i0 + rows exist.
             unsafe {
                 match rows.div_ceil(4) {
-                    1 => tile::<4>(ty, &pair, xq, xt, scales, i0, rows, next, p, out),
-                    2 => tile::<8>(ty, &pair, xq, xt, scales, i0, rows, next, p, out),
-                    3 => tile::<12>(ty, &pair, xq, xt, scales, i0, rows, next, p, out),
-                    _ => tile::<16>(ty, &pair, xq, xt, scales, i0, rows, next, p, out),
+                    1 => tile::<4>(ty, &pair, xq, xt, scales, i0, rows, next, p, out, ld),
+                    2 => tile::<8>(ty, &pair, xq, xt, scales, i0, rows, next, p, out, ld),
+                    3 => tile::<12>(ty, &pair, xq, xt, scales, i0, rows, next, p, out, ld),
+                    _ => tile::<16>(ty, &pair, xq, xt, scales, i0, rows, next, p, out, ld),
                 }
             }
             i0 += AT;
@@ -190,7 +190,7 @@ pub(crate) unsafe fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut
     if groups % 2 == 1 {
         let last = groups - 1;
         // supported() implies the VNNI kernel's features; the group's bytes and outputs are whole.
-        super::x8::dot(ty, &w[last * nb * bb..][..nb * bb], xq, &mut out[last * X8_ROWS * m..]);
+        super::x8::dot(ty, &w[last * nb * bb..][..nb * bb], xq, &mut out[last * X8_ROWS..], ld);
     }
 }
 
@@ -202,8 +202,8 @@ pub(crate) unsafe fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut
 #[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn tile<const R: usize>(ty: WeightType, pair: &Pair, xq: &Q8Activations, xt: &[i8], scales: &Scales, i0: usize, rows: usize, next: &[u8], p: usize, out: &mut [f32]) {
-    let (nb, m, k) = (xq.k() / QK, xq.rows(), xq.k());
+unsafe fn tile<const R: usize>(ty: WeightType, pair: &Pair, xq: &Q8Activations, xt: &[i8], scales: &Scales, i0: usize, rows: usize, next: &[u8], p: usize, out: &mut [f32], ld: usize) {
+    let (nb, k) = (xq.k() / QK, xq.k());
     let (xd, xs) = (&scales.d[i0 / AT * nb..][..nb], &scales.s[i0 / AT * nb..][..nb]);
     let mut sums = Sums([[0; AT * WT]; 2]);
     let mut acc = [_mm512_setzero_ps(); R];
@@ -268,24 +268,11 @@ unsafe fn tile<const R: usize>(ty: WeightType, pair: &Pair, xq: &Q8Activations, 
             *acc = if ty == WeightType::Q4_1 { _mm512_add_ps(*acc, macc) } else { _mm512_fmadd_ps(_mm512_set1_ps(-8.0), macc, *acc) };
         }
     }
-    // Weight row r of activation row i0 + n goes to out[(16 p + r) m + i0 + n]: the R vectors
-    // (one per activation row) are turned into 16 runs of `rows` values through a small buffer.
-    let mut t = Sums([[0; AT * WT]; 2]);
-    let buf = t.0[0].as_mut_ptr().cast::<f32>();
-    for (n, acc) in acc.into_iter().enumerate() {
-        // SAFETY: row n of the 16 × 16 buffer.
-        unsafe { _mm512_store_ps(buf.add(n * WT), acc) };
-    }
-    let column = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(WT as i32));
-    let mask: __mmask16 = if rows == AT { !0 } else { (1u16 << rows) - 1 };
-    for r in 0..WT {
-        let o = &mut out[(WT * p + r) * m + i0..][..rows];
-        // SAFETY: the gather reads rows n < `rows` of column r of the buffer (the mask), the
-        // store writes exactly o's values.
-        unsafe {
-            let v = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), mask, column, buf.add(r).cast_const());
-            _mm512_mask_storeu_ps(o.as_mut_ptr(), mask, v);
-        }
+    // Weight rows 16 p.. of activation row i0 + n: one vector, out[(i0 + n) ld + 16 p..][..16].
+    for (n, acc) in acc.into_iter().enumerate().take(rows) {
+        let o = &mut out[(i0 + n) * ld + WT * p..][..WT];
+        // SAFETY: o holds 16 floats.
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), acc) };
     }
 }
 

@@ -5,13 +5,14 @@
 //! output turned back, around the same kernels.
 //!
 //! Decode rows (few per sequence) take a direct path: dot each cached key, softmax, accumulate
-//! values, with each KV block read once for all of a sequence's rows and its KV head's query
-//! group (grouped-query heads share it; speculative verification brings several rows). Prefill
+//! values, with each KV block read and widened to f32 once for all of a sequence's rows and its
+//! KV head's query group (grouped-query heads share it; speculative verification brings several
+//! rows), the next block fetched meanwhile. Prefill
 //! chunks gather a tile's keys and values from their pages into contiguous f32 scratch (widened
 //! as they are copied) and use two f32 GEMMs per head (S = Q·Kᵀ, O = P·V), the causal mask
 //! applied between.
 
-use super::kv_rows::{accumulate, dots, widen};
+use super::kv_rows::{KEYS, accumulate, dots, widen};
 use super::simd::{hadamard_rows, softmax_scaled};
 use super::{CpuBackend, CpuKv, CpuTensor, SyncPtr};
 use crate::backend::BatchPlan;
@@ -109,12 +110,21 @@ struct Item {
     h1: usize,
 }
 
-/// Direct-path attention for one item: each KV block is read once for all the item's query
-/// rows (its heads × the sequence's rows) and stays in L1 while they use it. Every query row's
-/// arithmetic (its dot per key, its softmax, its value sum block by block) is the same whatever
-/// else the item holds, so a row's output does not depend on the batch or on how items are cut.
+/// The direct path's per-thread scratch: the item's score rows, and one KV block widened to f32.
+#[derive(Default)]
+struct RowScratch {
+    scores: Vec<f32>,
+    block: Vec<f32>,
+    dots: Vec<f32>,
+}
+
+/// Direct-path attention for one item: each KV block is widened once to f32 for all the item's
+/// query rows (its heads × the sequence's rows), which use it from L1; the next block is fetched
+/// meanwhile. Every query row's arithmetic (its dot per key, its softmax, its value sum block by
+/// block) is the same whatever else the item holds, so a row's output does not depend on the
+/// batch or on how items are cut.
 #[allow(clippy::too_many_arguments)]
-fn attention_rows(q: &CpuTensor, kv: &CpuKv, layer: usize, plan: &BatchPlan, it: &Item, out: SyncPtr, out_cols: usize, group: usize, scores: &mut Vec<f32>) {
+fn attention_rows(q: &CpuTensor, kv: &CpuKv, layer: usize, plan: &BatchPlan, it: &Item, out: SyncPtr, out_cols: usize, group: usize, scr: &mut RowScratch) {
     let l = kv.layout;
     let (hd, bs) = (l.head_dim, l.block_size);
     let (kc, vc) = (kv.k(layer), kv.v(layer));
@@ -123,27 +133,48 @@ fn attention_rows(q: &CpuTensor, kv: &CpuKv, layer: usize, plan: &BatchPlan, it:
     let g = it.h0 / group;
     let first_pos = sp.ctx_len - sp.q_len;
     let n_last = sp.ctx_len; // keys visible to the last row
+    let n_blocks = n_last.div_ceil(bs);
     // Query (head, row) pairs in order; each owns a score row of n_last.
     let queries = || (it.h0..it.h1).flat_map(|h| (0..sp.q_len).map(move |r| (h, r)));
     let n_q = (it.h1 - it.h0) * sp.q_len;
-    scores.resize(n_q * n_last, 0.0);
+    let padded = bs.next_multiple_of(KEYS);
+    scr.scores.resize(n_q * n_last, 0.0);
+    scr.block.resize(padded * hd, 0.0);
+    scr.dots.resize(padded, 0.0);
     let q_of = |h: usize, r: usize| {
         let row = sp.q_start + r;
         &q.data[row * q.cols + h * hd..row * q.cols + (h + 1) * hd]
     };
-    // Keys block by block, every query of the item per block; row r sees first_pos + r + 1 keys.
-    for b in 0..n_last.div_ceil(bs) {
+    // The keys a block holds for this item (the last block: those of the last row).
+    let keys_in = |b: usize| bs.min(n_last - b * bs);
+    let span = |b: usize| {
         let o = kv.offset(sp.blocks[b], g, 0);
+        o..o + keys_in(b) * rb
+    };
+    let fetch_next = |cache: &[u8], b: usize| {
+        if b + 1 < n_blocks {
+            prefetch(&cache[span(b + 1)]);
+        }
+    };
+    // Keys block by block, every query of the item per block; row r sees first_pos + r + 1 keys.
+    for b in 0..n_blocks {
+        fetch_next(kc, b);
+        widen(dt, hd, &kc[span(b)], &mut scr.block[..keys_in(b) * hd]);
         for (i, (h, r)) in queries().enumerate() {
             let (lo, hi) = (b * bs, (b * bs + bs).min(first_pos + r + 1));
-            if lo < hi {
-                dots(dt, q_of(h, r), &kc[o..o + (hi - lo) * rb], &mut scores[i * n_last + lo..i * n_last + hi]);
+            let row = &mut scr.scores[i * n_last + lo.min(hi)..i * n_last + hi];
+            if row.len() == padded {
+                dots(q_of(h, r), &scr.block, row);
+            } else if !row.is_empty() {
+                // A last block the row sees part of: the block's dots, the visible ones kept.
+                dots(q_of(h, r), &scr.block, &mut scr.dots);
+                row.copy_from_slice(&scr.dots[..row.len()]);
             }
         }
     }
     let scale = 1.0 / (hd as f32).sqrt();
     for (i, (_, r)) in queries().enumerate() {
-        softmax_scaled(&mut scores[i * n_last..i * n_last + first_pos + r + 1], scale);
+        softmax_scaled(&mut scr.scores[i * n_last..i * n_last + first_pos + r + 1], scale);
     }
     let dst = |h: usize, r: usize| {
         // SAFETY: each (row, head) pair belongs to exactly one item, so this head_dim-long slice
@@ -153,14 +184,26 @@ fn attention_rows(q: &CpuTensor, kv: &CpuKv, layer: usize, plan: &BatchPlan, it:
     for (h, r) in queries() {
         dst(h, r).fill(0.0);
     }
-    for b in 0..n_last.div_ceil(bs) {
-        let o = kv.offset(sp.blocks[b], g, 0);
+    for b in 0..n_blocks {
+        fetch_next(vc, b);
+        widen(dt, hd, &vc[span(b)], &mut scr.block[..keys_in(b) * hd]);
         for (i, (h, r)) in queries().enumerate() {
             let (lo, hi) = (b * bs, (b * bs + bs).min(first_pos + r + 1));
             if lo < hi {
-                accumulate(dt, dst(h, r), &scores[i * n_last + lo..i * n_last + hi], &vc[o..o + (hi - lo) * rb]);
+                accumulate(dst(h, r), &scr.scores[i * n_last + lo..i * n_last + hi], &scr.block[..(hi - lo) * hd]);
             }
         }
+    }
+}
+
+/// Ask for `bytes` to be brought into the cache (a KV block of the next step of the loop: the
+/// paged blocks are scattered, which the hardware prefetcher does not follow).
+#[inline]
+fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for off in (0..bytes.len()).step_by(64) {
+        // SAFETY: off < bytes.len(); a prefetch has no architectural effect.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(bytes.as_ptr().add(off).cast()) };
     }
 }
 
@@ -207,6 +250,6 @@ fn attention_as_stored(be: &CpuBackend, q: &CpuTensor, kv: &CpuKv, layer: usize,
         // Largest tiles (most keys) first, for balance.
         tiles.sort_by_key(|t| std::cmp::Reverse(plan.seqs[t.seq].ctx_len - plan.seqs[t.seq].q_len + t.r1));
         tiles.par_iter().for_each_init(Scratch::default, |scr, t| attention_tile(q, kv, layer, plan, t, out_ptr, out_cols, group, scr));
-        items.par_iter().for_each_init(Vec::new, |scores, it| attention_rows(q, kv, layer, plan, it, out_ptr, out_cols, group, scores));
+        items.par_iter().for_each_init(RowScratch::default, |scr, it| attention_rows(q, kv, layer, plan, it, out_ptr, out_cols, group, scr));
     });
 }

@@ -83,20 +83,35 @@ pub(crate) fn matmul(be: &CpuBackend, x: &CpuTensor, ws: &[(&CpuWeight, Option<&
                 tmp.resize(rows * m, 0.0);
                 let tmp = &mut tmp[..];
                 let wb = &w.bytes()[t.r0 * w.row_bytes..t.r1 * w.row_bytes];
+                let out = ptrs[t.w];
+                let b = |r: usize| bias.map_or(0.0, |b| b[r]);
                 match (&q8, &w.x8) {
                     // Tasks start at multiples of 8 rows, and a weight has an interleaved copy
-                    // only if its row count is a multiple of 8: the task is whole groups.
-                    (Some(xq), Some(x8)) => ferry_quant::dot_x8_q8(w.ty, &x8.bytes()[t.r0 * w.row_bytes..t.r1 * w.row_bytes], xq, tmp),
+                    // only if its row count is a multiple of 8: the task is whole groups. The
+                    // outputs come as one run of the task's columns per activation row.
+                    (Some(xq), Some(x8)) => {
+                        ferry_quant::dot_x8_q8(w.ty, &x8.bytes()[t.r0 * w.row_bytes..t.r1 * w.row_bytes], xq, tmp);
+                        for (i, vals) in tmp.chunks_exact(rows).enumerate() {
+                            // SAFETY: tasks cover disjoint column ranges of each output, and
+                            // row i's columns r0..r1 lie inside the output buffer of m*n elements.
+                            let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(i * n + t.r0), rows) };
+                            match bias {
+                                Some(bv) => dst.iter_mut().zip(vals).zip(&bv[t.r0..t.r1]).for_each(|((d, v), b)| *d = v + b),
+                                None => dst.copy_from_slice(vals),
+                            }
+                        }
+                        return;
+                    }
                     (Some(xq), None) if m == 1 && ferry_quant::supports_q8(w.ty) => ferry_quant::dot_many_q8(w.ty, wb, xq, tmp),
                     _ => ferry_quant::dot_many(w.ty, wb, w.cols, &x.data, tmp),
                 }
+                // The row-layout kernels give one run of activation rows per column.
                 for (j, vals) in tmp.chunks_exact(m).enumerate() {
                     let r = t.r0 + j;
-                    let b = bias.map_or(0.0, |b| b[r]);
                     for (i, v) in vals.iter().enumerate() {
                         // SAFETY: tasks cover disjoint column ranges of each output, and
                         // (i, r) < (m, n) is inside the output buffer of m*n elements.
-                        unsafe { *ptrs[t.w].get().add(i * n + r) = v + b };
+                        unsafe { *out.get().add(i * n + r) = v + b(r) };
                     }
                 }
             });
