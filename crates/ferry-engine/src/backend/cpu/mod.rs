@@ -286,14 +286,7 @@ impl Backend for CpuBackend {
     fn silu_mul(&self, gate: &mut CpuTensor, up: &CpuTensor) {
         let cols = gate.cols;
         self.install(|| {
-            gate.data.par_chunks_mut(cols).zip(up.data.par_chunks(cols)).for_each_init(Vec::new, |e: &mut Vec<f32>, (g, u)| {
-                e.clear();
-                e.extend(g.iter().map(|x| -x));
-                simd::exp_inplace(e);
-                for ((g, u), e) in g.iter_mut().zip(u).zip(e.iter()) {
-                    *g = *g / (1.0 + e) * u;
-                }
-            });
+            gate.data.par_chunks_mut(cols).zip(up.data.par_chunks(cols)).for_each(|(g, u)| simd::silu_mul(g, u));
         });
     }
 

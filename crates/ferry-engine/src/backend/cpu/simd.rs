@@ -246,26 +246,68 @@ unsafe fn exp_avx2(v: &mut [f32]) {
     let mut i = 0;
     // SAFETY: i + 8 <= n before each unaligned load/store of 8 floats; features enabled above.
     unsafe {
-        let (hi, lo) = (_mm256_set1_ps(88.37), _mm256_set1_ps(-87.33));
-        let log2e = _mm256_set1_ps(std::f32::consts::LOG2_E);
-        let (ln2_hi, ln2_lo) = (_mm256_set1_ps(0.693_359_4), _mm256_set1_ps(-2.121_944_4e-4));
-        let c = [1.987_569_1e-4f32, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5].map(|c| _mm256_set1_ps(c));
-        let one = _mm256_set1_ps(1.0);
         while i + 8 <= n {
-            let x = _mm256_max_ps(_mm256_min_ps(_mm256_loadu_ps(p.add(i)), hi), lo);
-            let k = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(x, log2e));
-            let r = _mm256_fnmadd_ps(k, ln2_lo, _mm256_fnmadd_ps(k, ln2_hi, x));
-            let mut y = c[0];
-            for &cc in &c[1..] {
-                y = _mm256_fmadd_ps(y, r, cc);
-            }
-            y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, one));
-            let scale = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)));
-            _mm256_storeu_ps(p.add(i), _mm256_mul_ps(y, _mm256_castsi256_ps(scale)));
+            _mm256_storeu_ps(p.add(i), exp8(_mm256_loadu_ps(p.add(i))));
             i += 8;
         }
     }
     v[i..].iter_mut().for_each(|x| *x = x.exp());
+}
+
+/// exp of 8 lanes: [`exp_inplace`]'s vector path.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn exp8(x: __m256) -> __m256 {
+    let (hi, lo) = (_mm256_set1_ps(88.37), _mm256_set1_ps(-87.33));
+    let log2e = _mm256_set1_ps(std::f32::consts::LOG2_E);
+    let (ln2_hi, ln2_lo) = (_mm256_set1_ps(0.693_359_4), _mm256_set1_ps(-2.121_944_4e-4));
+    let c = [1.987_569_1e-4f32, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5].map(|c| _mm256_set1_ps(c));
+    let one = _mm256_set1_ps(1.0);
+    let x = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
+    let k = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(x, log2e));
+    let r = _mm256_fnmadd_ps(k, ln2_lo, _mm256_fnmadd_ps(k, ln2_hi, x));
+    let mut y = c[0];
+    for &cc in &c[1..] {
+        y = _mm256_fmadd_ps(y, r, cc);
+    }
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, one));
+    let scale = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)));
+    _mm256_mul_ps(y, _mm256_castsi256_ps(scale))
+}
+
+/// `g[i] = g[i] / (1 + exp(-g[i])) · u[i]`: SiLU of the gate times the up projection, with
+/// [`exp_inplace`]'s exp, in one pass.
+pub fn silu_mul(g: &mut [f32], u: &[f32]) {
+    assert_eq!(g.len(), u.len(), "silu_mul: {} gate values, {} up values", g.len(), u.len());
+    let mut i = 0;
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected at run time; lengths checked above.
+        i = unsafe { silu_mul_avx2(g, u) };
+    }
+    for (g, u) in g[i..].iter_mut().zip(&u[i..]) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// The whole vectors of [`silu_mul`]; returns where the rest starts.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn silu_mul_avx2(g: &mut [f32], u: &[f32]) -> usize {
+    let (n, pg, pu) = (g.len(), g.as_mut_ptr(), u.as_ptr());
+    let one = _mm256_set1_ps(1.0);
+    let mut i = 0;
+    // SAFETY: i + 8 <= n = u.len() before each load and store of 8 floats.
+    unsafe {
+        while i + 8 <= n {
+            let x = _mm256_loadu_ps(pg.add(i));
+            let e = exp8(_mm256_xor_ps(x, _mm256_set1_ps(-0.0)));
+            _mm256_storeu_ps(pg.add(i), _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), _mm256_loadu_ps(pu.add(i))));
+            i += 8;
+        }
+    }
+    i
 }
 
 /// Turn each row of `hd` values in `x` (`x.len()` a multiple of `hd`) by the normalized
@@ -445,6 +487,22 @@ mod tests {
         let mut tiny = vec![-1000.0f32; 9];
         exp_inplace(&mut tiny);
         assert!(tiny.iter().all(|&x| (0.0..1e-37).contains(&x)));
+    }
+
+    /// The fused pass gives the bits of its definition: negate, exp as `exp_inplace`, divide,
+    /// multiply (a vector's worth and a tail).
+    #[test]
+    fn silu_mul_is_its_definition_bit_for_bit() {
+        let g: Vec<f32> = (0..35).map(|i| (i as f32 - 17.0) * 0.61).chain([0.0, -0.0, 90.0, -90.0]).collect();
+        let u: Vec<f32> = (0..g.len()).map(|i| (i as f32 * 0.3).cos()).collect();
+        let mut e: Vec<f32> = g.iter().map(|x| -x).collect();
+        exp_inplace(&mut e);
+        let want: Vec<f32> = g.iter().zip(&u).zip(&e).map(|((g, u), e)| g / (1.0 + e) * u).collect();
+        let mut got = g.clone();
+        silu_mul(&mut got, &u);
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "value {i}: {a} vs {b}");
+        }
     }
 
     #[test]
