@@ -21,8 +21,8 @@
 //! token is accepted (an exponential average over verified proposals, and over the first
 //! proposal of steps that verify none, which costs nothing to check) picks the K that maximizes
 //! tokens per unit of step time, `(1 + a + a^2 + ... + a^K) / cost(K)`, where `cost(K)` is a step
-//! of K + 1 rows relative to a decode step ([`RowCost`]). A sequence with nothing to copy
-//! proposes nothing (no match) or soon K = 0.
+//! of K + 1 rows relative to a decode step ([`RowCost`]), when that rate clears `MIN_GAIN` (1.1).
+//! A sequence with nothing to copy proposes nothing (no match) or soon K = 0.
 
 use ferry_core::spec::{ngram_propose, DocId, SpecMode, SuffixIndex};
 
@@ -81,6 +81,11 @@ const CPU_ROW_COST: RowCost = RowCost { linear: 0.2, square: 0.02 };
 /// them (an estimate: untested on a GPU).
 const GPU_ROW_COST: RowCost = RowCost { linear: 0.02, square: 0.0 };
 const GPU_ROW_BUDGET: usize = 64;
+/// The least expected gain in tokens per unit of step time for which a sequence proposes: the
+/// acceptance is a noisy estimate and the row cost an average, so a proposal that would only
+/// break even is not made (traffic with nothing to copy then proposes next to nothing; a sequence
+/// that copies expects 1.5-2x and is unaffected).
+const MIN_GAIN: f32 = 1.1;
 /// The weight of the latest observation in a sequence's acceptance estimate, and where the
 /// estimate starts.
 const ACCEPT_WEIGHT: f32 = 0.2;
@@ -168,7 +173,7 @@ impl Speculator {
     /// How many tokens to propose for `s` now: the K that maximizes its expected tokens per unit
     /// of step time (see the module doc), at most `limit`.
     pub(super) fn wanted(&self, s: &SeqSpec, limit: usize) -> usize {
-        let (mut best, mut best_rate) = (0, 1.0f32);
+        let (mut best, mut best_rate) = (0, MIN_GAIN);
         let (mut gain, mut p) = (1.0f32, 1.0f32);
         for k in 1..=self.cfg.max_tokens.min(limit) {
             p *= s.accept;
