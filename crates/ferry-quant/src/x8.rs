@@ -184,25 +184,26 @@ fn check_x8(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &[f32]) {
     );
 }
 
-/// Run a supported kernel on checked lengths.
+/// Run a supported kernel on checked lengths: activation row `i`'s outputs at `out[i * ld..]`.
 fn run(kernel: X8Kernel, ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
+    let ld = out.len() / xq.rows();
     match kernel {
-        X8Kernel::Scalar => dot_x8_scalar(ty, w, xq, out),
+        X8Kernel::Scalar => dot_x8_scalar(ty, w, xq, out, ld),
         #[cfg(target_arch = "x86_64")]
         X8Kernel::Amx => {
             // SAFETY: the caller's kernel is supported (the CPU and the tile permission); the
             // lengths were checked.
-            unsafe { crate::avx512::amx::dot(ty, w, xq, out, out.len() / xq.rows()) }
+            unsafe { crate::avx512::amx::dot(ty, w, xq, out, ld) }
         }
         #[cfg(target_arch = "x86_64")]
         X8Kernel::Vnni => {
             // SAFETY: as above, for AVX-512 VNNI.
-            unsafe { crate::avx512::x8::dot(ty, w, xq, out, out.len() / xq.rows()) }
+            unsafe { crate::avx512::x8::dot(ty, w, xq, out, ld) }
         }
         #[cfg(target_arch = "x86_64")]
         X8Kernel::Avx2 => {
             // SAFETY: as above, for AVX2, FMA and F16C.
-            unsafe { crate::avx2::x8::dot(ty, w, xq, out, out.len() / xq.rows()) }
+            unsafe { crate::avx2::x8::dot(ty, w, xq, out, ld) }
         }
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("not supported on this architecture"),
@@ -210,10 +211,9 @@ fn run(kernel: X8Kernel, ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut
 }
 
 /// The reference: the AVX2 kernel's operations, one lane at a time.
-fn dot_x8_scalar(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
+fn dot_x8_scalar(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32], ld: usize) {
     let (nb, m) = (xq.k() / QK, xq.rows());
     let (bb, hb) = (ty.block_bytes() * X8_ROWS, header_bytes(ty));
-    let ld = out.len() / m;
     for (gi, group) in w.chunks_exact(bb * nb).enumerate() {
         for ri in 0..X8_ROWS * m {
             let (r, i) = (ri / m, ri % m);
