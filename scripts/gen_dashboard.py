@@ -235,10 +235,16 @@ def dashboard():
     b.row("Speculative decoding")
     b.panel("Acceptance", "Share of proposed speculative tokens accepted (decode and colocated workers).",
             [(f"sum(rate(ferry_worker_spec_accepted_tokens_total[{RI}])) / sum(rate(ferry_worker_spec_proposed_tokens_total[{RI}]))",
-              "accepted / proposed")], unit="percentunit", max_=1, w=12)
+              "accepted / proposed")], unit="percentunit", max_=1)
     b.panel("Tokens per verify step", "Tokens emitted per verifying step (1 = no gain).",
             [(f"sum(rate(ferry_worker_spec_emitted_tokens_total[{RI}])) / sum(rate(ferry_worker_spec_verify_steps_total[{RI}]))",
-              "tokens / step")], w=12)
+              "tokens / step")])
+    b.panel("Speculation's cost", "What speculating costs the decoding workers: rows verified and rejected per token "
+            "they decoded, and the time spent speculating outside the forward pass over the time in steps.",
+            [(f"(sum(rate(ferry_worker_spec_proposed_tokens_total[{RI}])) - sum(rate(ferry_worker_spec_accepted_tokens_total[{RI}])))"
+              f" / sum(rate(ferry_worker_generation_tokens_total{{role=~\"decode|colocated\"}}[{RI}]))", "rejected rows / token"),
+             (f"sum(rate(ferry_worker_spec_seconds_sum[{RI}])) / sum(rate(ferry_worker_step_seconds_sum{{role=~\"decode|colocated\"}}[{RI}]))",
+              "speculating / step time")], unit="percentunit")
 
     return {
         "title": "Ferry",

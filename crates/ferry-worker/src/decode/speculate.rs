@@ -24,6 +24,8 @@
 //! of K + 1 rows relative to a decode step ([`RowCost`]), when that rate clears `MIN_GAIN` (1.1).
 //! A sequence with nothing to copy proposes nothing (no match) or soon K = 0.
 
+use std::time::{Duration, Instant};
+
 use ferry_core::spec::{ngram_propose, DocId, SpecMode, SuffixIndex};
 
 /// Speculation settings of a worker (`--speculate`, `--spec-tokens`).
@@ -120,6 +122,8 @@ pub(super) struct Speculator {
     row_budget: usize,
     /// A verifying step's cost, relative to a decode step.
     row_cost: RowCost,
+    /// Time spent on speculation outside the forward pass since [`Speculator::take_spent`].
+    spent: Duration,
 }
 
 impl Speculator {
@@ -127,7 +131,7 @@ impl Speculator {
     /// backend's).
     pub(super) fn new(cfg: SpecConfig, row_budget: usize, row_cost: RowCost) -> Self {
         let index = (cfg.mode == SpecMode::Suffix).then(|| SuffixIndex::new(SUFFIX_TOKENS, SUFFIX_ORDER));
-        Speculator { cfg: SpecConfig { max_tokens: cfg.max_tokens.min(MAX_SPEC_TOKENS), ..cfg }, index, row_budget, row_cost }
+        Speculator { cfg: SpecConfig { max_tokens: cfg.max_tokens.min(MAX_SPEC_TOKENS), ..cfg }, index, row_budget, row_cost, spent: Duration::ZERO }
     }
 
     /// The speculation of a worker serving `engine`: the budget and row cost of its backend. On
@@ -162,12 +166,26 @@ impl Speculator {
         if !self.enabled() {
             return None;
         }
+        let t = Instant::now();
         let doc = self.index.as_mut().map(|ix| {
             let d = ix.begin();
             ix.extend(d, context);
             d
         });
-        Some(SeqSpec { history: context.to_vec(), doc, accept: ACCEPT_START, shadow: None, proposed: 0, accepted: 0 })
+        let s = SeqSpec { history: context.to_vec(), doc, accept: ACCEPT_START, shadow: None, proposed: 0, accepted: 0 };
+        self.spent += t.elapsed();
+        Some(s)
+    }
+
+    /// Time spent on speculation outside the forward pass (choosing, learning, indexing, and
+    /// what [`Speculator::charge`] adds) since the last call; the worker records it per step.
+    pub(super) fn take_spent(&mut self) -> Duration {
+        std::mem::take(&mut self.spent)
+    }
+
+    /// Time the worker spent on speculation's behalf (rolling back rejected proposals).
+    pub(super) fn charge(&mut self, d: Duration) {
+        self.spent += d;
     }
 
     /// How many tokens to propose for `s` now: the K that maximizes its expected tokens per unit
@@ -188,7 +206,8 @@ impl Speculator {
 
     /// Up to `k` proposed tokens for `s` into `out` (cleared first). With `k` = 0 one token is
     /// still proposed, not to verify but to check against the token chosen ([`Speculator::emitted`]).
-    pub(super) fn propose(&self, s: &mut SeqSpec, k: usize, out: &mut Vec<u32>) {
+    pub(super) fn propose(&mut self, s: &mut SeqSpec, k: usize, out: &mut Vec<u32>) {
+        let t = Instant::now();
         out.clear();
         let want = k.max(1);
         match (self.cfg.mode, &self.index) {
@@ -200,10 +219,12 @@ impl Speculator {
             _ => None,
         };
         out.truncate(k);
+        self.spent += t.elapsed();
     }
 
     /// `s` chose `tok` (emitted, or the stop token that ends it).
     pub(super) fn emitted(&mut self, s: &mut SeqSpec, tok: u32) {
+        let t = Instant::now();
         if let Some(guess) = s.shadow.take() {
             observe(&mut s.accept, guess == tok);
         }
@@ -211,6 +232,7 @@ impl Speculator {
         if let (Some(ix), Some(d)) = (self.index.as_mut(), s.doc) {
             ix.extend(d, &[tok]);
         }
+        self.spent += t.elapsed();
     }
 
     /// A step verified `proposed` tokens of `s`, accepted the first `accepted`, and emitted
@@ -286,6 +308,18 @@ mod tests {
         sp.verified(&mut s, 4, 1, 2);
         assert_eq!((s.proposed, s.accepted), (4, 1));
         assert!(s.accept < before + 0.2 && s.accept != before);
+    }
+
+    #[test]
+    fn the_time_spent_is_taken_once() {
+        let mut sp = spec(SpecMode::Suffix, 0.1);
+        let mut s = sp.start(&[1, 2, 3, 1, 2]).expect("on");
+        let mut out = Vec::new();
+        sp.propose(&mut s, 2, &mut out);
+        sp.emitted(&mut s, 3);
+        sp.charge(Duration::from_millis(5));
+        assert!(sp.take_spent() > Duration::from_millis(5), "start, propose and emitted are clocked beside the charge");
+        assert_eq!(sp.take_spent(), Duration::ZERO, "taken: the next step starts from zero");
     }
 
     #[test]

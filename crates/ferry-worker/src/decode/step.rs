@@ -342,6 +342,9 @@ impl DecodeThread {
             let joined = join(&mut self.engine, &mut self.speculator, joining);
             self.running.extend(joined);
         }
+        if self.speculator.enabled() {
+            metrics::histogram!(crate::cluster::metrics::names::SPEC_SECONDS).record(self.speculator.take_spent().as_secs_f64());
+        }
         Ok(())
     }
 
@@ -443,10 +446,12 @@ impl DecodeThread {
         }
         if end.is_none() && accepted < drafts.len() {
             // The cache holds the last token and the accepted proposals; the rest goes.
+            let t = Instant::now();
             if let Err(e) = self.engine.truncate(r.seq.id(), held + 1 + accepted) {
                 tracing::warn!(request_id = %r.request_id, "rolling back rejected proposals failed for this sequence alone: {e}");
                 end = Some(Err(sequence_error(&r.request_id, "rolling back rejected proposals", e)));
             }
+            self.speculator.charge(t.elapsed());
         }
         end
     }

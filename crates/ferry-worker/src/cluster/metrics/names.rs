@@ -34,6 +34,7 @@ pub const SPEC_PROPOSED_TOKENS: &str = "ferry_worker_spec_proposed_tokens_total"
 pub const SPEC_ACCEPTED_TOKENS: &str = "ferry_worker_spec_accepted_tokens_total";
 pub const SPEC_EMITTED_TOKENS: &str = "ferry_worker_spec_emitted_tokens_total";
 pub const SPEC_VERIFY_STEPS: &str = "ferry_worker_spec_verify_steps_total";
+pub const SPEC_SECONDS: &str = "ferry_worker_spec_seconds";
 // The prefix cache.
 pub const PREFIX_CACHE_BLOCKS: &str = "ferry_worker_prefix_cache_blocks";
 pub const PREFIX_CACHE_QUERIES: &str = "ferry_worker_prefix_cache_queries_total";
@@ -112,6 +113,11 @@ pub const ALL: &[Family] = &[
     Family::counter(SPEC_ACCEPTED_TOKENS, "Draft tokens the model accepted."),
     Family::counter(SPEC_EMITTED_TOKENS, "Tokens emitted by speculative verify steps."),
     Family::counter(SPEC_VERIFY_STEPS, "Speculative verify steps, per sequence."),
+    Family::histogram(
+        SPEC_SECONDS,
+        Buckets::TokenSeconds,
+        "Seconds one engine step spent on speculation outside its forward pass: proposing, learning the acceptance, indexing tokens, rolling back rejected proposals.",
+    ),
     Family::gauge(
         PREFIX_CACHE_BLOCKS,
         "Prefix cache blocks, by role and state: cached (free blocks holding a prefix), used (held by sequences), indexed (hashes the routers are told of).",
