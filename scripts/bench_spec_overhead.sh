@@ -8,7 +8,7 @@
 # accepted) and `ferry_worker_spec_seconds` (time spent speculating outside the forward pass).
 # The workload is scripts/bench_spec.sh's random one (random prompts of 64-512 tokens, 128 tokens
 # sampled at temperature 1 with a seed per request: nothing to copy); both clusters' outputs must
-# agree (the summary prints their digests).
+# agree (the summary prints their digests). The summary's plot: OUT_DIR/spec_overhead.svg.
 # Needs two CPUs (taskset -c 0 and 1). Env: FERRY (binary), ROUNDS (2), SPECS ("ngram suffix"),
 # RATES (0.2,1), REQUESTS (12 per rate).
 # Usage: scripts/bench_spec_overhead.sh [OUT_DIR]   (build first: cargo build --release -p ferry)
@@ -56,4 +56,4 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
         done
     done
 done
-python3 scripts/lib/spec_overhead_summary.py "$out"
+python3 scripts/lib/spec_overhead_summary.py "$out" "$out/spec_overhead.svg"
