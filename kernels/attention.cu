@@ -17,6 +17,11 @@
 //   prefix and the chunk up to itself).
 // - paged_attention_decode_<dtype>: one new token per sequence (a decode batch with variable lengths):
 //   grid.x is the sequence, which sees all ctx_len keys.
+// - paged_attention_split_<dtype> + paged_attention_merge_f32: the same decode batch with each
+//   sequence's keys split into grid.z parts of part_len keys (flash-decoding, Dao et al. 2023; vLLM's
+//   PagedAttention V2): a block per (sequence, head, part) writes its part's max, denominator and
+//   unnormalized weighted sum of values, and the merge rescales the parts to their common max. For
+//   few sequences over long contexts, where a block per (sequence, head) leaves most SMs idle.
 //
 // Batch arrays (per sequence): q_start, q_len, ctx_len, and block_start into `blocks`, the
 // concatenated block tables; `skip` marks the sequences the prefill kernel leaves alone.
@@ -64,11 +69,14 @@ __device__ __forceinline__ float att_row_scale(const unsigned char* row, int hea
     return DT == KV_INT8 ? *(const float*)(row + head_dim) : 1.0f;
 }
 
-// Attention of one query row (q: head_dim values) over `visible` keys of one KV head.
+// Attention of one query row (q: head_dim values) over keys [t0, t1) of one KV head. With `part`
+// null, out gets the attention's output; else the span's partial result: part[0] its max score,
+// part[1] its softmax denominator relative to that max, out its weighted sum of values relative to
+// the same max, not divided by the denominator (an empty span: -inf, 0 and zeros).
 template <int DT>
-__device__ void att_row(const float* q, float* out, const unsigned char* k_cache, const unsigned char* v_cache,
-                        const unsigned int* blocks, int visible, int kv_head, int kv_heads, int head_dim,
-                        int block_size, float scale) {
+__device__ void att_span(const float* q, float* out, float* part, const unsigned char* k_cache, const unsigned char* v_cache,
+                         const unsigned int* blocks, int t0, int t1, int kv_head, int kv_heads, int head_dim,
+                         int block_size, float scale) {
     __shared__ float sm_max[ATT_WARPS];
     __shared__ float sm_den[ATT_WARPS];
     __shared__ float sm_acc[ATT_WARPS][32 * ATT_DIMS_PER_LANE];
@@ -82,7 +90,7 @@ __device__ void att_row(const float* q, float* out, const unsigned char* k_cache
         acc[j] = 0.0f;
     }
     float run_max = ATT_NEG_INF, den = 0.0f;
-    for (int t = warp; t < visible; t += ATT_WARPS) {
+    for (int t = t0 + warp; t < t1; t += ATT_WARPS) {
         const size_t base = (((size_t)blocks[t / block_size] * kv_heads + kv_head) * block_size + t % block_size) * row_bytes;
         const unsigned char* krow = k_cache + base;
         const unsigned char* vrow = v_cache + base;
@@ -119,7 +127,11 @@ __device__ void att_row(const float* q, float* out, const unsigned char* k_cache
     float total = 0.0f;
 #pragma unroll
     for (int w = 0; w < ATT_WARPS; w++) total += sm_max[w] == ATT_NEG_INF ? 0.0f : sm_den[w] * expf(sm_max[w] - m);
-    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    if (part != nullptr && threadIdx.x == 0) {
+        part[0] = m;
+        part[1] = total;
+    }
+    const float inv = part != nullptr ? 1.0f : total > 0.0f ? 1.0f / total : 0.0f;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float o = 0.0f;
 #pragma unroll
@@ -142,8 +154,9 @@ __device__ __forceinline__ void att_prefill(const float* q, const unsigned char*
     if (skip[s]) return; // a long chunk: attended with GEMMs (causal_softmax_f32 below)
     const int visible = (int)(ctx_len[s] - q_len[s]) + (row - (int)q_start[s]) + 1;
     const size_t cols = (size_t)n_heads * head_dim;
-    att_row<DT>(q + row * cols + (size_t)head * head_dim, out + row * cols + (size_t)head * head_dim, k_cache, v_cache,
-                blocks + block_start[s], visible, head / (n_heads / kv_heads), kv_heads, head_dim, block_size, scale);
+    att_span<DT>(q + row * cols + (size_t)head * head_dim, out + row * cols + (size_t)head * head_dim, nullptr, k_cache,
+                 v_cache, blocks + block_start[s], 0, visible, head / (n_heads / kv_heads), kv_heads, head_dim, block_size,
+                 scale);
 }
 
 template <int DT>
@@ -155,8 +168,27 @@ __device__ __forceinline__ void att_decode(const float* q, const unsigned char* 
     if (s >= seqs || head >= n_heads || head_dim > 32 * ATT_DIMS_PER_LANE) return;
     const size_t row = q_start[s];
     const size_t cols = (size_t)n_heads * head_dim;
-    att_row<DT>(q + row * cols + (size_t)head * head_dim, out + row * cols + (size_t)head * head_dim, k_cache, v_cache,
-                blocks + block_start[s], (int)ctx_len[s], head / (n_heads / kv_heads), kv_heads, head_dim, block_size, scale);
+    att_span<DT>(q + row * cols + (size_t)head * head_dim, out + row * cols + (size_t)head * head_dim, nullptr, k_cache,
+                 v_cache, blocks + block_start[s], 0, (int)ctx_len[s], head / (n_heads / kv_heads), kv_heads, head_dim,
+                 block_size, scale);
+}
+
+// Part blockIdx.z of a split decode: keys [z·part_len, (z+1)·part_len) ∩ [0, ctx_len). Partials of
+// (sequence s, head h, part z) at index i = (s·n_heads + h)·gridDim.z + z: stats[2i] its max,
+// stats[2i + 1] its denominator, acc[i·head_dim ..] its unnormalized output.
+template <int DT>
+__device__ __forceinline__ void att_split(const float* q, const unsigned char* k_cache, const unsigned char* v_cache, float* acc,
+                                          float* stats, const unsigned int* q_start, const unsigned int* ctx_len,
+                                          const unsigned int* block_start, const unsigned int* blocks, int seqs, int n_heads,
+                                          int kv_heads, int head_dim, int block_size, float scale, int part_len) {
+    const int s = blockIdx.x, head = blockIdx.y, z = blockIdx.z;
+    if (s >= seqs || head >= n_heads || head_dim > 32 * ATT_DIMS_PER_LANE || part_len <= 0) return;
+    const long long ctx = ctx_len[s];
+    const int t0 = (int)min(ctx, (long long)z * part_len), t1 = (int)min(ctx, (long long)t0 + part_len);
+    const size_t i = ((size_t)s * n_heads + head) * gridDim.z + z;
+    const size_t cols = (size_t)n_heads * head_dim;
+    att_span<DT>(q + q_start[s] * cols + (size_t)head * head_dim, acc + i * head_dim, stats + 2 * i, k_cache, v_cache,
+                 blocks + block_start[s], t0, t1, head / (n_heads / kv_heads), kv_heads, head_dim, block_size, scale);
 }
 
 // The kernels, one per cache dtype, written out rather than made by a macro: kernels.rs's test
@@ -235,6 +267,70 @@ paged_attention_decode_int8(const float* q, const unsigned char* k_cache, const 
                                float scale) {
     att_decode<KV_INT8>(q, k_cache, v_cache, out, q_start, ctx_len, block_start, blocks, seqs, n_heads, kv_heads, head_dim,
                    block_size, scale);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
+paged_attention_split_f32(const float* q, const unsigned char* k_cache, const unsigned char* v_cache, float* acc, float* stats,
+                          const unsigned int* q_start, const unsigned int* ctx_len, const unsigned int* block_start,
+                          const unsigned int* blocks, int seqs, int n_heads, int kv_heads, int head_dim, int block_size, float scale,
+                          int part_len) {
+    att_split<KV_F32>(q, k_cache, v_cache, acc, stats, q_start, ctx_len, block_start, blocks, seqs, n_heads, kv_heads, head_dim,
+                  block_size, scale, part_len);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
+paged_attention_split_bf16(const float* q, const unsigned char* k_cache, const unsigned char* v_cache, float* acc, float* stats,
+                           const unsigned int* q_start, const unsigned int* ctx_len, const unsigned int* block_start,
+                           const unsigned int* blocks, int seqs, int n_heads, int kv_heads, int head_dim, int block_size, float scale,
+                           int part_len) {
+    att_split<KV_BF16>(q, k_cache, v_cache, acc, stats, q_start, ctx_len, block_start, blocks, seqs, n_heads, kv_heads, head_dim,
+                  block_size, scale, part_len);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
+paged_attention_split_f16(const float* q, const unsigned char* k_cache, const unsigned char* v_cache, float* acc, float* stats,
+                          const unsigned int* q_start, const unsigned int* ctx_len, const unsigned int* block_start,
+                          const unsigned int* blocks, int seqs, int n_heads, int kv_heads, int head_dim, int block_size, float scale,
+                          int part_len) {
+    att_split<KV_F16>(q, k_cache, v_cache, acc, stats, q_start, ctx_len, block_start, blocks, seqs, n_heads, kv_heads, head_dim,
+                  block_size, scale, part_len);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
+paged_attention_split_int8(const float* q, const unsigned char* k_cache, const unsigned char* v_cache, float* acc, float* stats,
+                           const unsigned int* q_start, const unsigned int* ctx_len, const unsigned int* block_start,
+                           const unsigned int* blocks, int seqs, int n_heads, int kv_heads, int head_dim, int block_size, float scale,
+                           int part_len) {
+    att_split<KV_INT8>(q, k_cache, v_cache, acc, stats, q_start, ctx_len, block_start, blocks, seqs, n_heads, kv_heads, head_dim,
+                  block_size, scale, part_len);
+}
+
+// The parts of a split decode (att_split's partials, `parts` per sequence and head) into the
+// output row of each sequence: every part rescaled to the largest max, summed, divided by the
+// rescaled denominators' sum. Grid (seqs, n_heads); empty parts (max -inf) add nothing.
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS)
+paged_attention_merge_f32(const float* acc, const float* stats, float* out, const unsigned int* q_start, int seqs, int n_heads,
+                          int head_dim, int parts) {
+    const int s = blockIdx.x, head = blockIdx.y;
+    if (s >= seqs || head >= n_heads) return;
+    const size_t first = ((size_t)s * n_heads + head) * parts;
+    float m = ATT_NEG_INF;
+    for (int p = 0; p < parts; p++) m = fmaxf(m, stats[2 * (first + p)]);
+    float total = 0.0f;
+    for (int p = 0; p < parts; p++) {
+        const float mp = stats[2 * (first + p)];
+        if (mp != ATT_NEG_INF) total += stats[2 * (first + p) + 1] * expf(mp - m);
+    }
+    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    float* o = out + (size_t)q_start[s] * n_heads * head_dim + (size_t)head * head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float v = 0.0f;
+        for (int p = 0; p < parts; p++) {
+            const float mp = stats[2 * (first + p)];
+            if (mp != ATT_NEG_INF) v += acc[(first + p) * head_dim + d] * expf(mp - m);
+        }
+        o[d] = v * inv;
+    }
 }
 
 // s: `rows` rows of `ctx` scores (row r is chunk row r % q_len of its head); in place: the

@@ -43,6 +43,9 @@
 # 10. the KV dtypes on the GPU (issue 35): `ferry bench kv-decode` on Llama-3-1B shapes with f32,
 #    f16, bf16 and int8 caches, batch 8, at 1,024 and 4,096 tokens (one engine per type: the 1B
 #    shapes keep four of them within an H100's memory).
+# 11. decode attention split over the SMs (flash-decoding) or not: `ferry bench kv-decode` on
+#    Llama-3-8B shapes, f16 cache, batch 1 and 8, at 2,048 and 8,192 tokens, with
+#    FERRY_CUDA_ATTENTION_SPLIT=off and =auto alternated twice (one process per run).
 # Needs: python3 with numpy and safetensors (step 2), torch and transformers (step 8); libcuda.
 set -uo pipefail
 
@@ -63,7 +66,7 @@ fi
 CLUSTER_MODEL="$MODEL"
 [ -f "$MODEL" ] || CLUSTER_MODEL=tests/fixtures/golden/llama-gqa
 mkdir -p "$OUT"
-STEPS="${STEPS:-1 2 3 4 5 6 7 8 9 10}"
+STEPS="${STEPS:-1 2 3 4 5 6 7 8 9 10 11}"
 failed=0
 T0=$SECONDS
 step() { echo; echo "== [$((SECONDS - T0)) s] $*"; }
@@ -272,6 +275,21 @@ step "10. KV dtypes on the GPU: bench kv-decode, Llama-3-1B shapes, f32 / f16 / 
 timeout 180 "$FERRY_BIN" bench kv-decode --device cuda --model synthetic:llama3-1b --dtypes f32,f16,bf16,int8 --contexts 1024,4096 --batch 8 --rounds 5 --steps 8 \
     >"$OUT/kv-decode.json" 2>"$OUT/kv-decode.log" || { fail "ferry bench kv-decode"; tail -20 "$OUT/kv-decode.log" >&2; }
 cat "$OUT/kv-decode.json"
+fi
+
+if want 11; then
+step "11. decode attention split over the SMs or not: bench kv-decode, Llama-3-8B shapes, f16 KV, batch 1 and 8"
+for round in 1 2; do
+    for split in off auto; do
+        for b in 1 8; do
+            name="split-$split-b$b-$round"
+            FERRY_CUDA_ATTENTION_SPLIT="$split" timeout 120 "$FERRY_BIN" bench kv-decode --device cuda --model synthetic:llama3-8b \
+                --dtypes f16 --contexts 2048,8192 --batch "$b" --rounds 3 --steps 8 \
+                >"$OUT/$name.json" 2>"$OUT/$name.log" || { fail "ferry bench kv-decode ($name)"; tail -20 "$OUT/$name.log" >&2; }
+            echo "$name: $(python3 -c 'import json,sys; print(" ".join("ctx %d: %.2f ms" % (p["context"], p["step_ms"]) for p in json.load(open(sys.argv[1]))["points"]))' "$OUT/$name.json" 2>/dev/null)"
+        done
+    done
+done
 fi
 
 echo

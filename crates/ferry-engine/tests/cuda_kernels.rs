@@ -9,6 +9,7 @@
 
 use ferry_core::{KvDtype, KvLayout};
 use ferry_engine::backend::cuda::CudaBackend;
+use ferry_engine::backend::cuda::kv_kernels::AttentionSplit;
 use ferry_engine::backend::{Backend, BatchPlan, RopeTable, SeqPlan};
 use ferry_engine::config::{FreqDtype, RopeConfig};
 use ferry_engine::weights::{HostWeight, Storage};
@@ -346,6 +347,13 @@ fn attention_and_transfer(g: &CudaBackend, dtype: KvDtype, hd: usize) {
     }
     let qd = random(&mut rng, seqs.len() * nh * hd, 1.0);
     check(&dec, &qd, &gkv, &ckv, &format!("paged_attention_decode_{w}"));
+    // The same batch with each sequence's keys split into parts and merged (flash-decoding): C's
+    // 100 keys in 15 parts of 7 (B's 21 fill three, its other twelve are empty), 7 of 15, 2 of 50.
+    for keys in [7, 16, 64] {
+        g.set_attention_split(AttentionSplit::Keys(keys));
+        check(&dec, &qd, &gkv, &ckv, &format!("paged_attention_split_{w} + paged_attention_merge_f32 (parts for {keys} keys)"));
+    }
+    g.set_attention_split(AttentionSplit::Auto);
     // Export: the same payload bytes; import into other blocks and export again.
     let (len, blocks) = &seqs[0];
     let (mut gp, mut cp) = (Vec::new(), Vec::new());

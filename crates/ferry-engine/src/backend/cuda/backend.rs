@@ -4,7 +4,7 @@
 //! reports it and later operations of the step do nothing).
 
 use super::driver::{self, describe};
-use super::kv_kernels::KvKernels;
+use super::kv_kernels::{AttentionSplit, KvKernels};
 use super::nvrtc;
 use crate::error::{EngineError, Result};
 use crate::weights::HostWeight;
@@ -60,6 +60,8 @@ pub struct CudaBatch {
     pub(crate) seqs: usize,
     /// Every sequence contributes exactly one row (a pure decode batch).
     pub(crate) decode_only: bool,
+    /// The longest context of the batch's sequences (a split decode's parts cover it).
+    pub(crate) max_ctx: usize,
     pub(crate) max_slot: u32,
     pub(crate) max_block: u32,
     pub(crate) bufs: Option<BatchBufs>,
@@ -109,6 +111,10 @@ pub struct CudaBackend {
     /// A half-precision matrix was uploaded (the model computes in bf16/f16): attention GEMMs may
     /// then use TF32 tensor cores; an f32 model keeps exact f32 GEMMs.
     pub(crate) half_weights: std::sync::atomic::AtomicBool,
+    /// Streaming multiprocessors of the device (how many blocks a decode's attention aims for).
+    pub(crate) sms: usize,
+    /// How a decode batch's attention splits long contexts (`FERRY_CUDA_ATTENTION_SPLIT`).
+    split: Mutex<AttentionSplit>,
 }
 
 impl CudaBackend {
@@ -138,7 +144,21 @@ impl CudaBackend {
         let blas = CudaBlas::new(stream.clone()).map_err(|e| fail("cannot create a cuBLAS handle", format!("{e:?}")))?;
         let f32_weights = std::env::var("FERRY_CUDA_F32_WEIGHTS").is_ok_and(|v| v == "1");
         let kit = super::bytes::Kit::for_device(ordinal)?;
-        Ok(Self { ordinal, ctx, stream, blas, fns, name, arch, f32_weights, error: Mutex::new(None), kit, half_weights: Default::default() })
+        let sms = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| fail("cannot read the number of SMs", describe(&e)))?
+            .max(1) as usize;
+        let split = AttentionSplit::parse(std::env::var("FERRY_CUDA_ATTENTION_SPLIT").ok().as_deref()).map_err(EngineError::Config)?;
+        Ok(Self { ordinal, ctx, stream, blas, fns, name, arch, f32_weights, error: Mutex::new(None), kit, half_weights: Default::default(), sms, split: Mutex::new(split) })
+    }
+
+    /// How decode attention splits long contexts from now on (tests compare the paths).
+    pub fn set_attention_split(&self, split: AttentionSplit) {
+        *self.split.lock().unwrap_or_else(|p| p.into_inner()) = split;
+    }
+
+    pub(crate) fn attention_split(&self) -> AttentionSplit {
+        *self.split.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn ordinal(&self) -> usize {

@@ -36,6 +36,11 @@ pub const KERNELS: &[KernelSource] = &[
             "paged_attention_decode_bf16",
             "paged_attention_decode_f16",
             "paged_attention_decode_int8",
+            "paged_attention_split_f32",
+            "paged_attention_split_bf16",
+            "paged_attention_split_f16",
+            "paged_attention_split_int8",
+            "paged_attention_merge_f32",
             "causal_softmax_f32",
         ]
     ),

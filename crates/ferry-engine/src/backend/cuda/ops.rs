@@ -5,7 +5,7 @@
 use super::backend::{BLOCK, BatchBufs, CudaBackend, CudaBatch, CudaKv, CudaTensor, CudaWeight, DenseSeq, WeightData};
 use super::bytes::{f32s_of, DeviceBytes};
 use super::dense::{Chunk, Gemm};
-use super::kv_kernels::{GATHER, SCATTER};
+use super::kv_kernels::{GATHER, MERGE, SCATTER};
 use super::driver::describe;
 use crate::backend::{Backend, BatchPlan, KvBuffer, RopeTable};
 use crate::error::{EngineError, Result};
@@ -134,6 +134,37 @@ impl CudaBackend {
             self.fail(op, describe(&e));
         }
         self.outcome(op, r)
+    }
+
+    /// A decode batch's attention with each sequence's keys split into parts of `part_len`
+    /// (`paged_attention_split_<dtype>`, a block per sequence, head and part), then the parts
+    /// merged into `out` (`paged_attention_merge_f32`). `ints`: seqs, heads, KV heads, head_dim,
+    /// block size.
+    #[allow(clippy::too_many_arguments)]
+    fn split_decode(&self, q: &CudaSlice<f32>, kc: &CudaSlice<u32>, vc: &CudaSlice<u32>, kernel: &str, bb: &BatchBufs, ints: [i32; 5], scale: f32, part_len: usize, max_ctx: usize, out: &mut CudaSlice<f32>) -> Option<()> {
+        let op = "split decode attention";
+        let [seqs, nh, kvh, hd, bs] = ints;
+        let parts = max_ctx.div_ceil(part_len);
+        let (pairs, len, n_parts) = (seqs as usize * nh as usize, i32_of(op, self, part_len)?, i32_of(op, self, parts)?);
+        let mut acc = self.uninit::<f32>(op, pairs * parts * hd as usize)?;
+        let mut stats = self.uninit::<f32>(op, pairs * parts * 2)?;
+        let block = (ATT_THREADS, 1, 1);
+        let f = self.func(kernel)?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(q).arg(kc).arg(vc).arg(&mut acc).arg(&mut stats).arg(&bb.q_start).arg(&bb.ctx_len).arg(&bb.block_start).arg(&bb.blocks);
+        b.arg(&seqs).arg(&nh).arg(&kvh).arg(&hd).arg(&bs).arg(&scale).arg(&len);
+        let cfg = LaunchConfig { grid_dim: (seqs as u32, nh as u32, n_parts as u32), block_dim: block, shared_mem_bytes: 0 };
+        // SAFETY: as for the unsplit decode (block tables cover ctx_len, blocks below num_blocks);
+        // acc and stats hold a partial for every (sequence, head, part) of the grid, each written
+        // by its block (an empty part writes -inf, 0 and zeros).
+        self.check(kernel, unsafe { b.launch(cfg) })?;
+        let f = self.func(MERGE)?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&acc).arg(&stats).arg(out).arg(&bb.q_start).arg(&seqs).arg(&nh).arg(&hd).arg(&n_parts);
+        let cfg = LaunchConfig { grid_dim: (seqs as u32, nh as u32, 1), block_dim: block, shared_mem_bytes: 0 };
+        // SAFETY: acc and stats were written whole above; out has a row of nh·hd f32 at each
+        // sequence's q_start (the caller checked out's shape against the batch).
+        self.check(MERGE, unsafe { b.launch(cfg) }).map(drop)
     }
 
     /// Attention of one long chunk with GEMMs, as HF's eager attention: gather the sequence's
@@ -344,6 +375,7 @@ impl Backend for CudaBackend {
             rows: plan.positions.len(),
             seqs: plan.seqs.len(),
             decode_only: plan.seqs.iter().all(|s| s.q_len == 1),
+            max_ctx: plan.seqs.iter().map(|s| s.ctx_len).max().unwrap_or(0),
             max_slot: plan.slots.iter().copied().max().unwrap_or(0),
             max_block: blocks.iter().copied().max().unwrap_or(0),
             bufs,
@@ -541,7 +573,12 @@ impl Backend for CudaBackend {
         let scale = 1.0 / (l.head_dim as f32).sqrt();
         let (kc, vc) = (&kv.k[layer], &kv.v[layer]);
         let block = (ATT_THREADS, 1, 1);
-        if batch.decode_only {
+        let split = if batch.decode_only { self.attention_split().part_len(batch.seqs * n_heads, batch.max_ctx, self.sms) } else { None };
+        if let Some(part_len) = split {
+            if self.split_decode(qb, kc, vc, kv.kernels.split, bb, [seqs, nh, kvh, hd, bs], scale, part_len, batch.max_ctx, ob).is_none() {
+                return;
+            }
+        } else if batch.decode_only {
             let Some(f) = self.func(kv.kernels.decode) else { return };
             let mut b = self.stream.launch_builder(f);
             b.arg(qb).arg(kc).arg(vc).arg(&mut *ob).arg(&bb.q_start).arg(&bb.ctx_len).arg(&bb.block_start).arg(&bb.blocks);
