@@ -44,8 +44,12 @@
 #    f16, bf16 and int8 caches, batch 8, at 1,024 and 4,096 tokens (one engine per type: the 1B
 #    shapes keep four of them within an H100's memory).
 # 11. decode attention split over the SMs (flash-decoding) or not: `ferry bench kv-decode` on
-#    Llama-3-8B shapes, f16 cache, batch 1 and 8, at 2,048 and 8,192 tokens, with
+#    Llama-3-8B shapes, f16 cache, batch 1 and 8, at 2,048 and 8,000 tokens, with
 #    FERRY_CUDA_ATTENTION_SPLIT=off and =auto alternated twice (one process per run).
+# 12. where a step's GPU time goes (FERRY_CUDA_PROFILE=1: timing events around each operation,
+#    reported per kind of step on stderr): `ferry bench engine` on Llama-3-8B shapes (prefill of
+#    2,048 tokens, decode at batch 1 and 32), and `ferry bench kv-decode` at batch 1 and 8,000
+#    tokens of context with the split on and off.
 # Needs: python3 with numpy and safetensors (step 2), torch and transformers (step 8); libcuda.
 set -uo pipefail
 
@@ -66,7 +70,7 @@ fi
 CLUSTER_MODEL="$MODEL"
 [ -f "$MODEL" ] || CLUSTER_MODEL=tests/fixtures/golden/llama-gqa
 mkdir -p "$OUT"
-STEPS="${STEPS:-1 2 3 4 5 6 7 8 9 10 11}"
+STEPS="${STEPS:-1 2 3 4 5 6 7 8 9 10 11 12}"
 failed=0
 T0=$SECONDS
 step() { echo; echo "== [$((SECONDS - T0)) s] $*"; }
@@ -284,11 +288,25 @@ for round in 1 2; do
         for b in 1 8; do
             name="split-$split-b$b-$round"
             FERRY_CUDA_ATTENTION_SPLIT="$split" timeout 120 "$FERRY_BIN" bench kv-decode --device cuda --model synthetic:llama3-8b \
-                --dtypes f16 --contexts 2048,8192 --batch "$b" --rounds 3 --steps 8 \
+                --dtypes f16 --contexts 2048,8000 --batch "$b" --rounds 3 --steps 8 \
                 >"$OUT/$name.json" 2>"$OUT/$name.log" || { fail "ferry bench kv-decode ($name)"; tail -20 "$OUT/$name.log" >&2; }
             echo "$name: $(python3 -c 'import json,sys; print(" ".join("ctx %d: %.2f ms" % (p["context"], p["step_ms"]) for p in json.load(open(sys.argv[1]))["points"]))' "$OUT/$name.json" 2>/dev/null)"
         done
     done
+done
+fi
+
+if want 12; then
+step "12. where a step's GPU time goes: FERRY_CUDA_PROFILE=1, Llama-3-8B shapes"
+FERRY_CUDA_PROFILE=1 timeout 180 "$FERRY_BIN" bench engine --device cuda --model synthetic:llama3-8b --prompt-len 2048 --gen 32 --repeats 1 --batch 32 \
+    >"$OUT/profile-engine.json" 2>"$OUT/profile-engine.log" || { fail "ferry bench engine (profiled)"; tail -20 "$OUT/profile-engine.log" >&2; }
+sed -n '/^cuda profile/,$p' "$OUT/profile-engine.log"
+for split in auto off; do
+    FERRY_CUDA_PROFILE=1 FERRY_CUDA_ATTENTION_SPLIT="$split" timeout 120 "$FERRY_BIN" bench kv-decode --device cuda --model synthetic:llama3-8b \
+        --dtypes f16 --contexts 8000 --batch 1 --rounds 2 --steps 8 \
+        >"$OUT/profile-split-$split.json" 2>"$OUT/profile-split-$split.log" || { fail "ferry bench kv-decode (profiled, split $split)"; tail -20 "$OUT/profile-split-$split.log" >&2; }
+    echo "split $split:"
+    sed -n '/^cuda profile/,$p' "$OUT/profile-split-$split.log"
 done
 fi
 

@@ -115,6 +115,16 @@ pub struct CudaBackend {
     pub(crate) sms: usize,
     /// How a decode batch's attention splits long contexts (`FERRY_CUDA_ATTENTION_SPLIT`).
     split: Mutex<AttentionSplit>,
+    /// Where each step's GPU time goes (`FERRY_CUDA_PROFILE=1`), reported when dropped.
+    pub(crate) profile: Option<super::profile::Profile>,
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            eprint!("{}", p.report());
+        }
+    }
 }
 
 impl CudaBackend {
@@ -149,12 +159,18 @@ impl CudaBackend {
             .map_err(|e| fail("cannot read the number of SMs", describe(&e)))?
             .max(1) as usize;
         let split = AttentionSplit::parse(std::env::var("FERRY_CUDA_ATTENTION_SPLIT").ok().as_deref()).map_err(EngineError::Config)?;
-        Ok(Self { ordinal, ctx, stream, blas, fns, name, arch, f32_weights, error: Mutex::new(None), kit, half_weights: Default::default(), sms, split: Mutex::new(split) })
+        let profile = super::profile::Profile::from_env(&stream);
+        Ok(Self { ordinal, ctx, stream, blas, fns, name, arch, f32_weights, error: Mutex::new(None), kit, half_weights: Default::default(), sms, split: Mutex::new(split), profile })
     }
 
     /// How decode attention splits long contexts from now on (tests compare the paths).
     pub fn set_attention_split(&self, split: AttentionSplit) {
         *self.split.lock().unwrap_or_else(|p| p.into_inner()) = split;
+    }
+
+    /// Time operation `op` until the guard drops, when profiling.
+    pub(crate) fn timed(&self, op: &'static str) -> Option<super::profile::Timed<'_>> {
+        self.profile.as_ref().map(|p| p.time(op))
     }
 
     pub(crate) fn attention_split(&self) -> AttentionSplit {

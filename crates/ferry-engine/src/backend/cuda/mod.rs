@@ -38,6 +38,9 @@ pub mod nccl;
 pub mod nvrtc;
 #[cfg(feature = "cuda")]
 mod ops;
+// Its accounting is plain numbers, built (and unit-tested) without the feature too.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod profile;
 
 #[cfg(feature = "cuda")]
 pub use backend::{CudaBackend, CudaBatch, CudaKv, CudaTensor, CudaWeight};

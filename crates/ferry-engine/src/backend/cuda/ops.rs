@@ -48,6 +48,7 @@ impl CudaBackend {
                     _ => ("to_f16_f32", blas::cudaDataType::CUDA_R_16F, 1),
                 };
                 if half_x[slot].is_none() {
+                    let _t = self.timed("· matmul: cast x to 16 bits");
                     let count = m * k;
                     let mut h = self.uninit::<u16>(op, count)?;
                     let f = self.func(cast)?;
@@ -143,6 +144,7 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     fn split_decode(&self, q: &CudaSlice<f32>, kc: &CudaSlice<u32>, vc: &CudaSlice<u32>, kernel: &str, bb: &BatchBufs, ints: [i32; 5], scale: f32, part_len: usize, max_ctx: usize, out: &mut CudaSlice<f32>) -> Option<()> {
         let op = "split decode attention";
+        let _t = self.timed("· attention: split + merge");
         let [seqs, nh, kvh, hd, bs] = ints;
         let parts = max_ctx.div_ceil(part_len);
         let (pairs, len, n_parts) = (seqs as usize * nh as usize, i32_of(op, self, part_len)?, i32_of(op, self, parts)?);
@@ -178,6 +180,7 @@ impl CudaBackend {
         let l = kv.layout;
         let c = Chunk { q_start: d.q_start, q_len: d.q_len, ctx_len: d.ctx_len, n_heads, kv_heads: l.n_kv_heads, head_dim: l.head_dim };
         let op = "dense attention";
+        let _t = self.timed("· attention: dense GEMMs");
         let ints = [d.ctx_len, l.n_kv_heads, l.head_dim, l.block_size, c.group() * d.q_len, d.q_len, d.ctx_len - d.q_len].map(|v| i32_of(op, self, v));
         let [Some(ctx), Some(kvh), Some(hd), Some(bs), Some(rows), Some(q_len), Some(offset)] = ints else { return None };
         // The context's K and V, token-contiguous f32: [ctx, kv_heads·head_dim] each (f32 rows
@@ -312,9 +315,15 @@ impl Backend for CudaBackend {
     fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> Result<R> {
         self.ctx.bind_to_thread().map_err(|e| EngineError::Cuda { op: "bind the context".into(), reason: describe(&e) })?;
         let _ = self.take_error();
+        if let Some(p) = &self.profile {
+            p.begin_step();
+        }
         let r = f();
         if let Err(e) = self.stream.synchronize() {
             self.fail("the step (stream synchronize)", describe(&e));
+        }
+        if let Some(p) = &self.profile {
+            p.end_step();
         }
         match self.take_error() {
             Some(e) => Err(e),
@@ -327,6 +336,7 @@ impl Backend for CudaBackend {
     }
 
     fn tensor(&self, rows: usize, cols: usize) -> CudaTensor {
+        let _t = self.timed("tensor (alloc + zero)");
         CudaTensor { buf: self.zeros("tensor", rows * cols), rows, cols }
     }
 
@@ -335,6 +345,10 @@ impl Backend for CudaBackend {
     }
 
     fn prepare(&self, plan: &BatchPlan, rope: &RopeTable) -> CudaBatch {
+        let _t = self.timed("prepare (uploads)");
+        if let Some(p) = &self.profile {
+            p.step_kind(plan.seqs.iter().all(|s| s.q_len == 1), plan.seqs.len(), plan.positions.len());
+        }
         let (cos, sin) = rope.angles(&plan.positions);
         let mut row_seq = vec![0u32; plan.positions.len()];
         let (mut q_start, mut q_len, mut ctx_len, mut block_start, mut blocks) = (vec![], vec![], vec![], vec![], vec![]);
@@ -384,6 +398,7 @@ impl Backend for CudaBackend {
     }
 
     fn embed(&self, table: &CudaWeight, ids: &[u32], out: &mut CudaTensor) {
+        let _t = self.timed("embed");
         if !self.healthy() || ids.is_empty() {
             return;
         }
@@ -410,6 +425,7 @@ impl Backend for CudaBackend {
     }
 
     fn rms_norm(&self, x: &CudaTensor, w: &CudaWeight, eps: f32, out: &mut CudaTensor) {
+        let _t = self.timed("rms_norm");
         if !self.healthy() || x.rows == 0 {
             return;
         }
@@ -424,6 +440,7 @@ impl Backend for CudaBackend {
     }
 
     fn head_rms_norm(&self, x: &mut CudaTensor, w: &CudaWeight, head_dim: usize, eps: f32) {
+        let _t = self.timed("head_rms_norm");
         if !self.healthy() || x.rows == 0 {
             return;
         }
@@ -438,6 +455,7 @@ impl Backend for CudaBackend {
     }
 
     fn add(&self, x: &mut CudaTensor, y: &CudaTensor) {
+        let _t = self.timed("add");
         if !self.healthy() || x.rows == 0 {
             return;
         }
@@ -453,6 +471,7 @@ impl Backend for CudaBackend {
     }
 
     fn matmul(&self, x: &CudaTensor, ws: &[(&CudaWeight, Option<&CudaWeight>)], outs: &mut [&mut CudaTensor]) {
+        let _t = self.timed("matmul");
         if !self.healthy() || x.rows == 0 {
             return;
         }
@@ -486,6 +505,7 @@ impl Backend for CudaBackend {
     }
 
     fn rope(&self, x: &mut CudaTensor, batch: &CudaBatch, head_dim: usize) {
+        let _t = self.timed("rope");
         if !self.healthy() || x.rows == 0 {
             return;
         }
@@ -502,6 +522,7 @@ impl Backend for CudaBackend {
     }
 
     fn silu_mul(&self, gate: &mut CudaTensor, up: &CudaTensor) {
+        let _t = self.timed("silu_mul");
         if !self.healthy() || gate.rows == 0 {
             return;
         }
@@ -517,6 +538,7 @@ impl Backend for CudaBackend {
     }
 
     fn kv_write(&self, kv: &mut CudaKv, layer: usize, k: &CudaTensor, v: &CudaTensor, batch: &CudaBatch) {
+        let _t = self.timed("kv_write");
         if !self.healthy() || k.rows == 0 {
             return;
         }
@@ -542,6 +564,7 @@ impl Backend for CudaBackend {
     }
 
     fn attention(&self, q: &CudaTensor, kv: &CudaKv, layer: usize, batch: &CudaBatch, out: &mut CudaTensor) {
+        let _t = self.timed("attention");
         if !self.healthy() || q.rows == 0 {
             return;
         }
@@ -610,6 +633,7 @@ impl Backend for CudaBackend {
     }
 
     fn gather_rows(&self, x: &CudaTensor, rows: &[usize]) -> CudaTensor {
+        let _t = self.timed("gather_rows");
         let mut out = self.tensor(rows.len(), x.cols);
         if !self.healthy() || rows.is_empty() {
             return out;
@@ -629,6 +653,7 @@ impl Backend for CudaBackend {
     }
 
     fn to_host(&self, x: &CudaTensor) -> Vec<f32> {
+        let _t = self.timed("to_host");
         let n = x.rows * x.cols;
         if !self.healthy() || n == 0 {
             return vec![0.0; n];
