@@ -36,7 +36,8 @@
 #    bytes and against TCP from device memory;
 # 7. `ferry profile --device cuda` of Llama-3-8B shapes (for `ferry plan`);
 # 8. Llama-3-8B shapes with random bf16 weights made on the device: Ferry's prefill and decode
-#    against the measured HBM and GEMM limits, then HF transformers (sdpa) on the same shapes;
+#    against the measured HBM and GEMM limits (then again with FERRY_CUDA_GEMV=off: cuBLAS for
+#    the decode matmuls), then HF transformers (sdpa) on the same shapes;
 # 9. speculation's ceiling on the GPU (issue 36): `ferry bench spec-rows` on Llama-3-8B shapes at
 #    batch 1, 8 and 32, 512 tokens of context: what a step of r rows per sequence costs against
 #    one row, so `r * t1 / tr` is the most output tok/s any proposer can give at that batch;
@@ -260,6 +261,10 @@ step "8. benchmark: Llama-3-8B shapes, random bf16 weights on the device; Ferry,
 timeout 180 "$FERRY_BIN" bench engine --device cuda --model synthetic:llama3-8b --prompt-len 2048 --gen 64 --repeats 3 --batch 32 \
     >"$OUT/bench-ferry.json" 2>"$OUT/bench-ferry.log" || { fail "ferry bench engine"; tail -20 "$OUT/bench-ferry.log" >&2; }
 cat "$OUT/bench-ferry.json"
+# The same with cuBLAS for the decode matmuls (the GEMV kernel off), to compare.
+FERRY_CUDA_GEMV=off timeout 180 "$FERRY_BIN" bench engine --device cuda --model synthetic:llama3-8b --prompt-len 2048 --gen 64 --repeats 3 --batch 32 \
+    >"$OUT/bench-ferry-cublas.json" 2>"$OUT/bench-ferry-cublas.log" || { fail "ferry bench engine (FERRY_CUDA_GEMV=off)"; tail -20 "$OUT/bench-ferry-cublas.log" >&2; }
+cat "$OUT/bench-ferry-cublas.json"
 PYTHONUNBUFFERED=1 timeout 180 python3 scripts/bench_hf_gpu.py --model llama3-8b --prompt-len 2048 --gen 64 --repeats 3 --batch 32 \
     >"$OUT/bench-hf.json" 2>"$OUT/bench-hf.log" || { fail "HF transformers benchmark"; tail -20 "$OUT/bench-hf.log" >&2; }
 cat "$OUT/bench-hf.json"

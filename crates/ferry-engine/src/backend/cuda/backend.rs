@@ -18,6 +18,11 @@ use std::sync::{Arc, Mutex};
 /// Threads per block of the elementwise (grid-stride) kernels.
 pub(crate) const BLOCK: u32 = 256;
 
+/// The most rows a matmul hands the GEMV kernel (`GEMV_MAX_ROWS` in kernels/gemv.cu), and the
+/// output columns each of its blocks computes (`GEMV_WARPS`).
+pub(crate) const GEMV_MAX_ROWS: usize = 8;
+pub(crate) const GEMV_COLS_PER_BLOCK: usize = 8;
+
 /// A dense f32 matrix `[rows, cols]` on the device. `buf` is `None` only when its allocation
 /// failed (the failure is recorded; the step reports it).
 pub struct CudaTensor {
@@ -115,6 +120,9 @@ pub struct CudaBackend {
     pub(crate) sms: usize,
     /// How a decode batch's attention splits long contexts (`FERRY_CUDA_ATTENTION_SPLIT`).
     split: Mutex<AttentionSplit>,
+    /// Matmuls of at most [`GEMV_MAX_ROWS`] rows against 16-bit weights use the GEMV kernel
+    /// (`kernels/gemv.cu`) instead of cuBLAS (`FERRY_CUDA_GEMV=off` turns it off).
+    pub(crate) gemv: std::sync::atomic::AtomicBool,
     /// Where each step's GPU time goes (`FERRY_CUDA_PROFILE=1`), reported when dropped.
     pub(crate) profile: Option<super::profile::Profile>,
 }
@@ -159,13 +167,23 @@ impl CudaBackend {
             .map_err(|e| fail("cannot read the number of SMs", describe(&e)))?
             .max(1) as usize;
         let split = AttentionSplit::parse(std::env::var("FERRY_CUDA_ATTENTION_SPLIT").ok().as_deref()).map_err(EngineError::Config)?;
+        let gemv = match std::env::var("FERRY_CUDA_GEMV").as_deref() {
+            Err(_) | Ok("on") => true,
+            Ok("off") => false,
+            Ok(v) => return Err(EngineError::Config(format!("FERRY_CUDA_GEMV must be on or off, not {v:?}"))),
+        };
         let profile = super::profile::Profile::from_env(&stream);
-        Ok(Self { ordinal, ctx, stream, blas, fns, name, arch, f32_weights, error: Mutex::new(None), kit, half_weights: Default::default(), sms, split: Mutex::new(split), profile })
+        Ok(Self { ordinal, ctx, stream, blas, fns, name, arch, f32_weights, error: Mutex::new(None), kit, half_weights: Default::default(), sms, split: Mutex::new(split), gemv: gemv.into(), profile })
     }
 
     /// How decode attention splits long contexts from now on (tests compare the paths).
     pub fn set_attention_split(&self, split: AttentionSplit) {
         *self.split.lock().unwrap_or_else(|p| p.into_inner()) = split;
+    }
+
+    /// Whether matmuls of few rows use the GEMV kernel from now on (tests compare both paths).
+    pub fn set_gemv(&self, on: bool) {
+        self.gemv.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Time operation `op` until the guard drops, when profiling.

@@ -45,6 +45,7 @@ pub const KERNELS: &[KernelSource] = &[
         ]
     ),
     kernel!("dequant.cu", ["dequant_q8_0_bf16", "dequant_q4_0_bf16", "dequant_q4_1_bf16"]),
+    kernel!("gemv.cu", ["gemv_bf16", "gemv_f16"]),
     kernel!("sampling.cu", ["argmax_f32", "sample_top_p_f32"]),
     kernel!("kv_checksum.cu", ["kv_checksum_f32"]),
 ];

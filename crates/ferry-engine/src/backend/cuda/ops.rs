@@ -2,7 +2,7 @@
 //! kernel (`kernels/*.cu`) or cuBLAS GEMM on the backend's stream. A failure is recorded, not
 //! returned, and the step's [`Backend::run`] reports it.
 
-use super::backend::{BLOCK, BatchBufs, CudaBackend, CudaBatch, CudaKv, CudaTensor, CudaWeight, DenseSeq, WeightData};
+use super::backend::{BLOCK, GEMV_COLS_PER_BLOCK, GEMV_MAX_ROWS, BatchBufs, CudaBackend, CudaBatch, CudaKv, CudaTensor, CudaWeight, DenseSeq, WeightData};
 use super::bytes::{f32s_of, DeviceBytes};
 use super::dense::{Chunk, Gemm};
 use super::kv_kernels::{GATHER, MERGE, SCATTER};
@@ -60,6 +60,19 @@ impl CudaBackend {
                     half_x[slot] = Some(h);
                 }
                 let h = half_x[slot].as_ref()?;
+                if m <= GEMV_MAX_ROWS && k.is_multiple_of(8) && self.gemv.load(std::sync::atomic::Ordering::Relaxed) {
+                    let kernel = if slot == 0 { "gemv_bf16" } else { "gemv_f16" };
+                    let (mi, ni, ki) = (i32_of(op, self, m)?, i32_of(op, self, n)?, i32_of(op, self, k)?);
+                    let f = self.func(kernel)?;
+                    let mut b = self.stream.launch_builder(f);
+                    b.arg(wd).arg(h).arg(&mut *out).arg(&mi).arg(&ni).arg(&ki);
+                    let blocks = u32::try_from(n.div_ceil(GEMV_COLS_PER_BLOCK)).ok()?;
+                    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32 * GEMV_COLS_PER_BLOCK as u32, 1, 1), shared_mem_bytes: 0 };
+                    // SAFETY: wd holds n·k 16-bit values, h m·k (both from aligned allocations,
+                    // rows of k % 8 == 0 values so every 16-byte chunk is aligned), out m·n f32
+                    // (the caller checked the shapes); each (row, column) is written once.
+                    return self.check(kernel, unsafe { b.launch(cfg) }).map(drop);
+                }
                 let (pa, ga) = wd.device_ptr(&self.stream);
                 let (pb, gb) = h.device_ptr(&self.stream);
                 (a_ptr, a_ty, b_ptr, b_ty, _ga, _gb) = (pa, ty, pb, ty, ga, gb);
