@@ -33,7 +33,8 @@
 # 5. --kv-transport nccl on one GPU: NCCL cannot pair two ranks on one device, so the rendezvous
 #    must fail fast and the KV fall back to TCP;
 # 6. `ferry bench kv --device cuda`: the CUDA IPC pipe against the device's own copy of the same
-#    bytes and against TCP from device memory;
+#    bytes and against TCP from device memory, then once more with FERRY_KV_PIPE_TIMING=1 (each
+#    side's time per phase of a transfer: descriptors, copies, checksums, confirmations);
 # 7. `ferry profile --device cuda` of Llama-3-8B shapes (for `ferry plan`);
 # 8. Llama-3-8B shapes with random bf16 weights made on the device: Ferry's prefill and decode
 #    against the measured HBM and GEMM limits (then again with FERRY_CUDA_GEMV=off: cuBLAS for
@@ -247,6 +248,10 @@ timeout 120 "$FERRY_BIN" bench kv --device cuda --tokens 2048 --layers 32 --kv-h
 cat "$OUT/bench-kv.json"
 timeout 60 "$FERRY_BIN" bench kv --device cuda --tokens 1024 --repeats 5 >"$OUT/bench-kv-smollm2.json" 2>>"$OUT/bench-kv.log" || fail "ferry bench kv (SmolLM2 shapes)"
 cat "$OUT/bench-kv-smollm2.json"
+# Where a CUDA IPC transfer's time goes, each side's phases per transfer (one repeat).
+FERRY_KV_PIPE_TIMING=1 timeout 60 "$FERRY_BIN" bench kv --device cuda --tokens 2048 --layers 32 --kv-heads 8 --head-dim 128 --repeats 1 \
+    >"$OUT/bench-kv-phases.json" 2>"$OUT/bench-kv-phases.log" || fail "ferry bench kv (phases)"
+tail -40 "$OUT/bench-kv-phases.log"
 fi
 
 if want 7; then

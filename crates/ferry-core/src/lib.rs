@@ -32,6 +32,7 @@ pub mod finish;
 pub mod kv_index;
 pub mod kv_payload;
 pub mod logprobs;
+pub mod phase_clock;
 pub mod prefix_cache;
 pub mod processors;
 pub mod profile;

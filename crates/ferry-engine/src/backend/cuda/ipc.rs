@@ -135,6 +135,10 @@ pub struct IpcPipe {
 /// Peer buffers kept mapped per pipe.
 const MAPPED_MAX: usize = 8;
 
+/// How long [`IpcPipe::wait_stream`] polls without sleeping (a copy of one layer takes
+/// microseconds to a millisecond).
+const SPIN: Duration = Duration::from_millis(2);
+
 // SAFETY: the raw mapped pointer is only used by the thread holding the pipe (`&mut self`).
 unsafe impl Send for IpcPipe {}
 
@@ -234,8 +238,11 @@ impl IpcPipe {
         self.read(out, deadline, "receiving a message")
     }
 
-    /// Wait for this pipe's stream, polling against `deadline`.
+    /// Wait for this pipe's stream, polling against `deadline`: spinning (yielding the core)
+    /// for the first [`SPIN`], then sleeping between polls (a sleep of a few microseconds lasts
+    /// tens of them, the timer's slack, which a frame would pay every time).
     fn wait_stream(&self, deadline: Instant, what: &str) -> R<()> {
+        let spin_until = Instant::now() + SPIN;
         loop {
             // SAFETY: the stream is ours and alive.
             match unsafe { cu::cuStreamQuery(self.stream.cu_stream()) } {
@@ -243,10 +250,15 @@ impl IpcPipe {
                 cu::CUresult::CUDA_ERROR_NOT_READY => {}
                 e => return Err(format!("{what}: {e:?}")),
             }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if now >= deadline {
                 return Err(format!("{what}: timed out"));
             }
-            std::thread::sleep(Duration::from_micros(10));
+            if now < spin_until {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(10));
+            }
         }
     }
 
@@ -273,6 +285,7 @@ impl IpcPipe {
 
     /// The receiver's descriptor for a buffer frame of `len` bytes.
     fn read_dest(&mut self, len: usize, deadline: Instant) -> R<Dest> {
+        let _t = ferry_core::phase_clock::span("ipc send: wait for the receiver's descriptor");
         let mut b = [0u8; Dest::BYTES];
         self.read(&mut b, deadline, "waiting for the receiver's buffer descriptor")?;
         let d = Dest::decode(&b)?;
@@ -285,9 +298,16 @@ impl IpcPipe {
     /// Into the peer's exported buffer `id` at `offset`: `copy(destination, stream)` enqueues the
     /// copy on this pipe's stream; it is waited for, then confirmed to the peer.
     fn copy_into_peer(&mut self, id: u64, handle: [u8; 64], offset: u64, deadline: Instant, what: &str, copy: impl FnOnce(cu::CUdeviceptr, cu::CUstream) -> cu::CUresult) -> R<()> {
-        let dst = self.map(id, handle)?;
-        cu_ok(copy(dst + offset, self.stream.cu_stream()), what)?;
-        self.wait_stream(deadline, "copying into the peer's buffer")?;
+        let dst = {
+            let _t = ferry_core::phase_clock::span("ipc send: map the peer's buffer");
+            self.map(id, handle)?
+        };
+        {
+            let _t = ferry_core::phase_clock::span("ipc send: copy and wait for it");
+            cu_ok(copy(dst + offset, self.stream.cu_stream()), what)?;
+            self.wait_stream(deadline, "copying into the peer's buffer")?;
+        }
+        let _t = ferry_core::phase_clock::span("ipc send: confirm");
         self.write(&[1], deadline, "confirming the copy")
     }
 
@@ -338,7 +358,11 @@ impl IpcPipe {
         match dst.ipc_export() {
             Some(e) => {
                 let d = Dest::Device { id: e.id, handle: e.handle, offset: range.start as u64, len: range.len() as u64 };
-                self.write(&d.encode(), deadline, "sending the buffer descriptor")?;
+                {
+                    let _t = ferry_core::phase_clock::span("ipc receive: send the descriptor");
+                    self.write(&d.encode(), deadline, "sending the buffer descriptor")?;
+                }
+                let _t = ferry_core::phase_clock::span("ipc receive: wait for the sender's copy");
                 let mut done = [0u8; 1];
                 self.read(&mut done, deadline, "waiting for the sender's copy")?;
                 if done[0] != 1 {

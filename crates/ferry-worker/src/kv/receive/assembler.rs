@@ -201,6 +201,7 @@ impl KvAssembler {
         let len = c.len;
         let (got, what, sum) = if c.buffer {
             let buf = self.device.as_ref().ok_or_else(|| self.corrupt("a buffer frame committed before its buffer existed".into()))?;
+            let _t = ferry_core::phase_clock::span("receive: checksum of a landed frame");
             (buf.checksum(off..off + len).map_err(|e| WorkerError::Internal(format!("checksum of a received KV frame: {e}")))?, "buffer frame", "checksum")
         } else {
             let at = self.hdr + off;

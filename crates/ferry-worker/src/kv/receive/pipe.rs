@@ -116,6 +116,7 @@ fn pipe_broken(e: String) -> Event {
 impl InboundLink for PipeInbound {
     async fn next(&mut self, idle: bool) -> Event {
         let deadline = Instant::now() + if idle { IDLE_CLOSE } else { self.op_timeout };
+        let _t = (!idle).then(|| ferry_core::phase_clock::span("receive: wait for the next frame header"));
         match recv_frame(self.pipe.as_mut(), &mut self.body, deadline) {
             Ok(h) => h.event(&self.body),
             Err(e) => pipe_broken(e),
@@ -160,13 +161,18 @@ impl InboundLink for PipeInbound {
     }
 
     fn alloc(&mut self, len: usize) -> std::result::Result<KvBuffer, String> {
+        let _t = ferry_core::phase_clock::span("receive: allocate the body buffer");
         self.pipe.alloc_buffer(len)
     }
 
     async fn reply(&mut self, reply: KvAckFrame) -> Result<()> {
         let deadline = self.deadline();
-        send_message(self.pipe.as_mut(), Kind::Reply, &reply, deadline)
-            .map_err(|e| WorkerError::PeerUnavailable { peer: "prefill worker".into(), what: format!("device pipe: sending the reply: {e}") })
+        let sent = send_message(self.pipe.as_mut(), Kind::Reply, &reply, deadline)
+            .map_err(|e| WorkerError::PeerUnavailable { peer: "prefill worker".into(), what: format!("device pipe: sending the reply: {e}") });
+        if let Some(r) = ferry_core::phase_clock::take_report("kv pipe receiver, one transfer") {
+            eprint!("{r}");
+        }
+        sent
     }
 }
 

@@ -253,16 +253,26 @@ impl KvLink for PipeLink {
     }
 
     async fn buffer(&mut self, offset: u64, buf: KvBuffer) -> Result<u32> {
-        let deadline = Instant::now() + self.op_timeout;
+        use ferry_core::phase_clock::{record, span};
+        let asked = Instant::now();
+        let deadline = asked + self.op_timeout;
         let len = buf.len();
         let frames = self
             .op("sending a layer from its buffer", move |p| {
+                record("send: hop to a blocking thread (per layer)", asked.elapsed());
                 let mut frames = 0;
                 for r in chunk_ranges(len, MAX_BUFFER_FRAME) {
                     // On a GPU: waits for the gather, then one reduction kernel.
-                    let sum = buf.checksum(r.clone()).map_err(|e| format!("checksum of the layer: {e}"))?;
+                    let sum = {
+                        let _t = span("send: checksum (waits for the export)");
+                        buf.checksum(r.clone()).map_err(|e| format!("checksum of the layer: {e}"))?
+                    };
                     let h = FrameHeader { kind: Kind::Buffer, len: r.len() as u64, offset: offset + r.start as u64, crc: sum };
-                    p.send(&h.encode(), deadline)?;
+                    {
+                        let _t = span("send: frame header");
+                        p.send(&h.encode(), deadline)?;
+                    }
+                    let _t = span("send: frame body (all of the pipe's steps)");
                     p.send_buffer(&buf, r, deadline)?;
                     frames += 1;
                 }
@@ -277,12 +287,16 @@ impl KvLink for PipeLink {
         let deadline = Instant::now() + self.op_timeout;
         let reply = self
             .op("sending end and waiting for the reply", move |p| {
+                let _t = ferry_core::phase_clock::span("send: end, then wait for the reply");
                 send_message(p, Kind::End, &KvChunk { transfer_id: 0, part: Some(kv_chunk::Part::End(end)) }, deadline)?;
                 let mut body = Vec::new();
                 let h = recv_frame(p, &mut body, deadline)?;
                 frame::reply(&h, &body)
             })
             .await?;
+        if let Some(r) = ferry_core::phase_clock::take_report("kv pipe sender, one transfer") {
+            eprint!("{r}");
+        }
         // The transfer is over either way: the pipe is in step and goes back to the pool.
         if let Some(pipe) = self.pipe.take() {
             PipeTransport::give_back(&self.peers, &self.peer, pipe);
