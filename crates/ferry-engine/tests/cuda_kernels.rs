@@ -210,6 +210,59 @@ fn matmul_and_embedding_match_the_cpu_for_every_weight_type() {
     }
 }
 
+/// One matmul call with several weights that read the same x (a layer's q, k and v; gate and up):
+/// the GEMV kernel lays up to three of them over one grid, so four weights of different widths
+/// take two launches (3 + 1); each output against the CPU's. A call that mixes a 16-bit and an f32
+/// weight goes to cuBLAS.
+#[test]
+#[ignore = "needs a GPU: run with --include-ignored (scripts/gpu_check.sh does)"]
+fn matmuls_of_several_weights_match_the_cpu() {
+    let Some(g) = gpu("matmuls_of_several_weights_match_the_cpu") else { return };
+    let c = cpu();
+    let mut rng = Rng::new(5);
+    let k = 256;
+    let widths = [100, 24, 24, 56];
+    for ty in [WeightType::BF16, WeightType::F16, WeightType::Q4_0] {
+        let host: Vec<HostWeight> = widths
+            .iter()
+            .map(|&n| {
+                let bytes = match ty {
+                    WeightType::BF16 => random(&mut rng, n * k, 0.1).iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
+                    WeightType::F16 => random(&mut rng, n * k, 0.1).iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
+                    _ => quant_bytes(&mut rng, ty, n * k / 32),
+                };
+                weight("w", ty, &[n, k], bytes)
+            })
+            .collect();
+        let mixed = f32_weight("f", &[24, k], &random(&mut rng, 24 * k, 0.1));
+        let (gw, cw): (Vec<_>, Vec<_>) = host.iter().chain([&mixed]).map(|w| (g.upload(w).unwrap(), c.upload(w).unwrap())).unzip();
+        let rows: Vec<usize> = host.iter().chain([&mixed]).map(|w| w.rows()).collect();
+        for m in [1, 8] {
+            let x = random(&mut rng, m * k, 1.0);
+            // The four 16-bit weights together, then the first with the f32 one.
+            for set in [vec![0, 1, 2, 3], vec![0, 4]] {
+                g.run(|| {
+                    let (gx, cx) = both!(g, c, m, k, x);
+                    let gws: Vec<_> = set.iter().map(|&i| (&gw[i], None)).collect();
+                    let cws: Vec<_> = set.iter().map(|&i| (&cw[i], None)).collect();
+                    let mut gouts: Vec<_> = set.iter().map(|&i| g.tensor(m, rows[i])).collect();
+                    let mut couts: Vec<_> = set.iter().map(|&i| c.tensor(m, rows[i])).collect();
+                    g.matmul(&gx, &gws, &mut gouts.iter_mut().collect::<Vec<_>>());
+                    c.matmul(&cx, &cws, &mut couts.iter_mut().collect::<Vec<_>>());
+                    for (i, (go, co)) in gouts.iter().zip(&couts).enumerate() {
+                        let (gv, cv) = (g.to_host(go), c.to_host(co));
+                        let scale = cv.iter().fold(0f32, |m, v| m.max(v.abs())).max(1.0);
+                        let d = max_diff(&gv, &cv) / scale;
+                        println!("matmul of weights {set:?} ({}, {m} rows), output {i}: max |Δ| / max |out| {d:.2e}", ty.name());
+                        assert!(d < 1e-2, "matmul of weights {set:?} ({}, {m} rows), output {i}: {d}", ty.name());
+                    }
+                })
+                .unwrap();
+            }
+        }
+    }
+}
+
 /// A synthetic model's random bf16 weights made on the device (`fill_random_bf16`) are the bits
 /// the host makes (`weights::random_bf16`), read back through the embedding kernel.
 #[test]

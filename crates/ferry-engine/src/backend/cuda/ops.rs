@@ -60,19 +60,6 @@ impl CudaBackend {
                     half_x[slot] = Some(h);
                 }
                 let h = half_x[slot].as_ref()?;
-                if m <= GEMV_MAX_ROWS && k.is_multiple_of(8) && self.gemv.load(std::sync::atomic::Ordering::Relaxed) {
-                    let kernel = if slot == 0 { "gemv_bf16" } else { "gemv_f16" };
-                    let (mi, ni, ki) = (i32_of(op, self, m)?, i32_of(op, self, n)?, i32_of(op, self, k)?);
-                    let f = self.func(kernel)?;
-                    let mut b = self.stream.launch_builder(f);
-                    b.arg(wd).arg(h).arg(&mut *out).arg(&mi).arg(&ni).arg(&ki);
-                    let blocks = u32::try_from(n.div_ceil(GEMV_COLS_PER_BLOCK)).ok()?;
-                    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32 * GEMV_COLS_PER_BLOCK as u32, 1, 1), shared_mem_bytes: 0 };
-                    // SAFETY: wd holds n·k 16-bit values, h m·k (both from aligned allocations,
-                    // rows of k % 8 == 0 values so every 16-byte chunk is aligned), out m·n f32
-                    // (the caller checked the shapes); each (row, column) is written once.
-                    return self.check(kernel, unsafe { b.launch(cfg) }).map(drop);
-                }
                 let (pa, ga) = wd.device_ptr(&self.stream);
                 let (pb, gb) = h.device_ptr(&self.stream);
                 (a_ptr, a_ty, b_ptr, b_ty, _ga, _gb) = (pa, ty, pb, ty, ga, gb);
@@ -83,6 +70,80 @@ impl CudaBackend {
         // m×n (row-major output, ldc = n); the guards keep them alive past the call.
         let g = Gemm::single(true, false, n, m, k, k, k, n);
         self.cublas_gemm("matmul", &g, (a_ptr, a_ty), (b_ptr, b_ty), (c_ptr, blas::cudaDataType::CUDA_R_32F), blas::cublasComputeType_t::CUBLAS_COMPUTE_32F)
+    }
+
+    /// The GEMV kernel for a matmul of `x` against `ws`, if it takes it: at most
+    /// [`GEMV_MAX_ROWS`] rows, every weight 16-bit of one type with a width of x's that is a
+    /// multiple of 8, and the kernel not turned off.
+    fn gemv_kernel(&self, x: &CudaTensor, ws: &[(&CudaWeight, Option<&CudaWeight>)]) -> Option<&'static str> {
+        if x.rows > GEMV_MAX_ROWS || !x.cols.is_multiple_of(8) || !self.gemv.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        let kind = |w: &CudaWeight| match w.data {
+            WeightData::Bf16(_) => Some("gemv_bf16"),
+            WeightData::F16(_) => Some("gemv_f16"),
+            WeightData::F32(_) => None,
+        };
+        let first = kind(ws.first()?.0)?;
+        ws.iter().all(|(w, _)| kind(w) == Some(first)).then_some(first)
+    }
+
+    /// `outs[i] = x · ws[i]ᵀ` by the GEMV kernel, up to three weights per launch (their columns
+    /// laid end to end over one grid); shapes were checked by the caller.
+    fn gemv(&self, kernel: &'static str, x: &CudaSlice<f32>, m: usize, k: usize, ws: &[(&CudaWeight, Option<&CudaWeight>)], outs: &mut [&mut CudaTensor]) -> Option<()> {
+        let op = "matmul (GEMV)";
+        let (mi, ki) = (i32_of(op, self, m)?, i32_of(op, self, k)?);
+        let f = self.func(kernel)?;
+        for (ws, outs) in ws.chunks(3).zip(outs.chunks_mut(3)) {
+            // (weight address, output address, columns) per matrix; unused slots take no columns.
+            let mut slots = [(0u64, 0u64, 0i32); 3];
+            let mut guards = Vec::new();
+            let mut total = 0usize;
+            for (i, ((w, _), out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
+                let (WeightData::Bf16(wd) | WeightData::F16(wd)) = &w.data else {
+                    self.fail(op, "a 32-bit weight in a 16-bit GEMV");
+                    return None;
+                };
+                let ob = out.buf.as_mut()?;
+                let (pw, gw) = wd.device_ptr(&self.stream);
+                let (po, go) = ob.device_ptr_mut(&self.stream);
+                slots[i] = (pw, po, i32_of(op, self, w.rows)?);
+                guards.push((gw, go));
+                total += w.rows;
+            }
+            let blocks = u32::try_from(total.div_ceil(GEMV_COLS_PER_BLOCK)).ok().filter(|&b| b > 0)?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(x).arg(&mi).arg(&ki);
+            for (w, o, n) in &slots {
+                b.arg(w).arg(o).arg(n);
+            }
+            let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32 * GEMV_COLS_PER_BLOCK as u32, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: x holds m·k f32 (checked by the caller), each used slot a weight of n·k
+            // 16-bit values and an output of m·n f32 (shapes checked), all from aligned
+            // allocations with k % 8 == 0, so every 16-byte chunk the kernel loads is aligned; the
+            // kernel writes each (row, column) of the used slots once and reads nothing of a slot
+            // with no columns. The guards keep the buffers' stream order until after the launch.
+            self.check(kernel, unsafe { b.launch(cfg) })?;
+            drop(guards);
+        }
+        Some(())
+    }
+
+    /// `out[r, c] += bias[c]` for the `rows` rows of a matmul's output.
+    fn add_bias(&self, out: &mut CudaSlice<f32>, bias: &CudaWeight, rows: usize, cols: usize) -> Option<()> {
+        let WeightData::F32(bv) = &bias.data else {
+            self.fail("matmul", "biases must be f32 vectors");
+            return None;
+        };
+        if bv.len() != cols {
+            self.fail("matmul", format!("bias of {} for {cols} outputs", bv.len()));
+            return None;
+        }
+        let (r, c, f) = (i32_of("add_bias", self, rows)?, i32_of("add_bias", self, cols)?, self.func("add_bias_f32")?);
+        let mut b = self.stream.launch_builder(f);
+        b.arg(out).arg(bv).arg(&r).arg(&c);
+        // SAFETY: out is rows×cols, bias cols.
+        self.check("add_bias_f32", unsafe { b.launch(Self::grid(rows * cols)) }).map(drop)
     }
 
     fn launch_rms_norm(&self, x: u64, w: &CudaSlice<f32>, out: u64, rows: usize, cols: usize, eps: f32) -> Option<()> {
@@ -492,27 +553,29 @@ impl Backend for CudaBackend {
             return self.fail("matmul", format!("{} weights for {} outputs", ws.len(), outs.len()));
         }
         let Some(xb) = x.buf.as_ref() else { return };
-        let mut half_x = [None, None];
-        for ((w, bias), out) in ws.iter().zip(outs.iter_mut()) {
+        for ((w, _), out) in ws.iter().zip(outs.iter()) {
             if w.cols != x.cols || (out.rows, out.cols) != (x.rows, w.rows) {
                 return self.fail("matmul", format!("x {}x{} · w {}x{}ᵀ into {}x{}", x.rows, x.cols, w.rows, w.cols, out.rows, out.cols));
             }
-            let Some(ob) = out.buf.as_mut() else { return };
-            if self.gemm(xb, x.rows, w, ob, &mut half_x).is_none() {
+        }
+        if let Some(kernel) = self.gemv_kernel(x, ws) {
+            if self.gemv(kernel, xb, x.rows, x.cols, ws, outs).is_none() {
                 return;
             }
-            if let Some(bias) = bias {
-                let WeightData::F32(bv) = &bias.data else { return self.fail("matmul", "biases must be f32 vectors") };
-                if bv.len() != w.rows {
-                    return self.fail("matmul", format!("bias of {} for {} outputs", bv.len(), w.rows));
-                }
-                let (Some(r), Some(c), Some(f)) = (i32_of("add_bias", self, x.rows), i32_of("add_bias", self, w.rows), self.func("add_bias_f32")) else { return };
-                let mut b = self.stream.launch_builder(f);
-                b.arg(&mut *ob).arg(bv).arg(&r).arg(&c);
-                // SAFETY: out is rows×cols, bias cols.
-                if self.check("add_bias_f32", unsafe { b.launch(Self::grid(x.rows * w.rows)) }).is_none() {
+        } else {
+            let mut half_x = [None, None];
+            for ((w, _), out) in ws.iter().zip(outs.iter_mut()) {
+                let Some(ob) = out.buf.as_mut() else { return };
+                if self.gemm(xb, x.rows, w, ob, &mut half_x).is_none() {
                     return;
                 }
+            }
+        }
+        for ((w, bias), out) in ws.iter().zip(outs.iter_mut()) {
+            if let (Some(bias), Some(ob)) = (bias, out.buf.as_mut())
+                && self.add_bias(ob, bias, x.rows, w.rows).is_none()
+            {
+                return;
             }
         }
     }
