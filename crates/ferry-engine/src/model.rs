@@ -132,8 +132,11 @@ impl<B: Backend> Model<B> {
         let batch = be.prepare(plan, &self.rope);
         let mut s = self.scratch(be, n);
         be.embed(&self.embed, tokens, &mut s.x);
+        if let Some(first) = self.layers.first() {
+            be.rms_norm(&s.x, &first.attn_norm, c.rms_eps, &mut s.h);
+        }
         for (l, w) in self.layers.iter().enumerate() {
-            be.rms_norm(&s.x, &w.attn_norm, c.rms_eps, &mut s.h);
+            // s.h holds this layer's attention norm of s.x (the previous layer's last add made it).
             be.matmul(
                 &s.h,
                 &[(&w.q, w.q_bias.as_ref()), (&w.k, w.k_bias.as_ref()), (&w.v, w.v_bias.as_ref())],
@@ -143,17 +146,18 @@ impl<B: Backend> Model<B> {
                 be.head_rms_norm(&mut s.q, qn, c.head_dim, c.rms_eps);
                 be.head_rms_norm(&mut s.k, kn, c.head_dim, c.rms_eps);
             }
-            be.rope(&mut s.q, &batch, c.head_dim);
-            be.rope(&mut s.k, &batch, c.head_dim);
+            be.rope_qk(&mut s.q, &mut s.k, &batch, c.head_dim);
             be.kv_write(kv, l, &s.k, &s.v, &batch);
             be.attention(&s.q, kv, l, &batch, &mut s.attn);
             be.matmul(&s.attn, &[(&w.o, w.o_bias.as_ref())], &mut [&mut s.o]);
-            be.add(&mut s.x, &s.o);
-            be.rms_norm(&s.x, &w.ffn_norm, c.rms_eps, &mut s.h);
+            be.add_rms_norm(&mut s.x, &s.o, &w.ffn_norm, c.rms_eps, &mut s.h);
             be.matmul(&s.h, &[(&w.gate, None), (&w.up, None)], &mut [&mut s.gate, &mut s.up]);
             be.silu_mul(&mut s.gate, &s.up);
             be.matmul(&s.gate, &[(&w.down, None)], &mut [&mut s.o]);
-            be.add(&mut s.x, &s.o);
+            match self.layers.get(l + 1) {
+                Some(next) => be.add_rms_norm(&mut s.x, &s.o, &next.attn_norm, c.rms_eps, &mut s.h),
+                None => be.add(&mut s.x, &s.o),
+            }
             on_layer(l, kv);
         }
         if logit_rows.is_empty() {

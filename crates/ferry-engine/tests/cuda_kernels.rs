@@ -133,6 +133,13 @@ fn elementwise_norm_rope_match_the_cpu() {
         c.rope(&mut cr, &cb, hd);
         let d = max_diff(&g.to_host(&gr), &c.to_host(&cr));
         assert!(d < 1e-5, "rope_f32: {d}");
+        // rope_qk: the queries (4 heads) and keys (2 heads) of a step in one launch
+        let (mut gq, mut cq) = both!(g, c, rows, cols, x);
+        let (mut gk, mut ck) = both!(g, c, rows, 2 * hd, y[..rows * 2 * hd].to_vec());
+        g.rope_qk(&mut gq, &mut gk, &gb, hd);
+        c.rope_qk(&mut cq, &mut ck, &cb, hd);
+        let (dq, dk) = (max_diff(&g.to_host(&gq), &c.to_host(&cq)), max_diff(&g.to_host(&gk), &c.to_host(&ck)));
+        assert!(dq < 1e-5 && dk < 1e-5, "rope_qk_f32: q {dq}, k {dk}");
         // gather_rows
         let sel = [6, 0, 3];
         let d = max_diff(&g.to_host(&g.gather_rows(&gx, &sel)), &c.to_host(&c.gather_rows(&cx, &sel)));
@@ -147,6 +154,14 @@ fn elementwise_norm_rope_match_the_cpu() {
         c.rms_norm(&cx2, &cw, 1e-5, &mut co2);
         let d = max_diff(&g.to_host(&go2), &c.to_host(&co2));
         assert!(d < 1e-4, "add_rms_norm_f32: {d}");
+        // the same through the step's Backend::add_rms_norm (the CPU's: add, then rms_norm)
+        let (mut gx3, mut cx3) = both!(g, c, rows, cols, x);
+        let (mut go3, mut co3) = (g.tensor(rows, cols), c.tensor(rows, cols));
+        Backend::add_rms_norm(&g, &mut gx3, &gy, &gw, 1e-5, &mut go3);
+        Backend::add_rms_norm(&c, &mut cx3, &cy, &cw, 1e-5, &mut co3);
+        assert!(max_diff(&g.to_host(&gx3), &c.to_host(&cx3)) == 0.0, "Backend::add_rms_norm: the sum");
+        let d = max_diff(&g.to_host(&go3), &c.to_host(&co3));
+        assert!(d < 1e-4, "Backend::add_rms_norm: {d}");
     })
     .unwrap();
 }

@@ -182,6 +182,9 @@ impl Backend for DeviceBackend {
     fn add(&self, x: &mut DeviceTensor, y: &DeviceTensor) {
         dispatch!(self, |b| b.add(x.pick_mut(), y.pick()))
     }
+    fn add_rms_norm(&self, x: &mut DeviceTensor, y: &DeviceTensor, w: &DeviceWeight, eps: f32, out: &mut DeviceTensor) {
+        dispatch!(self, |b| Backend::add_rms_norm(b, x.pick_mut(), y.pick(), w.pick(), eps, out.pick_mut()))
+    }
     fn matmul(&self, x: &DeviceTensor, ws: &[(&DeviceWeight, Option<&DeviceWeight>)], outs: &mut [&mut DeviceTensor]) {
         dispatch!(self, |b| {
             let ws: Vec<_> = ws.iter().map(|(w, bias)| (w.pick(), bias.map(|x| x.pick()))).collect();
@@ -191,6 +194,9 @@ impl Backend for DeviceBackend {
     }
     fn rope(&self, x: &mut DeviceTensor, batch: &DeviceBatch, head_dim: usize) {
         dispatch!(self, |b| b.rope(x.pick_mut(), batch.pick(), head_dim))
+    }
+    fn rope_qk(&self, q: &mut DeviceTensor, k: &mut DeviceTensor, batch: &DeviceBatch, head_dim: usize) {
+        dispatch!(self, |b| b.rope_qk(q.pick_mut(), k.pick_mut(), batch.pick(), head_dim))
     }
     fn silu_mul(&self, gate: &mut DeviceTensor, up: &DeviceTensor) {
         dispatch!(self, |b| b.silu_mul(gate.pick_mut(), up.pick()))

@@ -74,11 +74,22 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn head_rms_norm(&self, x: &mut Self::Tensor, w: &Self::Weight, head_dim: usize, eps: f32);
     /// `x += y`.
     fn add(&self, x: &mut Self::Tensor, y: &Self::Tensor);
+    /// `x += y`, then `out = x / rms(x) * w`: a residual add and the norm that reads its sum (a
+    /// GPU does both in one kernel; by default, [`Backend::add`] then [`Backend::rms_norm`]).
+    fn add_rms_norm(&self, x: &mut Self::Tensor, y: &Self::Tensor, w: &Self::Weight, eps: f32, out: &mut Self::Tensor) {
+        self.add(x, y);
+        self.rms_norm(x, w, eps, out);
+    }
     /// For each `(w, bias)` pair: `out = x · wᵀ (+ bias)`. Several projections of the same input
     /// run as one parallel pass.
     fn matmul(&self, x: &Self::Tensor, ws: &[(&Self::Weight, Option<&Self::Weight>)], outs: &mut [&mut Self::Tensor]);
     /// Rotate each `head_dim` slice of each row by its row's position (HF rotate-half convention).
     fn rope(&self, x: &mut Self::Tensor, batch: &Self::Batch, head_dim: usize);
+    /// [`Backend::rope`] of a step's queries and keys (a GPU does both in one kernel).
+    fn rope_qk(&self, q: &mut Self::Tensor, k: &mut Self::Tensor, batch: &Self::Batch, head_dim: usize) {
+        self.rope(q, batch, head_dim);
+        self.rope(k, batch, head_dim);
+    }
     /// `gate = silu(gate) * up`.
     fn silu_mul(&self, gate: &mut Self::Tensor, up: &Self::Tensor);
     /// Store each row's K and V at its slot in `layer`.

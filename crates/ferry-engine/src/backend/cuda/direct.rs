@@ -71,21 +71,34 @@ impl CudaBackend {
         })
     }
 
-    /// `x += y; out = rmsnorm(x) * w` in one kernel.
-    pub fn add_rms_norm(&self, x: &mut CudaTensor, y: &CudaTensor, w: &CudaWeight, eps: f32, out: &mut CudaTensor) -> Result<()> {
-        let WeightData::F32(wv) = &w.data else { return Err(EngineError::Config("norm weights must be f32 vectors".into())) };
+    /// Queue `x += y; out = rmsnorm(x) * w` in one kernel (the step's [`Backend::add_rms_norm`]
+    /// and the direct form below); a bad shape is the error.
+    ///
+    /// [`Backend::add_rms_norm`]: crate::backend::Backend::add_rms_norm
+    pub(crate) fn launch_add_rms_norm(&self, x: &mut CudaTensor, y: &CudaTensor, w: &CudaWeight, eps: f32, out: &mut CudaTensor) -> std::result::Result<(), String> {
+        let WeightData::F32(wv) = &w.data else { return Err("norm weights must be f32 vectors".into()) };
         if (x.rows, x.cols) != (y.rows, y.cols) || (x.rows, x.cols) != (out.rows, out.cols) || wv.len() != x.cols {
-            return Err(EngineError::Config(format!("add_rms_norm: x {}x{}, y {}x{}, out {}x{}, weight {}", x.rows, x.cols, y.rows, y.cols, out.rows, out.cols, wv.len())));
+            return Err(format!("add_rms_norm: x {}x{}, y {}x{}, out {}x{}, weight {}", x.rows, x.cols, y.rows, y.cols, out.rows, out.cols, wv.len()));
         }
-        self.direct(|| {
-            let (r, c) = (i32::try_from(x.rows).ok()?, i32::try_from(x.cols).ok()?);
-            let (xb, yb, ob) = (x.buf.as_mut()?, y.buf.as_ref()?, out.buf.as_mut()?);
-            let f = self.func("add_rms_norm_f32")?;
-            let mut b = self.stream.launch_builder(f);
-            b.arg(xb).arg(yb).arg(wv).arg(ob).arg(&r).arg(&c).arg(&eps);
-            let cfg = LaunchConfig { grid_dim: (x.rows as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: x, y, out are rows×cols, w holds cols.
-            self.check("add_rms_norm_f32", unsafe { b.launch(cfg) }).map(drop)
+        let (Ok(r), Ok(c)) = (i32::try_from(x.rows), i32::try_from(x.cols)) else { return Err(format!("{}x{} does not fit the kernel's int arguments", x.rows, x.cols)) };
+        // A missing buffer or kernel was recorded when it went missing.
+        let (Some(xb), Some(yb), Some(ob), Some(f)) = (x.buf.as_mut(), y.buf.as_ref(), out.buf.as_mut(), self.func("add_rms_norm_f32")) else { return Ok(()) };
+        let mut b = self.stream.launch_builder(f);
+        b.arg(xb).arg(yb).arg(wv).arg(ob).arg(&r).arg(&c).arg(&eps);
+        let cfg = LaunchConfig { grid_dim: (x.rows as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: x, y, out are rows×cols, w holds cols.
+        self.check("add_rms_norm_f32", unsafe { b.launch(cfg) });
+        Ok(())
+    }
+
+    /// `x += y; out = rmsnorm(x) * w` in one kernel, waited for.
+    pub fn add_rms_norm(&self, x: &mut CudaTensor, y: &CudaTensor, w: &CudaWeight, eps: f32, out: &mut CudaTensor) -> Result<()> {
+        self.direct(|| match self.launch_add_rms_norm(x, y, w, eps, out) {
+            Ok(()) => Some(()),
+            Err(e) => {
+                self.fail("add_rms_norm", e);
+                None
+            }
         })
     }
 }

@@ -597,6 +597,33 @@ impl Backend for CudaBackend {
         self.check("rope_f32", unsafe { b.launch(Self::grid(x.rows * x.cols / 2)) });
     }
 
+    fn rope_qk(&self, q: &mut CudaTensor, k: &mut CudaTensor, batch: &CudaBatch, head_dim: usize) {
+        let _t = self.timed("rope");
+        if !self.healthy() || q.rows == 0 {
+            return;
+        }
+        if head_dim == 0 || head_dim % 2 != 0 || q.cols % head_dim != 0 || k.cols % head_dim != 0 || q.rows != batch.rows || k.rows != batch.rows {
+            return self.fail("rope", format!("q {}x{}, k {}x{} with head_dim {head_dim} for a batch of {} rows", q.rows, q.cols, k.rows, k.cols, batch.rows));
+        }
+        let (Some(bb), Some(qb), Some(kb)) = (batch.bufs.as_ref(), q.buf.as_mut(), k.buf.as_mut()) else { return };
+        let ints = [q.rows, q.cols, k.cols, head_dim].map(|v| i32_of("rope", self, v));
+        let ([Some(r), Some(qc), Some(kc), Some(h)], Some(f)) = (ints, self.func("rope_qk_f32")) else { return };
+        let mut b = self.stream.launch_builder(f);
+        b.arg(qb).arg(kb).arg(&bb.cos).arg(&bb.sin).arg(&r).arg(&qc).arg(&kc).arg(&h);
+        // SAFETY: q and k are rows×q_cols and rows×k_cols (checked); cos/sin as for rope.
+        self.check("rope_qk_f32", unsafe { b.launch(Self::grid(q.rows * (q.cols + k.cols) / 2)) });
+    }
+
+    fn add_rms_norm(&self, x: &mut CudaTensor, y: &CudaTensor, w: &CudaWeight, eps: f32, out: &mut CudaTensor) {
+        let _t = self.timed("add_rms_norm");
+        if !self.healthy() || x.rows == 0 {
+            return;
+        }
+        if let Err(e) = self.launch_add_rms_norm(x, y, w, eps, out) {
+            self.fail("add_rms_norm", e);
+        }
+    }
+
     fn silu_mul(&self, gate: &mut CudaTensor, up: &CudaTensor) {
         let _t = self.timed("silu_mul");
         if !self.healthy() || gate.rows == 0 {
