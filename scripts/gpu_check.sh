@@ -37,8 +37,9 @@
 #    side's time per phase of a transfer: descriptors, copies, checksums, confirmations);
 # 7. `ferry profile --device cuda` of Llama-3-8B shapes (for `ferry plan`);
 # 8. Llama-3-8B shapes with random bf16 weights made on the device: Ferry's prefill and decode
-#    against the measured HBM and GEMM limits (then again with FERRY_CUDA_GEMV=off: cuBLAS for
-#    the decode matmuls), then HF transformers (sdpa) on the same shapes;
+#    against the measured HBM and GEMM limits, and cuBLAS on the prefill's own matmul shapes
+#    with f32 and bf16 outputs (`prefill_matmuls`); then again with FERRY_CUDA_GEMV=off (cuBLAS
+#    for the decode matmuls), then HF transformers (sdpa) on the same shapes;
 # 9. speculation's ceiling on the GPU (issue 36): `ferry bench spec-rows` on Llama-3-8B shapes at
 #    batch 1, 8 and 32, 512 tokens of context: what a step of r rows per sequence costs against
 #    one row, so `r * t1 / tr` is the most output tok/s any proposer can give at that batch;

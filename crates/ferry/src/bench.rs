@@ -174,6 +174,7 @@ fn engine(a: EngineBenchArgs) -> anyhow::Result<()> {
     };
     let bytes = paths[0].engine.decode_weight_bytes();
     let roofline = bw / bytes as f64;
+    let matmuls = prefill_matmuls(&paths[0].engine, a.prompt_len)?;
     let mut json = serde_json::json!({
         "bench": "engine",
         "model": a.model.model,
@@ -185,6 +186,9 @@ fn engine(a: EngineBenchArgs) -> anyhow::Result<()> {
         "memory_read_gb_s": (bw / 1e8).round() / 10.0,
         "decode_roofline_tok_s": (roofline * 10.0).round() / 10.0,
     });
+    if let (Some(m), serde_json::Value::Object(top)) = (matmuls, &mut json) {
+        top.insert("prefill_matmuls".into(), m);
+    }
     // The first path's figures at the top level (the fields this benchmark always had), each
     // other path's under its name (`"exact": {…}`).
     for (i, p) in paths.into_iter().enumerate() {
@@ -235,6 +239,30 @@ fn device_limits(engine: &ferry_engine::Engine) -> anyhow::Result<Option<(f64, f
         ferry_engine::DeviceBackend::Cpu(_) => Ok(None),
         #[cfg(feature = "cuda")]
         ferry_engine::DeviceBackend::Cuda(b) => Ok(Some((b.copy_bandwidth(4 << 30, 5)?, b.bf16_gemm_flops(8192, 10)?))),
+    }
+}
+
+/// On a GPU: what cuBLAS reaches on the prefill's own matmul shapes (`tokens` rows against each
+/// distinct weight shape of a layer), with the f32 output the backend writes and with a bf16
+/// one, in TFLOP/s: whether the prefill's distance from the square GEMM peak is in the shapes, in
+/// the output type, or elsewhere. `None` on the CPU.
+fn prefill_matmuls(engine: &ferry_engine::Engine, tokens: usize) -> anyhow::Result<Option<serde_json::Value>> {
+    match engine.backend() {
+        ferry_engine::DeviceBackend::Cpu(_) => Ok(None),
+        #[cfg(feature = "cuda")]
+        ferry_engine::DeviceBackend::Cuda(b) => {
+            let c = engine.config();
+            let (hid, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+            let mut shapes = vec![("q", q, hid), ("k, v", kv, hid), ("o", hid, q), ("gate, up", ff, hid), ("down", hid, ff)];
+            shapes.dedup_by_key(|s| (s.1, s.2));
+            let mut out = Vec::new();
+            for (name, n, k) in shapes {
+                let f32_out = b.matmul_flops(tokens, n, k, false, 5)? / 1e12;
+                let bf16_out = b.matmul_flops(tokens, n, k, true, 5)? / 1e12;
+                out.push(serde_json::json!({ "weights": name, "m": tokens, "n": n, "k": k, "f32_out_tflop_s": (f32_out * 10.0).round() / 10.0, "bf16_out_tflop_s": (bf16_out * 10.0).round() / 10.0 }));
+            }
+            Ok(Some(out.into()))
+        }
     }
 }
 
