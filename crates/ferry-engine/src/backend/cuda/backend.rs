@@ -81,21 +81,31 @@ pub(crate) struct DenseSeq {
     pub(crate) q_len: usize,
     pub(crate) ctx_len: usize,
     pub(crate) block_start: usize,
-    pub(crate) n_blocks: usize,
 }
 
+/// A step's arrays on the device: one buffer (`all`, uploaded in one copy) and the device address
+/// of each array in it, which kernels take as pointers (valid while `all` lives: the batch outlives
+/// the step's kernels, which the step waits for).
 pub(crate) struct BatchBufs {
-    pub(crate) slots: CudaSlice<u32>,
-    pub(crate) cos: CudaSlice<f32>,
-    pub(crate) sin: CudaSlice<f32>,
-    pub(crate) row_seq: CudaSlice<u32>,
-    pub(crate) q_start: CudaSlice<u32>,
-    pub(crate) q_len: CudaSlice<u32>,
-    pub(crate) ctx_len: CudaSlice<u32>,
-    pub(crate) block_start: CudaSlice<u32>,
-    pub(crate) blocks: CudaSlice<u32>,
+    /// Held, not read: the addresses below point into it.
+    #[allow(dead_code)]
+    pub(crate) all: CudaSlice<u32>,
+    /// Per row: the cache slot its K/V goes to.
+    pub(crate) slots: u64,
+    /// Per row: RoPE's cos and sin (f32), head_dim/2 each.
+    pub(crate) cos: u64,
+    pub(crate) sin: u64,
+    /// Per row: its sequence.
+    pub(crate) row_seq: u64,
+    /// Per sequence: its first row, rows, context length, and where its block table starts in
+    /// `blocks` (the concatenated tables).
+    pub(crate) q_start: u64,
+    pub(crate) q_len: u64,
+    pub(crate) ctx_len: u64,
+    pub(crate) block_start: u64,
+    pub(crate) blocks: u64,
     /// Per sequence: 1 if it is in `CudaBatch::dense` (the prefill kernel skips it).
-    pub(crate) skip: CudaSlice<u32>,
+    pub(crate) skip: u64,
 }
 
 pub struct CudaBackend {

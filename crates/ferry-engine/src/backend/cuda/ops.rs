@@ -165,7 +165,8 @@ impl CudaBackend {
         let per = tokens * l.n_kv_heads * kv.kernels.row_words;
         let op = "kv_export_layer";
         let table = self.upload_slice(op, blocks)?;
-        let mut out = self.zeros::<f32>(op, 2 * per)?;
+        // Every word is written by the two gathers below (K, then V), so no memset.
+        let mut out = self.uninit::<f32>(op, 2 * per)?;
         let ints = [tokens, l.n_kv_heads, kv.kernels.row_words, l.block_size].map(|v| i32_of(op, self, v));
         let [t, h, d, bs] = [ints[0]?, ints[1]?, ints[2]?, ints[3]?];
         let f = self.func(GATHER)?;
@@ -250,7 +251,7 @@ impl CudaBackend {
     /// descriptions). Half-precision models run the GEMMs on TF32 tensor cores, f32 models in
     /// exact f32.
     #[allow(clippy::too_many_arguments)]
-    fn dense_attention(&self, q: &CudaSlice<f32>, kv: &CudaKv, layer: usize, blocks: &CudaSlice<u32>, d: &DenseSeq, n_heads: usize, out: &mut CudaSlice<f32>) -> Option<()> {
+    fn dense_attention(&self, q: &CudaSlice<f32>, kv: &CudaKv, layer: usize, blocks: u64, d: &DenseSeq, n_heads: usize, out: &mut CudaSlice<f32>) -> Option<()> {
         let l = kv.layout;
         let c = Chunk { q_start: d.q_start, q_len: d.q_len, ctx_len: d.ctx_len, n_heads, kv_heads: l.n_kv_heads, head_dim: l.head_dim };
         let op = "dense attention";
@@ -259,7 +260,8 @@ impl CudaBackend {
         let [Some(ctx), Some(kvh), Some(hd), Some(bs), Some(rows), Some(q_len), Some(offset)] = ints else { return None };
         // The context's K and V, token-contiguous f32: [ctx, kv_heads·head_dim] each (f32 rows
         // copied as words, others widened: the kernel takes head_dim either way).
-        let table = blocks.slice(d.block_start..d.block_start + d.n_blocks);
+        // The sequence's block table: from word d.block_start of the batch's tables.
+        let table = blocks + 4 * d.block_start as u64;
         let per = d.ctx_len * l.n_kv_heads * l.head_dim;
         // Every element of these is written (the gathers, the QKᵀ GEMM) before it is read.
         let (mut kbuf, mut vbuf) = (self.uninit::<f32>(op, per)?, self.uninit::<f32>(op, per)?);
@@ -441,24 +443,34 @@ impl Backend for CudaBackend {
             .iter()
             .enumerate()
             .filter(|(_, s)| s.q_len >= DENSE_ATTENTION_MIN_Q)
-            .map(|(i, s)| DenseSeq { q_start: s.q_start, q_len: s.q_len, ctx_len: s.ctx_len, block_start: block_start[i] as usize, n_blocks: s.blocks.len() })
+            .map(|(i, s)| DenseSeq { q_start: s.q_start, q_len: s.q_len, ctx_len: s.ctx_len, block_start: block_start[i] as usize })
             .collect();
         let skip: Vec<u32> = plan.seqs.iter().map(|s| u32::from(s.q_len >= DENSE_ATTENTION_MIN_Q)).collect();
-        let op = "prepare";
-        let bufs = (|| {
-            Some(BatchBufs {
-                slots: self.upload_slice(op, &plan.slots)?,
-                cos: self.upload_slice(op, &cos)?,
-                sin: self.upload_slice(op, &sin)?,
-                row_seq: self.upload_slice(op, &row_seq)?,
-                q_start: self.upload_slice(op, &q_start)?,
-                q_len: self.upload_slice(op, &q_len)?,
-                ctx_len: self.upload_slice(op, &ctx_len)?,
-                block_start: self.upload_slice(op, &block_start)?,
-                blocks: self.upload_slice(op, &blocks)?,
-                skip: self.upload_slice(op, &skip)?,
-            })
-        })();
+        // Every array in one buffer of 32-bit words (cos and sin as their f32 bits): one copy to
+        // the device per step, not one per array.
+        let mut words = Vec::with_capacity(plan.slots.len() + cos.len() + sin.len() + row_seq.len() + 5 * plan.seqs.len() + blocks.len());
+        let mut put = |a: &mut dyn Iterator<Item = u32>| {
+            let at = words.len();
+            words.extend(a);
+            at
+        };
+        let at = [
+            put(&mut plan.slots.iter().copied()),
+            put(&mut cos.iter().map(|v| v.to_bits())),
+            put(&mut sin.iter().map(|v| v.to_bits())),
+            put(&mut row_seq.iter().copied()),
+            put(&mut q_start.iter().copied()),
+            put(&mut q_len.iter().copied()),
+            put(&mut ctx_len.iter().copied()),
+            put(&mut block_start.iter().copied()),
+            put(&mut blocks.iter().copied()),
+            put(&mut skip.iter().copied()),
+        ];
+        let bufs = self.upload_slice("prepare", &words).map(|all| {
+            let base = all.device_ptr(&self.stream).0;
+            let [slots, cos, sin, row_seq, q_start, q_len, ctx_len, block_start, blocks, skip] = at.map(|o| base + 4 * o as u64);
+            BatchBufs { all, slots, cos, sin, row_seq, q_start, q_len, ctx_len, block_start, blocks, skip }
+        });
         CudaBatch {
             rows: plan.positions.len(),
             seqs: plan.seqs.len(),
@@ -725,7 +737,7 @@ impl Backend for CudaBackend {
                 self.check(kv.kernels.prefill, unsafe { b.launch(cfg) });
             }
             for d in &batch.dense {
-                if self.dense_attention(qb, kv, layer, &bb.blocks, d, n_heads, ob).is_none() {
+                if self.dense_attention(qb, kv, layer, bb.blocks, d, n_heads, ob).is_none() {
                     return;
                 }
             }
