@@ -62,6 +62,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// returns the first error any operation of the step met).
     fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> Result<R>;
     fn upload(&self, w: &HostWeight) -> Result<Self::Weight>;
+    /// A new `[rows, cols]` tensor to be written: every operation writes all of its output, so
+    /// a backend need not clear it first (the CPU's comes zeroed, a GPU's uninitialized).
     fn tensor(&self, rows: usize, cols: usize) -> Self::Tensor;
     fn rows(&self, t: &Self::Tensor) -> usize;
     fn prepare(&self, plan: &BatchPlan, rope: &RopeTable) -> Self::Batch;

@@ -412,8 +412,9 @@ impl Backend for CudaBackend {
     }
 
     fn tensor(&self, rows: usize, cols: usize) -> CudaTensor {
-        let _t = self.timed("tensor (alloc + zero)");
-        CudaTensor { buf: self.zeros("tensor", rows * cols), rows, cols }
+        let _t = self.timed("tensor (alloc)");
+        // No memset (a launch per tensor): every operation writes its whole output.
+        CudaTensor { buf: self.uninit("tensor", rows * cols), rows, cols }
     }
 
     fn rows(&self, t: &CudaTensor) -> usize {
