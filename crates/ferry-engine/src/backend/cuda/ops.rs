@@ -111,7 +111,13 @@ impl CudaBackend {
                 guards.push((gw, go));
                 total += w.rows;
             }
-            let blocks = u32::try_from(total.div_ceil(GEMV_COLS_PER_BLOCK)).ok().filter(|&b| b > 0)?;
+            if total == 0 {
+                continue;
+            }
+            let Ok(blocks) = u32::try_from(total.div_ceil(GEMV_COLS_PER_BLOCK)) else {
+                self.fail(op, format!("{total} output columns in one launch"));
+                return None;
+            };
             let mut b = self.stream.launch_builder(f);
             b.arg(x).arg(&mi).arg(&ki);
             for (w, o, n) in &slots {

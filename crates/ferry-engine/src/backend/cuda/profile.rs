@@ -1,8 +1,8 @@
 //! Where a step's time goes on the GPU (`FERRY_CUDA_PROFILE=1`): each backend operation records a
 //! timing event on the stream before and after its work, and each step (one [`Backend::run`]) is
 //! resolved when it ends: per kind of step (decode batches by size, prefill), the GPU time of
-//! each operation, the GPU's span from the step's first event to its last, and the host's wall
-//! time of the step. The span less the operations' sum is the time the GPU waited between them
+//! each operation, the GPU's span from the step's start to its last operation's end, and the
+//! host's wall time of the step. The span less the operations' sum is the time the GPU waited between them
 //! (launch gaps, host work, uploads). Names that begin with `·` are parts of an operation (a
 //! matmul's cast, attention's split path), listed but not added to the sum. Printed to stderr when
 //! the backend is dropped. Off by default: events cost a few microseconds per operation.
@@ -86,6 +86,8 @@ struct State {
     /// event pairs in order.
     kind: Option<String>,
     started: Option<Instant>,
+    /// Recorded when the step begins: the span runs from it to the last operation's end.
+    start_event: Option<CudaEvent>,
     pending: Vec<(&'static str, CudaEvent, CudaEvent)>,
     totals: Totals,
 }
@@ -143,10 +145,12 @@ impl Profile {
 
     /// A step begins (`Backend::run`).
     pub(crate) fn begin_step(&self) {
+        let start = self.event();
         let mut s = self.lock();
         s.pending.clear();
         s.kind = None;
         s.started = Some(Instant::now());
+        s.start_event = start;
     }
 
     /// The step's kind: a decode batch of `seqs` sequences, or a prefill of `rows` rows.
@@ -160,8 +164,10 @@ impl Profile {
         let pending = std::mem::take(&mut s.pending);
         let host = s.started.take().map(|t| t.elapsed()).unwrap_or_default();
         let name = s.kind.take().unwrap_or_else(|| "other".into());
-        let (Some(first), Some(last)) = (pending.first(), pending.last()) else { return };
-        let Ok(span) = first.1.elapsed_ms(&last.2) else {
+        // Guards are pushed as they drop, so a part (`·`) comes before its operation: the span
+        // starts at the step's own event, and ends at the last push, the outermost last end.
+        let (Some(first), Some(last)) = (s.start_event.take(), pending.last()) else { return };
+        let Ok(span) = first.elapsed_ms(&last.2) else {
             s.totals.lost += 1;
             return;
         };
