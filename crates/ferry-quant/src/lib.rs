@@ -35,7 +35,7 @@ use std::sync::OnceLock;
 
 pub use q8::{Q8Activations, dot_many_q8, dot_many_q8_with, supports_q8};
 pub use types::WeightType;
-pub use x8::{X8_ROWS, X8Kernel, dot_x8_q8, dot_x8_q8_by, dot_x8_q8_with, interleave_x8, supports_x8};
+pub use x8::{Outputs, X8_ROWS, X8Kernel, dot_x8_q8, dot_x8_q8_by, dot_x8_q8_into, dot_x8_q8_with, interleave_x8, supports_x8};
 
 /// An instruction-set level with its own set of kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

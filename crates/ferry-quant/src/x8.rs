@@ -74,6 +74,63 @@ pub fn interleave_x8(ty: WeightType, src: &[u8], k: usize, dst: &mut [u8]) {
     }
 }
 
+/// Where an interleaved kernel writes: activation row `i`'s output for weight row `c` at
+/// `i * ld + c` from a base, `rows × cols` outputs in all. Either a whole contiguous slice
+/// ([`Outputs::contiguous`]), or a window of columns of a larger matrix ([`Outputs::strided`]),
+/// so that tasks that each own some columns of every row write their results in place.
+pub struct Outputs<'a> {
+    ptr: *mut f32,
+    rows: usize,
+    ld: usize,
+    cols: usize,
+    _out: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+impl<'a> Outputs<'a> {
+    /// `out` as `rows` runs of `out.len() / rows` outputs.
+    pub fn contiguous(out: &'a mut [f32], rows: usize) -> Outputs<'a> {
+        let cols = out.len().checked_div(rows).unwrap_or(0);
+        Outputs { ptr: out.as_mut_ptr(), rows, ld: cols, cols, _out: std::marker::PhantomData }
+    }
+
+    /// `rows` runs of `cols` outputs, run `i` at `ptr + i * ld`.
+    ///
+    /// # Safety
+    /// For `'a`, every `ptr + i * ld + c` (`i < rows`, `c < cols`, `cols <= ld` unless one row)
+    /// is valid `f32` memory that nothing else reads or writes (other windows of the same matrix
+    /// may be written meanwhile: they are other columns).
+    pub unsafe fn strided(ptr: *mut f32, rows: usize, ld: usize, cols: usize) -> Outputs<'a> {
+        Outputs { ptr, rows, ld, cols, _out: std::marker::PhantomData }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Outputs `c..c + len` of run `i`.
+    ///
+    /// # Panics
+    /// Outside the window.
+    #[inline]
+    pub(crate) fn run(&mut self, i: usize, c: usize, len: usize) -> &mut [f32] {
+        assert!(i < self.rows && c + len <= self.cols, "ferry_quant: outputs {c}..{} of run {i} of a {}x{} window", c + len, self.rows, self.cols);
+        // SAFETY: inside the window (asserted), which the constructor's contract makes valid and
+        // this value's own for 'a; the borrow of self keeps the slice unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i * self.ld + c), len) }
+    }
+
+    /// The window of columns `c..` (the same rows).
+    pub(crate) fn from_col(&mut self, c: usize) -> Outputs<'_> {
+        assert!(c <= self.cols, "ferry_quant: column {c} of a window of {}", self.cols);
+        // SAFETY: a sub-window of this one, borrowed from it.
+        Outputs { ptr: unsafe { self.ptr.add(c) }, rows: self.rows, ld: self.ld, cols: self.cols - c, _out: std::marker::PhantomData }
+    }
+}
+
 /// `out[i * n + r]` = weight row `r` · activation row `i` of `xq`, for the interleaved rows `w`
 /// (`n = out.len() / xq.rows()` rows, a multiple of 8): one run of `n` outputs per activation
 /// row, as a matmul's output rows are laid out. Each group of 8 weight rows is
@@ -84,6 +141,16 @@ pub fn interleave_x8(ty: WeightType, src: &[u8], k: usize, dst: &mut [u8]) {
 /// On inconsistent lengths or an unsupported type (caller bugs).
 pub fn dot_x8_q8(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
     dot_x8_q8_at(SimdLevel::selected(), ty, w, xq, out);
+}
+
+/// [`dot_x8_q8`] into a window of a larger output ([`Outputs::strided`]): run `i` of `out` gets
+/// activation row `i`'s outputs for the weight rows of `w`, in place.
+///
+/// # Panics
+/// As [`dot_x8_q8`]: the window must be `xq.rows()` runs of exactly the rows `w` holds.
+pub fn dot_x8_q8_into(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut Outputs<'_>) {
+    check_x8_window(ty, w, xq, out);
+    run(X8Kernel::chosen(SimdLevel::selected(), xq.rows()), ty, w, xq, out);
 }
 
 /// [`dot_x8_q8`] with the kernels of a given level (`Avx512` takes the AMX kernel from
@@ -162,12 +229,12 @@ impl X8Kernel {
 pub fn dot_x8_q8_by(kernel: X8Kernel, ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
     assert!(kernel.is_supported(), "ferry_quant::dot_x8_q8: the {} kernel is not supported here", kernel.name());
     check_x8(ty, w, xq, out);
-    run(kernel, ty, w, xq, out);
+    run(kernel, ty, w, xq, &mut Outputs::contiguous(out, xq.rows()));
 }
 
 fn dot_x8_q8_at(level: SimdLevel, ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
     check_x8(ty, w, xq, out);
-    run(X8Kernel::chosen(level, xq.rows()), ty, w, xq, out);
+    run(X8Kernel::chosen(level, xq.rows()), ty, w, xq, &mut Outputs::contiguous(out, xq.rows()));
 }
 
 /// The caller's lengths: whole groups of 8 weight rows, an output per row and activation row.
@@ -184,26 +251,40 @@ fn check_x8(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &[f32]) {
     );
 }
 
-/// Run a supported kernel on checked lengths: activation row `i`'s outputs at `out[i * ld..]`.
-fn run(kernel: X8Kernel, ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
-    let ld = out.len() / xq.rows();
+/// The window's shape for the weights and activations of a [`dot_x8_q8_into`] call.
+fn check_x8_window(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &Outputs<'_>) {
+    assert!(supports_x8(ty), "ferry_quant::dot_x8_q8: weight type {ty} is not supported");
+    let m = xq.rows();
+    assert!(m > 0, "ferry_quant::dot_x8_q8: no activation rows");
+    let rb = ty.row_bytes(xq.k()).expect("k is a multiple of 32");
+    assert!(
+        out.rows() == m && out.cols().is_multiple_of(X8_ROWS) && w.len() == out.cols() * rb,
+        "ferry_quant::dot_x8_q8: {} weight bytes into a {}x{} window are not whole groups of 8 rows of {rb} bytes for {m} activation rows",
+        w.len(),
+        out.rows(),
+        out.cols()
+    );
+}
+
+/// Run a supported kernel on checked lengths: activation row `i`'s outputs in run `i` of `out`.
+fn run(kernel: X8Kernel, ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut Outputs<'_>) {
     match kernel {
-        X8Kernel::Scalar => dot_x8_scalar(ty, w, xq, out, ld),
+        X8Kernel::Scalar => dot_x8_scalar(ty, w, xq, out),
         #[cfg(target_arch = "x86_64")]
         X8Kernel::Amx => {
             // SAFETY: the caller's kernel is supported (the CPU and the tile permission); the
             // lengths were checked.
-            unsafe { crate::avx512::amx::dot(ty, w, xq, out, ld) }
+            unsafe { crate::avx512::amx::dot(ty, w, xq, out) }
         }
         #[cfg(target_arch = "x86_64")]
         X8Kernel::Vnni => {
             // SAFETY: as above, for AVX-512 VNNI.
-            unsafe { crate::avx512::x8::dot(ty, w, xq, out, ld) }
+            unsafe { crate::avx512::x8::dot(ty, w, xq, out) }
         }
         #[cfg(target_arch = "x86_64")]
         X8Kernel::Avx2 => {
             // SAFETY: as above, for AVX2, FMA and F16C.
-            unsafe { crate::avx2::x8::dot(ty, w, xq, out, ld) }
+            unsafe { crate::avx2::x8::dot(ty, w, xq, out) }
         }
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("not supported on this architecture"),
@@ -211,13 +292,13 @@ fn run(kernel: X8Kernel, ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut
 }
 
 /// The reference: the AVX2 kernel's operations, one lane at a time.
-fn dot_x8_scalar(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32], ld: usize) {
+fn dot_x8_scalar(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut Outputs<'_>) {
     let (nb, m) = (xq.k() / QK, xq.rows());
     let (bb, hb) = (ty.block_bytes() * X8_ROWS, header_bytes(ty));
     for (gi, group) in w.chunks_exact(bb * nb).enumerate() {
         for ri in 0..X8_ROWS * m {
             let (r, i) = (ri / m, ri % m);
-            let o = &mut out[i * ld + gi * X8_ROWS + r];
+            let o = &mut out.run(i, gi * X8_ROWS + r, 1)[0];
             let (q, d, s) = (&xq.quants()[i * nb * QK..], &xq.scales()[i * nb..], &xq.sums()[i * nb..]);
             let (mut acc, mut macc) = (0f32, 0f32);
             for b in 0..nb {

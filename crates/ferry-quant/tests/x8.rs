@@ -5,7 +5,7 @@
 mod common;
 
 use common::random_row;
-use ferry_quant::{Q8Activations, SimdLevel, WeightType, X8_ROWS, X8Kernel, dot_many_q8_with, dot_x8_q8, dot_x8_q8_by, dot_x8_q8_with, interleave_x8, supports_x8};
+use ferry_quant::{Outputs, Q8Activations, SimdLevel, WeightType, X8_ROWS, X8Kernel, dot_many_q8_with, dot_x8_q8, dot_x8_q8_by, dot_x8_q8_into, dot_x8_q8_with, interleave_x8, supports_x8};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -111,6 +111,57 @@ fn partial_groups_panic() {
 fn outputs_that_do_not_fit_panic() {
     let xq = Q8Activations::quantize(&[0f32; 64], 32); // two activation rows
     dot_x8_q8(WeightType::Q4_1, &[0u8; 160], &xq, &mut [0f32; 8]);
+}
+
+/// Tasks that each own some columns of every output row write in place
+/// (`dot_x8_q8_into` on a window of a wider matrix, as the CPU matmul does): the same bits as one
+/// contiguous call, and the columns outside the windows untouched. Windows of one group (the AMX
+/// kernel's odd-group tail) and of two; 1, 5, 13 and 17 activation rows (VNNI, then AMX where the
+/// CPU has it).
+#[test]
+fn windows_of_a_wider_output_are_written_in_place() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let (k, rows, n) = (96, 3 * X8_ROWS, 3 * X8_ROWS + 5);
+    for ty in TYPES {
+        let rb = ty.row_bytes(k).unwrap();
+        let mut w = Vec::new();
+        for _ in 0..rows {
+            w.extend(random_row(ty, k, &mut rng));
+        }
+        let mut inter = vec![0u8; w.len()];
+        interleave_x8(ty, &w, k, &mut inter);
+        for m in [1, 5, 13, 17] {
+            let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+            let xq = Q8Activations::quantize(&x, k);
+            let mut whole = vec![f32::NAN; rows * m];
+            dot_x8_q8(ty, &inter, &xq, &mut whole);
+            // Columns 2.. of an n-wide output: windows 2..10 (one group) and 10..26 (two).
+            let mut out = vec![-1.0f32; m * n];
+            for (c0, cols) in [(0, X8_ROWS), (X8_ROWS, 2 * X8_ROWS)] {
+                // SAFETY: rows 0..m, columns 2 + c0.. 2 + c0 + cols of the m×n buffer, written by
+                // this call alone.
+                let mut window = unsafe { Outputs::strided(out.as_mut_ptr().add(2 + c0), m, n, cols) };
+                dot_x8_q8_into(ty, &inter[c0 * rb..(c0 + cols) * rb], &xq, &mut window);
+            }
+            for i in 0..m {
+                for c in 0..n {
+                    let got = out[i * n + c];
+                    match c.checked_sub(2).filter(|&r| r < rows) {
+                        Some(r) => assert_eq!(got.to_bits(), whole[i * rows + r].to_bits(), "{ty} m {m}: row {i} column {c}"),
+                        None => assert_eq!(got, -1.0, "{ty} m {m}: row {i} column {c} is outside every window"),
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "window")]
+fn a_window_of_the_wrong_shape_panics() {
+    let xq = Q8Activations::quantize(&[0f32; 64], 32); // two activation rows
+    let mut out = [0f32; 16];
+    dot_x8_q8_into(WeightType::Q4_1, &[0u8; 160], &xq, &mut Outputs::contiguous(&mut out, 1));
 }
 
 #[test]

@@ -26,7 +26,7 @@ macro_rules! driver {
     ($features:literal) => {
         #[inline]
         #[target_feature(enable = $features)]
-        fn groups<F: $crate::avx2::x8::Format>(w: &[u8], xq: &$crate::q8::Q8Activations, out: &mut [f32], ld: usize) {
+        fn groups<F: $crate::avx2::x8::Format>(w: &[u8], xq: &$crate::q8::Q8Activations, out: &mut $crate::x8::Outputs<'_>) {
             use $crate::avx2::x8::TILE;
             use $crate::types::QK;
             use $crate::x8::X8_ROWS;
@@ -35,7 +35,7 @@ macro_rules! driver {
             let (xq8, xd, xs) = (xq.quants(), xq.scales(), xq.sums());
             // These make every access below in bounds.
             let groups = w.len() / (nb * bb);
-            assert!(xq8.len() >= m * nb * QK && xd.len() >= m * nb && xs.len() >= m * nb && out.len() >= (m - 1) * ld + groups * X8_ROWS);
+            assert!(xq8.len() >= m * nb * QK && xd.len() >= m * nb && xs.len() >= m * nb && out.rows() >= m && out.cols() >= groups * X8_ROWS);
             for gi in 0..groups {
                 let mut i0 = 0;
                 while i0 < m {
@@ -43,10 +43,10 @@ macro_rules! driver {
                     // SAFETY: rows i0..i0 + n exist (n >= 1) and the assert above bounds every access.
                     unsafe {
                         match n {
-                            4 => tile::<F, 4>(w, xq8, xd, xs, nb, gi, i0, out, ld),
-                            3 => tile::<F, 3>(w, xq8, xd, xs, nb, gi, i0, out, ld),
-                            2 => tile::<F, 2>(w, xq8, xd, xs, nb, gi, i0, out, ld),
-                            _ => tile::<F, 1>(w, xq8, xd, xs, nb, gi, i0, out, ld),
+                            4 => tile::<F, 4>(w, xq8, xd, xs, nb, gi, i0, out),
+                            3 => tile::<F, 3>(w, xq8, xd, xs, nb, gi, i0, out),
+                            2 => tile::<F, 2>(w, xq8, xd, xs, nb, gi, i0, out),
+                            _ => tile::<F, 1>(w, xq8, xd, xs, nb, gi, i0, out),
                         }
                     }
                     i0 += n;
@@ -62,7 +62,7 @@ macro_rules! driver {
         #[allow(clippy::too_many_arguments)]
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn tile<F: $crate::avx2::x8::Format, const T: usize>(w: &[u8], xq8: &[i8], xd: &[f32], xs: &[f32], nb: usize, gi: usize, i0: usize, out: &mut [f32], ld: usize) {
+        unsafe fn tile<F: $crate::avx2::x8::Format, const T: usize>(w: &[u8], xq8: &[i8], xd: &[f32], xs: &[f32], nb: usize, gi: usize, i0: usize, out: &mut $crate::x8::Outputs<'_>) {
             use core::arch::x86_64::*;
             use $crate::types::QK;
             use $crate::x8::X8_ROWS;
@@ -86,7 +86,7 @@ macro_rules! driver {
                 }
             }
             for t in 0..T {
-                let o = &mut out[(i0 + t) * ld + gi * X8_ROWS..][..X8_ROWS];
+                let o = out.run(i0 + t, gi * X8_ROWS, X8_ROWS);
                 // SAFETY: o holds exactly 8 floats; AVX2 and FMA are enabled here.
                 unsafe { _mm256_storeu_ps(o.as_mut_ptr(), F::finish(acc[t], macc[t])) };
             }
@@ -95,15 +95,15 @@ macro_rules! driver {
 }
 pub(crate) use driver;
 
-/// `out[i * ld + r]` for every row `r` of the interleaved groups `w` and activation row `i`
+/// Run `i` of `out`, output `r`, for every row `r` of the interleaved groups `w` and activation row `i`
 /// (lengths checked by the caller).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32], ld: usize) {
+pub(crate) fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut crate::x8::Outputs<'_>) {
     driver!("avx2,fma,f16c");
     match ty {
-        WeightType::Q4_1 => groups::<Q4<true>>(w, xq, out, ld),
-        WeightType::Q4_0 => groups::<Q4<false>>(w, xq, out, ld),
-        WeightType::Q8_0 => groups::<Q8_0>(w, xq, out, ld),
+        WeightType::Q4_1 => groups::<Q4<true>>(w, xq, out),
+        WeightType::Q4_0 => groups::<Q4<false>>(w, xq, out),
+        WeightType::Q8_0 => groups::<Q8_0>(w, xq, out),
         _ => unreachable!("checked by the caller"),
     }
 }

@@ -139,17 +139,17 @@ thread_local! {
     static PAIR: std::cell::RefCell<Pair> = std::cell::RefCell::default();
 }
 
-/// `out[i * ld + r]` for every row `r` of the interleaved groups `w` and activation row `i`
-/// (lengths checked by the caller, `m >= 1`).
+/// Run `i` of `out`, output `r`, for every row `r` of the interleaved groups `w` and activation
+/// row `i` (lengths checked by the caller, `m >= 1`).
 ///
 /// # Safety
 /// The CPU must pass [`supported`] (and so the VNNI kernel's `supported`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32], ld: usize) {
+pub(crate) unsafe fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut crate::x8::Outputs<'_>) {
     let (nb, m) = (xq.k() / QK, xq.rows());
     let bb = ty.block_bytes() * X8_ROWS;
     let groups = w.len() / (nb * bb);
-    assert!(out.len() >= (m - 1) * ld + groups * X8_ROWS);
+    assert!(out.rows() >= m && out.cols() >= groups * X8_ROWS);
     let mut pair = PAIR.take();
     pair.tiles.resize(nb * TILE_BYTES, 0);
     pair.d.resize(nb, _mm512_setzero_ps());
@@ -175,10 +175,10 @@ pub(crate) unsafe fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut
             // the outputs of rows i0..i0 + rows exist.
             unsafe {
                 match rows.div_ceil(4) {
-                    1 => tile::<4>(ty, &pair, xq, xt, scales, i0, rows, next, p, out, ld),
-                    2 => tile::<8>(ty, &pair, xq, xt, scales, i0, rows, next, p, out, ld),
-                    3 => tile::<12>(ty, &pair, xq, xt, scales, i0, rows, next, p, out, ld),
-                    _ => tile::<16>(ty, &pair, xq, xt, scales, i0, rows, next, p, out, ld),
+                    1 => tile::<4>(ty, &pair, xq, xt, scales, i0, rows, next, p, out),
+                    2 => tile::<8>(ty, &pair, xq, xt, scales, i0, rows, next, p, out),
+                    3 => tile::<12>(ty, &pair, xq, xt, scales, i0, rows, next, p, out),
+                    _ => tile::<16>(ty, &pair, xq, xt, scales, i0, rows, next, p, out),
                 }
             }
             i0 += AT;
@@ -190,7 +190,7 @@ pub(crate) unsafe fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut
     if groups % 2 == 1 {
         let last = groups - 1;
         // supported() implies the VNNI kernel's features; the group's bytes and outputs are whole.
-        super::x8::dot(ty, &w[last * nb * bb..][..nb * bb], xq, &mut out[last * X8_ROWS..], ld);
+        super::x8::dot(ty, &w[last * nb * bb..][..nb * bb], xq, &mut out.from_col(last * X8_ROWS));
     }
 }
 
@@ -202,7 +202,7 @@ pub(crate) unsafe fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut
 #[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn tile<const R: usize>(ty: WeightType, pair: &Pair, xq: &Q8Activations, xt: &[i8], scales: &Scales, i0: usize, rows: usize, next: &[u8], p: usize, out: &mut [f32], ld: usize) {
+unsafe fn tile<const R: usize>(ty: WeightType, pair: &Pair, xq: &Q8Activations, xt: &[i8], scales: &Scales, i0: usize, rows: usize, next: &[u8], p: usize, out: &mut crate::x8::Outputs<'_>) {
     let (nb, k) = (xq.k() / QK, xq.k());
     let (xd, xs) = (&scales.d[i0 / AT * nb..][..nb], &scales.s[i0 / AT * nb..][..nb]);
     let mut sums = Sums([[0; AT * WT]; 2]);
@@ -270,7 +270,7 @@ unsafe fn tile<const R: usize>(ty: WeightType, pair: &Pair, xq: &Q8Activations, 
     }
     // Weight rows 16 p.. of activation row i0 + n: one vector, out[(i0 + n) ld + 16 p..][..16].
     for (n, acc) in acc.into_iter().enumerate().take(rows) {
-        let o = &mut out[(i0 + n) * ld + WT * p..][..WT];
+        let o = out.run(i0 + n, WT * p, WT);
         // SAFETY: o holds 16 floats.
         unsafe { _mm512_storeu_ps(o.as_mut_ptr(), acc) };
     }

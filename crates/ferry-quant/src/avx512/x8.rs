@@ -32,15 +32,15 @@ pub(crate) fn supported() -> bool {
     })
 }
 
-/// `out[i * ld + r]` for every row `r` of the interleaved groups `w` and activation row `i`
+/// Run `i` of `out`, output `r`, for every row `r` of the interleaved groups `w` and activation row `i`
 /// (lengths checked by the caller; the CPU must pass [`supported`]).
 #[target_feature(enable = "avx512vnni,avx512vl,avx2,fma,f16c")]
-pub(crate) fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32], ld: usize) {
+pub(crate) fn dot(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut crate::x8::Outputs<'_>) {
     driver!("avx512vnni,avx512vl,avx2,fma,f16c");
     match ty {
-        WeightType::Q4_1 => groups::<Q4Vnni<true>>(w, xq, out, ld),
-        WeightType::Q4_0 => groups::<Q4Vnni<false>>(w, xq, out, ld),
-        WeightType::Q8_0 => groups::<Q8Vnni>(w, xq, out, ld),
+        WeightType::Q4_1 => groups::<Q4Vnni<true>>(w, xq, out),
+        WeightType::Q4_0 => groups::<Q4Vnni<false>>(w, xq, out),
+        WeightType::Q8_0 => groups::<Q8Vnni>(w, xq, out),
         _ => unreachable!("checked by the caller"),
     }
 }

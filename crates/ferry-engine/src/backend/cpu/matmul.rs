@@ -80,29 +80,31 @@ pub(crate) fn matmul(be: &CpuBackend, x: &CpuTensor, ws: &[(&CpuWeight, Option<&
                 let n = w.rows;
                 let bias = bias.map(|b| b.vector());
                 let rows = t.r1 - t.r0;
-                tmp.resize(rows * m, 0.0);
-                let tmp = &mut tmp[..];
                 let wb = &w.bytes()[t.r0 * w.row_bytes..t.r1 * w.row_bytes];
                 let out = ptrs[t.w];
                 let b = |r: usize| bias.map_or(0.0, |b| b[r]);
-                match (&q8, &w.x8) {
-                    // Tasks start at multiples of 8 rows, and a weight has an interleaved copy
-                    // only if its row count is a multiple of 8: the task is whole groups. The
-                    // outputs come as one run of the task's columns per activation row.
-                    (Some(xq), Some(x8)) => {
-                        ferry_quant::dot_x8_q8(w.ty, &x8.bytes()[t.r0 * w.row_bytes..t.r1 * w.row_bytes], xq, tmp);
-                        for (i, vals) in tmp.chunks_exact(rows).enumerate() {
-                            // SAFETY: tasks cover disjoint column ranges of each output, and
-                            // row i's columns r0..r1 lie inside the output buffer of m*n elements.
+                // Tasks start at multiples of 8 rows, and a weight has an interleaved copy only if
+                // its row count is a multiple of 8: the task is whole groups. The kernel writes
+                // the task's columns of every output row in place.
+                if let (Some(xq), Some(x8)) = (&q8, &w.x8) {
+                    // SAFETY: tasks cover disjoint column ranges of each output, and rows 0..m,
+                    // columns r0..r1 at a stride of n lie inside its m*n elements; no other task
+                    // touches those columns during the call.
+                    let mut window = unsafe { ferry_quant::Outputs::strided(out.get().add(t.r0), m, n, rows) };
+                    ferry_quant::dot_x8_q8_into(w.ty, &x8.bytes()[t.r0 * w.row_bytes..t.r1 * w.row_bytes], xq, &mut window);
+                    if let Some(bv) = bias {
+                        for i in 0..m {
+                            // SAFETY: as above, this task's columns of row i.
                             let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(i * n + t.r0), rows) };
-                            match bias {
-                                Some(bv) => dst.iter_mut().zip(vals).zip(&bv[t.r0..t.r1]).for_each(|((d, v), b)| *d = v + b),
-                                None => dst.copy_from_slice(vals),
-                            }
+                            dst.iter_mut().zip(&bv[t.r0..t.r1]).for_each(|(d, b)| *d += b);
                         }
-                        return;
                     }
-                    (Some(xq), None) if m == 1 && ferry_quant::supports_q8(w.ty) => ferry_quant::dot_many_q8(w.ty, wb, xq, tmp),
+                    return;
+                }
+                tmp.resize(rows * m, 0.0);
+                let tmp = &mut tmp[..];
+                match &q8 {
+                    Some(xq) if m == 1 && ferry_quant::supports_q8(w.ty) => ferry_quant::dot_many_q8(w.ty, wb, xq, tmp),
                     _ => ferry_quant::dot_many(w.ty, wb, w.cols, &x.data, tmp),
                 }
                 // The row-layout kernels give one run of activation rows per column.
