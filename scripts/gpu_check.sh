@@ -2,7 +2,9 @@
 # The CUDA backend on a real GPU, for a session that has one (nothing here runs without one).
 # First run on an H200: 2026-12-04 (docs/benchmarks.md, "On a GPU").
 #
-# Build here (x86_64, no CUDA toolkit needed), then carry the binaries to the GPU machine:
+# Build here (x86_64, no CUDA toolkit needed) with scripts/gpu_bundle.sh, which builds the cuda
+# binaries, strips and packs them into .gpu/bins.tgz and cuts the model into two pieces (its
+# header has the calls to make); by hand:
 #   cargo build --release -p ferry --features cuda
 #   cargo test --release -p ferry-engine --features cuda --test cuda_kernels --test cuda_engine --test smollm2 --no-run
 #   mkdir -p .gpu; strip the ferry binary and the three test binaries it printed into .gpu/ under
