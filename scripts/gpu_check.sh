@@ -223,16 +223,24 @@ step "4. clusters on the GPU (f32 weights): 1 prefill + 1 decode over tcp, then 
 export FERRY_CUDA_F32_WEIGHTS=1
 for cfg in "disagg-tcp:--prefill 1 --decode 1 --kv-transport tcp" "disagg-ipc:--prefill 1 --decode 1 --kv-transport cuda-ipc" "colocated:--prefill 0 --decode 0 --colocated 1"; do
     name=${cfg%%:*}; flags=${cfg#*:}
+    # Over CUDA IPC, each side prints where each transfer's time went (FERRY_KV_PIPE_TIMING).
+    if [ "$name" = disagg-ipc ]; then export FERRY_KV_PIPE_TIMING=1; else unset FERRY_KV_PIPE_TIMING; fi
     # shellcheck disable=SC2086
     if cluster_up "$name" $flags; then
         same_as_cpu "$name"
         ttft "$name"
         kv_metrics "$name"
-        [ "$name" = disagg-ipc ] && { grep -q 'transport="cuda-ipc"' "$OUT/$name-metrics.txt" && echo "KV went over cuda-ipc" || fail "disagg-ipc: no transfer used cuda-ipc"; grep -iE 'ipc|pipe' "$OUT/up-$name.log" | head -5; }
+        [ "$name" = disagg-ipc ] && { grep -q 'transport="cuda-ipc"' "$OUT/$name-metrics.txt" && echo "KV went over cuda-ipc" || fail "disagg-ipc: no transfer used cuda-ipc"; grep -iE 'ipc|pipe' "$OUT/up-$name.log" | grep -v 'FERRY_KV_PIPE_TIMING\|^  ' | head -5; }
+        if [ "$name" = disagg-ipc ]; then
+            for side in sender receiver; do
+                echo "the last transfer's phases, $side side:"
+                awk -v t="kv pipe $side" 'index($0, t) == 1 { buf = $0 "\n"; on = 1; next } on && /^  / { buf = buf $0 "\n"; next } { on = 0 } END { printf "%s", buf }' "$OUT/up-$name.log"
+            done
+        fi
     fi
     cluster_down
 done
-unset FERRY_CUDA_F32_WEIGHTS
+unset FERRY_CUDA_F32_WEIGHTS FERRY_KV_PIPE_TIMING
 fi
 
 if want 5; then
