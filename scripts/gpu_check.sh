@@ -32,6 +32,7 @@
 # 3. SmolLM2 greedy text on cuda (f32 weights) equal to the CPU engine's; bf16 weights reported;
 # 4. clusters on the GPU (f32 weights): 1 prefill + 1 decode over TCP and over CUDA IPC, and one
 #    colocated worker: text equal to the CPU engine's, TTFT of each under the same light load;
+#    then disaggregated over CUDA IPC and colocated again with f16 KV (serving's default), TTFT;
 # 5. --kv-transport nccl on one GPU: NCCL cannot pair two ranks on one device, so the rendezvous
 #    must fail fast and the KV fall back to TCP;
 # 6. `ferry bench kv --device cuda`: the CUDA IPC pipe against the device's own copy of the same
@@ -240,7 +241,19 @@ for cfg in "disagg-tcp:--prefill 1 --decode 1 --kv-transport tcp" "disagg-ipc:--
     fi
     cluster_down
 done
-unset FERRY_CUDA_F32_WEIGHTS FERRY_KV_PIPE_TIMING
+unset FERRY_KV_PIPE_TIMING
+# The same TTFT comparison with the KV stored as serving stores it by default (f16: half the bytes
+# to ship); the text is not compared (the CPU check above is the f32 one).
+for cfg in "disagg-ipc-f16:--prefill 1 --decode 1 --kv-transport cuda-ipc --kv-dtype f16" "colocated-f16:--prefill 0 --decode 0 --colocated 1 --kv-dtype f16"; do
+    name=${cfg%%:*}; flags=${cfg#*:}
+    # shellcheck disable=SC2086
+    if cluster_up "$name" $flags; then
+        ttft "$name"
+        kv_metrics "$name" >/dev/null
+    fi
+    cluster_down
+done
+unset FERRY_CUDA_F32_WEIGHTS
 fi
 
 if want 5; then
