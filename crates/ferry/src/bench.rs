@@ -246,6 +246,7 @@ fn device_limits(engine: &ferry_engine::Engine) -> anyhow::Result<Option<(f64, f
 /// distinct weight shape of a layer), with the f32 output the backend writes and with a bf16
 /// one, in TFLOP/s: whether the prefill's distance from the square GEMM peak is in the shapes, in
 /// the output type, or elsewhere. `None` on the CPU.
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
 fn prefill_matmuls(engine: &ferry_engine::Engine, tokens: usize) -> anyhow::Result<Option<serde_json::Value>> {
     match engine.backend() {
         ferry_engine::DeviceBackend::Cpu(_) => Ok(None),
