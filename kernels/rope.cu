@@ -18,18 +18,10 @@ __device__ __forceinline__ void rope_pair(float* x, const float* cos_t, const fl
     p[i + half] = x2 * c + x1 * s;
 }
 
+// A step's queries (q_cols wide) and keys (k_cols wide) in one launch: the pairs of q, then those
+// of k; k_cols 0 rotates q alone (k is not touched).
 extern "C" __global__ void __launch_bounds__(256)
-rope_f32(float* x, const float* cos_t, const float* sin_t, int rows, int cols, int head_dim) {
-    const size_t total = (size_t)rows * (cols / head_dim) * (head_dim / 2);
-    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += (size_t)gridDim.x * blockDim.x) {
-        rope_pair(x, cos_t, sin_t, cols, head_dim, idx);
-    }
-}
-
-// rope_f32 of a step's queries (q_cols wide) and keys (k_cols wide) in one launch: the pairs of
-// q, then those of k.
-extern "C" __global__ void __launch_bounds__(256)
-rope_qk_f32(float* q, float* k, const float* cos_t, const float* sin_t, int rows, int q_cols, int k_cols, int head_dim) {
+rope_f32(float* q, float* k, const float* cos_t, const float* sin_t, int rows, int q_cols, int k_cols, int head_dim) {
     const size_t in_q = (size_t)rows * (q_cols / head_dim) * (head_dim / 2);
     const size_t total = in_q + (size_t)rows * (k_cols / head_dim) * (head_dim / 2);
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += (size_t)gridDim.x * blockDim.x) {

@@ -3,23 +3,16 @@
 # First run on an H200: 2026-12-04 (docs/benchmarks.md, "On a GPU").
 #
 # Build here (x86_64, no CUDA toolkit needed) with scripts/gpu_bundle.sh, which builds the cuda
-# binaries, strips and packs them into .gpu/bins.tgz and cuts the model into two pieces (its
-# header has the calls to make); by hand:
-#   cargo build --release -p ferry --features cuda
-#   cargo test --release -p ferry-engine --features cuda --test cuda_kernels --test cuda_engine --test smollm2 --no-run
-#   mkdir -p .gpu; strip the ferry binary and the three test binaries it printed into .gpu/ under
-#   the names ferry, cuda_kernels, cuda_engine, smollm2, and pack them: tar czf .gpu/bins.tgz ...
-#   (.gpu/ ignored through .git/info/exclude, named in `carry`; 17 MB packed)
-# and on the GPU machine, from the repository root:
+# binaries, strips and packs them into .gpu/bins.tgz and cuts the model into pieces (its header
+# has the calls to make); on the GPU machine, from the repository root:
 #   tar xzf .gpu/bins.tgz -C .gpu
 #   OUT=/tmp/gc FERRY_BIN=.gpu/ferry TEST_BINS=".gpu/cuda_kernels .gpu/cuda_engine .gpu/smollm2" bash scripts/gpu_check.sh
 #   tar czf $OUT/gc.tgz -C /tmp gc      (only 8 files come back from a run: pack the logs)
 # STEPS="1 6" runs only those steps.
 #
-# The SmolLM2 GGUF (98 MB) does not fit in one call with the tree (14 MB) and the binaries: bring
-# it in two pieces (head -c 50000000 / tail -c +50000001) over two short calls to the same warm
-# machine (it stays warm 30 s after a call), each copying its piece to /tmp/ferry-model/part.a and
-# part.b; this script joins them and checks the SHA-256. Without it, steps 1 (smollm2) and 3 say
+# The SmolLM2 GGUF (98 MB) does not fit in one call with the tree and the binaries: the earlier
+# calls to the same warm machine copy gpu_bundle.sh's pieces to /tmp/ferry-model/part.a, part.b,
+# ...; this script joins them and checks the SHA-256. Without it, steps 1 (smollm2) and 3 say
 # they are skipped and the clusters serve the golden llama-gqa model.
 #
 # Steps (each logged under $OUT; the script goes on after a failure and exits non-zero at the end):

@@ -139,7 +139,7 @@ fn elementwise_norm_rope_match_the_cpu() {
         g.rope_qk(&mut gq, &mut gk, &gb, hd);
         c.rope_qk(&mut cq, &mut ck, &cb, hd);
         let (dq, dk) = (max_diff(&g.to_host(&gq), &c.to_host(&cq)), max_diff(&g.to_host(&gk), &c.to_host(&ck)));
-        assert!(dq < 1e-5 && dk < 1e-5, "rope_qk_f32: q {dq}, k {dk}");
+        assert!(dq < 1e-5 && dk < 1e-5, "rope_f32 (queries and keys in one launch): q {dq}, k {dk}");
         // gather_rows
         let sel = [6, 0, 3];
         let d = max_diff(&g.to_host(&g.gather_rows(&gx, &sel)), &c.to_host(&c.gather_rows(&cx, &sel)));

@@ -21,7 +21,7 @@ macro_rules! kernel {
 /// Every kernel file, in the order the backend compiles them.
 pub const KERNELS: &[KernelSource] = &[
     kernel!("rms_norm.cu", ["rms_norm_f32", "add_rms_norm_f32"]),
-    kernel!("rope.cu", ["rope_f32", "rope_qk_f32"]),
+    kernel!("rope.cu", ["rope_f32"]),
     kernel!("elementwise.cu", ["silu_mul_f32", "add_f32", "add_bias_f32", "to_bf16_f32", "to_f16_f32", "gather_rows_f32", "fill_random_bf16"]),
     kernel!("embedding.cu", ["embedding_f32", "embedding_bf16", "embedding_f16"]),
     kernel!("kv_cache.cu", ["kv_write_f32", "kv_write_bf16", "kv_write_f16", "kv_write_int8", "kv_gather_u32", "kv_scatter_u32", "kv_widen_bf16", "kv_widen_f16", "kv_widen_int8", "hadamard_rows_f32"]),

@@ -57,8 +57,9 @@ impl CudaBackend {
         self.ctx.bind_to_thread().map_err(|e| err("bind the context", describe(&e)))?;
         let a = self.stream.clone_htod(&vec![0x3f80u16; sizes.0]).map_err(|e| err(op, describe(&e)))?;
         let b = self.stream.clone_htod(&vec![0x3f00u16; sizes.1]).map_err(|e| err(op, describe(&e)))?;
-        let mut c16 = self.stream.alloc_zeros::<u16>(if out_bf16 { sizes.2 } else { 1 }).map_err(|e| err(op, describe(&e)))?;
-        let mut c32 = self.stream.alloc_zeros::<f32>(if out_bf16 { 1 } else { sizes.2 }).map_err(|e| err(op, describe(&e)))?;
+        // The output as 16-bit words: one per bf16 value, two per f32 one.
+        let (c_words, c_ty) = if out_bf16 { (sizes.2, blas::cudaDataType::CUDA_R_16BF) } else { (2 * sizes.2, blas::cudaDataType::CUDA_R_32F) };
+        let mut c = self.stream.alloc_zeros::<u16>(c_words).map_err(|e| err(op, describe(&e)))?;
         let bf16 = blas::cudaDataType::CUDA_R_16BF;
         let flops = 2.0 * g.m as f64 * g.n as f64 * g.k as f64 * g.batch as f64;
         let mut best = 0f64;
@@ -68,10 +69,8 @@ impl CudaBackend {
             {
                 let (pa, _ga) = a.device_ptr(&self.stream);
                 let (pb, _gb) = b.device_ptr(&self.stream);
-                let (pc16, _gc16) = c16.device_ptr_mut(&self.stream);
-                let (pc32, _gc32) = c32.device_ptr_mut(&self.stream);
-                let c = if out_bf16 { (pc16, bf16) } else { (pc32, blas::cudaDataType::CUDA_R_32F) };
-                let r = self.cublas_gemm(op, g, (pa, bf16), (pb, bf16), c, blas::cublasComputeType_t::CUBLAS_COMPUTE_32F);
+                let (pc, _gc) = c.device_ptr_mut(&self.stream);
+                let r = self.cublas_gemm(op, g, (pa, bf16), (pb, bf16), (pc, c_ty), blas::cublasComputeType_t::CUBLAS_COMPUTE_32F);
                 self.outcome(op, r)?;
             }
             self.stream.synchronize().map_err(|e| err(op, describe(&e)))?;

@@ -152,6 +152,38 @@ impl CudaBackend {
         self.check("add_bias_f32", unsafe { b.launch(Self::grid(rows * cols)) }).map(drop)
     }
 
+    /// `rope_f32` of `q` and, when given, `k` (a step's queries and keys), in one launch.
+    fn launch_rope(&self, q: &mut CudaTensor, k: Option<&mut CudaTensor>, batch: &CudaBatch, head_dim: usize) {
+        let _t = self.timed("rope");
+        if !self.healthy() || q.rows == 0 {
+            return;
+        }
+        let (k_rows, k_cols) = k.as_ref().map_or((q.rows, 0), |k| (k.rows, k.cols));
+        if head_dim == 0 || head_dim % 2 != 0 || q.cols % head_dim != 0 || k_cols % head_dim != 0 || q.rows != batch.rows || k_rows != batch.rows {
+            return self.fail("rope", format!("q {}x{}, k {k_rows}x{k_cols} with head_dim {head_dim} for a batch of {} rows", q.rows, q.cols, batch.rows));
+        }
+        let (Some(bb), Some(qb)) = (batch.bufs.as_ref(), q.buf.as_mut()) else { return };
+        // No keys: a null address the kernel never reads (it takes k_cols = 0 pairs of it).
+        let (kp, _guard) = match k {
+            Some(k) => match k.buf.as_mut() {
+                Some(kb) => {
+                    let (p, g) = kb.device_ptr_mut(&self.stream);
+                    (p, Some(g))
+                }
+                None => return,
+            },
+            None => (0, None),
+        };
+        let ints = [q.rows, q.cols, k_cols, head_dim].map(|v| i32_of("rope", self, v));
+        let ([Some(r), Some(qc), Some(kc), Some(h)], Some(f)) = (ints, self.func("rope_f32")) else { return };
+        let mut b = self.stream.launch_builder(f);
+        b.arg(qb).arg(&kp).arg(&bb.cos).arg(&bb.sin).arg(&r).arg(&qc).arg(&kc).arg(&h);
+        // SAFETY: q is rows×q_cols and k (when given) rows×k_cols (checked); cos/sin hold
+        // rows×head_dim/2 (from the same plan's positions, and the rope table has head_dim/2
+        // frequencies: the model builds both from its config).
+        self.check("rope_f32", unsafe { b.launch(Self::grid(q.rows * (q.cols + k_cols) / 2)) });
+    }
+
     fn launch_rms_norm(&self, x: u64, w: &CudaSlice<f32>, out: u64, rows: usize, cols: usize, eps: f32) -> Option<()> {
         let (r, c) = (i32_of("rms_norm", self, rows)?, i32_of("rms_norm", self, cols)?);
         let f = self.func("rms_norm_f32")?;
@@ -429,8 +461,9 @@ impl Backend for CudaBackend {
 
     fn prepare(&self, plan: &BatchPlan, rope: &RopeTable) -> CudaBatch {
         let _t = self.timed("prepare (uploads)");
+        let decode_only = plan.seqs.iter().all(|s| s.q_len == 1);
         if let Some(p) = &self.profile {
-            p.step_kind(plan.seqs.iter().all(|s| s.q_len == 1), plan.seqs.len(), plan.positions.len());
+            p.step_kind(decode_only, plan.seqs.len(), plan.positions.len());
         }
         let (cos, sin) = rope.angles(&plan.positions);
         let mut row_seq = vec![0u32; plan.positions.len()];
@@ -481,7 +514,7 @@ impl Backend for CudaBackend {
         CudaBatch {
             rows: plan.positions.len(),
             seqs: plan.seqs.len(),
-            decode_only: plan.seqs.iter().all(|s| s.q_len == 1),
+            decode_only,
             max_ctx: plan.seqs.iter().map(|s| s.ctx_len).max().unwrap_or(0),
             max_slot: plan.slots.iter().copied().max().unwrap_or(0),
             max_block: blocks.iter().copied().max().unwrap_or(0),
@@ -600,37 +633,11 @@ impl Backend for CudaBackend {
     }
 
     fn rope(&self, x: &mut CudaTensor, batch: &CudaBatch, head_dim: usize) {
-        let _t = self.timed("rope");
-        if !self.healthy() || x.rows == 0 {
-            return;
-        }
-        if head_dim == 0 || head_dim % 2 != 0 || x.cols % head_dim != 0 || x.rows != batch.rows {
-            return self.fail("rope", format!("{}x{} with head_dim {head_dim} for a batch of {} rows", x.rows, x.cols, batch.rows));
-        }
-        let (Some(bb), Some(xb)) = (batch.bufs.as_ref(), x.buf.as_mut()) else { return };
-        let (Some(r), Some(c), Some(h), Some(f)) = (i32_of("rope", self, x.rows), i32_of("rope", self, x.cols), i32_of("rope", self, head_dim), self.func("rope_f32")) else { return };
-        let mut b = self.stream.launch_builder(f);
-        b.arg(xb).arg(&bb.cos).arg(&bb.sin).arg(&r).arg(&c).arg(&h);
-        // SAFETY: x is rows×cols; cos/sin hold rows×head_dim/2 (from the same plan's positions,
-        // and the rope table has head_dim/2 frequencies: the model builds both from its config).
-        self.check("rope_f32", unsafe { b.launch(Self::grid(x.rows * x.cols / 2)) });
+        self.launch_rope(x, None, batch, head_dim);
     }
 
     fn rope_qk(&self, q: &mut CudaTensor, k: &mut CudaTensor, batch: &CudaBatch, head_dim: usize) {
-        let _t = self.timed("rope");
-        if !self.healthy() || q.rows == 0 {
-            return;
-        }
-        if head_dim == 0 || head_dim % 2 != 0 || q.cols % head_dim != 0 || k.cols % head_dim != 0 || q.rows != batch.rows || k.rows != batch.rows {
-            return self.fail("rope", format!("q {}x{}, k {}x{} with head_dim {head_dim} for a batch of {} rows", q.rows, q.cols, k.rows, k.cols, batch.rows));
-        }
-        let (Some(bb), Some(qb), Some(kb)) = (batch.bufs.as_ref(), q.buf.as_mut(), k.buf.as_mut()) else { return };
-        let ints = [q.rows, q.cols, k.cols, head_dim].map(|v| i32_of("rope", self, v));
-        let ([Some(r), Some(qc), Some(kc), Some(h)], Some(f)) = (ints, self.func("rope_qk_f32")) else { return };
-        let mut b = self.stream.launch_builder(f);
-        b.arg(qb).arg(kb).arg(&bb.cos).arg(&bb.sin).arg(&r).arg(&qc).arg(&kc).arg(&h);
-        // SAFETY: q and k are rows×q_cols and rows×k_cols (checked); cos/sin as for rope.
-        self.check("rope_qk_f32", unsafe { b.launch(Self::grid(q.rows * (q.cols + k.cols) / 2)) });
+        self.launch_rope(q, Some(k), batch, head_dim);
     }
 
     fn add_rms_norm(&self, x: &mut CudaTensor, y: &CudaTensor, w: &CudaWeight, eps: f32, out: &mut CudaTensor) {
