@@ -88,7 +88,11 @@ pub struct Outputs<'a> {
 
 impl<'a> Outputs<'a> {
     /// `out` as `rows` runs of `out.len() / rows` outputs.
+    ///
+    /// # Panics
+    /// If `out` is not whole runs.
     pub fn contiguous(out: &'a mut [f32], rows: usize) -> Outputs<'a> {
+        assert!(rows == 0 || out.len().is_multiple_of(rows), "ferry_quant::dot_x8_q8: {} outputs are not whole groups of runs for {rows} activation rows", out.len());
         let cols = out.len().checked_div(rows).unwrap_or(0);
         Outputs { ptr: out.as_mut_ptr(), rows, ld: cols, cols, _out: std::marker::PhantomData }
     }
@@ -149,7 +153,7 @@ pub fn dot_x8_q8(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) 
 /// # Panics
 /// As [`dot_x8_q8`]: the window must be `xq.rows()` runs of exactly the rows `w` holds.
 pub fn dot_x8_q8_into(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut Outputs<'_>) {
-    check_x8_window(ty, w, xq, out);
+    check_x8(ty, w, xq, out);
     run(X8Kernel::chosen(SimdLevel::selected(), xq.rows()), ty, w, xq, out);
 }
 
@@ -228,31 +232,20 @@ impl X8Kernel {
 /// As [`dot_x8_q8`], and if `kernel` is not supported here.
 pub fn dot_x8_q8_by(kernel: X8Kernel, ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
     assert!(kernel.is_supported(), "ferry_quant::dot_x8_q8: the {} kernel is not supported here", kernel.name());
-    check_x8(ty, w, xq, out);
-    run(kernel, ty, w, xq, &mut Outputs::contiguous(out, xq.rows()));
+    let mut out = Outputs::contiguous(out, xq.rows());
+    check_x8(ty, w, xq, &out);
+    run(kernel, ty, w, xq, &mut out);
 }
 
 fn dot_x8_q8_at(level: SimdLevel, ty: WeightType, w: &[u8], xq: &Q8Activations, out: &mut [f32]) {
-    check_x8(ty, w, xq, out);
-    run(X8Kernel::chosen(level, xq.rows()), ty, w, xq, &mut Outputs::contiguous(out, xq.rows()));
+    let mut out = Outputs::contiguous(out, xq.rows());
+    check_x8(ty, w, xq, &out);
+    run(X8Kernel::chosen(level, xq.rows()), ty, w, xq, &mut out);
 }
 
-/// The caller's lengths: whole groups of 8 weight rows, an output per row and activation row.
-fn check_x8(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &[f32]) {
-    assert!(supports_x8(ty), "ferry_quant::dot_x8_q8: weight type {ty} is not supported");
-    let m = xq.rows();
-    assert!(m > 0, "ferry_quant::dot_x8_q8: no activation rows");
-    let rb = ty.row_bytes(xq.k()).expect("k is a multiple of 32");
-    assert!(
-        out.len().is_multiple_of(X8_ROWS * m) && w.len() * m == out.len() * rb,
-        "ferry_quant::dot_x8_q8: {} weight bytes / {} outputs are not whole groups of 8 rows of {rb} bytes",
-        w.len(),
-        out.len()
-    );
-}
-
-/// The window's shape for the weights and activations of a [`dot_x8_q8_into`] call.
-fn check_x8_window(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &Outputs<'_>) {
+/// The caller's shapes: a run of outputs per activation row, as many outputs per run as `w` holds
+/// weight rows, whole groups of 8.
+fn check_x8(ty: WeightType, w: &[u8], xq: &Q8Activations, out: &Outputs<'_>) {
     assert!(supports_x8(ty), "ferry_quant::dot_x8_q8: weight type {ty} is not supported");
     let m = xq.rows();
     assert!(m > 0, "ferry_quant::dot_x8_q8: no activation rows");
