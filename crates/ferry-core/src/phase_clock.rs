@@ -54,7 +54,7 @@ pub fn span(phase: &'static str) -> Span {
 
 /// The totals since the last report, as text titled `title` (largest first, with each phase's
 /// count and mean), and reset; `None` when off or nothing was timed.
-pub fn take_report(title: &str) -> Option<String> {
+fn take_report(title: &str) -> Option<String> {
     if !enabled() {
         return None;
     }
@@ -63,6 +63,13 @@ pub fn take_report(title: &str) -> Option<String> {
         return None;
     }
     Some(format_report(title, t))
+}
+
+/// [`take_report`] printed to stderr (where a transfer ends, on either side).
+pub fn print_report(title: &str) {
+    if let Some(r) = take_report(title) {
+        eprint!("{r}");
+    }
 }
 
 fn format_report(title: &str, t: BTreeMap<&'static str, (Duration, u64)>) -> String {

@@ -169,9 +169,7 @@ impl InboundLink for PipeInbound {
         let deadline = self.deadline();
         let sent = send_message(self.pipe.as_mut(), Kind::Reply, &reply, deadline)
             .map_err(|e| WorkerError::PeerUnavailable { peer: "prefill worker".into(), what: format!("device pipe: sending the reply: {e}") });
-        if let Some(r) = ferry_core::phase_clock::take_report("kv pipe receiver, one transfer") {
-            eprint!("{r}");
-        }
+        ferry_core::phase_clock::print_report("kv pipe receiver, one transfer");
         sent
     }
 }

@@ -294,9 +294,7 @@ impl KvLink for PipeLink {
                 frame::reply(&h, &body)
             })
             .await?;
-        if let Some(r) = ferry_core::phase_clock::take_report("kv pipe sender, one transfer") {
-            eprint!("{r}");
-        }
+        ferry_core::phase_clock::print_report("kv pipe sender, one transfer");
         // The transfer is over either way: the pipe is in step and goes back to the pool.
         if let Some(pipe) = self.pipe.take() {
             PipeTransport::give_back(&self.peers, &self.peer, pipe);
